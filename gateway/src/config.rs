@@ -1,0 +1,351 @@
+//! `graft.toml`: strict TOML (unknown keys are rejected with the key named), validated once
+//! at start. Secrets are written as `env::NAME` and resolved here; they are never logged.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("cannot read config file {path}: {source}")]
+    Read { path: PathBuf, source: std::io::Error },
+    #[error("config file {path} is invalid: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("config value {key} refers to environment variable {var}, which is not set; export it or change {key}")]
+    MissingEnv { key: String, var: String },
+    #[error("config value {key} is invalid: {message}")]
+    Invalid { key: String, message: String },
+}
+
+/// A secret as written in the config: a literal, or `env::NAME`.
+#[derive(Clone, Default, Deserialize)]
+#[serde(transparent)]
+pub struct SecretRef(pub String);
+
+impl std::fmt::Debug for SecretRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.starts_with("env::") { write!(f, "{}", self.0) } else { f.write_str("[redacted]") }
+    }
+}
+
+impl SecretRef {
+    pub fn resolve(&self, key: &str) -> Result<String, ConfigError> {
+        match self.0.strip_prefix("env::") {
+            Some(var) => std::env::var(var)
+                .map_err(|_| ConfigError::MissingEnv { key: key.to_string(), var: var.to_string() }),
+            None => Ok(self.0.clone()),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DurabilityMode {
+    /// The last byte of a response reaches the client only after its record is fsynced.
+    #[default]
+    Sync,
+    /// Records are fsynced at most `async_max_delay_ms` after the response; a crash can lose that window.
+    Async,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    #[serde(default)]
+    pub server: ServerSection,
+    #[serde(default)]
+    pub upstream: UpstreamSection,
+    #[serde(default)]
+    pub recorder: RecorderSection,
+    #[serde(default)]
+    pub auth: AuthSection,
+    #[serde(default)]
+    pub sessions: SessionsSection,
+    #[serde(default)]
+    pub limits: LimitsSection,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub listen: Option<SocketAddr>,
+    /// The URL clients reach graft at, used in `base_url` of new sessions. Default: from the
+    /// request's Host header.
+    pub public_url: Option<String>,
+    pub tls: Option<TlsSection>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TlsSection {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpstreamSection {
+    pub url: Option<String>,
+    pub api_key: Option<SecretRef>,
+    pub timeout_secs: Option<u64>,
+    pub connect_timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RecorderSection {
+    pub data_dir: Option<PathBuf>,
+    pub durability: Option<DurabilityMode>,
+    pub async_max_delay_ms: Option<u64>,
+    pub queue_capacity: Option<usize>,
+    pub segment_max_mb: Option<u64>,
+    pub seal_after_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSection {
+    /// Required on `/graft/*` when set.
+    pub admin_key: Option<SecretRef>,
+    /// Keys accepted on `/v1/*` besides session keys.
+    #[serde(default)]
+    pub client_keys: Vec<SecretRef>,
+    /// When true, `/v1/*` needs a client key or a session key.
+    #[serde(default)]
+    pub require_client_key: bool,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SessionsSection {
+    /// Create sessions named in `/s/{id}/` or `x-graft-session` on first use instead of refusing them.
+    #[serde(default)]
+    pub auto_create: bool,
+    /// Session for calls that name none.
+    pub default_session: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    pub max_body_bytes: Option<usize>,
+    pub max_response_bytes: Option<usize>,
+    pub body_timeout_secs: Option<u64>,
+    pub header_timeout_secs: Option<u64>,
+    /// Requests per second over all sessions (0 = unlimited).
+    pub global_rps: Option<u32>,
+    /// Requests per second per session (0 = unlimited).
+    pub session_rps: Option<u32>,
+    pub burst: Option<u32>,
+    pub max_concurrent_upstream: Option<usize>,
+    pub upstream_queue_timeout_ms: Option<u64>,
+}
+
+/// The validated, resolved configuration the gateway runs with.
+#[derive(Debug, Clone)]
+pub struct GatewayConfig {
+    pub listen: SocketAddr,
+    pub public_url: Option<String>,
+    pub tls: Option<TlsSection>,
+    pub upstream_url: String,
+    pub upstream_api_key: Option<String>,
+    pub upstream_timeout: Duration,
+    pub upstream_connect_timeout: Duration,
+    pub data_dir: PathBuf,
+    pub durability: DurabilityMode,
+    pub async_max_delay: Duration,
+    pub queue_capacity: usize,
+    pub segment_max_bytes: u64,
+    pub seal_after: Duration,
+    pub admin_key: Option<String>,
+    pub client_keys: Vec<String>,
+    pub require_client_key: bool,
+    pub auto_create_sessions: bool,
+    pub default_session: String,
+    pub max_body_bytes: usize,
+    pub max_response_bytes: usize,
+    pub body_timeout: Duration,
+    pub header_timeout: Duration,
+    pub global_rps: u32,
+    pub session_rps: u32,
+    pub burst: u32,
+    pub max_concurrent_upstream: usize,
+    pub upstream_queue_timeout: Duration,
+}
+
+/// Runtime knobs given as CLI flags; they win over the file.
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<SocketAddr>,
+    pub upstream: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub durability: Option<DurabilityMode>,
+}
+
+impl FileConfig {
+    pub fn from_toml(text: &str, path: &Path) -> Result<Self, ConfigError> {
+        toml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_path_buf(),
+            message: e.to_string().trim_end().to_string(),
+        })
+    }
+
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        Self::from_toml(&text, path)
+    }
+}
+
+impl GatewayConfig {
+    pub fn resolve(file: FileConfig, o: Overrides) -> Result<Self, ConfigError> {
+        let upstream_url = o
+            .upstream
+            .or(file.upstream.url)
+            .ok_or_else(|| ConfigError::Invalid {
+                key: "upstream.url".into(),
+                message: "no upstream given; pass --upstream URL or set upstream.url".into(),
+            })?;
+        let upstream_url = normalize_upstream(&upstream_url)?;
+        let upstream_api_key = match &file.upstream.api_key {
+            Some(s) => Some(s.resolve("upstream.api_key")?),
+            None => None,
+        };
+        let admin_key = match &file.auth.admin_key {
+            Some(s) => Some(s.resolve("auth.admin_key")?),
+            None => None,
+        };
+        let client_keys = file
+            .auth
+            .client_keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| k.resolve(&format!("auth.client_keys[{i}]")))
+            .collect::<Result<Vec<_>, _>>()?;
+        let l = &file.limits;
+        let r = &file.recorder;
+        let cfg = GatewayConfig {
+            listen: o
+                .listen
+                .or(file.server.listen)
+                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8400))),
+            public_url: file.server.public_url.map(|u| u.trim_end_matches('/').to_string()),
+            tls: file.server.tls,
+            upstream_url,
+            upstream_api_key,
+            upstream_timeout: Duration::from_secs(file.upstream.timeout_secs.unwrap_or(600)),
+            upstream_connect_timeout: Duration::from_secs(
+                file.upstream.connect_timeout_secs.unwrap_or(10),
+            ),
+            data_dir: o
+                .data_dir
+                .or(r.data_dir.clone())
+                .unwrap_or_else(|| PathBuf::from("graft-data")),
+            durability: o.durability.or(r.durability).unwrap_or_default(),
+            async_max_delay: Duration::from_millis(r.async_max_delay_ms.unwrap_or(10)),
+            queue_capacity: r.queue_capacity.unwrap_or(65_536),
+            segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
+            seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
+            admin_key,
+            client_keys,
+            require_client_key: file.auth.require_client_key,
+            auto_create_sessions: file.sessions.auto_create,
+            default_session: file.sessions.default_session.unwrap_or_else(|| "default".into()),
+            max_body_bytes: l.max_body_bytes.unwrap_or(32 * 1024 * 1024),
+            max_response_bytes: l.max_response_bytes.unwrap_or(256 * 1024 * 1024),
+            body_timeout: Duration::from_secs(l.body_timeout_secs.unwrap_or(30)),
+            header_timeout: Duration::from_secs(l.header_timeout_secs.unwrap_or(10)),
+            global_rps: l.global_rps.unwrap_or(0),
+            session_rps: l.session_rps.unwrap_or(0),
+            burst: l.burst.unwrap_or(0),
+            max_concurrent_upstream: l.max_concurrent_upstream.unwrap_or(4096),
+            upstream_queue_timeout: Duration::from_millis(
+                l.upstream_queue_timeout_ms.unwrap_or(30_000),
+            ),
+        };
+        if cfg.max_concurrent_upstream == 0 {
+            return Err(ConfigError::Invalid {
+                key: "limits.max_concurrent_upstream".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        if cfg.queue_capacity == 0 {
+            return Err(ConfigError::Invalid {
+                key: "recorder.queue_capacity".into(),
+                message: "must be at least 1".into(),
+            });
+        }
+        if cfg.default_session.is_empty() || !valid_session_id(&cfg.default_session) {
+            return Err(ConfigError::Invalid {
+                key: "sessions.default_session".into(),
+                message: format!("'{}' is not a valid session id", cfg.default_session),
+            });
+        }
+        Ok(cfg)
+    }
+}
+
+/// Upstream base URLs are written like OpenAI's `base_url`: `http://host:port/v1`. A URL with
+/// no path gets `/v1`.
+fn normalize_upstream(url: &str) -> Result<String, ConfigError> {
+    let uri: http::Uri = url.parse().map_err(|e| ConfigError::Invalid {
+        key: "upstream.url".into(),
+        message: format!("'{url}' is not a URL: {e}"),
+    })?;
+    match uri.scheme_str() {
+        Some("http") | Some("https") => {}
+        _ => {
+            return Err(ConfigError::Invalid {
+                key: "upstream.url".into(),
+                message: format!("'{url}' must start with http:// or https://"),
+            });
+        }
+    }
+    let trimmed = url.trim_end_matches('/');
+    if uri.path() == "/" || uri.path().is_empty() {
+        Ok(format!("{trimmed}/v1"))
+    } else {
+        Ok(trimmed.to_string())
+    }
+}
+
+/// Session ids travel in URL paths and headers: keep them to a safe alphabet.
+pub fn valid_session_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 128
+        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unknown_key_is_rejected_with_its_name() {
+        let err = FileConfig::from_toml("[limits]\nmax_body_byte = 3\n", Path::new("g.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_body_byte"), "{err}");
+    }
+
+    #[test]
+    fn env_secret_resolves_and_missing_env_is_named() {
+        let f = FileConfig::from_toml(
+            "[upstream]\nurl = \"http://x:1\"\napi_key = \"env::GRAFT_TEST_SURELY_UNSET_VAR\"\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let err = GatewayConfig::resolve(f, Overrides::default()).unwrap_err().to_string();
+        assert!(err.contains("GRAFT_TEST_SURELY_UNSET_VAR") && err.contains("upstream.api_key"));
+    }
+
+    #[test]
+    fn upstream_without_path_gets_v1() {
+        assert_eq!(normalize_upstream("http://h:1").unwrap(), "http://h:1/v1");
+        assert_eq!(normalize_upstream("http://h:1/").unwrap(), "http://h:1/v1");
+        assert_eq!(normalize_upstream("https://h/api/v1/").unwrap(), "https://h/api/v1");
+        assert!(normalize_upstream("ftp://h").is_err());
+    }
+}

@@ -1,0 +1,614 @@
+//! Passthrough of one inference call: validate, forward the body unchanged, relay the answer
+//! unchanged (SSE event by event as it arrives), tee it into a `CallRecord`, and hand the
+//! record to the recorder at the end of the call's life.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graft_recorder::{CallRecord, SCHEMA_VERSION, Usage};
+use http::{HeaderMap, HeaderValue, Method, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, error, info_span, warn};
+
+use crate::body::{GBody, channel_body, full};
+use crate::error::{Cause, GatewayError};
+use crate::server::State;
+use crate::sessions::{Session, now_us};
+use crate::sse::{Assembler, Splitter};
+
+/// The OpenAI routes graft proxies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Route {
+    ChatCompletions,
+    Completions,
+    Models,
+}
+
+impl Route {
+    pub fn label(self) -> &'static str {
+        match self {
+            Route::ChatCompletions => "chat_completions",
+            Route::Completions => "completions",
+            Route::Models => "models",
+        }
+    }
+
+    fn upstream_path(self) -> &'static str {
+        match self {
+            Route::ChatCompletions => "/chat/completions",
+            Route::Completions => "/completions",
+            Route::Models => "/models",
+        }
+    }
+
+    fn endpoint(self) -> &'static str {
+        match self {
+            Route::ChatCompletions => "/v1/chat/completions",
+            Route::Completions => "/v1/completions",
+            Route::Models => "/v1/models",
+        }
+    }
+}
+
+/// Reads a request body within the size and time limits.
+pub async fn read_body(body: Incoming, limit: usize, timeout: Duration) -> Result<Bytes, GatewayError> {
+    let limited = http_body_util::Limited::new(body, limit);
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Err(_) => Err(GatewayError::BodyTimeout { secs: timeout.as_secs() }),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                Err(GatewayError::BodyTooLarge { limit })
+            } else {
+                Err(GatewayError::BodyRead(crate::upstream::error_chain(e.as_ref())))
+            }
+        }
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
+}
+
+/// Parses and checks the request body; returns it as JSON.
+pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(GatewayError::InvalidUtf8 { offset: e.valid_up_to() });
+    }
+    let v: Value = serde_json::from_slice(bytes).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+    let Some(obj) = v.as_object() else {
+        return Err(GatewayError::field("", format!("the request body must be a JSON object, got {}", kind(&v))));
+    };
+    match obj.get("model") {
+        Some(Value::String(_)) => {}
+        Some(other) => return Err(GatewayError::field("model", format!("'model' must be a string, got {}", kind(other)))),
+        None => return Err(GatewayError::field("model", "'model' is required")),
+    }
+    if let Some(s) = obj.get("stream") {
+        if !s.is_boolean() && !s.is_null() {
+            return Err(GatewayError::field("stream", format!("'stream' must be a boolean, got {}", kind(s))));
+        }
+    }
+    if let Some(s) = obj.get("stream_options") {
+        if !s.is_object() && !s.is_null() {
+            return Err(GatewayError::field("stream_options", format!("'stream_options' must be an object, got {}", kind(s))));
+        }
+    }
+    match route {
+        Route::ChatCompletions => {
+            let Some(msgs) = obj.get("messages") else {
+                return Err(GatewayError::field("messages", "'messages' is required"));
+            };
+            let Some(msgs) = msgs.as_array() else {
+                return Err(GatewayError::field("messages", format!("'messages' must be an array, got {}", kind(msgs))));
+            };
+            for (i, m) in msgs.iter().enumerate() {
+                match m.get("role") {
+                    Some(Value::String(_)) => {}
+                    Some(r) => {
+                        return Err(GatewayError::field(
+                            format!("messages[{i}].role"),
+                            format!("'messages[{i}].role' must be a string, got {}", kind(r)),
+                        ));
+                    }
+                    None => {
+                        return Err(GatewayError::field(
+                            format!("messages[{i}]"),
+                            format!("'messages[{i}]' must be an object with a 'role', got {}", kind(m)),
+                        ));
+                    }
+                }
+            }
+            if let Some(t) = obj.get("tools") {
+                if !t.is_array() && !t.is_null() {
+                    return Err(GatewayError::field("tools", format!("'tools' must be an array, got {}", kind(t))));
+                }
+            }
+        }
+        Route::Completions => match obj.get("prompt") {
+            Some(Value::String(_)) | Some(Value::Array(_)) => {}
+            Some(p) => {
+                return Err(GatewayError::field("prompt", format!("'prompt' must be a string or an array, got {}", kind(p))));
+            }
+            None => return Err(GatewayError::field("prompt", "'prompt' is required")),
+        },
+        Route::Models => {}
+    }
+    Ok(v)
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// What is known about a call from its arrival until its record is written.
+struct Call {
+    state: Arc<State>,
+    call_id: String,
+    session: Arc<Session>,
+    route: Route,
+    request: Value,
+    model: Option<String>,
+    stream: bool,
+    client: Option<String>,
+    started_at_us: i64,
+    t0: Instant,
+}
+
+/// The outcome of a call, for its record.
+#[derive(Default)]
+struct Outcome {
+    status: u16,
+    error: Option<GatewayError>,
+    upstream_error_text: Option<String>,
+    response: Option<Value>,
+    finish_reason: Option<String>,
+    ttft: Option<Duration>,
+    upstream_time: Duration,
+}
+
+impl Call {
+    fn build_record(&self, o: &Outcome, client_gone: bool) -> CallRecord {
+        let usage = o.response.as_ref().and_then(|r| r.get("usage")).and_then(|u| {
+            u.as_object().map(|_| Usage {
+                prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
+                completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
+                total_tokens: u.get("total_tokens").and_then(Value::as_u64),
+            })
+        });
+        let (outcome, error) = match (&o.error, &o.upstream_error_text) {
+            _ if client_gone => ("client_disconnected".to_string(), o.error.as_ref().map(|e| e.to_string()).or(Some("the client closed the connection before the response ended".into()))),
+            (Some(e), _) => (e.cause().outcome().to_string(), Some(e.to_string())),
+            (None, Some(t)) => (Cause::Upstream.outcome().to_string(), Some(t.clone())),
+            (None, None) => ("ok".to_string(), None),
+        };
+        let mut request = self.request.clone();
+        graft_recorder::redact_json(&mut request);
+        CallRecord {
+            schema_version: SCHEMA_VERSION,
+            call_id: self.call_id.clone(),
+            session_id: self.session.id.clone(),
+            group_id: self.session.group_id.clone(),
+            seq: 0,
+            started_at_us: self.started_at_us,
+            finished_at_us: now_us(),
+            dialect: self.route.label().to_string(),
+            endpoint: self.route.endpoint().to_string(),
+            model: self.model.clone(),
+            upstream: self.state.upstream.base_url().to_string(),
+            stream: self.stream,
+            request,
+            response: o.response.clone(),
+            status: o.status,
+            outcome,
+            error,
+            prompt_token_ids: None,
+            completion_token_ids: None,
+            completion_logprobs: None,
+            finish_reason: o.finish_reason.clone(),
+            weight_version: None,
+            usage,
+            ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
+            latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
+            client: self.client.clone(),
+        }
+    }
+
+    /// Hands the record to the recorder; under sync durability this returns once it is fsynced.
+    async fn commit(&self, o: &Outcome, client_gone: bool) -> Result<Duration, GatewayError> {
+        let rec = self.build_record(o, client_gone);
+        let t = Instant::now();
+        self.session.count_call();
+        self.state.metrics.records_written.inc();
+        let res = self.state.recorder.record(rec).await;
+        let waited = t.elapsed();
+        self.state.metrics.record_wait.observe(waited.as_secs_f64());
+        match res {
+            Ok(_) => Ok(waited),
+            Err(e) => {
+                error!(call_id = %self.call_id, session = %self.session.id, error = %e, "call record could not be written");
+                Err(GatewayError::Record(e.to_string()))
+            }
+        }
+    }
+
+    fn observe(&self, upstream_time: Duration, record_wait: Duration, ttft: Option<Duration>) {
+        let m = &self.state.metrics;
+        let route = crate::metrics::RouteLabel { route: self.route.label() };
+        m.upstream_latency.get_or_create(&route).observe(upstream_time.as_secs_f64());
+        let overhead = self.t0.elapsed().saturating_sub(upstream_time).saturating_sub(record_wait);
+        m.overhead.get_or_create(&route).observe(overhead.as_secs_f64());
+        if let Some(t) = ttft {
+            m.ttft.get_or_create(&route).observe(t.as_secs_f64());
+        }
+    }
+
+    fn headers(&self, resp: &mut Response<GBody>) {
+        if let Ok(v) = HeaderValue::from_str(&self.call_id) {
+            resp.headers_mut().insert("x-graft-call-id", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.session.id) {
+            resp.headers_mut().insert("x-graft-session", v);
+        }
+    }
+}
+
+/// Handles one call on a `/v1/...` route whose session is already resolved.
+pub async fn handle(
+    state: Arc<State>,
+    route: Route,
+    session: Arc<Session>,
+    headers: HeaderMap,
+    body: Incoming,
+    t0: Instant,
+) -> Result<Response<GBody>, GatewayError> {
+    if route == Route::Models {
+        return models(&state, &headers).await;
+    }
+    let bytes = read_body(body, state.cfg.max_body_bytes, state.cfg.body_timeout).await?;
+    let request = parse_request(route, &bytes)?;
+    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
+    let model = request.get("model").and_then(Value::as_str).map(str::to_string);
+    let call = Call {
+        call_id: uuid::Uuid::now_v7().to_string(),
+        client: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).map(str::to_string),
+        started_at_us: now_us(),
+        state: state.clone(),
+        session,
+        route,
+        request,
+        model,
+        stream,
+        t0,
+    };
+    let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream);
+    async move {
+        let permit = state.limits.upstream_permit().await?;
+        state.metrics.upstream_inflight.inc();
+        let t_up = Instant::now();
+        let sent = state.upstream.send(Method::POST, route.upstream_path(), bytes, &headers).await;
+        let resp = match sent {
+            Ok(r) => r,
+            Err(e) => {
+                state.metrics.upstream_inflight.dec();
+                drop(permit);
+                let o = Outcome {
+                    status: e.status().as_u16(),
+                    upstream_time: t_up.elapsed(),
+                    error: Some(e),
+                    ..Default::default()
+                };
+                let wait = call.commit(&o, false).await.unwrap_or_default();
+                call.observe(o.upstream_time, wait, None);
+                return Err(o.error.unwrap_or_else(|| GatewayError::Internal("lost error".into())));
+            }
+        };
+        let is_sse = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if call.stream && resp.status().is_success() && is_sse {
+            let (tx, body) = channel_body(64);
+            let mut out = Response::new(body);
+            out.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
+            out.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            call.headers(&mut out);
+            tokio::spawn(
+                async move {
+                    pump(call, resp.into_body(), tx, t_up).await;
+                    state.metrics.upstream_inflight.dec();
+                    drop(permit);
+                }
+                .in_current_span(),
+            );
+            return Ok(out);
+        }
+        let result = whole(&call, resp, t_up).await;
+        state.metrics.upstream_inflight.dec();
+        drop(permit);
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// A non-streamed answer (or an upstream error answer to a streamed request).
+async fn whole(call: &Call, resp: Response<Incoming>, t_up: Instant) -> Result<Response<GBody>, GatewayError> {
+    let status = resp.status();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let upstream = call.state.upstream.base_url().to_string();
+    let limit = call.state.cfg.max_response_bytes;
+    let collected = tokio::time::timeout(
+        call.state.upstream.timeout(),
+        http_body_util::Limited::new(resp.into_body(), limit).collect(),
+    )
+    .await;
+    let mut o = Outcome { status: status.as_u16(), upstream_time: t_up.elapsed(), ..Default::default() };
+    let body = match collected {
+        Err(_) => Err(GatewayError::UpstreamTimeout { upstream: upstream.clone(), secs: call.state.upstream.timeout().as_secs() }),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+                Err(GatewayError::UpstreamInvalid {
+                    upstream: upstream.clone(),
+                    detail: format!("the response is larger than limits.max_response_bytes ({limit} bytes)"),
+                })
+            } else {
+                Err(GatewayError::UpstreamStream { upstream: upstream.clone(), detail: crate::upstream::error_chain(e.as_ref()) })
+            }
+        }
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    };
+    let result = match body {
+        Err(e) => Err(e),
+        Ok(bytes) if status.is_success() => match serde_json::from_slice::<Value>(&bytes) {
+            Ok(v) => {
+                o.finish_reason = v
+                    .pointer("/choices/0/finish_reason")
+                    .and_then(Value::as_str)
+                    .map(str::to_string);
+                o.response = Some(v);
+                Ok(bytes)
+            }
+            Err(e) => Err(GatewayError::UpstreamInvalid {
+                upstream,
+                detail: format!("the body is not JSON ({e}): {}", snippet(&bytes)),
+            }),
+        },
+        Ok(bytes) if status.is_client_error() => {
+            // The upstream refused the request itself (context too long, bad parameter):
+            // relay its answer unchanged so the client sees the upstream's own words.
+            o.upstream_error_text = Some(format!("upstream answered HTTP {}: {}", status.as_u16(), upstream_message(&bytes)));
+            o.response = serde_json::from_slice(&bytes).ok();
+            Ok(bytes)
+        }
+        Ok(bytes) => Err(GatewayError::UpstreamStatus { upstream, status: status.as_u16(), detail: upstream_message(&bytes) }),
+    };
+    match result {
+        Ok(bytes) => {
+            let wait = call.commit(&o, false).await?;
+            call.observe(o.upstream_time, wait, None);
+            let mut resp = Response::new(full(bytes));
+            *resp.status_mut() = status;
+            resp.headers_mut().insert(
+                header::CONTENT_TYPE,
+                content_type.unwrap_or_else(|| HeaderValue::from_static("application/json")),
+            );
+            call.headers(&mut resp);
+            Ok(resp)
+        }
+        Err(e) => {
+            o.status = e.status().as_u16();
+            o.error = Some(e);
+            let wait = call.commit(&o, false).await.unwrap_or_default();
+            call.observe(o.upstream_time, wait, None);
+            Err(o.error.take().unwrap_or_else(|| GatewayError::Internal("lost error".into())))
+        }
+    }
+}
+
+/// Relays an SSE answer event by event while the tee assembles it. The final `[DONE]` is
+/// held back until the record is written (sync durability: the last byte waits for fsync).
+async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant) {
+    let upstream = call.state.upstream.base_url().to_string();
+    let max_event = call.state.cfg.max_response_bytes;
+    let idle = call.state.upstream.timeout();
+    let mut splitter = Splitter::default();
+    let mut asm = if call.route == Route::Completions { Assembler::completions() } else { Assembler::chat() };
+    let mut o = Outcome { status: StatusCode::OK.as_u16(), ..Default::default() };
+    let mut done: Option<Bytes> = None;
+    let mut client_gone = false;
+    let mut relayed: usize = 0;
+
+    'read: loop {
+        let frame = tokio::select! {
+            f = tokio::time::timeout(idle, body.frame()) => f,
+            _ = tx.closed() => { client_gone = true; break 'read; }
+        };
+        let chunk = match frame {
+            Err(_) => {
+                o.error = Some(GatewayError::UpstreamTimeout { upstream: upstream.clone(), secs: idle.as_secs() });
+                break;
+            }
+            Ok(None) => break,
+            Ok(Some(Err(e))) => {
+                o.error = Some(GatewayError::UpstreamStream {
+                    upstream: upstream.clone(),
+                    detail: format!("the connection failed after {} events: {}", asm.chunks, crate::upstream::error_chain(&e)),
+                });
+                break;
+            }
+            Ok(Some(Ok(f))) => match f.into_data() {
+                Ok(d) => d,
+                Err(_) => continue,
+            },
+        };
+        splitter.push(&chunk);
+        loop {
+            let ev = match splitter.next_event(max_event) {
+                Ok(Some(ev)) => ev,
+                Ok(None) => break,
+                Err(e) => {
+                    o.error = Some(GatewayError::UpstreamInvalid { upstream: upstream.clone(), detail: e.to_string() });
+                    break 'read;
+                }
+            };
+            if ev.is_done() {
+                done = Some(ev.raw);
+                continue;
+            }
+            if let Some(data) = &ev.data {
+                match serde_json::from_str::<Value>(data) {
+                    Ok(v) => {
+                        if v.get("error").is_some_and(|e| !e.is_null()) {
+                            o.upstream_error_text = Some(format!("upstream sent an error event: {}", v["error"]));
+                        } else {
+                            if o.ttft.is_none() {
+                                o.ttft = Some(call.t0.elapsed());
+                            }
+                            asm.push(&v);
+                        }
+                    }
+                    Err(_) => {
+                        o.error = Some(GatewayError::UpstreamInvalid {
+                            upstream: upstream.clone(),
+                            detail: format!("an SSE event is not JSON: {}", snippet(data.as_bytes())),
+                        });
+                        break 'read;
+                    }
+                }
+            }
+            relayed += ev.raw.len();
+            if tx.send(ev.raw).await.is_err() {
+                client_gone = true;
+                break 'read;
+            }
+        }
+    }
+    if o.error.is_none() && !client_gone {
+        if let Some(rest) = splitter.finish() {
+            if rest.is_done() {
+                done = Some(Bytes::from_static(b"data: [DONE]\n\n"));
+            } else {
+                o.error = Some(GatewayError::UpstreamStream {
+                    upstream: upstream.clone(),
+                    detail: format!("the stream ended inside an event: {}", snippet(&rest.raw)),
+                });
+            }
+        }
+    }
+    if o.error.is_none() && !client_gone && done.is_none() && o.upstream_error_text.is_none() {
+        o.error = Some(GatewayError::UpstreamStream {
+            upstream: upstream.clone(),
+            detail: format!("the stream ended after {} events without [DONE]", asm.chunks),
+        });
+    }
+    o.upstream_time = t_up.elapsed();
+    o.finish_reason = asm.finish_reason();
+    if asm.chunks > 0 {
+        o.response = Some(asm.finish());
+    }
+    if let Some(e) = &o.error {
+        o.status = StatusCode::OK.as_u16();
+        warn!(error = %e, relayed, "stream ended with an error");
+    }
+    let wait = match call.commit(&o, client_gone).await {
+        Ok(w) => w,
+        Err(e) => {
+            if !client_gone {
+                let _ = tx.send(e.sse_event()).await;
+            }
+            return;
+        }
+    };
+    call.observe(o.upstream_time, wait, o.ttft);
+    if client_gone {
+        debug!("client went away mid-stream; partial call recorded");
+        return;
+    }
+    let last = match (&o.error, done) {
+        (Some(e), _) => e.sse_event(),
+        (None, Some(d)) => d,
+        (None, None) => return,
+    };
+    let _ = tx.send(last).await;
+}
+
+/// `GET /v1/models`: relayed, not recorded (it is not an inference call).
+async fn models(state: &State, headers: &HeaderMap) -> Result<Response<GBody>, GatewayError> {
+    let resp = state.upstream.send(Method::GET, Route::Models.upstream_path(), Bytes::new(), headers).await?;
+    let status = resp.status();
+    let upstream = state.upstream.base_url().to_string();
+    let bytes = http_body_util::Limited::new(resp.into_body(), state.cfg.max_response_bytes)
+        .collect()
+        .await
+        .map_err(|e| GatewayError::UpstreamStream { upstream: upstream.clone(), detail: crate::upstream::error_chain(e.as_ref()) })?
+        .to_bytes();
+    if status.is_server_error() {
+        return Err(GatewayError::UpstreamStatus { upstream, status: status.as_u16(), detail: upstream_message(&bytes) });
+    }
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    Ok(resp)
+}
+
+fn snippet(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&b[..b.len().min(200)]).to_string();
+    format!("'{}'{}", s.trim(), if b.len() > 200 { "…" } else { "" })
+}
+
+/// The upstream's own error message when it sent OpenAI's error shape, else a snippet.
+fn upstream_message(b: &[u8]) -> String {
+    serde_json::from_slice::<Value>(b)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("detail"))
+                .and_then(Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| snippet(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e = parse_request(Route::ChatCompletions, br#"{"model": 3, "messages": []}"#).unwrap_err();
+        assert!(e.to_string().contains("'model' must be a string, got a number"), "{e}");
+        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": {}}"#).unwrap_err();
+        assert!(e.to_string().contains("'messages' must be an array"), "{e}");
+        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": [{"content": "x"}]}"#).unwrap_err();
+        assert!(e.to_string().contains("messages[0]"), "{e}");
+        let e = parse_request(Route::Completions, br#"{"model": "m", "prompt": 1}"#).unwrap_err();
+        assert!(e.to_string().contains("'prompt' must be a string or an array"), "{e}");
+        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": [], "stream": "yes"}"#).unwrap_err();
+        assert!(e.to_string().contains("'stream' must be a boolean"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_and_json_are_named() {
+        let e = parse_request(Route::ChatCompletions, b"{\"model\": \"\xff\"}").unwrap_err();
+        assert!(matches!(e, GatewayError::InvalidUtf8 { offset: 11 }), "{e}");
+        let e = parse_request(Route::ChatCompletions, b"{\"model\": ").unwrap_err();
+        assert!(e.to_string().starts_with("request body is not valid JSON"), "{e}");
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn unknown_fields_are_kept() {
+        let v = parse_request(Route::ChatCompletions, br#"{"model":"m","messages":[],"x_custom":{"a":1}}"#).unwrap();
+        assert_eq!(v["x_custom"]["a"], 1);
+    }
+}

@@ -1,0 +1,462 @@
+//! The listener (plain TCP or rustls), the router, the session API, and the layer that turns
+//! every error into OpenAI's error body and logs it once.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graft_recorder::{Recorder, RecorderConfig, RecoveryReport, SessionLog};
+use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use hyper::body::Incoming;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tracing::{debug, error, info, warn};
+
+use crate::body::{GBody, full};
+use crate::config::{DurabilityMode, GatewayConfig, valid_session_id};
+use crate::error::{Cause, GatewayError};
+use crate::limits::Limits;
+use crate::metrics::{ErrorLabels, Metrics, RequestLabels};
+use crate::proxy::{self, Route};
+use crate::sessions::{CreateRequest, Session, Sessions};
+use crate::upstream::{OpenAiCompatible, Upstream};
+
+/// Everything a request handler can reach.
+pub struct State {
+    pub cfg: GatewayConfig,
+    pub recorder: Recorder,
+    pub sessions: Sessions,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub upstream: Upstream,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("cannot open the recorder in {dir}: {source}")]
+    Recorder { dir: String, source: graft_recorder::RecorderError },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: SocketAddr, source: std::io::Error },
+    #[error("TLS set-up failed: {0}")]
+    Tls(String),
+    #[error(transparent)]
+    Gateway(#[from] GatewayError),
+}
+
+/// A bound, ready gateway. `serve` runs it until the shutdown future resolves.
+pub struct Gateway {
+    state: Arc<State>,
+    listener: TcpListener,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+    recovery: RecoveryReport,
+}
+
+impl Gateway {
+    pub async fn bind(cfg: GatewayConfig) -> Result<Self, StartError> {
+        let metrics = Metrics::new();
+        let m = metrics.clone();
+        let mut rc = RecorderConfig::new(&cfg.data_dir);
+        rc.durability = match cfg.durability {
+            DurabilityMode::Sync => graft_recorder::Durability::Sync,
+            DurabilityMode::Async => graft_recorder::Durability::Async { max_delay: cfg.async_max_delay },
+        };
+        rc.queue_capacity = cfg.queue_capacity;
+        rc.segment_max_bytes = cfg.segment_max_bytes;
+        rc.seal_after = cfg.seal_after;
+        rc.on_fsync = Some(Arc::new(move |d, n| m.observe_fsync(d, n)));
+        let dir = cfg.data_dir.display().to_string();
+        let (recorder, recovery) = Recorder::open(rc)
+            .await
+            .map_err(|source| StartError::Recorder { dir: dir.clone(), source })?;
+        let (log, events) =
+            SessionLog::open(&cfg.data_dir).map_err(|source| StartError::Recorder { dir, source })?;
+        let sessions = Sessions::new(log, events, &recovery.sessions, cfg.default_session.clone());
+        let upstream = Upstream::OpenAiCompatible(OpenAiCompatible::new(
+            cfg.upstream_url.clone(),
+            cfg.upstream_api_key.clone(),
+            cfg.upstream_timeout,
+            cfg.upstream_connect_timeout,
+        )?);
+        let limits = Limits::new(
+            cfg.global_rps,
+            cfg.session_rps,
+            cfg.burst,
+            cfg.max_concurrent_upstream,
+            cfg.upstream_queue_timeout,
+        );
+        let tls = match &cfg.tls {
+            Some(t) => Some(tls_acceptor(&t.cert, &t.key)?),
+            None => None,
+        };
+        let listener = TcpListener::bind(cfg.listen)
+            .await
+            .map_err(|source| StartError::Bind { addr: cfg.listen, source })?;
+        let state = Arc::new(State { cfg, recorder, sessions, limits, metrics, upstream });
+        Ok(Gateway { state, listener, tls, recovery })
+    }
+
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        self.listener.local_addr().ok()
+    }
+
+    pub fn url(&self) -> String {
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        match self.local_addr() {
+            Some(a) => format!("{scheme}://{a}"),
+            None => format!("{scheme}://{}", self.state.cfg.listen),
+        }
+    }
+
+    pub fn recovery(&self) -> &RecoveryReport {
+        &self.recovery
+    }
+
+    pub fn recorder(&self) -> Recorder {
+        self.state.recorder.clone()
+    }
+
+    /// Serves until `shutdown` resolves, then drains connections (up to 30 s) and flushes
+    /// and seals the recorder.
+    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
+        let Gateway { state, listener, tls, .. } = self;
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(state.cfg.header_timeout)
+            .keep_alive(true);
+        let graceful = GracefulShutdown::new();
+        let housekeeping = {
+            let state = state.clone();
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(Duration::from_secs(60));
+                loop {
+                    tick.tick().await;
+                    state.limits.housekeeping();
+                }
+            })
+        };
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                acc = listener.accept() => match acc {
+                    Ok(x) => x,
+                    Err(e) => {
+                        warn!(error = %e, "accept failed");
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        continue;
+                    }
+                },
+                _ = &mut shutdown => break,
+            };
+            let _ = stream.set_nodelay(true);
+            let st = state.clone();
+            let svc = service_fn(move |req| {
+                let st = st.clone();
+                async move { Ok::<_, Infallible>(route(st, req).await) }
+            });
+            let builder = builder.clone();
+            let watcher = graceful.watcher();
+            match &tls {
+                None => {
+                    tokio::spawn(async move {
+                        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                        if let Err(e) = watcher.watch(conn).await {
+                            debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+                Some(acceptor) => {
+                    let acceptor = acceptor.clone();
+                    let hs_timeout = state.cfg.header_timeout;
+                    tokio::spawn(async move {
+                        let tls_stream = match tokio::time::timeout(hs_timeout, acceptor.accept(stream)).await {
+                            Ok(Ok(s)) => s,
+                            Ok(Err(e)) => {
+                                debug!(%peer, error = %e, "TLS handshake failed");
+                                return;
+                            }
+                            Err(_) => {
+                                debug!(%peer, "TLS handshake timed out");
+                                return;
+                            }
+                        };
+                        let conn = builder.serve_connection(TokioIo::new(tls_stream), svc).into_owned();
+                        if let Err(e) = watcher.watch(conn).await {
+                            debug!(%peer, error = %e, "connection ended with an error");
+                        }
+                    });
+                }
+            }
+        }
+        drop(listener);
+        info!("shutting down: draining connections");
+        if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await.is_err() {
+            warn!("connections still open after 30 s; closing them");
+        }
+        housekeeping.abort();
+        state.recorder.shutdown().await.map_err(|source| StartError::Recorder {
+            dir: state.cfg.data_dir.display().to_string(),
+            source,
+        })?;
+        info!("recorder flushed and sealed");
+        Ok(())
+    }
+}
+
+fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<tokio_rustls::TlsAcceptor, StartError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let certs = CertificateDer::pem_file_iter(cert)
+        .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+        .map_err(|e| StartError::Tls(format!("cannot read certificates from {}: {e}", cert.display())))?;
+    if certs.is_empty() {
+        return Err(StartError::Tls(format!("{} holds no PEM certificate", cert.display())));
+    }
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|e| StartError::Tls(format!("cannot read a private key from {}: {e}", key.display())))?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| StartError::Tls(e.to_string()))?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .map_err(|e| StartError::Tls(format!("certificate and key do not fit together: {e}")))?;
+    let mut config = config;
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
+}
+
+/// Routes one request and turns any error into OpenAI's error body.
+async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<GBody> {
+    let t0 = Instant::now();
+    let (label, result) = dispatch(&state, req, t0).await;
+    let resp = match result {
+        Ok(r) => r,
+        Err(e) => {
+            let cause = e.cause();
+            match cause {
+                Cause::Client => debug!(error = %e, "request refused"),
+                Cause::Upstream => warn!(error = %e, "upstream failure"),
+                Cause::Graft => error!(error = %e, "graft failure"),
+            }
+            state.metrics.errors.get_or_create(&ErrorLabels { cause: cause.as_str(), code: e.code() }).inc();
+            e.to_response()
+        }
+    };
+    state
+        .metrics
+        .requests
+        .get_or_create(&RequestLabels { route: label, status: resp.status().as_u16() })
+        .inc();
+    resp
+}
+
+async fn dispatch(state: &Arc<State>, req: Request<Incoming>, t0: Instant) -> (&'static str, Result<Response<GBody>, GatewayError>) {
+    let path = req.uri().path().to_string();
+    let method = req.method().clone();
+    match path.as_str() {
+        "/healthz" => return ("healthz", Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))),
+        "/metrics" => {
+            state.metrics.queue_depth.set(state.recorder.queue_depth() as i64);
+            let mut r = Response::new(full(state.metrics.encode()));
+            r.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+            );
+            return ("metrics", Ok(r));
+        }
+        _ => {}
+    }
+    if path == "/graft/sessions" || path.starts_with("/graft/sessions/") {
+        return ("sessions", admin(state, req, &path).await);
+    }
+    let (url_session, rest) = match path.strip_prefix("/s/") {
+        Some(r) => match r.split_once('/') {
+            Some((s, rest)) => (Some(s.to_string()), format!("/{rest}")),
+            None => (Some(r.to_string()), String::new()),
+        },
+        None => (None, path.clone()),
+    };
+    let route = match rest.as_str() {
+        "/v1/chat/completions" => Route::ChatCompletions,
+        "/v1/completions" => Route::Completions,
+        "/v1/models" => Route::Models,
+        _ => return ("unknown", Err(GatewayError::NotFound { method: method.to_string(), path })),
+    };
+    let expected = if route == Route::Models { Method::GET } else { Method::POST };
+    if method != expected {
+        return (route.label(), Err(GatewayError::MethodNotAllowed { method: method.to_string(), path }));
+    }
+    let (parts, body) = req.into_parts();
+    let result = async {
+        let session = resolve_session(state, url_session, &parts.headers).await?;
+        state.limits.check(&session.id)?;
+        proxy::handle(state.clone(), route, session, parts.headers, body, t0).await
+    }
+    .await;
+    (route.label(), result)
+}
+
+fn bearer(headers: &HeaderMap) -> Option<&str> {
+    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+        let v = v.trim();
+        return Some(v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")).unwrap_or(v).trim());
+    }
+    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
+}
+
+/// Which session a call belongs to: the URL prefix, then `x-graft-session`, then a session
+/// key, then the default session.
+async fn resolve_session(state: &State, url_session: Option<String>, headers: &HeaderMap) -> Result<Arc<Session>, GatewayError> {
+    let key = bearer(headers).filter(|k| !k.is_empty());
+    let key_session = key.and_then(|k| state.sessions.by_key(k));
+    let named = match url_session {
+        Some(s) => Some(s),
+        None => match headers.get("x-graft-session") {
+            Some(v) => Some(
+                v.to_str()
+                    .map_err(|_| GatewayError::field("x-graft-session", "the x-graft-session header is not valid text"))?
+                    .trim()
+                    .to_string(),
+            ),
+            None => None,
+        },
+    };
+    if let Some(n) = &named {
+        if !valid_session_id(n) {
+            return Err(GatewayError::field("session", format!("session id '{n}' must be 1-128 characters of [A-Za-z0-9._:-]")));
+        }
+    }
+    if state.cfg.require_client_key && key_session.is_none() {
+        match key {
+            None => {
+                return Err(GatewayError::Unauthorized(
+                    "missing API key; send 'Authorization: Bearer <key>' with a session key from POST /graft/sessions or a configured client key".into(),
+                ));
+            }
+            Some(k) if !state.cfg.client_keys.iter().any(|c| c == k) => {
+                return Err(GatewayError::Unauthorized(format!(
+                    "API key '{}' is not valid for this gateway; use a session key from POST /graft/sessions or a configured client key",
+                    mask(k)
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    let session = match (named, key_session) {
+        (Some(n), Some(ks)) if ks.id != n => {
+            return Err(GatewayError::Forbidden(format!(
+                "the API key belongs to session '{}', not to session '{n}'",
+                ks.id
+            )));
+        }
+        (Some(n), _) => match state.sessions.get(&n) {
+            Some(s) => s,
+            None if state.cfg.auto_create_sessions => state.sessions.auto_create(&n).await?,
+            None => return Err(GatewayError::UnknownSession(n)),
+        },
+        (None, Some(ks)) => ks,
+        (None, None) => state.sessions.default_session()?,
+    };
+    if session.is_closed() {
+        return Err(GatewayError::SessionClosed(session.id.clone()));
+    }
+    Ok(session)
+}
+
+fn mask(k: &str) -> String {
+    let shown: String = k.chars().take(4).collect();
+    format!("{shown}…")
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
+    let mut r = Response::new(full(Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// The session API under `/graft/sessions`, behind the admin key when one is configured.
+async fn admin(state: &State, req: Request<Incoming>, path: &str) -> Result<Response<GBody>, GatewayError> {
+    if let Some(admin) = &state.cfg.admin_key {
+        match bearer(req.headers()) {
+            None => {
+                return Err(GatewayError::Unauthorized(
+                    "the session API needs the admin key: send 'Authorization: Bearer <auth.admin_key>'".into(),
+                ));
+            }
+            Some(k) if k != admin => {
+                return Err(GatewayError::Unauthorized(format!("'{}' is not the admin key", mask(k))));
+            }
+            Some(_) => {}
+        }
+    }
+    let method = req.method().clone();
+    let rest = path.trim_start_matches("/graft/sessions").trim_start_matches('/');
+    let segments: Vec<&str> = if rest.is_empty() { vec![] } else { rest.split('/').collect() };
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string);
+    let body = proxy::read_body(req.into_body(), 1024 * 1024, state.cfg.body_timeout).await?;
+    let parse = |what: &str| -> Result<Value, GatewayError> {
+        if body.iter().all(u8::is_ascii_whitespace) {
+            return Ok(Value::Null);
+        }
+        serde_json::from_slice(&body).map_err(|e| GatewayError::InvalidJson(format!("{what}: {e}")))
+    };
+    match (method, segments.as_slice()) {
+        (Method::POST, []) => {
+            let v = parse("session create body")?;
+            let creq: CreateRequest = if v.is_null() {
+                CreateRequest::default()
+            } else {
+                serde_json::from_value(v).map_err(|e| GatewayError::field("", format!("invalid session create body: {e}")))?
+            };
+            let (session, key) = state.sessions.create(creq).await?;
+            let base = match (&state.cfg.public_url, host) {
+                (Some(u), _) => u.clone(),
+                (None, Some(h)) => format!("{}://{h}", if state.cfg.tls.is_some() { "https" } else { "http" }),
+                (None, None) => format!("http://{}", state.cfg.listen),
+            };
+            info!(session = %session.id, group = ?session.group_id, "session created");
+            Ok(json_response(
+                StatusCode::CREATED,
+                &json!({
+                    "session_id": session.id,
+                    "group_id": session.group_id,
+                    "base_url": format!("{base}/s/{}/v1", session.id),
+                    "api_key": key,
+                }),
+            ))
+        }
+        (Method::GET, []) => Ok(json_response(StatusCode::OK, &json!({"sessions": state.sessions.list()}))),
+        (Method::GET, [id]) => {
+            let s = state.sessions.get(id).ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+            Ok(json_response(StatusCode::OK, &s.view()))
+        }
+        (Method::POST, [id, "reward"]) => {
+            let v = parse("reward body")?;
+            let reward = v.get("reward").ok_or_else(|| GatewayError::field("reward", "'reward' is required"))?;
+            let reward = reward
+                .as_f64()
+                .ok_or_else(|| GatewayError::field("reward", format!("'reward' must be a number, got {reward}")))?;
+            let info = v.get("info").cloned().unwrap_or(Value::Null);
+            let s = state.sessions.reward(id, reward, info).await?;
+            Ok(json_response(StatusCode::OK, &s.view()))
+        }
+        (Method::POST, [id, "close"]) => {
+            let s = state.sessions.close(id).await?;
+            state.recorder.forget_session(id);
+            Ok(json_response(StatusCode::OK, &s.view()))
+        }
+        (m, _) => Err(GatewayError::NotFound { method: m.to_string(), path: path.to_string() }),
+    }
+}

@@ -1,0 +1,261 @@
+//! Sessions: one rollout each. The registry lives in memory and every change is first made
+//! durable in the recorder's session log, so it survives a restart.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use graft_recorder::{SessionEvent, SessionLog, SessionState};
+use rand::Rng;
+use serde_json::{Value, json};
+use sha2::{Digest, Sha256};
+
+use crate::config::valid_session_id;
+use crate::error::GatewayError;
+
+pub struct Session {
+    pub id: String,
+    pub group_id: Option<String>,
+    pub created_at_us: i64,
+    pub metadata: Value,
+    closed: AtomicBool,
+    reward: Mutex<Option<(f64, Value)>>,
+    calls: AtomicU64,
+}
+
+impl Session {
+    fn new(id: String, group_id: Option<String>, created_at_us: i64, metadata: Value) -> Self {
+        Session {
+            id,
+            group_id,
+            created_at_us,
+            metadata,
+            closed: AtomicBool::new(false),
+            reward: Mutex::new(None),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    pub fn count_call(&self) {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn view(&self) -> Value {
+        let reward = self.reward.lock().map(|r| r.clone()).unwrap_or(None);
+        json!({
+            "session_id": self.id,
+            "group_id": self.group_id,
+            "created_at_us": self.created_at_us,
+            "closed": self.is_closed(),
+            "reward": reward.as_ref().map(|r| r.0),
+            "reward_info": reward.map(|r| r.1),
+            "calls": self.calls.load(Ordering::Relaxed),
+            "metadata": self.metadata,
+        })
+    }
+}
+
+#[derive(Default)]
+struct Inner {
+    by_id: HashMap<String, Arc<Session>>,
+    by_key: HashMap<String, String>,
+}
+
+pub struct Sessions {
+    inner: RwLock<Inner>,
+    log: SessionLog,
+    default_id: String,
+}
+
+/// What a client asks for on `POST /graft/sessions`.
+#[derive(Debug, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    pub session_id: Option<String>,
+    pub group_id: Option<String>,
+    #[serde(default)]
+    pub metadata: Value,
+}
+
+pub fn key_hash(key: &str) -> String {
+    format!("{:x}", Sha256::digest(key.as_bytes()))
+}
+
+pub fn now_us() -> i64 {
+    chrono::Utc::now().timestamp_micros()
+}
+
+fn poisoned() -> GatewayError {
+    GatewayError::Internal("session registry lock poisoned".into())
+}
+
+impl Sessions {
+    /// Rebuilds the registry from the session log and the recorder's recovery report.
+    pub fn new(
+        log: SessionLog,
+        events: Vec<SessionEvent>,
+        recovered: &HashMap<String, SessionState>,
+        default_id: String,
+    ) -> Self {
+        let mut inner = Inner::default();
+        for ev in events {
+            match ev {
+                SessionEvent::Created { session_id, group_id, key_sha256, metadata, at_us } => {
+                    if let Some(h) = key_sha256 {
+                        inner.by_key.insert(h, session_id.clone());
+                    }
+                    inner.by_id.insert(
+                        session_id.clone(),
+                        Arc::new(Session::new(session_id, group_id, at_us, metadata)),
+                    );
+                }
+                SessionEvent::Reward { session_id, reward, info, .. } => {
+                    if let Some(s) = inner.by_id.get(&session_id) {
+                        if let Ok(mut r) = s.reward.lock() {
+                            *r = Some((reward, info));
+                        }
+                    }
+                }
+                SessionEvent::Closed { session_id, .. } => {
+                    if let Some(s) = inner.by_id.get(&session_id) {
+                        s.closed.store(true, Ordering::Release);
+                    }
+                }
+            }
+        }
+        for (id, state) in recovered {
+            let s = inner
+                .by_id
+                .entry(id.clone())
+                .or_insert_with(|| Arc::new(Session::new(id.clone(), None, 0, Value::Null)));
+            s.calls.store(state.records, Ordering::Relaxed);
+        }
+        inner
+            .by_id
+            .entry(default_id.clone())
+            .or_insert_with(|| Arc::new(Session::new(default_id.clone(), None, now_us(), Value::Null)));
+        Sessions { inner: RwLock::new(inner), log, default_id }
+    }
+
+    pub fn default_session(&self) -> Result<Arc<Session>, GatewayError> {
+        self.get(&self.default_id).ok_or_else(|| GatewayError::Internal("default session missing".into()))
+    }
+
+    pub fn get(&self, id: &str) -> Option<Arc<Session>> {
+        self.inner.read().ok()?.by_id.get(id).cloned()
+    }
+
+    pub fn by_key(&self, key: &str) -> Option<Arc<Session>> {
+        let inner = self.inner.read().ok()?;
+        let id = inner.by_key.get(&key_hash(key))?;
+        inner.by_id.get(id).cloned()
+    }
+
+    pub fn list(&self) -> Vec<Value> {
+        let Ok(inner) = self.inner.read() else { return vec![] };
+        let mut v: Vec<_> = inner.by_id.values().map(|s| (s.created_at_us, s.view())).collect();
+        v.sort_by_key(|(t, _)| *t);
+        v.into_iter().map(|(_, v)| v).collect()
+    }
+
+    /// Creates a session with its own API key. Durable before it returns.
+    pub async fn create(&self, req: CreateRequest) -> Result<(Arc<Session>, String), GatewayError> {
+        let id = match req.session_id {
+            Some(id) => {
+                if !valid_session_id(&id) {
+                    return Err(GatewayError::field(
+                        "session_id",
+                        format!("session_id '{id}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+                    ));
+                }
+                id
+            }
+            None => uuid::Uuid::now_v7().to_string(),
+        };
+        if let Some(g) = &req.group_id {
+            if !valid_session_id(g) {
+                return Err(GatewayError::field(
+                    "group_id",
+                    format!("group_id '{g}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+                ));
+            }
+        }
+        if self.get(&id).is_some() {
+            return Err(GatewayError::SessionExists(id));
+        }
+        let key_bytes: [u8; 24] = rand::rng().random();
+        let key = format!("gk-{}", key_bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let at_us = now_us();
+        let metadata = if req.metadata.is_null() { json!({}) } else { req.metadata };
+        let ev = SessionEvent::Created {
+            session_id: id.clone(),
+            group_id: req.group_id.clone(),
+            key_sha256: Some(key_hash(&key)),
+            metadata: metadata.clone(),
+            at_us,
+        };
+        self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+        let session = Arc::new(Session::new(id.clone(), req.group_id, at_us, metadata));
+        let mut inner = self.inner.write().map_err(|_| poisoned())?;
+        if inner.by_id.contains_key(&id) {
+            return Err(GatewayError::SessionExists(id));
+        }
+        inner.by_key.insert(key_hash(&key), id.clone());
+        inner.by_id.insert(id, session.clone());
+        Ok((session, key))
+    }
+
+    /// A session named by a client that was never created (`sessions.auto_create`).
+    pub async fn auto_create(&self, id: &str) -> Result<Arc<Session>, GatewayError> {
+        if let Some(s) = self.get(id) {
+            return Ok(s);
+        }
+        let at_us = now_us();
+        let ev = SessionEvent::Created {
+            session_id: id.to_string(),
+            group_id: None,
+            key_sha256: None,
+            metadata: json!({"auto_created": true}),
+            at_us,
+        };
+        self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+        let mut inner = self.inner.write().map_err(|_| poisoned())?;
+        Ok(inner
+            .by_id
+            .entry(id.to_string())
+            .or_insert_with(|| {
+                Arc::new(Session::new(id.to_string(), None, at_us, json!({"auto_created": true})))
+            })
+            .clone())
+    }
+
+    pub async fn reward(&self, id: &str, reward: f64, info: Value) -> Result<Arc<Session>, GatewayError> {
+        let s = self.get(id).ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        if !reward.is_finite() {
+            return Err(GatewayError::field("reward", format!("reward must be a finite number, got {reward}")));
+        }
+        let ev = SessionEvent::Reward { session_id: id.to_string(), reward, info: info.clone(), at_us: now_us() };
+        self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+        if let Ok(mut r) = s.reward.lock() {
+            *r = Some((reward, info));
+        }
+        Ok(s)
+    }
+
+    pub async fn close(&self, id: &str) -> Result<Arc<Session>, GatewayError> {
+        let s = self.get(id).ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        if id == self.default_id {
+            return Err(GatewayError::field("session_id", format!("the default session '{id}' cannot be closed")));
+        }
+        if !s.is_closed() {
+            let ev = SessionEvent::Closed { session_id: id.to_string(), at_us: now_us() };
+            self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+            s.closed.store(true, Ordering::Release);
+        }
+        Ok(s)
+    }
+}

@@ -1,0 +1,420 @@
+//! Records as Arrow record batches in Parquet (zstd): one row per call, one column per
+//! `CallRecord` field; `usage` as three nullable UInt64 columns; the request as JSON text
+//! (`request_delta` in sealed segments, `request` in exports) and `response` as JSON text.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    BooleanBuilder, Float32Builder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
+    UInt16Builder, UInt32Builder, UInt64Builder,
+};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, Int64Type, UInt16Type, UInt32Type, UInt64Type};
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::{RecorderError, Result};
+use crate::record::{StoredRecord, Usage};
+
+/// Column holding the request delta in sealed segments.
+pub(crate) const DELTA_COLUMN: &str = "request_delta";
+/// Column holding the full request in exports.
+pub(crate) const REQUEST_COLUMN: &str = "request";
+
+const BATCH_ROWS: usize = 4096;
+const ROW_GROUP_ROWS: usize = 16 * 1024;
+const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
+const ZSTD_LEVEL: i32 = 3;
+
+pub(crate) fn schema(request_column: &str) -> SchemaRef {
+    let list = |name: &str, item: DataType| {
+        Field::new(
+            name,
+            DataType::List(Arc::new(Field::new_list_field(item, true))),
+            true,
+        )
+    };
+    Arc::new(Schema::new(vec![
+        Field::new("schema_version", DataType::UInt32, false),
+        Field::new("call_id", DataType::Utf8, false),
+        Field::new("session_id", DataType::Utf8, false),
+        Field::new("group_id", DataType::Utf8, true),
+        Field::new("seq", DataType::UInt64, false),
+        Field::new("started_at_us", DataType::Int64, false),
+        Field::new("finished_at_us", DataType::Int64, false),
+        Field::new("dialect", DataType::Utf8, false),
+        Field::new("endpoint", DataType::Utf8, false),
+        Field::new("model", DataType::Utf8, true),
+        Field::new("upstream", DataType::Utf8, false),
+        Field::new("stream", DataType::Boolean, false),
+        Field::new(request_column, DataType::Utf8, false),
+        Field::new("response", DataType::Utf8, true),
+        Field::new("status", DataType::UInt16, false),
+        Field::new("outcome", DataType::Utf8, false),
+        Field::new("error", DataType::Utf8, true),
+        list("prompt_token_ids", DataType::UInt32),
+        list("completion_token_ids", DataType::UInt32),
+        list("completion_logprobs", DataType::Float32),
+        Field::new("finish_reason", DataType::Utf8, true),
+        Field::new("weight_version", DataType::Utf8, true),
+        Field::new("usage_prompt_tokens", DataType::UInt64, true),
+        Field::new("usage_completion_tokens", DataType::UInt64, true),
+        Field::new("usage_total_tokens", DataType::UInt64, true),
+        Field::new("ttft_ms", DataType::Float64, true),
+        Field::new("latency_ms", DataType::Float64, false),
+        Field::new("client", DataType::Utf8, true),
+    ]))
+}
+
+/// A row to write: the record's fields plus its request column text.
+pub(crate) struct Row<'a> {
+    pub rec: &'a StoredRecord,
+    pub request_text: &'a str,
+    pub response_text: Option<&'a str>,
+}
+
+fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<RecordBatch> {
+    let n = rows.len();
+    let mut schema_version = UInt32Builder::with_capacity(n);
+    let mut call_id = StringBuilder::new();
+    let mut session_id = StringBuilder::new();
+    let mut group_id = StringBuilder::new();
+    let mut seq = UInt64Builder::with_capacity(n);
+    let mut started = Int64Builder::with_capacity(n);
+    let mut finished = Int64Builder::with_capacity(n);
+    let mut dialect = StringBuilder::new();
+    let mut endpoint = StringBuilder::new();
+    let mut model = StringBuilder::new();
+    let mut upstream = StringBuilder::new();
+    let mut stream = BooleanBuilder::with_capacity(n);
+    let mut request = StringBuilder::new();
+    let mut response = StringBuilder::new();
+    let mut status = UInt16Builder::with_capacity(n);
+    let mut outcome = StringBuilder::new();
+    let mut error = StringBuilder::new();
+    let mut prompt_ids = ListBuilder::new(UInt32Builder::new());
+    let mut completion_ids = ListBuilder::new(UInt32Builder::new());
+    let mut logprobs = ListBuilder::new(Float32Builder::new());
+    let mut finish_reason = StringBuilder::new();
+    let mut weight_version = StringBuilder::new();
+    let mut usage_prompt = UInt64Builder::with_capacity(n);
+    let mut usage_completion = UInt64Builder::with_capacity(n);
+    let mut usage_total = UInt64Builder::with_capacity(n);
+    let mut ttft = Float64Builder::with_capacity(n);
+    let mut latency = Float64Builder::with_capacity(n);
+    let mut client = StringBuilder::new();
+
+    for row in rows {
+        let r = row.rec;
+        schema_version.append_value(r.schema_version);
+        call_id.append_value(&r.call_id);
+        session_id.append_value(&r.session_id);
+        group_id.append_option(r.group_id.as_deref());
+        seq.append_value(r.seq);
+        started.append_value(r.started_at_us);
+        finished.append_value(r.finished_at_us);
+        dialect.append_value(&r.dialect);
+        endpoint.append_value(&r.endpoint);
+        model.append_option(r.model.as_deref());
+        upstream.append_value(&r.upstream);
+        stream.append_value(r.stream);
+        request.append_value(row.request_text);
+        response.append_option(row.response_text);
+        status.append_value(r.status);
+        outcome.append_value(&r.outcome);
+        error.append_option(r.error.as_deref());
+        for (builder, ids) in [
+            (&mut prompt_ids, &r.prompt_token_ids),
+            (&mut completion_ids, &r.completion_token_ids),
+        ] {
+            match ids {
+                Some(ids) => {
+                    builder.values().append_slice(ids);
+                    builder.append(true);
+                }
+                None => builder.append(false),
+            }
+        }
+        match &r.completion_logprobs {
+            Some(lp) => {
+                logprobs.values().append_slice(lp);
+                logprobs.append(true);
+            }
+            None => logprobs.append(false),
+        }
+        finish_reason.append_option(r.finish_reason.as_deref());
+        weight_version.append_option(r.weight_version.as_deref());
+        let usage = r.usage.as_ref();
+        usage_prompt.append_option(usage.and_then(|u| u.prompt_tokens));
+        usage_completion.append_option(usage.and_then(|u| u.completion_tokens));
+        usage_total.append_option(usage.and_then(|u| u.total_tokens));
+        ttft.append_option(r.ttft_ms);
+        latency.append_value(r.latency_ms);
+        client.append_option(r.client.as_deref());
+    }
+
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(schema_version.finish()),
+        Arc::new(call_id.finish()),
+        Arc::new(session_id.finish()),
+        Arc::new(group_id.finish()),
+        Arc::new(seq.finish()),
+        Arc::new(started.finish()),
+        Arc::new(finished.finish()),
+        Arc::new(dialect.finish()),
+        Arc::new(endpoint.finish()),
+        Arc::new(model.finish()),
+        Arc::new(upstream.finish()),
+        Arc::new(stream.finish()),
+        Arc::new(request.finish()),
+        Arc::new(response.finish()),
+        Arc::new(status.finish()),
+        Arc::new(outcome.finish()),
+        Arc::new(error.finish()),
+        Arc::new(prompt_ids.finish()),
+        Arc::new(completion_ids.finish()),
+        Arc::new(logprobs.finish()),
+        Arc::new(finish_reason.finish()),
+        Arc::new(weight_version.finish()),
+        Arc::new(usage_prompt.finish()),
+        Arc::new(usage_completion.finish()),
+        Arc::new(usage_total.finish()),
+        Arc::new(ttft.finish()),
+        Arc::new(latency.finish()),
+        Arc::new(client.finish()),
+    ];
+    RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Writes `rows` to a new parquet file at `path` and fsyncs it.
+pub(crate) fn write_parquet(path: &Path, rows: &[Row<'_>], request_column: &str) -> Result<()> {
+    let schema = schema(request_column);
+    let level = ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| RecorderError::parquet(path, e))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(level))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .set_created_by(format!("graft-recorder {}", env!("CARGO_PKG_VERSION")))
+        .build();
+    let file = File::create(path).map_err(|e| RecorderError::io("creating", path, e))?;
+    let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+        .map_err(|e| RecorderError::parquet(path, e))?;
+    for chunk in rows.chunks(BATCH_ROWS) {
+        let batch = build_batch(&schema, chunk, path)?;
+        writer
+            .write(&batch)
+            .map_err(|e| RecorderError::parquet(path, e))?;
+    }
+    let file = writer
+        .into_inner()
+        .map_err(|e| RecorderError::parquet(path, e))?;
+    file.sync_all()
+        .map_err(|e| RecorderError::io("fsyncing", path, e))
+}
+
+/// A row read back: the record (its `request_delta` is a placeholder) and the raw text of
+/// the request column.
+pub(crate) struct ReadRow {
+    pub rec: StoredRecord,
+    pub request_text: String,
+}
+
+struct Cols<'a> {
+    batch: &'a RecordBatch,
+    path: &'a Path,
+}
+
+impl<'a> Cols<'a> {
+    fn get(&self, name: &str) -> Option<&'a ArrayRef> {
+        self.batch.column_by_name(name)
+    }
+
+    fn bad(&self, name: &str, problem: impl Into<String>) -> RecorderError {
+        RecorderError::Schema {
+            path: self.path.to_owned(),
+            column: name.to_owned(),
+            problem: problem.into(),
+        }
+    }
+
+    fn string(&self, name: &str) -> Result<Option<&'a StringArray>> {
+        self.get(name)
+            .map(|c| {
+                c.as_string_opt::<i32>().ok_or_else(|| {
+                    self.bad(name, format!("has type {}, expected Utf8", c.data_type()))
+                })
+            })
+            .transpose()
+    }
+
+    fn prim<T: ArrowPrimitiveType>(&self, name: &str) -> Result<Option<&'a PrimitiveArray<T>>> {
+        self.get(name)
+            .map(|c| {
+                c.as_primitive_opt::<T>().ok_or_else(|| {
+                    self.bad(
+                        name,
+                        format!("has type {}, expected {}", c.data_type(), T::DATA_TYPE),
+                    )
+                })
+            })
+            .transpose()
+    }
+
+    fn required<T>(&self, name: &str, col: Option<T>) -> Result<T> {
+        col.ok_or_else(|| self.bad(name, "is missing"))
+    }
+
+    fn list<T: ArrowPrimitiveType>(
+        &self,
+        name: &str,
+        row: usize,
+    ) -> Result<Option<Vec<T::Native>>> {
+        let Some(col) = self.get(name) else {
+            return Ok(None);
+        };
+        let list = col.as_list_opt::<i32>().ok_or_else(|| {
+            self.bad(
+                name,
+                format!("has type {}, expected a List", col.data_type()),
+            )
+        })?;
+        if list.is_null(row) {
+            return Ok(None);
+        }
+        let values = list.value(row);
+        let values = values.as_primitive_opt::<T>().ok_or_else(|| {
+            self.bad(
+                name,
+                format!("holds {}, expected {}", values.data_type(), T::DATA_TYPE),
+            )
+        })?;
+        Ok(Some(values.values().to_vec()))
+    }
+}
+
+fn opt_str(col: Option<&StringArray>, row: usize) -> Option<String> {
+    col.filter(|c| !c.is_null(row))
+        .map(|c| c.value(row).to_owned())
+}
+
+fn opt_prim<T: ArrowPrimitiveType>(
+    col: Option<&PrimitiveArray<T>>,
+    row: usize,
+) -> Option<T::Native> {
+    col.filter(|c| !c.is_null(row)).map(|c| c.value(row))
+}
+
+/// Reads every row of a parquet file written by [`write_parquet`] (or an older version of
+/// it: missing nullable columns read as null).
+pub(crate) fn read_parquet(path: &Path, request_column: &str) -> Result<Vec<ReadRow>> {
+    let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.with_batch_size(BATCH_ROWS).build())
+        .map_err(|e| RecorderError::parquet(path, e))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|source| RecorderError::Arrow {
+            path: path.to_owned(),
+            source,
+        })?;
+        let c = Cols {
+            batch: &batch,
+            path,
+        };
+        let schema_version = c.prim::<UInt32Type>("schema_version")?;
+        let call_id = c.required("call_id", c.string("call_id")?)?;
+        let session_id = c.required("session_id", c.string("session_id")?)?;
+        let group_id = c.string("group_id")?;
+        let seq = c.required("seq", c.prim::<UInt64Type>("seq")?)?;
+        let started = c.required("started_at_us", c.prim::<Int64Type>("started_at_us")?)?;
+        let finished = c.prim::<Int64Type>("finished_at_us")?;
+        let dialect = c.string("dialect")?;
+        let endpoint = c.string("endpoint")?;
+        let model = c.string("model")?;
+        let upstream = c.string("upstream")?;
+        let stream = c
+            .get("stream")
+            .map(|col| {
+                col.as_boolean_opt()
+                    .ok_or_else(|| c.bad("stream", "is not Boolean"))
+            })
+            .transpose()?;
+        let request = c.required(request_column, c.string(request_column)?)?;
+        let response = c.string("response")?;
+        let status = c.prim::<UInt16Type>("status")?;
+        let outcome = c.string("outcome")?;
+        let error = c.string("error")?;
+        let finish_reason = c.string("finish_reason")?;
+        let weight_version = c.string("weight_version")?;
+        let usage_prompt = c.prim::<UInt64Type>("usage_prompt_tokens")?;
+        let usage_completion = c.prim::<UInt64Type>("usage_completion_tokens")?;
+        let usage_total = c.prim::<UInt64Type>("usage_total_tokens")?;
+        let ttft = c.prim::<Float64Type>("ttft_ms")?;
+        let latency = c.prim::<Float64Type>("latency_ms")?;
+        let client = c.string("client")?;
+
+        for row in 0..batch.num_rows() {
+            let response = opt_str(response, row)
+                .map(|text| {
+                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
+                        path: path.to_owned(),
+                        column: "response",
+                        row,
+                        source,
+                    })
+                })
+                .transpose()?;
+            let usage = Usage {
+                prompt_tokens: opt_prim(usage_prompt, row),
+                completion_tokens: opt_prim(usage_completion, row),
+                total_tokens: opt_prim(usage_total, row),
+            };
+            let usage = (usage.prompt_tokens.is_some()
+                || usage.completion_tokens.is_some()
+                || usage.total_tokens.is_some())
+            .then_some(usage);
+            let rec = StoredRecord {
+                schema_version: opt_prim(schema_version, row).unwrap_or(1),
+                call_id: call_id.value(row).to_owned(),
+                session_id: session_id.value(row).to_owned(),
+                group_id: opt_str(group_id, row),
+                seq: seq.value(row),
+                started_at_us: started.value(row),
+                finished_at_us: opt_prim(finished, row).unwrap_or_else(|| started.value(row)),
+                dialect: opt_str(dialect, row).unwrap_or_default(),
+                endpoint: opt_str(endpoint, row).unwrap_or_default(),
+                model: opt_str(model, row),
+                upstream: opt_str(upstream, row).unwrap_or_default(),
+                stream: stream.is_some_and(|s| !s.is_null(row) && s.value(row)),
+                request_delta: crate::delta::encode(None, &serde_json::Value::Null),
+                response,
+                status: opt_prim(status, row).unwrap_or(0),
+                outcome: opt_str(outcome, row).unwrap_or_default(),
+                error: opt_str(error, row),
+                prompt_token_ids: c.list::<UInt32Type>("prompt_token_ids", row)?,
+                completion_token_ids: c.list::<UInt32Type>("completion_token_ids", row)?,
+                completion_logprobs: c.list::<Float32Type>("completion_logprobs", row)?,
+                finish_reason: opt_str(finish_reason, row),
+                weight_version: opt_str(weight_version, row),
+                usage,
+                ttft_ms: opt_prim(ttft, row),
+                latency_ms: opt_prim(latency, row).unwrap_or(0.0),
+                client: opt_str(client, row),
+            };
+            out.push(ReadRow {
+                rec,
+                request_text: request.value(row).to_owned(),
+            });
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,341 @@
+//! Sealing closed WAL segments into day-partitioned parquet, and recovery on open.
+//!
+//! Sealing segment N: for each UTC day (of `started_at_us`) present in it, write
+//! `records/date=YYYY-MM-DD/.seg-N.parquet.tmp`, fsync, rename to `seg-N.parquet`, fsync
+//! the directory; then write the manifest `records/_sealed/seg-N.json` the same way; then
+//! delete `wal/N.wal`. The manifest is the commit point: a segment with a manifest is
+//! sealed (its WAL file, if still there, is ignored and deleted); a segment without one
+//! is read from its WAL (any parquet already written for it is ignored and rewritten).
+//! Temporary files start with a dot so pyarrow and DuckDB globs skip them.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::columnar::{self, DELTA_COLUMN, Row};
+use crate::error::{RecorderError, Result};
+use crate::record::{SCHEMA_VERSION, StoredRecord};
+use crate::wal;
+use crate::{RecoveryReport, SessionState};
+
+pub(crate) const RECORDS_DIR: &str = "records";
+pub(crate) const SEALED_DIR: &str = "_sealed";
+
+pub(crate) fn records_dir(dir: &Path) -> PathBuf {
+    dir.join(RECORDS_DIR)
+}
+
+fn sealed_dir(dir: &Path) -> PathBuf {
+    records_dir(dir).join(SEALED_DIR)
+}
+
+fn manifest_path(dir: &Path, segment: u64) -> PathBuf {
+    sealed_dir(dir).join(format!("seg-{segment:08}.json"))
+}
+
+fn parquet_name(segment: u64) -> String {
+    format!("seg-{segment:08}.parquet")
+}
+
+/// `seg-00000012.parquet` / `seg-00000012.json` → 12.
+fn parse_seg_name(name: &str, ext: &str) -> Option<u64> {
+    let digits = name.strip_prefix("seg-")?.strip_suffix(ext)?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// Per-session counts of one sealed segment.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub(crate) struct ManifestSession {
+    pub last_seq: u64,
+    pub records: u64,
+}
+
+/// Commit record of one sealed segment.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct Manifest {
+    pub schema_version: u32,
+    pub segment: u64,
+    pub records: u64,
+    /// Parquet files, relative to `records/`.
+    pub files: Vec<String>,
+    pub sessions: BTreeMap<String, ManifestSession>,
+}
+
+fn day_of(started_at_us: i64) -> String {
+    match chrono::DateTime::from_timestamp_micros(started_at_us) {
+        Some(t) => t.date_naive().format("%Y-%m-%d").to_string(),
+        None => {
+            tracing::warn!(
+                started_at_us,
+                "record start time out of range; filed under 1970-01-01"
+            );
+            "1970-01-01".to_owned()
+        }
+    }
+}
+
+/// Writes `bytes` to `path` atomically and durably (dot-tmp, fsync, rename, fsync dir).
+fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let parent = path.parent().unwrap_or(Path::new("."));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("file");
+    let tmp = parent.join(format!(".{name}.tmp"));
+    fs::File::create(&tmp)
+        .and_then(|mut f| {
+            std::io::Write::write_all(&mut f, bytes)?;
+            f.sync_all()
+        })
+        .map_err(|e| RecorderError::io("writing", &tmp, e))?;
+    fs::rename(&tmp, path).map_err(|e| RecorderError::io("renaming into place", path, e))?;
+    wal::fsync_dir(parent)
+}
+
+/// Seals WAL segment `segment` of `dir`. Returns its manifest, or `None` when the segment
+/// held no record (it is then just deleted).
+pub(crate) fn seal_segment(dir: &Path, segment: u64) -> Result<Option<Manifest>> {
+    let wal_path = wal::segment_path(dir, segment);
+    let scan = wal::scan_segment(&wal_path)?;
+    if scan.torn_bytes() > 0 {
+        tracing::warn!(
+            path = %wal_path.display(),
+            torn_bytes = scan.torn_bytes(),
+            "sealing a WAL segment with a torn tail; only its valid frames are sealed"
+        );
+    }
+    let manifest = if scan.records.is_empty() {
+        None
+    } else {
+        Some(write_segment_parquet(dir, segment, &scan.records)?)
+    };
+    fs::remove_file(&wal_path)
+        .map_err(|e| RecorderError::io("deleting sealed WAL segment", &wal_path, e))?;
+    wal::fsync_dir(&wal::wal_dir(dir))?;
+    tracing::debug!(segment, records = scan.records.len(), "sealed WAL segment");
+    Ok(manifest)
+}
+
+fn write_segment_parquet(dir: &Path, segment: u64, records: &[StoredRecord]) -> Result<Manifest> {
+    let mut texts = Vec::with_capacity(records.len());
+    for r in records {
+        let delta =
+            serde_json::to_string(&r.request_delta).map_err(|source| RecorderError::Encode {
+                call_id: r.call_id.clone(),
+                source,
+            })?;
+        let response = r
+            .response
+            .as_ref()
+            .map(serde_json::to_string)
+            .transpose()
+            .map_err(|source| RecorderError::Encode {
+                call_id: r.call_id.clone(),
+                source,
+            })?;
+        texts.push((delta, response));
+    }
+    let mut by_day: BTreeMap<String, Vec<Row<'_>>> = BTreeMap::new();
+    let mut sessions: BTreeMap<String, ManifestSession> = BTreeMap::new();
+    for (r, (delta, response)) in records.iter().zip(&texts) {
+        by_day
+            .entry(day_of(r.started_at_us))
+            .or_default()
+            .push(Row {
+                rec: r,
+                request_text: delta,
+                response_text: response.as_deref(),
+            });
+        let s = sessions.entry(r.session_id.clone()).or_default();
+        s.last_seq = s.last_seq.max(r.seq);
+        s.records += 1;
+    }
+    let mut files = Vec::new();
+    for (day, rows) in &by_day {
+        let day_dir = records_dir(dir).join(format!("date={day}"));
+        wal::create_dir_all(&day_dir)?;
+        let name = parquet_name(segment);
+        let tmp = day_dir.join(format!(".{name}.tmp"));
+        columnar::write_parquet(&tmp, rows, DELTA_COLUMN)?;
+        let dest = day_dir.join(&name);
+        fs::rename(&tmp, &dest).map_err(|e| RecorderError::io("renaming into place", &dest, e))?;
+        wal::fsync_dir(&day_dir)?;
+        files.push(format!("date={day}/{name}"));
+    }
+    let manifest = Manifest {
+        schema_version: SCHEMA_VERSION,
+        segment,
+        records: records.len() as u64,
+        files,
+        sessions,
+    };
+    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|source| RecorderError::Encode {
+        call_id: format!("manifest of segment {segment}"),
+        source,
+    })?;
+    wal::create_dir_all(&sealed_dir(dir))?;
+    write_atomic(&manifest_path(dir, segment), &bytes)?;
+    Ok(manifest)
+}
+
+/// Manifests of all sealed segments, by segment number.
+pub(crate) fn read_manifests(dir: &Path) -> Result<BTreeMap<u64, Manifest>> {
+    let sealed = sealed_dir(dir);
+    let entries = match fs::read_dir(&sealed) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(BTreeMap::new()),
+        Err(e) => return Err(RecorderError::io("listing", sealed, e)),
+    };
+    let mut out = BTreeMap::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| RecorderError::io("listing", &sealed, e))?;
+        let Some(segment) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| parse_seg_name(n, ".json"))
+        else {
+            continue;
+        };
+        let path = entry.path();
+        let bytes = fs::read(&path).map_err(|e| RecorderError::io("reading manifest", &path, e))?;
+        let manifest: Manifest =
+            serde_json::from_slice(&bytes).map_err(|source| RecorderError::WalPayload {
+                path: path.clone(),
+                offset: 0,
+                source,
+            })?;
+        out.insert(segment, manifest);
+    }
+    Ok(out)
+}
+
+/// Parquet segment files under `records/date=*/`, as (segment, path).
+pub(crate) fn list_parquet(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
+    let records = records_dir(dir);
+    let entries = match fs::read_dir(&records) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(RecorderError::io("listing", records, e)),
+    };
+    let mut out = Vec::new();
+    for day in entries {
+        let day = day.map_err(|e| RecorderError::io("listing", &records, e))?;
+        let is_day = day
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("date="));
+        if !is_day || !day.path().is_dir() {
+            continue;
+        }
+        let day_path = day.path();
+        let files =
+            fs::read_dir(&day_path).map_err(|e| RecorderError::io("listing", &day_path, e))?;
+        for f in files {
+            let f = f.map_err(|e| RecorderError::io("listing", &day_path, e))?;
+            if let Some(segment) = f
+                .file_name()
+                .to_str()
+                .and_then(|n| parse_seg_name(n, ".parquet"))
+            {
+                out.push((segment, f.path()));
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Removes leftover dot-tmp files of interrupted seals.
+fn remove_tmp_files(dir: &Path) -> Result<()> {
+    let records = records_dir(dir);
+    let mut dirs = vec![sealed_dir(dir)];
+    if let Ok(entries) = fs::read_dir(&records) {
+        dirs.extend(entries.flatten().map(|e| e.path()).filter(|p| p.is_dir()));
+    }
+    for d in dirs {
+        let Ok(entries) = fs::read_dir(&d) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            let name = name.to_string_lossy();
+            if name.starts_with('.') && name.ends_with(".tmp") {
+                let path = e.path();
+                fs::remove_file(&path)
+                    .map_err(|err| RecorderError::io("removing leftover", &path, err))?;
+                tracing::info!(path = %path.display(), "removed leftover temporary file of an interrupted seal");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Brings `dir` to a clean state: sealed segments' leftover WAL files deleted, every other
+/// WAL segment's torn tail truncated and the segment sealed. Returns the report and the
+/// next free segment number.
+pub(crate) fn recover(dir: &Path) -> Result<(RecoveryReport, u64)> {
+    wal::create_dir_all(&wal::wal_dir(dir))?;
+    wal::create_dir_all(&sealed_dir(dir))?;
+    remove_tmp_files(dir)?;
+
+    let mut manifests = read_manifests(dir)?;
+    let segments = wal::list_segments(dir)?;
+    let parquet = list_parquet(dir)?;
+    let max_seen = manifests
+        .keys()
+        .chain(segments.iter().map(|(n, _)| n))
+        .chain(parquet.iter().map(|(n, _)| n))
+        .copied()
+        .max()
+        .unwrap_or(0);
+
+    let mut report = RecoveryReport::default();
+    for (segment, path) in &segments {
+        if manifests.contains_key(segment) {
+            tracing::info!(segment, path = %path.display(), "WAL segment was already sealed; deleting it");
+            fs::remove_file(path)
+                .map_err(|e| RecorderError::io("deleting sealed WAL segment", path, e))?;
+            wal::fsync_dir(&wal::wal_dir(dir))?;
+            continue;
+        }
+        let scan = wal::scan_segment(path)?;
+        if scan.torn_bytes() > 0 {
+            tracing::warn!(
+                path = %path.display(),
+                valid_bytes = scan.valid_len,
+                torn_bytes = scan.torn_bytes(),
+                "WAL segment has a torn tail (crash while writing); truncating it at the last good frame"
+            );
+            wal::truncate(path, scan.valid_len)?;
+            report.torn_bytes_dropped += scan.torn_bytes();
+        }
+        report.recovered_records += scan.records.len() as u64;
+        // Parquet of an interrupted seal of this segment is rewritten below.
+        for (_, stale) in parquet.iter().filter(|(n, _)| n == segment) {
+            fs::remove_file(stale)
+                .map_err(|e| RecorderError::io("removing partial parquet of", stale, e))?;
+        }
+        if let Some(manifest) = seal_segment(dir, *segment)? {
+            manifests.insert(*segment, manifest);
+            report.sealed_segments += 1;
+        }
+    }
+    report.sessions = session_states(manifests.values());
+    Ok((report, max_seen + 1))
+}
+
+pub(crate) fn session_states<'a>(
+    manifests: impl Iterator<Item = &'a Manifest>,
+) -> HashMap<String, SessionState> {
+    let mut out: HashMap<String, SessionState> = HashMap::new();
+    for m in manifests {
+        for (id, s) in &m.sessions {
+            let st = out.entry(id.clone()).or_default();
+            st.last_seq = st.last_seq.max(s.last_seq);
+            st.records += s.records;
+        }
+    }
+    out
+}

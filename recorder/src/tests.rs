@@ -1,0 +1,559 @@
+//! Recorder tests against real files in temp directories.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use serde_json::{Value, json};
+
+use crate::*;
+
+const DAY_US: i64 = 86_400_000_000;
+const T0: i64 = 1_750_000_000_000_000; // 2025-06-15
+
+fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
+    CallRecord {
+        schema_version: SCHEMA_VERSION,
+        call_id: format!("{session}-{turn:04}"),
+        session_id: session.to_owned(),
+        group_id: Some("g1".to_owned()),
+        seq: 0,
+        started_at_us: T0 + turn as i64 * 1_000,
+        finished_at_us: T0 + turn as i64 * 1_000 + 500,
+        dialect: "chat_completions".to_owned(),
+        endpoint: "/v1/chat/completions".to_owned(),
+        model: Some("qwen".to_owned()),
+        upstream: "http://127.0.0.1:1".to_owned(),
+        stream: turn.is_multiple_of(2),
+        request: json!({"model": "qwen", "messages": messages, "temperature": 1.0}),
+        response: Some(
+            json!({"choices": [{"message": {"role": "assistant", "content": format!("answer {turn}")}}]}),
+        ),
+        status: 200,
+        outcome: if turn % 7 == 6 {
+            "upstream_error"
+        } else {
+            "ok"
+        }
+        .to_owned(),
+        error: None,
+        prompt_token_ids: Some(vec![1, 2, 3, turn as u32]),
+        completion_token_ids: Some(vec![9, 8]),
+        completion_logprobs: Some(vec![-0.5, -1.25]),
+        finish_reason: Some("stop".to_owned()),
+        weight_version: Some("v3".to_owned()),
+        usage: Some(Usage {
+            prompt_tokens: Some(4),
+            completion_tokens: Some(2),
+            total_tokens: None,
+        }),
+        ttft_ms: (!turn.is_multiple_of(3)).then_some(12.5),
+        latency_ms: 40.0,
+        client: Some("test/1.0".to_owned()),
+    }
+}
+
+/// `turns` calls per session, each extending the previous conversation.
+fn sessions(ids: &[&str], turns: usize) -> Vec<CallRecord> {
+    let mut out = Vec::new();
+    for (s, id) in ids.iter().enumerate() {
+        let mut msgs = vec![json!({"role": "system", "content": "be brief"})];
+        for t in 0..turns {
+            msgs.push(json!({"role": "user", "content": format!("q{s}.{t}")}));
+            out.push(call(id, t, msgs.clone()));
+            msgs.push(json!({"role": "assistant", "content": format!("a{s}.{t}")}));
+        }
+    }
+    out
+}
+
+/// What readers return: seq assigned in per-session order, sorted by (session, seq).
+fn expected(mut recs: Vec<CallRecord>) -> Vec<CallRecord> {
+    let mut counters = std::collections::HashMap::new();
+    for r in &mut recs {
+        let c = counters.entry(r.session_id.clone()).or_insert(0u64);
+        *c += 1;
+        r.seq = *c;
+    }
+    recs.sort_by(|a, b| (&a.session_id, a.seq).cmp(&(&b.session_id, b.seq)));
+    recs
+}
+
+fn manifests(dir: &Path) -> usize {
+    std::fs::read_dir(dir.join("records/_sealed")).map_or(0, |d| d.count())
+}
+
+fn wal_files(dir: &Path) -> Vec<std::path::PathBuf> {
+    crate::wal::list_segments(dir)
+        .unwrap()
+        .into_iter()
+        .map(|(_, p)| p)
+        .collect()
+}
+
+#[tokio::test]
+async fn sync_round_trip_then_sealed_parquet_reads_back_identical() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(report.recovered_records, 0);
+    let input = sessions(&["s-a", "s-b", "s-c"], 6);
+    for r in &input {
+        rec.record(r.clone()).await.unwrap();
+    }
+    let want = expected(input);
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from the WAL");
+
+    rec.seal_now().await.unwrap();
+    assert!(wal_files(dir.path()).is_empty(), "sealed WAL deleted");
+    assert_eq!(manifests(dir.path()), 1);
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from parquet");
+
+    // seq continues across restarts, from the manifests.
+    rec.shutdown().await.unwrap();
+    assert!(
+        rec.record(call("s-a", 99, vec![])).await.is_err(),
+        "closed after shutdown"
+    );
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(report.sessions["s-a"].last_seq, 6);
+    assert_eq!(report.sessions["s-b"].records, 6);
+    assert_eq!(
+        rec.record(call(
+            "s-a",
+            6,
+            vec![json!({"role": "user", "content": "x"})]
+        ))
+        .await
+        .unwrap(),
+        7
+    );
+    rec.shutdown().await.unwrap();
+    assert_eq!(read_records(dir.path()).unwrap().len(), 19);
+}
+
+#[tokio::test]
+async fn async_durability_round_trip_and_timed_fsync() {
+    let dir = tempfile::tempdir().unwrap();
+    let fsyncs = Arc::new(AtomicUsize::new(0));
+    let mut cfg = RecorderConfig::new(dir.path());
+    cfg.durability = Durability::Async {
+        max_delay: Duration::from_millis(20),
+    };
+    let counter = fsyncs.clone();
+    cfg.on_fsync = Some(Arc::new(move |_, n| {
+        counter.fetch_add(n, Ordering::SeqCst);
+    }));
+    let (rec, _) = Recorder::open(cfg).await.unwrap();
+    let input = sessions(&["a", "b"], 5);
+    for (i, r) in input.iter().enumerate() {
+        let seq = rec.record(r.clone()).await.unwrap();
+        assert_eq!(seq, (i % 5) as u64 + 1);
+    }
+    // The writer fsyncs by itself within max_delay.
+    for _ in 0..100 {
+        if fsyncs.load(Ordering::SeqCst) == 10 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(fsyncs.load(Ordering::SeqCst), 10);
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+    rec.shutdown().await.unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn group_commit_uses_far_fewer_fsyncs_than_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let fsyncs = Arc::new(AtomicUsize::new(0));
+    let covered = Arc::new(AtomicUsize::new(0));
+    let mut cfg = RecorderConfig::new(dir.path());
+    let (f, c) = (fsyncs.clone(), covered.clone());
+    cfg.on_fsync = Some(Arc::new(move |_, n| {
+        f.fetch_add(1, Ordering::SeqCst);
+        c.fetch_add(n, Ordering::SeqCst);
+    }));
+    let (rec, _) = Recorder::open(cfg).await.unwrap();
+    let tasks: Vec<_> = (0..200)
+        .map(|i| {
+            let rec = rec.clone();
+            let r = call(
+                &format!("s{}", i % 10),
+                i,
+                vec![json!({"role": "user", "content": i})],
+            );
+            tokio::spawn(async move { rec.record(r).await })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let n = fsyncs.load(Ordering::SeqCst);
+    assert_eq!(covered.load(Ordering::SeqCst), 200);
+    assert_eq!(rec.queue_depth(), 0);
+    assert!(n < 50, "{n} fsyncs for 200 records");
+    let all = read_records(dir.path()).unwrap();
+    assert_eq!(all.len(), 200);
+    for s in 0..10 {
+        let seqs: Vec<u64> = all
+            .iter()
+            .filter(|r| r.session_id == format!("s{s}"))
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, (1..=20).collect::<Vec<_>>());
+    }
+    rec.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn fifty_turn_session_stores_linear_not_quadratic_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let tools: Vec<Value> = (0..44)
+        .map(|i| json!({"type": "function", "function": {"name": format!("tool_{i}"), "description": "d".repeat(420)}}))
+        .collect();
+    assert!(serde_json::to_vec(&tools).unwrap().len() > 20_000);
+    let mut msgs = vec![json!({"role": "user", "content": "fix the bug"})];
+    let mut new_content = 0u64;
+    for turn in 0..50 {
+        let mut r = call("long", turn, vec![]);
+        r.request =
+            json!({"model": "qwen", "messages": msgs.clone(), "tools": tools, "stream": true});
+        let added = if turn == 0 {
+            serde_json::to_vec(&r.request).unwrap().len()
+        } else {
+            2 * 1_050
+        };
+        new_content += added as u64;
+        rec.record(r).await.unwrap();
+        msgs.push(json!({"role": "assistant", "content": "x".repeat(500), "tool_calls": [{"id": format!("c{turn}"), "function": {"name": "tool_1", "arguments": "{}"}}]}));
+        msgs.push(
+            json!({"role": "tool", "tool_call_id": format!("c{turn}"), "content": "y".repeat(980)}),
+        );
+    }
+    rec.seal_now().await.unwrap();
+    let bytes = stored_bytes(dir.path()).unwrap();
+    let s = &bytes.sessions["long"];
+    assert_eq!(s.records, 50);
+    assert!(
+        s.request_delta_bytes < 3 * new_content,
+        "{} vs new content {new_content}",
+        s.request_delta_bytes
+    );
+    assert!(
+        s.full_request_bytes > 20 * s.request_delta_bytes,
+        "full {} vs stored {}",
+        s.full_request_bytes,
+        s.request_delta_bytes
+    );
+    let recs = read_records(dir.path()).unwrap();
+    assert_eq!(recs[49].request["messages"].as_array().unwrap().len(), 99);
+    assert_eq!(recs[49].request["tools"], json!(tools));
+    let summary = list_sessions(dir.path()).unwrap();
+    assert_eq!(summary[0].stored_request_bytes, s.request_delta_bytes);
+    rec.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn forget_session_stores_the_next_call_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let input = sessions(&["s"], 3);
+    rec.record(input[0].clone()).await.unwrap();
+    rec.record(input[1].clone()).await.unwrap();
+    rec.forget_session("s");
+    rec.record(input[2].clone()).await.unwrap();
+    let stored = crate::reader::read_stored(dir.path()).unwrap();
+    let bases: Vec<Option<String>> = stored
+        .iter()
+        .map(|r| r.request_delta.base.clone())
+        .collect();
+    assert_eq!(bases, vec![None, Some("s-0000".to_owned()), None]);
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input));
+    rec.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn rotation_by_size_and_age_seals_in_the_background_and_partitions_by_day() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RecorderConfig::new(dir.path());
+    cfg.segment_max_bytes = 2_000;
+    cfg.seal_after = Duration::from_millis(100);
+    let (rec, _) = Recorder::open(cfg).await.unwrap();
+    let mut input = sessions(&["a", "b"], 8);
+    for (i, r) in input.iter_mut().enumerate() {
+        r.started_at_us += (i as i64 % 2) * DAY_US; // two days
+        rec.record(r.clone()).await.unwrap();
+    }
+    // Size rotation happened; the age timer seals the rest.
+    let mut sealed_all = false;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if wal_files(dir.path()).is_empty() {
+            sealed_all = true;
+            break;
+        }
+    }
+    assert!(sealed_all, "WAL left: {:?}", wal_files(dir.path()));
+    assert!(manifests(dir.path()) > 1);
+    assert!(dir.path().join("records/date=2025-06-15").is_dir());
+    assert!(dir.path().join("records/date=2025-06-16").is_dir());
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input));
+    rec.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn export_redacts_and_parquet_export_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let mut r = call("s", 0, vec![json!({"role": "user", "content": "hi"})]);
+    r.request["api_key"] = json!("sk-secret");
+    r.usage = None;
+    r.prompt_token_ids = None;
+    rec.record(r).await.unwrap();
+    rec.record(call("s", 1, vec![])).await.unwrap();
+    rec.shutdown().await.unwrap();
+    let recs = read_records(dir.path()).unwrap();
+    assert_eq!(
+        recs[0].request["api_key"], "sk-secret",
+        "the recorder stores what the caller gave"
+    );
+
+    let jsonl = dir.path().join("out/calls.jsonl");
+    export_jsonl(&recs, &jsonl).unwrap();
+    let text = std::fs::read_to_string(&jsonl).unwrap();
+    assert!(!text.contains("sk-secret"));
+    let back: Vec<CallRecord> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(back[0].request["api_key"], REDACTED);
+
+    let pq = dir.path().join("out/calls.parquet");
+    export_parquet(&recs, &pq).unwrap();
+    assert_eq!(read_export_parquet(&pq).unwrap(), back);
+}
+
+#[tokio::test]
+async fn list_sessions_joins_records_and_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = SessionLog::open(dir.path()).unwrap();
+    log.append(&SessionEvent::Created {
+        session_id: "s-a".into(),
+        group_id: Some("grp".into()),
+        key_sha256: None,
+        metadata: json!({}),
+        at_us: T0 - 10,
+    })
+    .await
+    .unwrap();
+    log.append(&SessionEvent::Created {
+        session_id: "idle".into(),
+        group_id: None,
+        key_sha256: None,
+        metadata: json!({}),
+        at_us: T0 + 5,
+    })
+    .await
+    .unwrap();
+    log.append(&SessionEvent::Reward {
+        session_id: "s-a".into(),
+        reward: 1.0,
+        info: json!({}),
+        at_us: T0 + DAY_US,
+    })
+    .await
+    .unwrap();
+    log.append(&SessionEvent::Closed {
+        session_id: "s-a".into(),
+        at_us: T0 + DAY_US,
+    })
+    .await
+    .unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    for r in sessions(&["s-a"], 7) {
+        rec.record(r).await.unwrap();
+    }
+    rec.shutdown().await.unwrap();
+    let list = list_sessions(dir.path()).unwrap();
+    assert_eq!(list.len(), 2);
+    let a = &list[0];
+    assert_eq!(
+        (a.session_id.as_str(), a.calls, a.errors, a.closed),
+        ("s-a", 7, 1, true)
+    );
+    assert_eq!(
+        (a.group_id.as_deref(), a.reward, a.first_us),
+        (Some("grp"), Some(1.0), T0 - 10)
+    );
+    assert_eq!((list[1].session_id.as_str(), list[1].calls), ("idle", 0));
+}
+
+/// Records written and fsynced, then the writer stopped as a crash would leave it.
+async fn crashed_dir(dir: &Path, input: &[CallRecord]) {
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir)).await.unwrap();
+    for r in input {
+        rec.record(r.clone()).await.unwrap();
+    }
+    rec.halt().await;
+}
+
+#[tokio::test]
+async fn a_sealed_segment_whose_wal_survived_is_not_duplicated() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = sessions(&["a", "b"], 4);
+    crashed_dir(dir.path(), &input).await;
+    let wal = wal_files(dir.path());
+    assert_eq!(wal.len(), 1);
+    let wal_bytes = std::fs::read(&wal[0]).unwrap();
+
+    // Crash after the manifest, before the WAL delete.
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            report.recovered_records,
+            report.sealed_segments,
+            report.torn_bytes_dropped
+        ),
+        (8, 1, 0)
+    );
+    rec.shutdown().await.unwrap();
+    std::fs::write(&wal[0], &wal_bytes).unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!((report.recovered_records, report.sealed_segments), (0, 0));
+    assert!(!wal[0].exists());
+    rec.shutdown().await.unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+
+    // Crash after the parquet rename, before the manifest: the WAL wins, then re-seals.
+    std::fs::write(&wal[0], &wal_bytes).unwrap();
+    std::fs::remove_file(dir.path().join("records/_sealed/seg-00000001.json")).unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!((report.recovered_records, report.sealed_segments), (8, 1));
+    rec.shutdown().await.unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input));
+}
+
+#[tokio::test]
+async fn a_missing_base_is_an_error_naming_both_calls() {
+    let dir = tempfile::tempdir().unwrap();
+    let input = sessions(&["a"], 3);
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    rec.record(input[0].clone()).await.unwrap();
+    rec.seal_now().await.unwrap();
+    rec.record(input[1].clone()).await.unwrap();
+    rec.shutdown().await.unwrap();
+    let first = crate::seal::list_parquet(dir.path()).unwrap()[0].1.clone();
+    std::fs::remove_file(first).unwrap();
+    let err = read_records(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("a-0001") && err.contains("a-0000"), "{err}");
+}
+
+struct Fixture {
+    input: Vec<CallRecord>,
+    wal: Vec<u8>,
+    /// End offset of each frame, in WAL order (== input order).
+    ends: Vec<usize>,
+}
+
+fn fixture() -> &'static Fixture {
+    static FIXTURE: std::sync::OnceLock<Fixture> = std::sync::OnceLock::new();
+    FIXTURE.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let mut input = sessions(&["a", "b"], 6);
+        // Interleave sessions, as concurrent rollouts do.
+        input.sort_by_key(|r| (r.started_at_us, r.session_id.clone()));
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(crashed_dir(dir.path(), &input));
+        let wal = std::fs::read(&wal_files(dir.path())[0]).unwrap();
+        let mut ends = Vec::new();
+        let mut pos = 0;
+        while pos < wal.len() {
+            let len = u32::from_le_bytes(wal[pos..pos + 4].try_into().unwrap()) as usize;
+            pos += 8 + len;
+            ends.push(pos);
+        }
+        assert_eq!(ends.len(), input.len());
+        Fixture { input, wal, ends }
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 40, ..ProptestConfig::default() })]
+
+    #[test]
+    fn torn_wal_tails_are_dropped_and_every_complete_record_survives_once(
+        cut in any::<prop::sample::Index>(),
+        garbage in prop::collection::vec(any::<u8>(), 0..40),
+        flip in any::<Option<prop::sample::Index>>(),
+    ) {
+        let fx = fixture();
+        let mut bytes = fx.wal[..cut.index(fx.wal.len() + 1)].to_vec();
+        let mut intact = bytes.len();
+        // Optionally corrupt one byte: everything from its frame on is a tail.
+        if let Some(flip) = flip.filter(|_| !bytes.is_empty()) {
+            let at = flip.index(bytes.len());
+            bytes[at] ^= 0x5a;
+            intact = intact.min(at);
+        }
+        bytes.extend_from_slice(&garbage);
+        let complete = fx.ends.iter().filter(|&&e| e <= intact).count();
+        let valid_len = if complete == 0 { 0 } else { fx.ends[complete - 1] };
+
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("wal")).unwrap();
+        std::fs::write(dir.path().join("wal/00000001.wal"), &bytes).unwrap();
+        // What readers see before recovery: the same prefix.
+        let want = expected(fx.input[..complete].to_vec());
+        prop_assert_eq!(&read_records(dir.path()).unwrap(), &want);
+
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        rt.block_on(async {
+            let (rec, report) = Recorder::open(RecorderConfig::new(dir.path())).await.unwrap();
+            assert_eq!(report.recovered_records, complete as u64);
+            assert_eq!(report.torn_bytes_dropped, (bytes.len() - valid_len) as u64);
+            assert_eq!(report.sealed_segments, u64::from(complete > 0));
+            let last_a = want.iter().filter(|r| r.session_id == "a").count() as u64;
+            let seq = rec.record(call("a", 100, vec![])).await.unwrap();
+            assert_eq!(seq, last_a + 1);
+            rec.shutdown().await.unwrap();
+        });
+        let mut all = read_records(dir.path()).unwrap();
+        all.retain(|r| r.call_id != "a-0100");
+        prop_assert_eq!(&all, &want);
+        let rt2 = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let report = rt2.block_on(async {
+            let (rec, report) = Recorder::open(RecorderConfig::new(dir.path())).await.unwrap();
+            rec.shutdown().await.unwrap();
+            report
+        });
+        prop_assert_eq!(report.recovered_records, 0);
+    }
+}

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# Installs the real clients that graft's integration tests drive (tests/clients.rs):
+#   .graft-test-env/py      Python venv: openai, litellm, mini-swe-agent, pyarrow, duckdb, polars
+#   .graft-test-env/aider   Python venv: aider-chat (it pins many deps, so it gets its own)
+#   .graft-test-env/node    npm: openai
+# Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
+# so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
+# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh
+# GRAFT_TEST_ENV overrides the target directory (the tests honour the same variable).
+set -euo pipefail
+
+repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+env_dir="${GRAFT_TEST_ENV:-$repo/.graft-test-env}"
+python="${PYTHON:-python3.11}"
+
+# Pinned versions. Bump here; the stamps make the next run reinstall the part that changed.
+PY_PKGS=(
+  "openai==3.57.0"
+  "litellm==1.110.2"
+  "mini-swe-agent==2.4.6"
+  "pyarrow==26.0.1"
+  "duckdb==2.0.1"
+  "polars==2.1.0"
+)
+AIDER_PKGS=(
+  "aider-chat==0.86.2"
+)
+NODE_OPENAI="7.59.0"
+
+mkdir -p "$env_dir"
+start=$(date +%s)
+
+if ! command -v "$python" >/dev/null 2>&1; then
+  echo "setup-test-env: '$python' not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
+  exit 1
+fi
+
+# venv NAME PKG... : create/refresh a venv unless its stamp already matches.
+venv() {
+  local name="$1"; shift
+  local dir="$env_dir/$name"
+  local want
+  want="$("$python" --version 2>&1) $*"
+  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -x "$dir/bin/python" ]]; then
+    echo "setup-test-env: $name up to date"
+    return 0
+  fi
+  echo "setup-test-env: installing $name: $*"
+  rm -rf "$dir"
+  "$python" -m venv "$dir"
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+  printf '%s' "$want" > "$dir/.graft-stamp"
+}
+
+node_part() {
+  local dir="$env_dir/node"
+  local want="openai@$NODE_OPENAI"
+  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -d "$dir/node_modules/openai" ]]; then
+    echo "setup-test-env: node up to date"
+    return 0
+  fi
+  if ! command -v npm >/dev/null 2>&1; then
+    echo "setup-test-env: npm not found; install Node.js 20 with npm" >&2
+    return 1
+  fi
+  echo "setup-test-env: installing node: $want"
+  rm -rf "$dir"
+  mkdir -p "$dir"
+  printf '{ "name": "graft-test-clients", "private": true, "type": "commonjs" }\n' > "$dir/package.json"
+  (cd "$dir" && npm install --silent --no-audit --no-fund --save-exact "$want")
+  printf '%s' "$want" > "$dir/.graft-stamp"
+}
+
+# The three parts are independent: run them side by side, then report each failure.
+venv py "${PY_PKGS[@]}" > "$env_dir/py.log" 2>&1 & p1=$!
+venv aider "${AIDER_PKGS[@]}" > "$env_dir/aider.log" 2>&1 & p2=$!
+node_part > "$env_dir/node.log" 2>&1 & p3=$!
+fail=0
+for part in "py:$p1" "aider:$p2" "node:$p3"; do
+  name="${part%%:*}"; pid="${part##*:}"
+  if wait "$pid"; then
+    cat "$env_dir/$name.log"
+  else
+    echo "setup-test-env: $name FAILED; log follows ($env_dir/$name.log)" >&2
+    cat "$env_dir/$name.log" >&2
+    fail=1
+  fi
+done
+[[ $fail == 0 ]] || exit 1
+echo "setup-test-env: ready in $env_dir ($(( $(date +%s) - start ))s)"

@@ -1,0 +1,168 @@
+//! Command-line interface: parses arguments and dispatches to the crates.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand, ValueEnum};
+use graft_gateway::{DurabilityMode, FileConfig, Gateway, GatewayConfig, Overrides};
+
+#[derive(Debug, Parser)]
+#[command(name = "graft", version, about = "Record, reconstruct and train on real agent-harness calls")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the recording gateway in front of an OpenAI-compatible upstream.
+    Gateway(GatewayArgs),
+    /// Read what the recorder stored: sessions, calls, exports.
+    #[command(subcommand)]
+    Records(RecordsCommand),
+    /// The embedded default: a scripted upstream, the gateway in front of it, and a short
+    /// client run through it; prints where the records went.
+    Demo(crate::demo::DemoArgs),
+    /// A scripted OpenAI-compatible upstream that plays the model's text (tests, demo, benchmarks).
+    ScriptedUpstream(crate::scripted::ScriptedArgs),
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum Durability {
+    Sync,
+    Async,
+}
+
+#[derive(Debug, clap::Args)]
+pub struct GatewayArgs {
+    /// Address to listen on (port 0 picks a free port; the real address is printed).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
+    /// Upstream base URL, e.g. http://127.0.0.1:30000/v1 (a URL without a path gets /v1).
+    #[arg(long)]
+    pub upstream: Option<String>,
+    /// Where records are written.
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// graft.toml with everything else (strict: unknown keys are errors).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// sync: a response ends only after its record is fsynced; async: fsync within a bounded delay.
+    #[arg(long, value_enum)]
+    pub durability: Option<Durability>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RecordsCommand {
+    /// One line per session: calls, errors, reward, closed.
+    Sessions(crate::records::SessionsArgs),
+    /// Full call records (requests rebuilt from their deltas), keys redacted.
+    Show(crate::records::ShowArgs),
+    /// Export records to Parquet (zstd) or JSONL, full requests, keys redacted.
+    Export(crate::records::ExportArgs),
+}
+
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    // The demo talks to a person: keep the log to warnings unless GRAFT_LOG says otherwise.
+    init_tracing(if matches!(cli.command, Command::Demo(_)) { "warn" } else { "info" });
+    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("graft: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = rt.block_on(async move {
+        match cli.command {
+            Command::Gateway(args) => gateway(args).await,
+            Command::Records(RecordsCommand::Sessions(a)) => crate::records::sessions(a),
+            Command::Records(RecordsCommand::Show(a)) => crate::records::show(a),
+            Command::Records(RecordsCommand::Export(a)) => crate::records::export(a),
+            Command::Demo(args) => crate::demo::run(args).await,
+            Command::ScriptedUpstream(args) => crate::scripted::run(args).await,
+        }
+    });
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("graft: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Builds the gateway's configuration from the optional file and the flags.
+pub fn gateway_config(args: &GatewayArgs) -> anyhow::Result<GatewayConfig> {
+    let file = match &args.config {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let overrides = Overrides {
+        listen: args.listen,
+        upstream: args.upstream.clone(),
+        data_dir: args.data_dir.clone(),
+        durability: args.durability.map(|d| match d {
+            Durability::Sync => DurabilityMode::Sync,
+            Durability::Async => DurabilityMode::Async,
+        }),
+    };
+    Ok(GatewayConfig::resolve(file, overrides)?)
+}
+
+async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
+    let cfg = gateway_config(&args)?;
+    let data_dir = cfg.data_dir.clone();
+    let durability = cfg.durability;
+    let upstream = cfg.upstream_url.clone();
+    let gw = Gateway::bind(cfg).await.context("the gateway could not start")?;
+    let r = gw.recovery();
+    tracing::info!(
+        recovered = r.recovered_records,
+        torn_bytes_dropped = r.torn_bytes_dropped,
+        sealed_segments = r.sealed_segments,
+        sessions = r.sessions.len(),
+        "recorder opened in {}: recovered {} records from the WAL",
+        data_dir.display(),
+        r.recovered_records
+    );
+    tracing::info!(%upstream, ?durability, "gateway ready");
+    {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "graft gateway listening on {}", gw.url())?;
+        out.flush()?;
+    }
+    gw.serve(shutdown_signal()).await?;
+    Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
+fn init_tracing(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("GRAFT_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}

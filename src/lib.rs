@@ -1,0 +1,9 @@
+//! graft: train a model inside the agent harness it will be deployed in.
+//!
+//! This package is the `graft` CLI. The work lives in the workspace crates
+//! (`graft-recorder`, `graft-gateway`); this crate wires them to commands.
+
+pub mod cli;
+pub mod demo;
+pub mod records;
+pub mod scripted;

@@ -1,0 +1,649 @@
+//! Shared helpers for the integration tests: start the real `graft` binary (scripted
+//! upstream, gateway) on port 0, run the real client scripts in `tests/clients/` against
+//! it, read back what the recorder wrote.
+//!
+//! The clients (openai Python/Node SDKs, litellm, mini-swe-agent, aider) live in
+//! `.graft-test-env/` (or `$GRAFT_TEST_ENV`), installed by `bash scripts/setup-test-env.sh`.
+//! A missing environment fails the test with that instruction; nothing is skipped.
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+/// How long a process may take to print its listening line.
+const START_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long a client script may run (mini-swe-agent and aider import a lot).
+pub const CLIENT_TIMEOUT: Duration = Duration::from_secs(240);
+/// How long records may take to become readable after the client got its answer.
+const RECORD_WAIT: Duration = Duration::from_secs(30);
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+pub fn graft_bin() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_graft"))
+}
+
+pub fn clients_dir() -> PathBuf {
+    repo_root().join("tests").join("clients")
+}
+
+/// The script every client test runs against.
+pub fn script_path() -> PathBuf {
+    clients_dir().join("script.json")
+}
+
+pub fn script() -> Value {
+    let text = std::fs::read_to_string(script_path()).unwrap();
+    serde_json::from_str(&text).unwrap()
+}
+
+/// The reply content of the first script rule whose `match` is `pattern`.
+pub fn scripted_content(pattern: &str) -> String {
+    script()["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["match"] == pattern)
+        .and_then(|r| r["reply"]["content"].as_str())
+        .unwrap_or_else(|| panic!("tests/clients/script.json has no rule matching {pattern:?} with content"))
+        .to_owned()
+}
+
+// -------------------------------------------------------------------------------------
+// The client environment
+
+/// Where the real clients are installed.
+pub struct TestEnv {
+    pub root: PathBuf,
+}
+
+impl TestEnv {
+    /// Finds `.graft-test-env` (or `$GRAFT_TEST_ENV`) and checks that every part is there.
+    /// Fails, never skips, when it is not.
+    pub fn get() -> TestEnv {
+        let root = match std::env::var_os("GRAFT_TEST_ENV") {
+            Some(p) => PathBuf::from(p),
+            None => repo_root().join(".graft-test-env"),
+        };
+        let env = TestEnv { root };
+        let missing: Vec<String> = [env.python(), env.aider_python(), env.node_modules().join("openai")]
+            .into_iter()
+            .filter(|p| !p.exists())
+            .map(|p| p.display().to_string())
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "the real test clients are not installed (missing: {}).\n\
+             Run `bash scripts/setup-test-env.sh` from the repository root \
+             (or point GRAFT_TEST_ENV at an environment it made).",
+            missing.join(", ")
+        );
+        env
+    }
+
+    /// Python of the venv with openai, litellm, mini-swe-agent, pyarrow, duckdb.
+    pub fn python(&self) -> PathBuf {
+        self.root.join("py").join("bin").join("python")
+    }
+
+    /// Python of the aider venv.
+    pub fn aider_python(&self) -> PathBuf {
+        self.root.join("aider").join("bin").join("python")
+    }
+
+    pub fn node_modules(&self) -> PathBuf {
+        self.root.join("node").join("node_modules")
+    }
+
+    /// A Python client script from `tests/clients/python/`.
+    pub fn py_client(&self, script: &str, args: &[&str], target: &Target) -> Value {
+        let mut cmd = Command::new(self.python());
+        cmd.arg(clients_dir().join("python").join(script)).args(args);
+        target.apply(&mut cmd);
+        run_client(cmd, CLIENT_TIMEOUT)
+    }
+
+    pub fn aider_client(&self, target: &Target) -> Value {
+        let mut cmd = Command::new(self.aider_python());
+        cmd.arg(clients_dir().join("python").join("aider_edit.py"));
+        target.apply(&mut cmd);
+        run_client(cmd, CLIENT_TIMEOUT)
+    }
+
+    /// A Node client script from `tests/clients/node/`.
+    pub fn node_client(&self, script: &str, target: &Target) -> Value {
+        let mut cmd = Command::new("node");
+        cmd.arg(clients_dir().join("node").join(script)).env("NODE_PATH", self.node_modules());
+        target.apply(&mut cmd);
+        run_client(cmd, CLIENT_TIMEOUT)
+    }
+}
+
+/// Where a client sends its calls: base URL (with `/v1`), optional session header.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub base_url: String,
+    pub session_header: Option<String>,
+    pub api_key: String,
+    pub model: String,
+}
+
+impl Target {
+    fn apply(&self, cmd: &mut Command) {
+        cmd.env("GRAFT_BASE_URL", &self.base_url)
+            .env("GRAFT_API_KEY", &self.api_key)
+            .env("GRAFT_MODEL", &self.model)
+            .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+            .env("PYTHONUNBUFFERED", "1")
+            .env("PYTHONDONTWRITEBYTECODE", "1");
+        match &self.session_header {
+            Some(s) => cmd.env("GRAFT_SESSION", s),
+            None => cmd.env_remove("GRAFT_SESSION"),
+        };
+    }
+}
+
+/// Runs a client to completion (killing it after `timeout`), fails the test with its
+/// output when it exits non-zero, and parses the last line of its stdout as JSON.
+pub fn run_client(mut cmd: Command, timeout: Duration) -> Value {
+    let shown = format!("{cmd:?}");
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot start {shown}: {e}"));
+    let out = drain(child.stdout.take().unwrap());
+    let err = drain(child.stderr.take().unwrap());
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break Some(status);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let stdout = out.join().unwrap();
+    let stderr = err.join().unwrap();
+    let Some(status) = status else {
+        panic!("{shown} did not finish within {timeout:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    };
+    assert!(status.success(), "{shown} failed ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    let line = stdout
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap_or_else(|| panic!("{shown} printed nothing\nstderr:\n{stderr}"));
+    serde_json::from_str(line)
+        .unwrap_or_else(|e| panic!("{shown} printed a last line that is not JSON ({e}): {line}\nstderr:\n{stderr}"))
+}
+
+fn drain<R: Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        let _ = r.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).into_owned()
+    })
+}
+
+// -------------------------------------------------------------------------------------
+// graft processes
+
+/// A running `graft` process that printed `... listening on http://ADDR`. Dropping it stops
+/// it gracefully (SIGTERM, then SIGKILL after 10 s); [`Proc::kill9`] crashes it on purpose.
+pub struct Proc {
+    child: Child,
+    /// `http://ADDR` from the listening line.
+    pub url: String,
+    name: String,
+    stderr_path: PathBuf,
+    /// Holds the stderr file when the caller gave no log dir.
+    _logs: Option<tempfile::TempDir>,
+    exited: bool,
+}
+
+impl Proc {
+    /// Starts `graft ARGS`, waits for the line `{prefix} http://ADDR` on stdout; its stderr
+    /// goes to `log_dir/{name}.stderr` (shown when it fails to start or a test panics).
+    pub fn spawn(name: &str, args: &[&str], prefix: &str, log_dir: &Path) -> Proc {
+        Self::spawn_env(name, args, &[], prefix, Some(log_dir))
+    }
+
+    /// The scripted upstream on port 0 with extra ARGS (`--script F`, `--expect-key K`, ...).
+    pub fn scripted_upstream(args: &[&str]) -> Proc {
+        let mut all = vec!["scripted-upstream", "--listen", "127.0.0.1:0"];
+        all.extend_from_slice(args);
+        Self::spawn_env("upstream", &all, &[], "graft scripted-upstream listening on", None)
+    }
+
+    /// The gateway on port 0 in front of `upstream`, recording into `data_dir`, with extra
+    /// ARGS and environment variables.
+    pub fn gateway_with(upstream: &str, data_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+        let data = data_dir.to_str().unwrap();
+        let mut all = vec!["gateway", "--listen", "127.0.0.1:0", "--upstream", upstream, "--data-dir", data];
+        all.extend_from_slice(args);
+        Self::spawn_env("gateway", &all, envs, "graft gateway listening on", None)
+    }
+
+    pub fn spawn_env(name: &str, args: &[&str], envs: &[(&str, &str)], prefix: &str, log_dir: Option<&Path>) -> Proc {
+        let (logs, dir) = match log_dir {
+            Some(d) => (None, d.to_path_buf()),
+            None => {
+                let t = tempfile::tempdir().unwrap();
+                let d = t.path().to_path_buf();
+                (Some(t), d)
+            }
+        };
+        let stderr_path = dir.join(format!("{name}.stderr"));
+        let stderr = std::fs::File::create(&stderr_path).unwrap();
+        let mut child = Command::new(graft_bin())
+            .args(args)
+            .env("GRAFT_LOG", "info")
+            .envs(envs.iter().copied())
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start graft {args:?}: {e}"));
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let first = lines.next();
+            let _ = tx.send(first);
+            // Keep draining so the process never blocks on a full pipe.
+            for _ in lines {}
+        });
+        let mut proc = Proc {
+            child,
+            url: String::new(),
+            name: name.to_owned(),
+            stderr_path,
+            _logs: logs,
+            exited: false,
+        };
+        let line = match rx.recv_timeout(START_TIMEOUT) {
+            Ok(Some(Ok(line))) => line,
+            Ok(other) => panic!(
+                "graft {args:?} exited or closed stdout before listening ({other:?})\nstderr:\n{}",
+                proc.stderr()
+            ),
+            Err(_) => panic!("graft {args:?} printed no line within {START_TIMEOUT:?}\nstderr:\n{}", proc.stderr()),
+        };
+        let url = line
+            .strip_prefix(prefix)
+            .map(str::trim)
+            .filter(|u| u.starts_with("http://"))
+            .unwrap_or_else(|| panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}"));
+        proc.url = url.trim_end_matches('/').to_owned();
+        proc
+    }
+
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr_path).unwrap_or_default()
+    }
+
+    pub fn stderr_contains(&self, needle: &str) -> bool {
+        self.stderr().contains(needle)
+    }
+
+    /// `host:port` of the listening address.
+    pub fn authority(&self) -> &str {
+        self.url.trim_start_matches("http://")
+    }
+
+    /// SIGKILL: a crash, no chance to flush anything.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.exited = true;
+    }
+
+    /// SIGTERM, then waits up to 10 s for a clean exit (SIGKILL after that).
+    pub fn stop(&mut self) {
+        if self.exited {
+            return;
+        }
+        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                self.exited = true;
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.kill9();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.stop();
+        if std::thread::panicking() {
+            eprintln!("--- {} stderr ---\n{}", self.name, self.stderr());
+        }
+    }
+}
+
+/// Every record in a data dir, via `graft records show --data-dir DIR --json`.
+pub fn graft_records(data_dir: &Path) -> Vec<Value> {
+    records_show(data_dir)
+}
+
+/// Scripted upstream + gateway in a temp dir.
+pub struct Stack {
+    pub gateway: Proc,
+    pub upstream: Proc,
+    pub data_dir: PathBuf,
+    pub dir: tempfile::TempDir,
+}
+
+impl Stack {
+    /// The scripted upstream on `tests/clients/script.json`, and the gateway in front of it.
+    pub fn start() -> Stack {
+        Self::start_with(&[], &[])
+    }
+
+    pub fn start_with(upstream_args: &[&str], gateway_args: &[&str]) -> Stack {
+        let dir = tempfile::tempdir().unwrap();
+        let data_dir = dir.path().join("data");
+        std::fs::create_dir_all(&data_dir).unwrap();
+        let script = script_path();
+        let mut args = vec!["scripted-upstream", "--listen", "127.0.0.1:0", "--script", script.to_str().unwrap()];
+        args.extend_from_slice(upstream_args);
+        let upstream = Proc::spawn("upstream", &args, "graft scripted-upstream listening on", dir.path());
+        let mut args = vec![
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream.url.as_str(),
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+        ];
+        args.extend_from_slice(gateway_args);
+        let gateway = Proc::spawn("gateway", &args, "graft gateway listening on", dir.path());
+        Stack { gateway, upstream, data_dir, dir }
+    }
+
+    /// Base URL (with `/v1`) for a client: `/s/{session}/v1` when a session is given.
+    pub fn base_url(&self, url_session: Option<&str>) -> String {
+        match url_session {
+            Some(s) => format!("{}/s/{s}/v1", self.gateway.url),
+            None => format!("{}/v1", self.gateway.url),
+        }
+    }
+
+    pub fn target(&self, url_session: Option<&str>, header_session: Option<&str>) -> Target {
+        Target {
+            base_url: self.base_url(url_session),
+            session_header: header_session.map(str::to_owned),
+            api_key: "sk-graft-test-key".to_owned(),
+            model: "scripted".to_owned(),
+        }
+    }
+
+    /// Every record, via `graft records show --data-dir DIR --json`.
+    pub fn records(&self) -> Vec<Value> {
+        records_show(&self.data_dir)
+    }
+
+    /// Waits until the session has at least `n` records (the record of a streamed call may
+    /// land just after the client saw `[DONE]`), then returns them in `seq` order.
+    pub fn wait_records(&self, session: &str, n: usize) -> Vec<Value> {
+        let deadline = Instant::now() + RECORD_WAIT;
+        loop {
+            let mut recs: Vec<Value> =
+                self.records().into_iter().filter(|r| r["session_id"] == session).collect();
+            if recs.len() >= n {
+                recs.sort_by_key(|r| r["seq"].as_u64().unwrap_or(u64::MAX));
+                return recs;
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "session {session:?} has {} records, expected {n}, after {RECORD_WAIT:?}.\nall records:\n{:#?}\ngateway stderr:\n{}",
+                    recs.len(),
+                    self.records(),
+                    self.gateway.stderr()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `graft records export --format parquet` into the temp dir; returns the file.
+    pub fn export_parquet(&self) -> PathBuf {
+        let out = self.dir.path().join("export.parquet");
+        let o = graft(&[
+            "records",
+            "export",
+            "--data-dir",
+            self.data_dir.to_str().unwrap(),
+            "--format",
+            "parquet",
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        assert!(out.is_file(), "export wrote no file at {}\nstdout: {o}", out.display());
+        out
+    }
+}
+
+/// Runs `graft ARGS` to completion and returns its stdout; fails the test on a non-zero exit.
+pub fn graft(args: &[&str]) -> String {
+    let o = Command::new(graft_bin()).args(args).stdin(Stdio::null()).output().unwrap();
+    assert!(
+        o.status.success(),
+        "graft {args:?} failed ({})\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+pub fn records_show(data_dir: &Path) -> Vec<Value> {
+    graft(&["records", "show", "--data-dir", data_dir.to_str().unwrap(), "--json"])
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("records show printed a line that is not JSON ({e}): {l}")))
+        .collect()
+}
+
+// -------------------------------------------------------------------------------------
+// Record assertions
+
+/// The checks every successful call's record must pass.
+pub fn assert_ok_record(rec: &Value, session: &str, dialect: &str, stream: bool, stack: &Stack) {
+    assert_eq!(rec["session_id"], session, "session_id: {rec:#}");
+    assert_eq!(rec["dialect"], dialect, "dialect: {rec:#}");
+    assert_eq!(rec["stream"], stream, "stream: {rec:#}");
+    assert_eq!(rec["status"], 200, "status: {rec:#}");
+    assert_eq!(rec["outcome"], "ok", "outcome: {rec:#}");
+    assert!(rec["error"].is_null(), "error on an ok call: {rec:#}");
+    assert!(rec["call_id"].as_str().is_some_and(|s| !s.is_empty()), "call_id: {rec:#}");
+    assert!(rec["seq"].as_u64().is_some_and(|s| s >= 1), "seq is 1-based: {rec:#}");
+    let started = rec["started_at_us"].as_i64().unwrap();
+    let finished = rec["finished_at_us"].as_i64().unwrap();
+    assert!(started > 0 && finished >= started, "timestamps: {rec:#}");
+    assert!(rec["latency_ms"].as_f64().is_some_and(|l| l >= 0.0), "latency_ms: {rec:#}");
+    let expected_endpoint = match dialect {
+        "completions" => "/completions",
+        _ => "/chat/completions",
+    };
+    assert!(
+        rec["endpoint"].as_str().is_some_and(|e| e.ends_with(expected_endpoint)),
+        "endpoint should end with {expected_endpoint}: {rec:#}"
+    );
+    assert!(
+        rec["upstream"].as_str().is_some_and(|u| u.contains(stack.upstream.authority())),
+        "upstream should name {}: {rec:#}",
+        stack.upstream.authority()
+    );
+    let text = rec.to_string();
+    assert!(!text.contains("sk-graft-test-key"), "the API key leaked into the record: {text}");
+}
+
+/// `response.choices[0].message` of a chat record.
+pub fn message(rec: &Value) -> &Value {
+    &rec["response"]["choices"][0]["message"]
+}
+
+/// `(name, arguments)` of the tool calls of a chat record's assembled response.
+pub fn tool_calls(rec: &Value) -> Vec<(String, String)> {
+    message(rec)["tool_calls"]
+        .as_array()
+        .map(|calls| {
+            calls
+                .iter()
+                .map(|c| {
+                    (
+                        c["function"]["name"].as_str().unwrap_or_default().to_owned(),
+                        c["function"]["arguments"].as_str().unwrap_or_default().to_owned(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The usage the client saw equals the record's (the client may add null detail fields).
+pub fn assert_usage(rec: &Value, client_usage: &Value) {
+    for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
+        assert!(client_usage[k].as_u64().is_some(), "client usage has no {k}: {client_usage}");
+        assert_eq!(rec["usage"][k], client_usage[k], "usage.{k}: record {} vs client {client_usage}", rec["usage"]);
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// A small HTTP client for tests that speak to graft directly (hyper, one connection pool
+// per call so nothing outlives the test's runtime).
+
+pub mod http {
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::client::legacy::Client;
+    use hyper_util::rt::TokioExecutor;
+    use serde_json::Value;
+
+    /// No single request in a test may take longer than this.
+    const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
+
+    /// A whole response: status, headers, the full body (an SSE body too, read to its end).
+    #[derive(Debug, Clone)]
+    pub struct Resp {
+        pub status: u16,
+        pub headers: ::http::HeaderMap,
+        pub body: Bytes,
+    }
+
+    impl Resp {
+        pub fn text(&self) -> String {
+            String::from_utf8_lossy(&self.body).into_owned()
+        }
+
+        pub fn json(&self) -> Value {
+            serde_json::from_slice(&self.body)
+                .unwrap_or_else(|e| panic!("response body is not JSON ({e}): {}", self.text()))
+        }
+
+        pub fn header(&self, name: &str) -> Option<String> {
+            self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+        }
+
+        /// The `data:` payloads of an SSE body, one per event (multi-line data joined with
+        /// `\n`), `[DONE]` included.
+        pub fn sse_data(&self) -> Vec<String> {
+            let text = self.text();
+            let mut events = Vec::new();
+            let mut data: Vec<&str> = Vec::new();
+            for line in text.lines() {
+                let line = line.strip_suffix('\r').unwrap_or(line);
+                if line.is_empty() {
+                    if !data.is_empty() {
+                        events.push(data.join("\n"));
+                        data.clear();
+                    }
+                } else if let Some(d) = line.strip_prefix("data:") {
+                    data.push(d.strip_prefix(' ').unwrap_or(d));
+                }
+            }
+            if !data.is_empty() {
+                events.push(data.join("\n"));
+            }
+            events
+        }
+    }
+
+    async fn send(
+        method: ::http::Method,
+        url: &str,
+        headers: &[(&str, &str)],
+        body: Option<(Vec<u8>, &str)>,
+    ) -> Result<Resp, String> {
+        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
+        let mut req = ::http::Request::builder().method(method.clone()).uri(url);
+        let payload = match body {
+            Some((bytes, content_type)) => {
+                req = req.header("content-type", content_type);
+                Bytes::from(bytes)
+            }
+            None => Bytes::new(),
+        };
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let req = req.body(Full::new(payload)).map_err(|e| format!("bad request {method} {url}: {e}"))?;
+        let fut = async {
+            let resp = client.request(req).await.map_err(|e| format!("{method} {url}: {e:?}"))?;
+            let status = resp.status().as_u16();
+            let headers = resp.headers().clone();
+            let body = resp
+                .into_body()
+                .collect()
+                .await
+                .map_err(|e| format!("{method} {url}: reading the body: {e:?}"))?
+                .to_bytes();
+            Ok(Resp { status, headers, body })
+        };
+        match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
+            Ok(r) => r,
+            Err(_) => Err(format!("{method} {url}: no full response within {REQUEST_TIMEOUT:?}")),
+        }
+    }
+
+    /// POST a JSON body; transport errors are returned.
+    pub async fn try_post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Result<Resp, String> {
+        send(::http::Method::POST, url, headers, Some((body.to_string().into_bytes(), "application/json"))).await
+    }
+
+    /// POST a JSON body; a transport error fails the test.
+    pub async fn post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Resp {
+        try_post_json(url, headers, body).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// POST raw bytes as `application/json` (malformed bodies).
+    pub async fn post_raw(url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
+        send(::http::Method::POST, url, headers, Some((body, "application/json")))
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    pub async fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
+        send(::http::Method::GET, url, headers, None).await.unwrap_or_else(|e| panic!("{e}"))
+    }
+}
