@@ -31,7 +31,10 @@ async fn raw_exchange(authority: &str, path: &str, body: &Value) -> (Vec<u8>, bo
             Ok(Ok(0)) => return (out, false),
             Ok(Ok(n)) => out.extend_from_slice(&buf[..n]),
             Ok(Err(_)) => return (out, true),
-            Err(_) => panic!("no end of response within 30 s: {}", String::from_utf8_lossy(&out)),
+            Err(_) => panic!(
+                "no end of response within 30 s: {}",
+                String::from_utf8_lossy(&out)
+            ),
         }
     }
 }
@@ -41,10 +44,16 @@ async fn raw_exchange(authority: &str, path: &str, body: &Value) -> (Vec<u8>, bo
 fn dechunk(raw: &[u8]) -> (Vec<String>, bool) {
     let text = String::from_utf8_lossy(raw).into_owned();
     let (head, mut rest) = text.split_once("\r\n\r\n").unwrap();
-    assert!(head.to_ascii_lowercase().contains("transfer-encoding: chunked"), "{head}");
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("transfer-encoding: chunked"),
+        "{head}"
+    );
     let mut chunks = Vec::new();
     loop {
-        let Some((size, after)) = rest.split_once("\r\n") else { return (chunks, false) };
+        let Some((size, after)) = rest.split_once("\r\n") else {
+            return (chunks, false);
+        };
         let size = usize::from_str_radix(size.trim(), 16).unwrap();
         if size == 0 {
             return (chunks, true);
@@ -69,10 +78,14 @@ async fn each_sse_event_is_its_own_http_chunk_and_the_stream_ends_cleanly() {
     assert!(complete, "terminating chunk missing");
     assert!(chunks.len() > 8, "{chunks:?}");
     for c in &chunks {
-        assert!(c.starts_with("data: ") && c.ends_with("\n\n") && c.matches("data: ").count() == 1, "one event per chunk: {c:?}");
+        assert!(
+            c.starts_with("data: ") && c.ends_with("\n\n") && c.matches("data: ").count() == 1,
+            "one event per chunk: {c:?}"
+        );
     }
     assert_eq!(chunks.last().unwrap(), "data: [DONE]\n\n");
-    let usage: Value = serde_json::from_str(chunks[chunks.len() - 2].trim_start_matches("data: ").trim()).unwrap();
+    let usage: Value =
+        serde_json::from_str(chunks[chunks.len() - 2].trim_start_matches("data: ").trim()).unwrap();
     assert_eq!(usage["choices"], json!([]));
     assert!(usage["usage"]["total_tokens"].as_u64().unwrap() > 0);
 }
@@ -80,14 +93,31 @@ async fn each_sse_event_is_its_own_http_chunk_and_the_stream_ends_cleanly() {
 #[tokio::test]
 async fn fault_reset_sends_two_chunks_then_drops_the_connection() {
     let up = Proc::scripted_upstream(&[]);
-    let (raw, _) = raw_exchange(up.authority(), "/v1/chat/completions", &chat("fault-reset", "one two three four", true)).await;
+    let (raw, _) = raw_exchange(
+        up.authority(),
+        "/v1/chat/completions",
+        &chat("fault-reset", "one two three four", true),
+    )
+    .await;
     let (chunks, complete) = dechunk(&raw);
-    assert!(!complete, "a reset stream must not end with the terminating chunk: {}", String::from_utf8_lossy(&raw));
+    assert!(
+        !complete,
+        "a reset stream must not end with the terminating chunk: {}",
+        String::from_utf8_lossy(&raw)
+    );
     assert_eq!(chunks.len(), 2, "{chunks:?}");
     // A real client sees a transport error, streaming or not.
     let url = format!("{}/v1/chat/completions", up.url);
-    assert!(http::try_post_json(&url, &[], &chat("fault-reset", "x", true)).await.is_err());
-    assert!(http::try_post_json(&url, &[], &chat("fault-reset", "x", false)).await.is_err());
+    assert!(
+        http::try_post_json(&url, &[], &chat("fault-reset", "x", true))
+            .await
+            .is_err()
+    );
+    assert!(
+        http::try_post_json(&url, &[], &chat("fault-reset", "x", false))
+            .await
+            .is_err()
+    );
 }
 
 #[tokio::test]
@@ -99,7 +129,12 @@ async fn faults_auth_and_routes_answer_like_openai() {
     let r = http::post_json(&url, &[], &chat("scripted", "hi", false)).await;
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["error"]["code"], "invalid_api_key");
-    let r = http::post_json(&url, &[("authorization", "Bearer nope")], &chat("scripted", "hi", false)).await;
+    let r = http::post_json(
+        &url,
+        &[("authorization", "Bearer nope")],
+        &chat("scripted", "hi", false),
+    )
+    .await;
     assert_eq!(r.status, 401);
 
     let r = http::post_json(&url, &key, &chat("scripted", "hi there", false)).await;
@@ -108,7 +143,10 @@ async fn faults_auth_and_routes_answer_like_openai() {
     assert_eq!(v["object"], "chat.completion");
     assert_eq!(v["model"], "scripted");
     assert_eq!(v["choices"][0]["message"]["content"], "You said: hi there");
-    assert_eq!(v["usage"], json!({"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6}));
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": 2, "completion_tokens": 4, "total_tokens": 6})
+    );
 
     let r = http::post_json(&url, &key, &chat("fault-500", "x", false)).await;
     assert_eq!(r.status, 500);
@@ -116,8 +154,15 @@ async fn faults_auth_and_routes_answer_like_openai() {
 
     let r = http::post_json(&url, &key, &chat("fault-garbage", "x", false)).await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("content-type").as_deref(), Some("application/json"));
-    assert!(serde_json::from_slice::<Value>(&r.body).is_err(), "{}", r.text());
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("application/json")
+    );
+    assert!(
+        serde_json::from_slice::<Value>(&r.body).is_err(),
+        "{}",
+        r.text()
+    );
     let r = http::post_json(&url, &key, &chat("fault-garbage", "x", true)).await;
     assert_eq!(r.status, 200);
     assert!(r.sse_data().is_empty(), "garbage is not SSE: {}", r.text());
@@ -127,7 +172,12 @@ async fn faults_auth_and_routes_answer_like_openai() {
 
     let r = http::get(&format!("{}/v1/models", up.url), &key).await;
     assert_eq!(r.status, 200);
-    let ids: Vec<Value> = r.json()["data"].as_array().unwrap().iter().map(|m| m["id"].clone()).collect();
+    let ids: Vec<Value> = r.json()["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].clone())
+        .collect();
     assert!(ids.contains(&json!("scripted")), "{ids:?}");
 
     let r = http::post_json(&format!("{}/v1/embeddings", up.url), &key, &json!({})).await;
@@ -152,15 +202,27 @@ fn every_real_client_works_against_the_scripted_upstream_directly() {
     assert_eq!(out["content"], "You said: graft-chat: hello there");
     let out = env.py_client("openai_sdk.py", &["chat-stream-tools"], &target);
     assert_eq!(out["content"], scripted_content("graft-tool-call"));
-    assert_eq!(out["tool_calls"][0]["arguments"], r#"{"command":"ls -la /workspace"}"#);
-    assert_eq!(out["usage"]["total_tokens"].as_u64().map(|t| t > 0), Some(true));
+    assert_eq!(
+        out["tool_calls"][0]["arguments"],
+        r#"{"command":"ls -la /workspace"}"#
+    );
+    assert_eq!(
+        out["usage"]["total_tokens"].as_u64().map(|t| t > 0),
+        Some(true)
+    );
     let out = env.py_client("openai_sdk.py", &["completions"], &target);
     assert_eq!(out["content"], scripted_content("graft-completion"));
     let out = env.node_client("openai_chat_stream.cjs", &target);
-    assert_eq!(out["content"], "You said: graft-node: streaming hello from node");
+    assert_eq!(
+        out["content"],
+        "You said: graft-node: streaming hello from node"
+    );
     for mode in ["chat", "chat-stream"] {
         let out = env.py_client("litellm_client.py", &[mode], &target);
-        assert_eq!(out["content"], "You said: graft-litellm: hello from litellm", "{mode}");
+        assert_eq!(
+            out["content"], "You said: graft-litellm: hello from litellm",
+            "{mode}"
+        );
     }
     let out = env.py_client("mini_swe_agent.py", &[], &target);
     assert_eq!(out["exit_status"], "Submitted", "{out:#}");

@@ -496,6 +496,11 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
         if let Some(rest) = splitter.finish() {
             if rest.is_done() {
                 done = Some(Bytes::from_static(b"data: [DONE]\n\n"));
+            } else if rest.data.is_none() {
+                o.error = Some(GatewayError::UpstreamInvalid {
+                    upstream: upstream.clone(),
+                    detail: format!("the stream is not server-sent events: {}", snippet(&rest.raw)),
+                });
             } else {
                 o.error = Some(GatewayError::UpstreamStream {
                     upstream: upstream.clone(),

@@ -52,7 +52,9 @@ pub fn scripted_content(pattern: &str) -> String {
         .iter()
         .find(|r| r["match"] == pattern)
         .and_then(|r| r["reply"]["content"].as_str())
-        .unwrap_or_else(|| panic!("tests/clients/script.json has no rule matching {pattern:?} with content"))
+        .unwrap_or_else(|| {
+            panic!("tests/clients/script.json has no rule matching {pattern:?} with content")
+        })
         .to_owned()
 }
 
@@ -73,11 +75,15 @@ impl TestEnv {
             None => repo_root().join(".graft-test-env"),
         };
         let env = TestEnv { root };
-        let missing: Vec<String> = [env.python(), env.aider_python(), env.node_modules().join("openai")]
-            .into_iter()
-            .filter(|p| !p.exists())
-            .map(|p| p.display().to_string())
-            .collect();
+        let missing: Vec<String> = [
+            env.python(),
+            env.aider_python(),
+            env.node_modules().join("openai"),
+        ]
+        .into_iter()
+        .filter(|p| !p.exists())
+        .map(|p| p.display().to_string())
+        .collect();
         assert!(
             missing.is_empty(),
             "the real test clients are not installed (missing: {}).\n\
@@ -105,7 +111,8 @@ impl TestEnv {
     /// A Python client script from `tests/clients/python/`.
     pub fn py_client(&self, script: &str, args: &[&str], target: &Target) -> Value {
         let mut cmd = Command::new(self.python());
-        cmd.arg(clients_dir().join("python").join(script)).args(args);
+        cmd.arg(clients_dir().join("python").join(script))
+            .args(args);
         target.apply(&mut cmd);
         run_client(cmd, CLIENT_TIMEOUT)
     }
@@ -120,7 +127,8 @@ impl TestEnv {
     /// A Node client script from `tests/clients/node/`.
     pub fn node_client(&self, script: &str, target: &Target) -> Value {
         let mut cmd = Command::new("node");
-        cmd.arg(clients_dir().join("node").join(script)).env("NODE_PATH", self.node_modules());
+        cmd.arg(clients_dir().join("node").join(script))
+            .env("NODE_PATH", self.node_modules());
         target.apply(&mut cmd);
         run_client(cmd, CLIENT_TIMEOUT)
     }
@@ -179,14 +187,18 @@ pub fn run_client(mut cmd: Command, timeout: Duration) -> Value {
     let Some(status) = status else {
         panic!("{shown} did not finish within {timeout:?}\nstdout:\n{stdout}\nstderr:\n{stderr}");
     };
-    assert!(status.success(), "{shown} failed ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(
+        status.success(),
+        "{shown} failed ({status})\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
     let line = stdout
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
         .unwrap_or_else(|| panic!("{shown} printed nothing\nstderr:\n{stderr}"));
-    serde_json::from_str(line)
-        .unwrap_or_else(|e| panic!("{shown} printed a last line that is not JSON ({e}): {line}\nstderr:\n{stderr}"))
+    serde_json::from_str(line).unwrap_or_else(|e| {
+        panic!("{shown} printed a last line that is not JSON ({e}): {line}\nstderr:\n{stderr}")
+    })
 }
 
 fn drain<R: Read + Send + 'static>(mut r: R) -> std::thread::JoinHandle<String> {
@@ -224,19 +236,44 @@ impl Proc {
     pub fn scripted_upstream(args: &[&str]) -> Proc {
         let mut all = vec!["scripted-upstream", "--listen", "127.0.0.1:0"];
         all.extend_from_slice(args);
-        Self::spawn_env("upstream", &all, &[], "graft scripted-upstream listening on", None)
+        Self::spawn_env(
+            "upstream",
+            &all,
+            &[],
+            "graft scripted-upstream listening on",
+            None,
+        )
     }
 
     /// The gateway on port 0 in front of `upstream`, recording into `data_dir`, with extra
     /// ARGS and environment variables.
-    pub fn gateway_with(upstream: &str, data_dir: &Path, args: &[&str], envs: &[(&str, &str)]) -> Proc {
+    pub fn gateway_with(
+        upstream: &str,
+        data_dir: &Path,
+        args: &[&str],
+        envs: &[(&str, &str)],
+    ) -> Proc {
         let data = data_dir.to_str().unwrap();
-        let mut all = vec!["gateway", "--listen", "127.0.0.1:0", "--upstream", upstream, "--data-dir", data];
+        let mut all = vec![
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            upstream,
+            "--data-dir",
+            data,
+        ];
         all.extend_from_slice(args);
         Self::spawn_env("gateway", &all, envs, "graft gateway listening on", None)
     }
 
-    pub fn spawn_env(name: &str, args: &[&str], envs: &[(&str, &str)], prefix: &str, log_dir: Option<&Path>) -> Proc {
+    pub fn spawn_env(
+        name: &str,
+        args: &[&str],
+        envs: &[(&str, &str)],
+        prefix: &str,
+        log_dir: Option<&Path>,
+    ) -> Proc {
         let (logs, dir) = match log_dir {
             Some(d) => (None, d.to_path_buf()),
             None => {
@@ -279,13 +316,18 @@ impl Proc {
                 "graft {args:?} exited or closed stdout before listening ({other:?})\nstderr:\n{}",
                 proc.stderr()
             ),
-            Err(_) => panic!("graft {args:?} printed no line within {START_TIMEOUT:?}\nstderr:\n{}", proc.stderr()),
+            Err(_) => panic!(
+                "graft {args:?} printed no line within {START_TIMEOUT:?}\nstderr:\n{}",
+                proc.stderr()
+            ),
         };
         let url = line
             .strip_prefix(prefix)
             .map(str::trim)
             .filter(|u| u.starts_with("http://"))
-            .unwrap_or_else(|| panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}"));
+            .unwrap_or_else(|| {
+                panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}")
+            });
         proc.url = url.trim_end_matches('/').to_owned();
         proc
     }
@@ -315,7 +357,9 @@ impl Proc {
         if self.exited {
             return;
         }
-        let _ = Command::new("kill").args(["-TERM", &self.child.id().to_string()]).status();
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if let Ok(Some(_)) = self.child.try_wait() {
@@ -361,9 +405,20 @@ impl Stack {
         let data_dir = dir.path().join("data");
         std::fs::create_dir_all(&data_dir).unwrap();
         let script = script_path();
-        let mut args = vec!["scripted-upstream", "--listen", "127.0.0.1:0", "--script", script.to_str().unwrap()];
+        let mut args = vec![
+            "scripted-upstream",
+            "--listen",
+            "127.0.0.1:0",
+            "--script",
+            script.to_str().unwrap(),
+        ];
         args.extend_from_slice(upstream_args);
-        let upstream = Proc::spawn("upstream", &args, "graft scripted-upstream listening on", dir.path());
+        let upstream = Proc::spawn(
+            "upstream",
+            &args,
+            "graft scripted-upstream listening on",
+            dir.path(),
+        );
         let mut args = vec![
             "gateway",
             "--listen",
@@ -375,7 +430,37 @@ impl Stack {
         ];
         args.extend_from_slice(gateway_args);
         let gateway = Proc::spawn("gateway", &args, "graft gateway listening on", dir.path());
-        Stack { gateway, upstream, data_dir, dir }
+        Stack {
+            gateway,
+            upstream,
+            data_dir,
+            dir,
+        }
+    }
+
+    /// Opens a session through the session API (`POST /graft/sessions`, no admin key is
+    /// configured here), as envd does before a rollout; returns the API's answer
+    /// (`session_id`, `base_url`, `api_key`).
+    pub fn open_session(&self, id: &str) -> Value {
+        let url = format!("{}/graft/sessions", self.gateway.url);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let r = rt.block_on(http::post_json(
+            &url,
+            &[],
+            &serde_json::json!({"session_id": id}),
+        ));
+        assert_eq!(
+            r.status,
+            201,
+            "POST /graft/sessions for {id:?}: {}",
+            r.text()
+        );
+        let v = r.json();
+        assert_eq!(v["session_id"], id, "{v}");
+        v
     }
 
     /// Base URL (with `/v1`) for a client: `/s/{session}/v1` when a session is given.
@@ -405,8 +490,11 @@ impl Stack {
     pub fn wait_records(&self, session: &str, n: usize) -> Vec<Value> {
         let deadline = Instant::now() + RECORD_WAIT;
         loop {
-            let mut recs: Vec<Value> =
-                self.records().into_iter().filter(|r| r["session_id"] == session).collect();
+            let mut recs: Vec<Value> = self
+                .records()
+                .into_iter()
+                .filter(|r| r["session_id"] == session)
+                .collect();
             if recs.len() >= n {
                 recs.sort_by_key(|r| r["seq"].as_u64().unwrap_or(u64::MAX));
                 return recs;
@@ -436,14 +524,22 @@ impl Stack {
             "--out",
             out.to_str().unwrap(),
         ]);
-        assert!(out.is_file(), "export wrote no file at {}\nstdout: {o}", out.display());
+        assert!(
+            out.is_file(),
+            "export wrote no file at {}\nstdout: {o}",
+            out.display()
+        );
         out
     }
 }
 
 /// Runs `graft ARGS` to completion and returns its stdout; fails the test on a non-zero exit.
 pub fn graft(args: &[&str]) -> String {
-    let o = Command::new(graft_bin()).args(args).stdin(Stdio::null()).output().unwrap();
+    let o = Command::new(graft_bin())
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
     assert!(
         o.status.success(),
         "graft {args:?} failed ({})\nstdout:\n{}\nstderr:\n{}",
@@ -455,11 +551,20 @@ pub fn graft(args: &[&str]) -> String {
 }
 
 pub fn records_show(data_dir: &Path) -> Vec<Value> {
-    graft(&["records", "show", "--data-dir", data_dir.to_str().unwrap(), "--json"])
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("records show printed a line that is not JSON ({e}): {l}")))
-        .collect()
+    graft(&[
+        "records",
+        "show",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--json",
+    ])
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(|l| {
+        serde_json::from_str(l)
+            .unwrap_or_else(|e| panic!("records show printed a line that is not JSON ({e}): {l}"))
+    })
+    .collect()
 }
 
 // -------------------------------------------------------------------------------------
@@ -473,27 +578,43 @@ pub fn assert_ok_record(rec: &Value, session: &str, dialect: &str, stream: bool,
     assert_eq!(rec["status"], 200, "status: {rec:#}");
     assert_eq!(rec["outcome"], "ok", "outcome: {rec:#}");
     assert!(rec["error"].is_null(), "error on an ok call: {rec:#}");
-    assert!(rec["call_id"].as_str().is_some_and(|s| !s.is_empty()), "call_id: {rec:#}");
-    assert!(rec["seq"].as_u64().is_some_and(|s| s >= 1), "seq is 1-based: {rec:#}");
+    assert!(
+        rec["call_id"].as_str().is_some_and(|s| !s.is_empty()),
+        "call_id: {rec:#}"
+    );
+    assert!(
+        rec["seq"].as_u64().is_some_and(|s| s >= 1),
+        "seq is 1-based: {rec:#}"
+    );
     let started = rec["started_at_us"].as_i64().unwrap();
     let finished = rec["finished_at_us"].as_i64().unwrap();
     assert!(started > 0 && finished >= started, "timestamps: {rec:#}");
-    assert!(rec["latency_ms"].as_f64().is_some_and(|l| l >= 0.0), "latency_ms: {rec:#}");
+    assert!(
+        rec["latency_ms"].as_f64().is_some_and(|l| l >= 0.0),
+        "latency_ms: {rec:#}"
+    );
     let expected_endpoint = match dialect {
         "completions" => "/completions",
         _ => "/chat/completions",
     };
     assert!(
-        rec["endpoint"].as_str().is_some_and(|e| e.ends_with(expected_endpoint)),
+        rec["endpoint"]
+            .as_str()
+            .is_some_and(|e| e.ends_with(expected_endpoint)),
         "endpoint should end with {expected_endpoint}: {rec:#}"
     );
     assert!(
-        rec["upstream"].as_str().is_some_and(|u| u.contains(stack.upstream.authority())),
+        rec["upstream"]
+            .as_str()
+            .is_some_and(|u| u.contains(stack.upstream.authority())),
         "upstream should name {}: {rec:#}",
         stack.upstream.authority()
     );
     let text = rec.to_string();
-    assert!(!text.contains("sk-graft-test-key"), "the API key leaked into the record: {text}");
+    assert!(
+        !text.contains("sk-graft-test-key"),
+        "the API key leaked into the record: {text}"
+    );
 }
 
 /// `response.choices[0].message` of a chat record.
@@ -510,8 +631,14 @@ pub fn tool_calls(rec: &Value) -> Vec<(String, String)> {
                 .iter()
                 .map(|c| {
                     (
-                        c["function"]["name"].as_str().unwrap_or_default().to_owned(),
-                        c["function"]["arguments"].as_str().unwrap_or_default().to_owned(),
+                        c["function"]["name"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
+                        c["function"]["arguments"]
+                            .as_str()
+                            .unwrap_or_default()
+                            .to_owned(),
                     )
                 })
                 .collect()
@@ -522,8 +649,15 @@ pub fn tool_calls(rec: &Value) -> Vec<(String, String)> {
 /// The usage the client saw equals the record's (the client may add null detail fields).
 pub fn assert_usage(rec: &Value, client_usage: &Value) {
     for k in ["prompt_tokens", "completion_tokens", "total_tokens"] {
-        assert!(client_usage[k].as_u64().is_some(), "client usage has no {k}: {client_usage}");
-        assert_eq!(rec["usage"][k], client_usage[k], "usage.{k}: record {} vs client {client_usage}", rec["usage"]);
+        assert!(
+            client_usage[k].as_u64().is_some(),
+            "client usage has no {k}: {client_usage}"
+        );
+        assert_eq!(
+            rec["usage"][k], client_usage[k],
+            "usage.{k}: record {} vs client {client_usage}",
+            rec["usage"]
+        );
     }
 }
 
@@ -562,7 +696,10 @@ pub mod http {
         }
 
         pub fn header(&self, name: &str) -> Option<String> {
-            self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_owned)
+            self.headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
         }
 
         /// The `data:` payloads of an SSE body, one per event (multi-line data joined with
@@ -607,9 +744,14 @@ pub mod http {
         for (k, v) in headers {
             req = req.header(*k, *v);
         }
-        let req = req.body(Full::new(payload)).map_err(|e| format!("bad request {method} {url}: {e}"))?;
+        let req = req
+            .body(Full::new(payload))
+            .map_err(|e| format!("bad request {method} {url}: {e}"))?;
         let fut = async {
-            let resp = client.request(req).await.map_err(|e| format!("{method} {url}: {e:?}"))?;
+            let resp = client
+                .request(req)
+                .await
+                .map_err(|e| format!("{method} {url}: {e:?}"))?;
             let status = resp.status().as_u16();
             let headers = resp.headers().clone();
             let body = resp
@@ -618,32 +760,57 @@ pub mod http {
                 .await
                 .map_err(|e| format!("{method} {url}: reading the body: {e:?}"))?
                 .to_bytes();
-            Ok(Resp { status, headers, body })
+            Ok(Resp {
+                status,
+                headers,
+                body,
+            })
         };
         match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
             Ok(r) => r,
-            Err(_) => Err(format!("{method} {url}: no full response within {REQUEST_TIMEOUT:?}")),
+            Err(_) => Err(format!(
+                "{method} {url}: no full response within {REQUEST_TIMEOUT:?}"
+            )),
         }
     }
 
     /// POST a JSON body; transport errors are returned.
-    pub async fn try_post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Result<Resp, String> {
-        send(::http::Method::POST, url, headers, Some((body.to_string().into_bytes(), "application/json"))).await
+    pub async fn try_post_json(
+        url: &str,
+        headers: &[(&str, &str)],
+        body: &Value,
+    ) -> Result<Resp, String> {
+        send(
+            ::http::Method::POST,
+            url,
+            headers,
+            Some((body.to_string().into_bytes(), "application/json")),
+        )
+        .await
     }
 
     /// POST a JSON body; a transport error fails the test.
     pub async fn post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Resp {
-        try_post_json(url, headers, body).await.unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// POST raw bytes as `application/json` (malformed bodies).
-    pub async fn post_raw(url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
-        send(::http::Method::POST, url, headers, Some((body, "application/json")))
+        try_post_json(url, headers, body)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// POST raw bytes as `application/json` (malformed bodies).
+    pub async fn post_raw(url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
+        send(
+            ::http::Method::POST,
+            url,
+            headers,
+            Some((body, "application/json")),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+    }
+
     pub async fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
-        send(::http::Method::GET, url, headers, None).await.unwrap_or_else(|e| panic!("{e}"))
+        send(::http::Method::GET, url, headers, None)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 }
