@@ -10,7 +10,11 @@ use clap::{Parser, Subcommand, ValueEnum};
 use graft_gateway::{DurabilityMode, FileConfig, Gateway, GatewayConfig, Overrides};
 
 #[derive(Debug, Parser)]
-#[command(name = "graft", version, about = "Record, reconstruct and train on real agent-harness calls")]
+#[command(
+    name = "graft",
+    version,
+    about = "Record, reconstruct and train on real agent-harness calls"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
@@ -68,8 +72,15 @@ pub enum RecordsCommand {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo talks to a person: keep the log to warnings unless GRAFT_LOG says otherwise.
-    init_tracing(if matches!(cli.command, Command::Demo(_)) { "warn" } else { "info" });
-    let rt = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    init_tracing(if matches!(cli.command, Command::Demo(_)) {
+        "warn"
+    } else {
+        "info"
+    });
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("graft: cannot start the async runtime: {e}");
@@ -118,7 +129,9 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let data_dir = cfg.data_dir.clone();
     let durability = cfg.durability;
     let upstream = cfg.upstream_url.clone();
-    let gw = Gateway::bind(cfg).await.context("the gateway could not start")?;
+    let gw = Gateway::bind(cfg)
+        .await
+        .context("the gateway could not start")?;
     let r = gw.recovery();
     tracing::info!(
         recovered = r.recovered_records,
@@ -164,5 +177,8 @@ pub async fn shutdown_signal() {
 fn init_tracing(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("GRAFT_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
 }

@@ -50,7 +50,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .kill_on_drop(true)
         .spawn()
         .context("starting the scripted upstream")?;
-    let stdout = upstream.stdout.take().context("no stdout from the scripted upstream")?;
+    let stdout = upstream
+        .stdout
+        .take()
+        .context("no stdout from the scripted upstream")?;
     let mut lines = BufReader::new(stdout).lines();
     let line = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
         .await
@@ -76,7 +79,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     )?;
     let gw = Gateway::bind(cfg).await?;
     let gateway_url = gw.url();
-    println!("graft gateway       {gateway_url}  (records in {})", args.data_dir.display());
+    println!(
+        "graft gateway       {gateway_url}  (records in {})",
+        args.data_dir.display()
+    );
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let serving = tokio::spawn(gw.serve(async {
         let _ = stop_rx.await;
@@ -93,7 +99,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     // 4. Where the records went.
     let records = graft_recorder::read_records(&args.data_dir)?;
-    let mine: Vec<_> = records.iter().filter(|r| r.session_id == session_id).collect();
+    let mine: Vec<_> = records
+        .iter()
+        .filter(|r| r.session_id == session_id)
+        .collect();
     println!();
     println!("recorded {} calls for session {session_id}:", mine.len());
     for r in &mine {
@@ -117,8 +126,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     }
     println!();
     println!("next:");
-    println!("  graft records sessions --data-dir {}", args.data_dir.display());
-    println!("  graft records show --data-dir {} --session {session_id} --json", args.data_dir.display());
+    println!(
+        "  graft records sessions --data-dir {}",
+        args.data_dir.display()
+    );
+    println!(
+        "  graft records show --data-dir {} --session {session_id} --json",
+        args.data_dir.display()
+    );
     println!(
         "  graft records export --data-dir {} --format parquet --out calls.parquet",
         args.data_dir.display()
@@ -127,7 +142,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 }
 
 fn collect_parquet(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
-    let Ok(rd) = std::fs::read_dir(dir) else { return };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
     for e in rd.flatten() {
         let p = e.path();
         if p.is_dir() {
@@ -138,7 +155,12 @@ fn collect_parquet(dir: &std::path::Path, out: &mut Vec<PathBuf>) {
     }
 }
 
-async fn post(client: &HttpClient, url: &str, key: Option<&str>, body: &Value) -> anyhow::Result<(u16, Bytes)> {
+async fn post(
+    client: &HttpClient,
+    url: &str,
+    key: Option<&str>,
+    body: &Value,
+) -> anyhow::Result<(u16, Bytes)> {
     let mut req = Request::builder()
         .method(Method::POST)
         .uri(url)
@@ -146,18 +168,32 @@ async fn post(client: &HttpClient, url: &str, key: Option<&str>, body: &Value) -
     if let Some(k) = key {
         req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
     }
-    let resp = client.request(req.body(Full::new(Bytes::from(body.to_string())))?).await?;
+    let resp = client
+        .request(req.body(Full::new(Bytes::from(body.to_string())))?)
+        .await?;
     let status = resp.status().as_u16();
     Ok((status, resp.into_body().collect().await?.to_bytes()))
 }
 
 async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<String> {
-    let (status, body) = post(client, &format!("{gateway}/graft/sessions"), None, &json!({"group_id": "demo"})).await?;
+    let (status, body) = post(
+        client,
+        &format!("{gateway}/graft/sessions"),
+        None,
+        &json!({"group_id": "demo"}),
+    )
+    .await?;
     if status != 201 {
-        bail!("creating a session failed: HTTP {status}: {}", String::from_utf8_lossy(&body));
+        bail!(
+            "creating a session failed: HTTP {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
     }
     let s: Value = serde_json::from_slice(&body)?;
-    let session_id = s["session_id"].as_str().context("no session_id")?.to_string();
+    let session_id = s["session_id"]
+        .as_str()
+        .context("no session_id")?
+        .to_string();
     let base = s["base_url"].as_str().context("no base_url")?.to_string();
     let key = s["api_key"].as_str().context("no api_key")?.to_string();
     println!("session             {session_id}  base_url {base}");
@@ -192,7 +228,9 @@ async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<Stri
     let mut asm = Assembler::chat();
     print!("assistant ");
     while let Some(frame) = body.frame().await {
-        let Ok(data) = frame?.into_data() else { continue };
+        let Ok(data) = frame?.into_data() else {
+            continue;
+        };
         splitter.push(&data);
         while let Some(ev) = splitter.next_event(1 << 24)? {
             if ev.is_done() {
@@ -200,7 +238,10 @@ async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<Stri
             }
             if let Some(d) = ev.data {
                 let v: Value = serde_json::from_str(&d)?;
-                if let Some(t) = v.pointer("/choices/0/delta/content").and_then(Value::as_str) {
+                if let Some(t) = v
+                    .pointer("/choices/0/delta/content")
+                    .and_then(Value::as_str)
+                {
                     print!("{t}");
                 }
                 asm.push(&v);
@@ -217,7 +258,8 @@ async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<Stri
         call["function"]["arguments"].as_str().unwrap_or("")
     );
     messages.push(msg);
-    messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "18 degrees, sunny"}));
+    messages
+        .push(json!({"role": "tool", "tool_call_id": call["id"], "content": "18 degrees, sunny"}));
     println!("tool      18 degrees, sunny");
 
     // Turn 2, JSON: the history grows; the recorder stores only what was added.
@@ -229,14 +271,32 @@ async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<Stri
     )
     .await?;
     if status != 200 {
-        bail!("turn 2 failed: HTTP {status}: {}", String::from_utf8_lossy(&body));
+        bail!(
+            "turn 2 failed: HTTP {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
     }
     let v: Value = serde_json::from_slice(&body)?;
-    println!("assistant {}", v["choices"][0]["message"]["content"].as_str().unwrap_or(""));
+    println!(
+        "assistant {}",
+        v["choices"][0]["message"]["content"].as_str().unwrap_or("")
+    );
 
-    let (status, _) = post(client, &format!("{gateway}/graft/sessions/{session_id}/reward"), None, &json!({"reward": 1.0})).await?;
+    let (status, _) = post(
+        client,
+        &format!("{gateway}/graft/sessions/{session_id}/reward"),
+        None,
+        &json!({"reward": 1.0}),
+    )
+    .await?;
     anyhow::ensure!(status == 200, "posting the reward failed: HTTP {status}");
-    let (status, _) = post(client, &format!("{gateway}/graft/sessions/{session_id}/close"), None, &json!({})).await?;
+    let (status, _) = post(
+        client,
+        &format!("{gateway}/graft/sessions/{session_id}/close"),
+        None,
+        &json!({}),
+    )
+    .await?;
     anyhow::ensure!(status == 200, "closing the session failed: HTTP {status}");
     println!("reward    1.0 posted, session closed");
     Ok(session_id)

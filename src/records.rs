@@ -48,7 +48,11 @@ pub struct ExportArgs {
 }
 
 fn load(data_dir: &std::path::Path, session: Option<&str>) -> anyhow::Result<Vec<CallRecord>> {
-    anyhow::ensure!(data_dir.is_dir(), "data dir {} does not exist", data_dir.display());
+    anyhow::ensure!(
+        data_dir.is_dir(),
+        "data dir {} does not exist",
+        data_dir.display()
+    );
     let mut recs = graft_recorder::read_records(data_dir)
         .with_context(|| format!("reading records from {}", data_dir.display()))?;
     if let Some(s) = session {
@@ -61,7 +65,11 @@ fn load(data_dir: &std::path::Path, session: Option<&str>) -> anyhow::Result<Vec
 }
 
 pub fn sessions(a: SessionsArgs) -> anyhow::Result<()> {
-    anyhow::ensure!(a.data_dir.is_dir(), "data dir {} does not exist", a.data_dir.display());
+    anyhow::ensure!(
+        a.data_dir.is_dir(),
+        "data dir {} does not exist",
+        a.data_dir.display()
+    );
     let list = graft_recorder::list_sessions(&a.data_dir)?;
     let mut out = std::io::stdout().lock();
     if a.json {
@@ -78,7 +86,11 @@ pub fn sessions(a: SessionsArgs) -> anyhow::Result<()> {
         }
         return Ok(());
     }
-    writeln!(out, "{:<40} {:<16} {:>6} {:>6} {:>8} {:>6} {:>12}", "session", "group", "calls", "errors", "reward", "closed", "stored_bytes")?;
+    writeln!(
+        out,
+        "{:<40} {:<16} {:>6} {:>6} {:>8} {:>6} {:>12}",
+        "session", "group", "calls", "errors", "reward", "closed", "stored_bytes"
+    )?;
     for s in &list {
         writeln!(
             out,
@@ -87,7 +99,9 @@ pub fn sessions(a: SessionsArgs) -> anyhow::Result<()> {
             s.group_id.as_deref().unwrap_or("-"),
             s.calls,
             s.errors,
-            s.reward.map(|r| format!("{r:.3}")).unwrap_or_else(|| "-".into()),
+            s.reward
+                .map(|r| format!("{r:.3}"))
+                .unwrap_or_else(|| "-".into()),
             if s.closed { "yes" } else { "no" },
             s.stored_request_bytes
         )?;

@@ -20,10 +20,14 @@ fn chat(model: &str, text: &str, stream: bool) -> Value {
 
 fn assert_error(resp: &http::Resp, status: u16, code: &str, needle: &str) {
     assert_eq!(resp.status, status, "{}: {}", needle, resp.text());
-    let v: Value = serde_json::from_slice(&resp.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", resp.text()));
+    let v: Value = serde_json::from_slice(&resp.body)
+        .unwrap_or_else(|e| panic!("not JSON ({e}): {}", resp.text()));
     assert_eq!(v["error"]["code"], code, "{v}");
     let msg = v["error"]["message"].as_str().unwrap();
-    assert!(msg.contains(needle), "message {msg:?} should mention {needle:?}");
+    assert!(
+        msg.contains(needle),
+        "message {msg:?} should mention {needle:?}"
+    );
     assert!(v["error"]["type"].is_string(), "{v}");
 }
 
@@ -49,7 +53,12 @@ header_timeout_secs = 2
     )
     .unwrap();
     let data = dir.path().join("data");
-    let gw = Proc::gateway_with(&upstream.url, &data, &["--config", config.to_str().unwrap()], &[("GRAFT_TEST_ADMIN_KEY", "admin-1")]);
+    let gw = Proc::gateway_with(
+        &upstream.url,
+        &data,
+        &["--config", config.to_str().unwrap()],
+        &[("GRAFT_TEST_ADMIN_KEY", "admin-1")],
+    );
     let base = gw.url.clone();
     let chat_url = format!("{base}/v1/chat/completions");
     let key = [("authorization", "Bearer client-key-1")];
@@ -60,13 +69,28 @@ header_timeout_secs = 2
     let first_call = ok.header("x-graft-call-id").unwrap();
 
     // Malformed JSON, wrong types, invalid UTF-8, oversized body.
-    let r = http::post_raw(&chat_url, &key, b"{\"model\": \"m\", \"messages\": [".to_vec()).await;
+    let r = http::post_raw(
+        &chat_url,
+        &key,
+        b"{\"model\": \"m\", \"messages\": [".to_vec(),
+    )
+    .await;
     assert_error(&r, 400, "invalid_json", "not valid JSON");
     let r = http::post_json(&chat_url, &key, &json!({"model": "m", "messages": "hi"})).await;
-    assert_error(&r, 400, "invalid_value", "'messages' must be an array, got a string");
+    assert_error(
+        &r,
+        400,
+        "invalid_value",
+        "'messages' must be an array, got a string",
+    );
     let r = http::post_json(&chat_url, &key, &json!({"model": 7, "messages": []})).await;
     assert_error(&r, 400, "invalid_value", "'model' must be a string");
-    let r = http::post_raw(&chat_url, &key, b"{\"model\": \"m\xc3\x28\", \"messages\": []}".to_vec()).await;
+    let r = http::post_raw(
+        &chat_url,
+        &key,
+        b"{\"model\": \"m\xc3\x28\", \"messages\": []}".to_vec(),
+    )
+    .await;
     assert_error(&r, 400, "invalid_utf8", "not valid UTF-8");
     let big = chat("m", &"x".repeat(10_000), false);
     let r = http::post_json(&chat_url, &key, &big).await;
@@ -81,16 +105,36 @@ header_timeout_secs = 2
     // Keys and sessions.
     let r = http::post_json(&chat_url, &[], &chat("m", "no key", false)).await;
     assert_error(&r, 401, "invalid_api_key", "missing API key");
-    let r = http::post_json(&chat_url, &[("authorization", "Bearer sk-wrong")], &chat("m", "bad key", false)).await;
+    let r = http::post_json(
+        &chat_url,
+        &[("authorization", "Bearer sk-wrong")],
+        &chat("m", "bad key", false),
+    )
+    .await;
     assert_error(&r, 401, "invalid_api_key", "is not valid");
-    let r = http::post_json(&format!("{base}/s/nope/v1/chat/completions"), &key, &chat("m", "x", false)).await;
+    let r = http::post_json(
+        &format!("{base}/s/nope/v1/chat/completions"),
+        &key,
+        &chat("m", "x", false),
+    )
+    .await;
     assert_error(&r, 404, "unknown_session", "session 'nope' does not exist");
     let r = http::post_json(&format!("{base}/graft/sessions"), &[], &json!({})).await;
     assert_error(&r, 401, "invalid_api_key", "admin key");
     let admin = [("authorization", "Bearer admin-1")];
-    let a = http::post_json(&format!("{base}/graft/sessions"), &admin, &json!({"session_id": "sess-a"})).await;
+    let a = http::post_json(
+        &format!("{base}/graft/sessions"),
+        &admin,
+        &json!({"session_id": "sess-a"}),
+    )
+    .await;
     assert_eq!(a.status, 201, "{}", a.text());
-    let b = http::post_json(&format!("{base}/graft/sessions"), &admin, &json!({"session_id": "sess-b"})).await;
+    let b = http::post_json(
+        &format!("{base}/graft/sessions"),
+        &admin,
+        &json!({"session_id": "sess-b"}),
+    )
+    .await;
     let key_b = b.json()["api_key"].as_str().unwrap().to_string();
     let r = http::post_json(
         &format!("{base}/s/sess-a/v1/chat/completions"),
@@ -99,18 +143,41 @@ header_timeout_secs = 2
     )
     .await;
     assert_error(&r, 403, "forbidden", "belongs to session 'sess-b'");
-    let r = http::post_json(&format!("{base}/graft/sessions/sess-a/reward"), &admin, &json!({"reward": "high"})).await;
+    let r = http::post_json(
+        &format!("{base}/graft/sessions/sess-a/reward"),
+        &admin,
+        &json!({"reward": "high"}),
+    )
+    .await;
     assert_error(&r, 400, "invalid_value", "'reward' must be a number");
-    let r = http::post_json(&format!("{base}/graft/sessions/sess-a/close"), &admin, &json!({})).await;
+    let r = http::post_json(
+        &format!("{base}/graft/sessions/sess-a/close"),
+        &admin,
+        &json!({}),
+    )
+    .await;
     assert_eq!(r.status, 200);
-    let r = http::post_json(&format!("{base}/s/sess-a/v1/chat/completions"), &key, &chat("m", "closed", false)).await;
+    let r = http::post_json(
+        &format!("{base}/s/sess-a/v1/chat/completions"),
+        &key,
+        &chat("m", "closed", false),
+    )
+    .await;
     assert_error(&r, 409, "session_closed", "session 'sess-a' is closed");
 
     // Slow-loris: headers that never finish must not block others, and get cut off.
     let addr = base.trim_start_matches("http://").to_string();
     let mut loris = tokio::net::TcpStream::connect(&addr).await.unwrap();
-    loris.write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app").await.unwrap();
-    let during = http::post_json(&chat_url, &key, &chat("m", "while a slow client waits", false)).await;
+    loris
+        .write_all(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
+        .await
+        .unwrap();
+    let during = http::post_json(
+        &chat_url,
+        &key,
+        &chat("m", "while a slow client waits", false),
+    )
+    .await;
     assert_eq!(during.status, 200, "{}", during.text());
     let mut buf = vec![0u8; 1024];
     let n = tokio::time::timeout(Duration::from_secs(10), loris.read(&mut buf))
@@ -118,7 +185,10 @@ header_timeout_secs = 2
         .expect("the gateway must close a connection whose headers never finish")
         .unwrap_or(0);
     let head = String::from_utf8_lossy(&buf[..n]).to_string();
-    assert!(n == 0 || head.starts_with("HTTP/1.1 408"), "slow-loris got: {head}");
+    assert!(
+        n == 0 || head.starts_with("HTTP/1.1 408"),
+        "slow-loris got: {head}"
+    );
 
     // A body that stops arriving: 408 naming the problem.
     let mut slow = tokio::net::TcpStream::connect(&addr).await.unwrap();
@@ -144,12 +214,21 @@ header_timeout_secs = 2
     assert_eq!(r.status, 200);
     let events = r.sse_data();
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
-    assert_eq!(last["error"]["code"], "upstream_stream_interrupted", "{events:?}");
-    assert!(events.len() >= 2, "the chunks before the reset are relayed: {events:?}");
+    assert_eq!(
+        last["error"]["code"], "upstream_stream_interrupted",
+        "{events:?}"
+    );
+    assert!(
+        events.len() >= 2,
+        "the chunks before the reset are relayed: {events:?}"
+    );
     let r = http::post_json(&chat_url, &key, &chat("fault-garbage", "x", true)).await;
     let events = r.sse_data();
     let last: Value = serde_json::from_str(events.last().unwrap()).unwrap();
-    assert_eq!(last["error"]["code"], "upstream_invalid_response", "{events:?}");
+    assert_eq!(
+        last["error"]["code"], "upstream_invalid_response",
+        "{events:?}"
+    );
 
     // Still serving, and nothing accepted earlier was lost.
     let again = http::post_json(&chat_url, &key, &chat("m", "still alive", true)).await;
@@ -158,30 +237,59 @@ header_timeout_secs = 2
     let health = http::get(&format!("{base}/healthz"), &[]).await;
     assert_eq!(health.status, 200);
     let metrics = http::get(&format!("{base}/metrics"), &[]).await.text();
-    assert!(metrics.contains("graft_errors_total{cause=\"upstream\""), "{metrics}");
+    assert!(
+        metrics.contains("graft_errors_total{cause=\"upstream\""),
+        "{metrics}"
+    );
     assert!(metrics.contains("graft_overhead_seconds"), "{metrics}");
-    assert!(metrics.contains("graft_recorder_fsync_seconds"), "{metrics}");
+    assert!(
+        metrics.contains("graft_recorder_fsync_seconds"),
+        "{metrics}"
+    );
     drop(gw);
 
     let records = graft_records(&data);
     let by_id = |id: &str| records.iter().find(|r| r["call_id"] == id).cloned();
     let first = by_id(&first_call).expect("the first good call survived");
     assert_eq!(first["outcome"], "ok");
-    assert_eq!(first["request"]["messages"][1]["content"], "first good call");
+    assert_eq!(
+        first["request"]["messages"][1]["content"],
+        "first good call"
+    );
     let outcomes: Vec<(String, String)> = records
         .iter()
-        .map(|r| (r["model"].as_str().unwrap_or("").to_string(), r["outcome"].as_str().unwrap().to_string()))
+        .map(|r| {
+            (
+                r["model"].as_str().unwrap_or("").to_string(),
+                r["outcome"].as_str().unwrap().to_string(),
+            )
+        })
         .collect();
     for fault in ["fault-500", "fault-garbage", "fault-hang", "fault-reset"] {
         assert!(
-            outcomes.iter().any(|(m, o)| m == fault && o == "upstream_error"),
+            outcomes
+                .iter()
+                .any(|(m, o)| m == fault && o == "upstream_error"),
             "{fault} recorded as upstream_error: {outcomes:?}"
         );
     }
-    let reset = records.iter().find(|r| r["model"] == "fault-reset").unwrap();
-    assert!(reset["error"].as_str().unwrap().contains("failed mid-response"), "{reset}");
+    let reset = records
+        .iter()
+        .find(|r| r["model"] == "fault-reset")
+        .unwrap();
+    assert!(
+        reset["error"]
+            .as_str()
+            .unwrap()
+            .contains("failed mid-response"),
+        "{reset}"
+    );
     // Refused requests are not model calls and are not recorded; the good ones all are.
-    assert_eq!(outcomes.iter().filter(|(_, o)| o == "ok").count(), 3, "{outcomes:?}");
+    assert_eq!(
+        outcomes.iter().filter(|(_, o)| o == "ok").count(),
+        3,
+        "{outcomes:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -204,7 +312,9 @@ async fn kill_9_mid_load_loses_no_fully_received_call() {
                 i += 1;
                 let stream = i % 2 == 0;
                 let body = chat("m", &format!("worker {worker} call {i}"), stream);
-                let Ok(r) = http::try_post_json(&url, &[], &body).await else { continue };
+                let Ok(r) = http::try_post_json(&url, &[], &body).await else {
+                    continue;
+                };
                 let complete = r.status == 200
                     && (!stream || r.sse_data().last().map(String::as_str) == Some("[DONE]"));
                 if complete {
@@ -222,26 +332,61 @@ async fn kill_9_mid_load_loses_no_fully_received_call() {
     for t in tasks {
         completed.extend(t.await.unwrap());
     }
-    assert!(completed.len() > 20, "the load ran: {} calls completed", completed.len());
+    assert!(
+        completed.len() > 20,
+        "the load ran: {} calls completed",
+        completed.len()
+    );
 
     // Restart on the same data dir: it recovers, serves, and every completed call is there once.
     let gw2 = Proc::gateway_with(&upstream.url, &data, &[], &[]);
-    assert!(gw2.stderr_contains("recovered"), "the gateway says what it recovered");
-    let r = http::post_json(&format!("{}/v1/chat/completions", gw2.url), &[], &chat("m", "after restart", false)).await;
+    assert!(
+        gw2.stderr_contains("recovered"),
+        "the gateway says what it recovered"
+    );
+    let r = http::post_json(
+        &format!("{}/v1/chat/completions", gw2.url),
+        &[],
+        &chat("m", "after restart", false),
+    )
+    .await;
     assert_eq!(r.status, 200, "{}", r.text());
     drop(gw2);
 
     let records = graft_records(&data);
-    let ids: Vec<&str> = records.iter().map(|r| r["call_id"].as_str().unwrap()).collect();
+    let ids: Vec<&str> = records
+        .iter()
+        .map(|r| r["call_id"].as_str().unwrap())
+        .collect();
     let unique: HashSet<&str> = ids.iter().copied().collect();
     assert_eq!(ids.len(), unique.len(), "no record is duplicated");
-    let missing: Vec<&String> = completed.iter().filter(|c| !unique.contains(c.as_str())).collect();
-    assert!(missing.is_empty(), "{} of {} fully received calls missing after kill -9: {:?}", missing.len(), completed.len(), &missing[..missing.len().min(5)]);
+    let missing: Vec<&String> = completed
+        .iter()
+        .filter(|c| !unique.contains(c.as_str()))
+        .collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} fully received calls missing after kill -9: {:?}",
+        missing.len(),
+        completed.len(),
+        &missing[..missing.len().min(5)]
+    );
     for r in &records {
-        assert!(r["request"]["messages"].is_array(), "every record's request rebuilds: {r}");
+        assert!(
+            r["request"]["messages"].is_array(),
+            "every record's request rebuilds: {r}"
+        );
     }
     // Sessions' sequence numbers stay unique across the restart.
-    let seqs: Vec<u64> = records.iter().filter(|r| r["session_id"] == "default").map(|r| r["seq"].as_u64().unwrap()).collect();
+    let seqs: Vec<u64> = records
+        .iter()
+        .filter(|r| r["session_id"] == "default")
+        .map(|r| r["seq"].as_u64().unwrap())
+        .collect();
     let unique_seqs: HashSet<u64> = seqs.iter().copied().collect();
-    assert_eq!(seqs.len(), unique_seqs.len(), "seq numbers are unique within the session");
+    assert_eq!(
+        seqs.len(),
+        unique_seqs.len(),
+        "seq numbers are unique within the session"
+    );
 }

@@ -10,10 +10,15 @@ use serde::Deserialize;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
-    Read { path: PathBuf, source: std::io::Error },
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("config file {path} is invalid: {message}")]
     Parse { path: PathBuf, message: String },
-    #[error("config value {key} refers to environment variable {var}, which is not set; export it or change {key}")]
+    #[error(
+        "config value {key} refers to environment variable {var}, which is not set; export it or change {key}"
+    )]
     MissingEnv { key: String, var: String },
     #[error("config value {key} is invalid: {message}")]
     Invalid { key: String, message: String },
@@ -26,15 +31,21 @@ pub struct SecretRef(pub String);
 
 impl std::fmt::Debug for SecretRef {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.0.starts_with("env::") { write!(f, "{}", self.0) } else { f.write_str("[redacted]") }
+        if self.0.starts_with("env::") {
+            write!(f, "{}", self.0)
+        } else {
+            f.write_str("[redacted]")
+        }
     }
 }
 
 impl SecretRef {
     pub fn resolve(&self, key: &str) -> Result<String, ConfigError> {
         match self.0.strip_prefix("env::") {
-            Some(var) => std::env::var(var)
-                .map_err(|_| ConfigError::MissingEnv { key: key.to_string(), var: var.to_string() }),
+            Some(var) => std::env::var(var).map_err(|_| ConfigError::MissingEnv {
+                key: key.to_string(),
+                var: var.to_string(),
+            }),
             None => Ok(self.0.clone()),
         }
     }
@@ -91,6 +102,9 @@ pub struct UpstreamSection {
     pub api_key: Option<SecretRef>,
     pub timeout_secs: Option<u64>,
     pub connect_timeout_secs: Option<u64>,
+    /// PEM file of the CA(s) to trust for an `https://` upstream instead of the public roots
+    /// (a cluster's private CA).
+    pub ca_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -153,6 +167,7 @@ pub struct GatewayConfig {
     pub upstream_api_key: Option<String>,
     pub upstream_timeout: Duration,
     pub upstream_connect_timeout: Duration,
+    pub upstream_ca_file: Option<PathBuf>,
     pub data_dir: PathBuf,
     pub durability: DurabilityMode,
     pub async_max_delay: Duration,
@@ -193,21 +208,23 @@ impl FileConfig {
     }
 
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ConfigError::Read { path: path.to_path_buf(), source })?;
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
         Self::from_toml(&text, path)
     }
 }
 
 impl GatewayConfig {
     pub fn resolve(file: FileConfig, o: Overrides) -> Result<Self, ConfigError> {
-        let upstream_url = o
-            .upstream
-            .or(file.upstream.url)
-            .ok_or_else(|| ConfigError::Invalid {
-                key: "upstream.url".into(),
-                message: "no upstream given; pass --upstream URL or set upstream.url".into(),
-            })?;
+        let upstream_url =
+            o.upstream
+                .or(file.upstream.url)
+                .ok_or_else(|| ConfigError::Invalid {
+                    key: "upstream.url".into(),
+                    message: "no upstream given; pass --upstream URL or set upstream.url".into(),
+                })?;
         let upstream_url = normalize_upstream(&upstream_url)?;
         let upstream_api_key = match &file.upstream.api_key {
             Some(s) => Some(s.resolve("upstream.api_key")?),
@@ -231,7 +248,10 @@ impl GatewayConfig {
                 .listen
                 .or(file.server.listen)
                 .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8400))),
-            public_url: file.server.public_url.map(|u| u.trim_end_matches('/').to_string()),
+            public_url: file
+                .server
+                .public_url
+                .map(|u| u.trim_end_matches('/').to_string()),
             tls: file.server.tls,
             upstream_url,
             upstream_api_key,
@@ -239,6 +259,7 @@ impl GatewayConfig {
             upstream_connect_timeout: Duration::from_secs(
                 file.upstream.connect_timeout_secs.unwrap_or(10),
             ),
+            upstream_ca_file: file.upstream.ca_file.clone(),
             data_dir: o
                 .data_dir
                 .or(r.data_dir.clone())
@@ -252,7 +273,10 @@ impl GatewayConfig {
             client_keys,
             require_client_key: file.auth.require_client_key,
             auto_create_sessions: file.sessions.auto_create,
-            default_session: file.sessions.default_session.unwrap_or_else(|| "default".into()),
+            default_session: file
+                .sessions
+                .default_session
+                .unwrap_or_else(|| "default".into()),
             max_body_bytes: l.max_body_bytes.unwrap_or(32 * 1024 * 1024),
             max_response_bytes: l.max_response_bytes.unwrap_or(256 * 1024 * 1024),
             body_timeout: Duration::from_secs(l.body_timeout_secs.unwrap_or(30)),
@@ -315,7 +339,9 @@ fn normalize_upstream(url: &str) -> Result<String, ConfigError> {
 pub fn valid_session_id(id: &str) -> bool {
     !id.is_empty()
         && id.len() <= 128
-        && id.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
 #[cfg(test)]
@@ -337,7 +363,9 @@ mod tests {
             Path::new("g.toml"),
         )
         .unwrap();
-        let err = GatewayConfig::resolve(f, Overrides::default()).unwrap_err().to_string();
+        let err = GatewayConfig::resolve(f, Overrides::default())
+            .unwrap_err()
+            .to_string();
         assert!(err.contains("GRAFT_TEST_SURELY_UNSET_VAR") && err.contains("upstream.api_key"));
     }
 
@@ -345,7 +373,10 @@ mod tests {
     fn upstream_without_path_gets_v1() {
         assert_eq!(normalize_upstream("http://h:1").unwrap(), "http://h:1/v1");
         assert_eq!(normalize_upstream("http://h:1/").unwrap(), "http://h:1/v1");
-        assert_eq!(normalize_upstream("https://h/api/v1/").unwrap(), "https://h/api/v1");
+        assert_eq!(
+            normalize_upstream("https://h/api/v1/").unwrap(),
+            "https://h/api/v1"
+        );
         assert!(normalize_upstream("ftp://h").is_err());
     }
 }

@@ -34,19 +34,25 @@ impl Cause {
 
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
-    #[error("request body is not valid UTF-8 (first bad byte at offset {offset}); send JSON encoded as UTF-8")]
+    #[error(
+        "request body is not valid UTF-8 (first bad byte at offset {offset}); send JSON encoded as UTF-8"
+    )]
     InvalidUtf8 { offset: usize },
     #[error("request body is not valid JSON: {0}")]
     InvalidJson(String),
     #[error("invalid request: {message}")]
     InvalidField { param: String, message: String },
-    #[error("request body is larger than the limit of {limit} bytes; raise limits.max_body_bytes or send less")]
+    #[error(
+        "request body is larger than the limit of {limit} bytes; raise limits.max_body_bytes or send less"
+    )]
     BodyTooLarge { limit: usize },
     #[error("the request body did not arrive within {secs} s; the connection was too slow")]
     BodyTimeout { secs: u64 },
     #[error("could not read the request body: {0}")]
     BodyRead(String),
-    #[error("no route for {method} {path}; graft serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models (optionally under /s/{{session}}/)")]
+    #[error(
+        "no route for {method} {path}; graft serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models (optionally under /s/{{session}}/)"
+    )]
     NotFound { method: String, path: String },
     #[error("method {method} is not allowed on {path}")]
     MethodNotAllowed { method: String, path: String },
@@ -61,18 +67,27 @@ pub enum GatewayError {
     #[error("session '{0}' already exists; choose another session_id or omit it")]
     SessionExists(String),
     #[error("rate limit exceeded ({scope}); retry after {retry_after_secs} s")]
-    RateLimited { scope: String, retry_after_secs: u64 },
+    RateLimited {
+        scope: String,
+        retry_after_secs: u64,
+    },
     #[error("upstream {upstream} is unreachable: {detail}")]
     UpstreamUnreachable { upstream: String, detail: String },
     #[error("upstream {upstream} did not answer within {secs} s")]
     UpstreamTimeout { upstream: String, secs: u64 },
     #[error("upstream {upstream} answered HTTP {status}: {detail}")]
-    UpstreamStatus { upstream: String, status: u16, detail: String },
+    UpstreamStatus {
+        upstream: String,
+        status: u16,
+        detail: String,
+    },
     #[error("upstream {upstream} returned an invalid response: {detail}")]
     UpstreamInvalid { upstream: String, detail: String },
     #[error("upstream {upstream} failed mid-response: {detail}")]
     UpstreamStream { upstream: String, detail: String },
-    #[error("graft could not record the call durably ({0}); the response was withheld so the client retries")]
+    #[error(
+        "graft could not record the call durably ({0}); the response was withheld so the client retries"
+    )]
     Record(String),
     #[error("graft internal error: {0}")]
     Internal(String),
@@ -80,7 +95,10 @@ pub enum GatewayError {
 
 impl GatewayError {
     pub fn field(param: impl Into<String>, message: impl Into<String>) -> Self {
-        GatewayError::InvalidField { param: param.into(), message: message.into() }
+        GatewayError::InvalidField {
+            param: param.into(),
+            message: message.into(),
+        }
     }
 
     pub fn status(&self) -> StatusCode {
@@ -97,7 +115,9 @@ impl GatewayError {
             Forbidden(_) => StatusCode::FORBIDDEN,
             SessionClosed(_) | SessionExists(_) => StatusCode::CONFLICT,
             RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
-            UpstreamUnreachable { .. } | UpstreamStatus { .. } | UpstreamInvalid { .. }
+            UpstreamUnreachable { .. }
+            | UpstreamStatus { .. }
+            | UpstreamInvalid { .. }
             | UpstreamStream { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
             Record(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -108,8 +128,11 @@ impl GatewayError {
     pub fn cause(&self) -> Cause {
         use GatewayError::*;
         match self {
-            UpstreamUnreachable { .. } | UpstreamTimeout { .. } | UpstreamStatus { .. }
-            | UpstreamInvalid { .. } | UpstreamStream { .. } => Cause::Upstream,
+            UpstreamUnreachable { .. }
+            | UpstreamTimeout { .. }
+            | UpstreamStatus { .. }
+            | UpstreamInvalid { .. }
+            | UpstreamStream { .. } => Cause::Upstream,
             Record(_) | Internal(_) => Cause::Graft,
             _ => Cause::Client,
         }
@@ -200,12 +223,16 @@ impl GatewayError {
         let body = Bytes::from(self.body().to_string());
         let mut resp = Response::new(B::from(body));
         *resp.status_mut() = self.status();
-        resp.headers_mut()
-            .insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        if let GatewayError::RateLimited { retry_after_secs, .. } = self {
-            if let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string()) {
-                resp.headers_mut().insert(header::RETRY_AFTER, v);
-            }
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        if let GatewayError::RateLimited {
+            retry_after_secs, ..
+        } = self
+            && let Ok(v) = HeaderValue::from_str(&retry_after_secs.to_string())
+        {
+            resp.headers_mut().insert(header::RETRY_AFTER, v);
         }
         if matches!(self, GatewayError::Unauthorized(_)) {
             resp.headers_mut()
@@ -221,20 +248,36 @@ mod tests {
 
     #[test]
     fn rate_limited_carries_retry_after_and_openai_shape() {
-        let e = GatewayError::RateLimited { scope: "session 'a'".into(), retry_after_secs: 2 };
+        let e = GatewayError::RateLimited {
+            scope: "session 'a'".into(),
+            retry_after_secs: 2,
+        };
         let r: Response<Bytes> = e.to_response();
         assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
         assert_eq!(r.headers()[header::RETRY_AFTER], "2");
         let v: serde_json::Value = serde_json::from_slice(r.body()).unwrap();
         assert_eq!(v["error"]["type"], "rate_limit_error");
         assert_eq!(v["error"]["code"], "rate_limit_exceeded");
-        assert!(v["error"]["message"].as_str().unwrap().contains("session 'a'"));
+        assert!(
+            v["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("session 'a'")
+        );
     }
 
     #[test]
     fn upstream_5xx_is_retryable_and_4xx_is_not() {
-        let e5 = GatewayError::UpstreamStatus { upstream: "u".into(), status: 503, detail: "x".into() };
-        let e4 = GatewayError::UpstreamStatus { upstream: "u".into(), status: 400, detail: "x".into() };
+        let e5 = GatewayError::UpstreamStatus {
+            upstream: "u".into(),
+            status: 503,
+            detail: "x".into(),
+        };
+        let e4 = GatewayError::UpstreamStatus {
+            upstream: "u".into(),
+            status: 400,
+            detail: "x".into(),
+        };
         assert!(e5.retryable());
         assert!(!e4.retryable());
         assert_eq!(e5.cause(), Cause::Upstream);

@@ -25,7 +25,13 @@ fn quota(rps: u32, burst: u32) -> Option<Quota> {
 }
 
 impl Limits {
-    pub fn new(global_rps: u32, session_rps: u32, burst: u32, max_upstream: usize, queue_timeout: Duration) -> Self {
+    pub fn new(
+        global_rps: u32,
+        session_rps: u32,
+        burst: u32,
+        max_upstream: usize,
+        queue_timeout: Duration,
+    ) -> Self {
         Limits {
             global: quota(global_rps, burst).map(RateLimiter::direct),
             per_session: quota(session_rps, burst).map(RateLimiter::keyed),
@@ -37,21 +43,21 @@ impl Limits {
 
     /// Admits one request for `session` or says how long to wait.
     pub fn check(&self, session: &str) -> Result<(), GatewayError> {
-        if let Some(g) = &self.global {
-            if let Err(not_until) = g.check() {
-                return Err(GatewayError::RateLimited {
-                    scope: "global requests per second".into(),
-                    retry_after_secs: secs_ceil(not_until.wait_time_from(self.clock.now())),
-                });
-            }
+        if let Some(g) = &self.global
+            && let Err(not_until) = g.check()
+        {
+            return Err(GatewayError::RateLimited {
+                scope: "global requests per second".into(),
+                retry_after_secs: secs_ceil(not_until.wait_time_from(self.clock.now())),
+            });
         }
-        if let Some(k) = &self.per_session {
-            if let Err(not_until) = k.check_key(&session.to_string()) {
-                return Err(GatewayError::RateLimited {
-                    scope: format!("requests per second for session '{session}'"),
-                    retry_after_secs: secs_ceil(not_until.wait_time_from(self.clock.now())),
-                });
-            }
+        if let Some(k) = &self.per_session
+            && let Err(not_until) = k.check_key(&session.to_string())
+        {
+            return Err(GatewayError::RateLimited {
+                scope: format!("requests per second for session '{session}'"),
+                retry_after_secs: secs_ceil(not_until.wait_time_from(self.clock.now())),
+            });
         }
         Ok(())
     }
@@ -93,7 +99,16 @@ mod tests {
         let l = Limits::new(0, 1, 1, 1, Duration::from_millis(1));
         assert!(l.check("a").is_ok());
         let e = l.check("a").unwrap_err();
-        assert!(matches!(e, GatewayError::RateLimited { retry_after_secs: 1, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                GatewayError::RateLimited {
+                    retry_after_secs: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
         assert!(l.check("b").is_ok());
     }
 

@@ -52,20 +52,31 @@ impl Metrics {
         let mut registry = Registry::with_prefix("graft");
         let requests = Family::<RequestLabels, Counter>::default();
         let errors = Family::<ErrorLabels, Counter>::default();
-        let upstream_latency =
-            Family::<RouteLabel, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
-        let overhead =
-            Family::<RouteLabel, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
-        let ttft =
-            Family::<RouteLabel, Histogram>::new_with_constructor(|| Histogram::new(latency_buckets()));
+        let upstream_latency = Family::<RouteLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
+        let overhead = Family::<RouteLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
+        let ttft = Family::<RouteLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
         let fsync_latency = Histogram::new(latency_buckets());
         let fsync_batch = Histogram::new(exponential_buckets(1.0, 2.0, 14));
         let record_wait = Histogram::new(latency_buckets());
         let queue_depth = Gauge::default();
         let upstream_inflight = Gauge::default();
         let records_written = Counter::default();
-        registry.register("requests", "Requests answered, by route and HTTP status", requests.clone());
-        registry.register("errors", "Errors, by cause (client, upstream, graft) and code", errors.clone());
+        registry.register(
+            "requests",
+            "Requests answered, by route and HTTP status",
+            requests.clone(),
+        );
+        registry.register(
+            "errors",
+            "Errors, by cause (client, upstream, graft) and code",
+            errors.clone(),
+        );
         registry.register(
             "upstream_latency_seconds",
             "Time from sending a request upstream to its last byte",
@@ -76,17 +87,41 @@ impl Metrics {
             "graft's own time per call: total minus upstream time minus waiting for the record fsync",
             overhead.clone(),
         );
-        registry.register("ttft_seconds", "Time to first streamed event, as seen by graft", ttft.clone());
-        registry.register("recorder_fsync_seconds", "WAL fsync latency", fsync_latency.clone());
-        registry.register("recorder_fsync_batch_records", "Records covered by one WAL fsync (group commit)", fsync_batch.clone());
+        registry.register(
+            "ttft_seconds",
+            "Time to first streamed event, as seen by graft",
+            ttft.clone(),
+        );
+        registry.register(
+            "recorder_fsync_seconds",
+            "WAL fsync latency",
+            fsync_latency.clone(),
+        );
+        registry.register(
+            "recorder_fsync_batch_records",
+            "Records covered by one WAL fsync (group commit)",
+            fsync_batch.clone(),
+        );
         registry.register(
             "recorder_wait_seconds",
             "Time a response waited for its record to be durable (sync durability)",
             record_wait.clone(),
         );
-        registry.register("recorder_queue_depth", "Records queued for the WAL writer", queue_depth.clone());
-        registry.register("upstream_inflight", "Requests in flight to the upstream", upstream_inflight.clone());
-        registry.register("records", "Call records handed to the recorder", records_written.clone());
+        registry.register(
+            "recorder_queue_depth",
+            "Records queued for the WAL writer",
+            queue_depth.clone(),
+        );
+        registry.register(
+            "upstream_inflight",
+            "Requests in flight to the upstream",
+            upstream_inflight.clone(),
+        );
+        registry.register(
+            "records",
+            "Call records handed to the recorder",
+            records_written.clone(),
+        );
         Arc::new(Metrics {
             registry,
             requests,

@@ -55,15 +55,25 @@ impl Route {
 }
 
 /// Reads a request body within the size and time limits.
-pub async fn read_body(body: Incoming, limit: usize, timeout: Duration) -> Result<Bytes, GatewayError> {
+pub async fn read_body(
+    body: Incoming,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, GatewayError> {
     let limited = http_body_util::Limited::new(body, limit);
     match tokio::time::timeout(timeout, limited.collect()).await {
-        Err(_) => Err(GatewayError::BodyTimeout { secs: timeout.as_secs() }),
+        Err(_) => Err(GatewayError::BodyTimeout {
+            secs: timeout.as_secs(),
+        }),
         Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 Err(GatewayError::BodyTooLarge { limit })
             } else {
-                Err(GatewayError::BodyRead(crate::upstream::error_chain(e.as_ref())))
+                Err(GatewayError::BodyRead(crate::upstream::error_chain(
+                    e.as_ref(),
+                )))
             }
         }
         Ok(Ok(c)) => Ok(c.to_bytes()),
@@ -73,26 +83,45 @@ pub async fn read_body(body: Incoming, limit: usize, timeout: Duration) -> Resul
 /// Parses and checks the request body; returns it as JSON.
 pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> {
     if let Err(e) = std::str::from_utf8(bytes) {
-        return Err(GatewayError::InvalidUtf8 { offset: e.valid_up_to() });
+        return Err(GatewayError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        });
     }
-    let v: Value = serde_json::from_slice(bytes).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
     let Some(obj) = v.as_object() else {
-        return Err(GatewayError::field("", format!("the request body must be a JSON object, got {}", kind(&v))));
+        return Err(GatewayError::field(
+            "",
+            format!("the request body must be a JSON object, got {}", kind(&v)),
+        ));
     };
     match obj.get("model") {
         Some(Value::String(_)) => {}
-        Some(other) => return Err(GatewayError::field("model", format!("'model' must be a string, got {}", kind(other)))),
+        Some(other) => {
+            return Err(GatewayError::field(
+                "model",
+                format!("'model' must be a string, got {}", kind(other)),
+            ));
+        }
         None => return Err(GatewayError::field("model", "'model' is required")),
     }
-    if let Some(s) = obj.get("stream") {
-        if !s.is_boolean() && !s.is_null() {
-            return Err(GatewayError::field("stream", format!("'stream' must be a boolean, got {}", kind(s))));
-        }
+    if let Some(s) = obj.get("stream")
+        && !s.is_boolean()
+        && !s.is_null()
+    {
+        return Err(GatewayError::field(
+            "stream",
+            format!("'stream' must be a boolean, got {}", kind(s)),
+        ));
     }
-    if let Some(s) = obj.get("stream_options") {
-        if !s.is_object() && !s.is_null() {
-            return Err(GatewayError::field("stream_options", format!("'stream_options' must be an object, got {}", kind(s))));
-        }
+    if let Some(s) = obj.get("stream_options")
+        && !s.is_object()
+        && !s.is_null()
+    {
+        return Err(GatewayError::field(
+            "stream_options",
+            format!("'stream_options' must be an object, got {}", kind(s)),
+        ));
     }
     match route {
         Route::ChatCompletions => {
@@ -100,7 +129,10 @@ pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> 
                 return Err(GatewayError::field("messages", "'messages' is required"));
             };
             let Some(msgs) = msgs.as_array() else {
-                return Err(GatewayError::field("messages", format!("'messages' must be an array, got {}", kind(msgs))));
+                return Err(GatewayError::field(
+                    "messages",
+                    format!("'messages' must be an array, got {}", kind(msgs)),
+                ));
             };
             for (i, m) in msgs.iter().enumerate() {
                 match m.get("role") {
@@ -114,21 +146,31 @@ pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> 
                     None => {
                         return Err(GatewayError::field(
                             format!("messages[{i}]"),
-                            format!("'messages[{i}]' must be an object with a 'role', got {}", kind(m)),
+                            format!(
+                                "'messages[{i}]' must be an object with a 'role', got {}",
+                                kind(m)
+                            ),
                         ));
                     }
                 }
             }
-            if let Some(t) = obj.get("tools") {
-                if !t.is_array() && !t.is_null() {
-                    return Err(GatewayError::field("tools", format!("'tools' must be an array, got {}", kind(t))));
-                }
+            if let Some(t) = obj.get("tools")
+                && !t.is_array()
+                && !t.is_null()
+            {
+                return Err(GatewayError::field(
+                    "tools",
+                    format!("'tools' must be an array, got {}", kind(t)),
+                ));
             }
         }
         Route::Completions => match obj.get("prompt") {
             Some(Value::String(_)) | Some(Value::Array(_)) => {}
             Some(p) => {
-                return Err(GatewayError::field("prompt", format!("'prompt' must be a string or an array, got {}", kind(p))));
+                return Err(GatewayError::field(
+                    "prompt",
+                    format!("'prompt' must be a string or an array, got {}", kind(p)),
+                ));
             }
             None => return Err(GatewayError::field("prompt", "'prompt' is required")),
         },
@@ -176,15 +218,24 @@ struct Outcome {
 
 impl Call {
     fn build_record(&self, o: &Outcome, client_gone: bool) -> CallRecord {
-        let usage = o.response.as_ref().and_then(|r| r.get("usage")).and_then(|u| {
-            u.as_object().map(|_| Usage {
-                prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
-                completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
-                total_tokens: u.get("total_tokens").and_then(Value::as_u64),
-            })
-        });
+        let usage = o
+            .response
+            .as_ref()
+            .and_then(|r| r.get("usage"))
+            .and_then(|u| {
+                u.as_object().map(|_| Usage {
+                    prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
+                    completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
+                    total_tokens: u.get("total_tokens").and_then(Value::as_u64),
+                })
+            });
         let (outcome, error) = match (&o.error, &o.upstream_error_text) {
-            _ if client_gone => ("client_disconnected".to_string(), o.error.as_ref().map(|e| e.to_string()).or(Some("the client closed the connection before the response ended".into()))),
+            _ if client_gone => (
+                "client_disconnected".to_string(),
+                o.error.as_ref().map(|e| e.to_string()).or(Some(
+                    "the client closed the connection before the response ended".into(),
+                )),
+            ),
             (Some(e), _) => (e.cause().outcome().to_string(), Some(e.to_string())),
             (None, Some(t)) => (Cause::Upstream.outcome().to_string(), Some(t.clone())),
             (None, None) => ("ok".to_string(), None),
@@ -241,10 +292,20 @@ impl Call {
 
     fn observe(&self, upstream_time: Duration, record_wait: Duration, ttft: Option<Duration>) {
         let m = &self.state.metrics;
-        let route = crate::metrics::RouteLabel { route: self.route.label() };
-        m.upstream_latency.get_or_create(&route).observe(upstream_time.as_secs_f64());
-        let overhead = self.t0.elapsed().saturating_sub(upstream_time).saturating_sub(record_wait);
-        m.overhead.get_or_create(&route).observe(overhead.as_secs_f64());
+        let route = crate::metrics::RouteLabel {
+            route: self.route.label(),
+        };
+        m.upstream_latency
+            .get_or_create(&route)
+            .observe(upstream_time.as_secs_f64());
+        let overhead = self
+            .t0
+            .elapsed()
+            .saturating_sub(upstream_time)
+            .saturating_sub(record_wait);
+        m.overhead
+            .get_or_create(&route)
+            .observe(overhead.as_secs_f64());
         if let Some(t) = ttft {
             m.ttft.get_or_create(&route).observe(t.as_secs_f64());
         }
@@ -274,11 +335,20 @@ pub async fn handle(
     }
     let bytes = read_body(body, state.cfg.max_body_bytes, state.cfg.body_timeout).await?;
     let request = parse_request(route, &bytes)?;
-    let stream = request.get("stream").and_then(Value::as_bool).unwrap_or(false);
-    let model = request.get("model").and_then(Value::as_str).map(str::to_string);
+    let stream = request
+        .get("stream")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let model = request
+        .get("model")
+        .and_then(Value::as_str)
+        .map(str::to_string);
     let call = Call {
         call_id: uuid::Uuid::now_v7().to_string(),
-        client: headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).map(str::to_string),
+        client: headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
         started_at_us: now_us(),
         state: state.clone(),
         session,
@@ -293,7 +363,10 @@ pub async fn handle(
         let permit = state.limits.upstream_permit().await?;
         state.metrics.upstream_inflight.inc();
         let t_up = Instant::now();
-        let sent = state.upstream.send(Method::POST, route.upstream_path(), bytes, &headers).await;
+        let sent = state
+            .upstream
+            .send(Method::POST, route.upstream_path(), bytes, &headers)
+            .await;
         let resp = match sent {
             Ok(r) => r,
             Err(e) => {
@@ -307,7 +380,9 @@ pub async fn handle(
                 };
                 let wait = call.commit(&o, false).await.unwrap_or_default();
                 call.observe(o.upstream_time, wait, None);
-                return Err(o.error.unwrap_or_else(|| GatewayError::Internal("lost error".into())));
+                return Err(o
+                    .error
+                    .unwrap_or_else(|| GatewayError::Internal("lost error".into())));
             }
         };
         let is_sse = resp
@@ -318,8 +393,12 @@ pub async fn handle(
         if call.stream && resp.status().is_success() && is_sse {
             let (tx, body) = channel_body(64);
             let mut out = Response::new(body);
-            out.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/event-stream"));
-            out.headers_mut().insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+            out.headers_mut().insert(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("text/event-stream"),
+            );
+            out.headers_mut()
+                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
             call.headers(&mut out);
             tokio::spawn(
                 async move {
@@ -341,7 +420,11 @@ pub async fn handle(
 }
 
 /// A non-streamed answer (or an upstream error answer to a streamed request).
-async fn whole(call: &Call, resp: Response<Incoming>, t_up: Instant) -> Result<Response<GBody>, GatewayError> {
+async fn whole(
+    call: &Call,
+    resp: Response<Incoming>,
+    t_up: Instant,
+) -> Result<Response<GBody>, GatewayError> {
     let status = resp.status();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let upstream = call.state.upstream.base_url().to_string();
@@ -351,17 +434,31 @@ async fn whole(call: &Call, resp: Response<Incoming>, t_up: Instant) -> Result<R
         http_body_util::Limited::new(resp.into_body(), limit).collect(),
     )
     .await;
-    let mut o = Outcome { status: status.as_u16(), upstream_time: t_up.elapsed(), ..Default::default() };
+    let mut o = Outcome {
+        status: status.as_u16(),
+        upstream_time: t_up.elapsed(),
+        ..Default::default()
+    };
     let body = match collected {
-        Err(_) => Err(GatewayError::UpstreamTimeout { upstream: upstream.clone(), secs: call.state.upstream.timeout().as_secs() }),
+        Err(_) => Err(GatewayError::UpstreamTimeout {
+            upstream: upstream.clone(),
+            secs: call.state.upstream.timeout().as_secs(),
+        }),
         Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
                 Err(GatewayError::UpstreamInvalid {
                     upstream: upstream.clone(),
-                    detail: format!("the response is larger than limits.max_response_bytes ({limit} bytes)"),
+                    detail: format!(
+                        "the response is larger than limits.max_response_bytes ({limit} bytes)"
+                    ),
                 })
             } else {
-                Err(GatewayError::UpstreamStream { upstream: upstream.clone(), detail: crate::upstream::error_chain(e.as_ref()) })
+                Err(GatewayError::UpstreamStream {
+                    upstream: upstream.clone(),
+                    detail: crate::upstream::error_chain(e.as_ref()),
+                })
             }
         }
         Ok(Ok(c)) => Ok(c.to_bytes()),
@@ -385,11 +482,19 @@ async fn whole(call: &Call, resp: Response<Incoming>, t_up: Instant) -> Result<R
         Ok(bytes) if status.is_client_error() => {
             // The upstream refused the request itself (context too long, bad parameter):
             // relay its answer unchanged so the client sees the upstream's own words.
-            o.upstream_error_text = Some(format!("upstream answered HTTP {}: {}", status.as_u16(), upstream_message(&bytes)));
+            o.upstream_error_text = Some(format!(
+                "upstream answered HTTP {}: {}",
+                status.as_u16(),
+                upstream_message(&bytes)
+            ));
             o.response = serde_json::from_slice(&bytes).ok();
             Ok(bytes)
         }
-        Ok(bytes) => Err(GatewayError::UpstreamStatus { upstream, status: status.as_u16(), detail: upstream_message(&bytes) }),
+        Ok(bytes) => Err(GatewayError::UpstreamStatus {
+            upstream,
+            status: status.as_u16(),
+            detail: upstream_message(&bytes),
+        }),
     };
     match result {
         Ok(bytes) => {
@@ -409,7 +514,10 @@ async fn whole(call: &Call, resp: Response<Incoming>, t_up: Instant) -> Result<R
             o.error = Some(e);
             let wait = call.commit(&o, false).await.unwrap_or_default();
             call.observe(o.upstream_time, wait, None);
-            Err(o.error.take().unwrap_or_else(|| GatewayError::Internal("lost error".into())))
+            Err(o
+                .error
+                .take()
+                .unwrap_or_else(|| GatewayError::Internal("lost error".into())))
         }
     }
 }
@@ -421,8 +529,15 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
     let max_event = call.state.cfg.max_response_bytes;
     let idle = call.state.upstream.timeout();
     let mut splitter = Splitter::default();
-    let mut asm = if call.route == Route::Completions { Assembler::completions() } else { Assembler::chat() };
-    let mut o = Outcome { status: StatusCode::OK.as_u16(), ..Default::default() };
+    let mut asm = if call.route == Route::Completions {
+        Assembler::completions()
+    } else {
+        Assembler::chat()
+    };
+    let mut o = Outcome {
+        status: StatusCode::OK.as_u16(),
+        ..Default::default()
+    };
     let mut done: Option<Bytes> = None;
     let mut client_gone = false;
     let mut relayed: usize = 0;
@@ -434,14 +549,21 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
         };
         let chunk = match frame {
             Err(_) => {
-                o.error = Some(GatewayError::UpstreamTimeout { upstream: upstream.clone(), secs: idle.as_secs() });
+                o.error = Some(GatewayError::UpstreamTimeout {
+                    upstream: upstream.clone(),
+                    secs: idle.as_secs(),
+                });
                 break;
             }
             Ok(None) => break,
             Ok(Some(Err(e))) => {
                 o.error = Some(GatewayError::UpstreamStream {
                     upstream: upstream.clone(),
-                    detail: format!("the connection failed after {} events: {}", asm.chunks, crate::upstream::error_chain(&e)),
+                    detail: format!(
+                        "the connection failed after {} events: {}",
+                        asm.chunks,
+                        crate::upstream::error_chain(&e)
+                    ),
                 });
                 break;
             }
@@ -456,7 +578,10 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
                 Ok(Some(ev)) => ev,
                 Ok(None) => break,
                 Err(e) => {
-                    o.error = Some(GatewayError::UpstreamInvalid { upstream: upstream.clone(), detail: e.to_string() });
+                    o.error = Some(GatewayError::UpstreamInvalid {
+                        upstream: upstream.clone(),
+                        detail: e.to_string(),
+                    });
                     break 'read;
                 }
             };
@@ -468,7 +593,8 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
                 match serde_json::from_str::<Value>(data) {
                     Ok(v) => {
                         if v.get("error").is_some_and(|e| !e.is_null()) {
-                            o.upstream_error_text = Some(format!("upstream sent an error event: {}", v["error"]));
+                            o.upstream_error_text =
+                                Some(format!("upstream sent an error event: {}", v["error"]));
                         } else {
                             if o.ttft.is_none() {
                                 o.ttft = Some(call.t0.elapsed());
@@ -479,7 +605,10 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
                     Err(_) => {
                         o.error = Some(GatewayError::UpstreamInvalid {
                             upstream: upstream.clone(),
-                            detail: format!("an SSE event is not JSON: {}", snippet(data.as_bytes())),
+                            detail: format!(
+                                "an SSE event is not JSON: {}",
+                                snippet(data.as_bytes())
+                            ),
                         });
                         break 'read;
                     }
@@ -492,27 +621,34 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
             }
         }
     }
-    if o.error.is_none() && !client_gone {
-        if let Some(rest) = splitter.finish() {
-            if rest.is_done() {
-                done = Some(Bytes::from_static(b"data: [DONE]\n\n"));
-            } else if rest.data.is_none() {
-                o.error = Some(GatewayError::UpstreamInvalid {
-                    upstream: upstream.clone(),
-                    detail: format!("the stream is not server-sent events: {}", snippet(&rest.raw)),
-                });
-            } else {
-                o.error = Some(GatewayError::UpstreamStream {
-                    upstream: upstream.clone(),
-                    detail: format!("the stream ended inside an event: {}", snippet(&rest.raw)),
-                });
-            }
+    if o.error.is_none()
+        && !client_gone
+        && let Some(rest) = splitter.finish()
+    {
+        if rest.is_done() {
+            done = Some(Bytes::from_static(b"data: [DONE]\n\n"));
+        } else if rest.data.is_none() {
+            o.error = Some(GatewayError::UpstreamInvalid {
+                upstream: upstream.clone(),
+                detail: format!(
+                    "the stream is not server-sent events: {}",
+                    snippet(&rest.raw)
+                ),
+            });
+        } else {
+            o.error = Some(GatewayError::UpstreamStream {
+                upstream: upstream.clone(),
+                detail: format!("the stream ended inside an event: {}", snippet(&rest.raw)),
+            });
         }
     }
     if o.error.is_none() && !client_gone && done.is_none() && o.upstream_error_text.is_none() {
         o.error = Some(GatewayError::UpstreamStream {
             upstream: upstream.clone(),
-            detail: format!("the stream ended after {} events without [DONE]", asm.chunks),
+            detail: format!(
+                "the stream ended after {} events without [DONE]",
+                asm.chunks
+            ),
         });
     }
     o.upstream_time = t_up.elapsed();
@@ -548,20 +684,38 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
 
 /// `GET /v1/models`: relayed, not recorded (it is not an inference call).
 async fn models(state: &State, headers: &HeaderMap) -> Result<Response<GBody>, GatewayError> {
-    let resp = state.upstream.send(Method::GET, Route::Models.upstream_path(), Bytes::new(), headers).await?;
+    let resp = state
+        .upstream
+        .send(
+            Method::GET,
+            Route::Models.upstream_path(),
+            Bytes::new(),
+            headers,
+        )
+        .await?;
     let status = resp.status();
     let upstream = state.upstream.base_url().to_string();
     let bytes = http_body_util::Limited::new(resp.into_body(), state.cfg.max_response_bytes)
         .collect()
         .await
-        .map_err(|e| GatewayError::UpstreamStream { upstream: upstream.clone(), detail: crate::upstream::error_chain(e.as_ref()) })?
+        .map_err(|e| GatewayError::UpstreamStream {
+            upstream: upstream.clone(),
+            detail: crate::upstream::error_chain(e.as_ref()),
+        })?
         .to_bytes();
     if status.is_server_error() {
-        return Err(GatewayError::UpstreamStatus { upstream, status: status.as_u16(), detail: upstream_message(&bytes) });
+        return Err(GatewayError::UpstreamStatus {
+            upstream,
+            status: status.as_u16(),
+            detail: upstream_message(&bytes),
+        });
     }
     let mut resp = Response::new(full(bytes));
     *resp.status_mut() = status;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     Ok(resp)
 }
 
@@ -590,15 +744,33 @@ mod tests {
 
     #[test]
     fn wrong_types_name_the_field() {
-        let e = parse_request(Route::ChatCompletions, br#"{"model": 3, "messages": []}"#).unwrap_err();
-        assert!(e.to_string().contains("'model' must be a string, got a number"), "{e}");
-        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": {}}"#).unwrap_err();
+        let e =
+            parse_request(Route::ChatCompletions, br#"{"model": 3, "messages": []}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("'model' must be a string, got a number"),
+            "{e}"
+        );
+        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": {}}"#)
+            .unwrap_err();
         assert!(e.to_string().contains("'messages' must be an array"), "{e}");
-        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": [{"content": "x"}]}"#).unwrap_err();
+        let e = parse_request(
+            Route::ChatCompletions,
+            br#"{"model": "m", "messages": [{"content": "x"}]}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("messages[0]"), "{e}");
         let e = parse_request(Route::Completions, br#"{"model": "m", "prompt": 1}"#).unwrap_err();
-        assert!(e.to_string().contains("'prompt' must be a string or an array"), "{e}");
-        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": [], "stream": "yes"}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("'prompt' must be a string or an array"),
+            "{e}"
+        );
+        let e = parse_request(
+            Route::ChatCompletions,
+            br#"{"model": "m", "messages": [], "stream": "yes"}"#,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("'stream' must be a boolean"), "{e}");
     }
 
@@ -607,13 +779,20 @@ mod tests {
         let e = parse_request(Route::ChatCompletions, b"{\"model\": \"\xff\"}").unwrap_err();
         assert!(matches!(e, GatewayError::InvalidUtf8 { offset: 11 }), "{e}");
         let e = parse_request(Route::ChatCompletions, b"{\"model\": ").unwrap_err();
-        assert!(e.to_string().starts_with("request body is not valid JSON"), "{e}");
+        assert!(
+            e.to_string().starts_with("request body is not valid JSON"),
+            "{e}"
+        );
         assert_eq!(e.status(), StatusCode::BAD_REQUEST);
     }
 
     #[test]
     fn unknown_fields_are_kept() {
-        let v = parse_request(Route::ChatCompletions, br#"{"model":"m","messages":[],"x_custom":{"a":1}}"#).unwrap();
+        let v = parse_request(
+            Route::ChatCompletions,
+            br#"{"model":"m","messages":[],"x_custom":{"a":1}}"#,
+        )
+        .unwrap();
         assert_eq!(v["x_custom"]["a"], 1);
     }
 }

@@ -40,9 +40,15 @@ pub struct State {
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
     #[error("cannot open the recorder in {dir}: {source}")]
-    Recorder { dir: String, source: graft_recorder::RecorderError },
+    Recorder {
+        dir: String,
+        source: graft_recorder::RecorderError,
+    },
     #[error("cannot listen on {addr}: {source}")]
-    Bind { addr: SocketAddr, source: std::io::Error },
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
     #[error("TLS set-up failed: {0}")]
     Tls(String),
     #[error(transparent)]
@@ -64,24 +70,31 @@ impl Gateway {
         let mut rc = RecorderConfig::new(&cfg.data_dir);
         rc.durability = match cfg.durability {
             DurabilityMode::Sync => graft_recorder::Durability::Sync,
-            DurabilityMode::Async => graft_recorder::Durability::Async { max_delay: cfg.async_max_delay },
+            DurabilityMode::Async => graft_recorder::Durability::Async {
+                max_delay: cfg.async_max_delay,
+            },
         };
         rc.queue_capacity = cfg.queue_capacity;
         rc.segment_max_bytes = cfg.segment_max_bytes;
         rc.seal_after = cfg.seal_after;
         rc.on_fsync = Some(Arc::new(move |d, n| m.observe_fsync(d, n)));
         let dir = cfg.data_dir.display().to_string();
-        let (recorder, recovery) = Recorder::open(rc)
-            .await
-            .map_err(|source| StartError::Recorder { dir: dir.clone(), source })?;
-        let (log, events) =
-            SessionLog::open(&cfg.data_dir).map_err(|source| StartError::Recorder { dir, source })?;
+        let (recorder, recovery) =
+            Recorder::open(rc)
+                .await
+                .map_err(|source| StartError::Recorder {
+                    dir: dir.clone(),
+                    source,
+                })?;
+        let (log, events) = SessionLog::open(&cfg.data_dir)
+            .map_err(|source| StartError::Recorder { dir, source })?;
         let sessions = Sessions::new(log, events, &recovery.sessions, cfg.default_session.clone());
         let upstream = Upstream::OpenAiCompatible(OpenAiCompatible::new(
             cfg.upstream_url.clone(),
             cfg.upstream_api_key.clone(),
             cfg.upstream_timeout,
             cfg.upstream_connect_timeout,
+            cfg.upstream_ca_file.as_deref(),
         )?);
         let limits = Limits::new(
             cfg.global_rps,
@@ -96,9 +109,24 @@ impl Gateway {
         };
         let listener = TcpListener::bind(cfg.listen)
             .await
-            .map_err(|source| StartError::Bind { addr: cfg.listen, source })?;
-        let state = Arc::new(State { cfg, recorder, sessions, limits, metrics, upstream });
-        Ok(Gateway { state, listener, tls, recovery })
+            .map_err(|source| StartError::Bind {
+                addr: cfg.listen,
+                source,
+            })?;
+        let state = Arc::new(State {
+            cfg,
+            recorder,
+            sessions,
+            limits,
+            metrics,
+            upstream,
+        });
+        Ok(Gateway {
+            state,
+            listener,
+            tls,
+            recovery,
+        })
     }
 
     pub fn local_addr(&self) -> Option<SocketAddr> {
@@ -123,8 +151,16 @@ impl Gateway {
 
     /// Serves until `shutdown` resolves, then drains connections (up to 30 s) and flushes
     /// and seals the recorder.
-    pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) -> Result<(), StartError> {
-        let Gateway { state, listener, tls, .. } = self;
+    pub async fn serve(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), StartError> {
+        let Gateway {
+            state,
+            listener,
+            tls,
+            ..
+        } = self;
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -166,7 +202,9 @@ impl Gateway {
             match &tls {
                 None => {
                     tokio::spawn(async move {
-                        let conn = builder.serve_connection(TokioIo::new(stream), svc).into_owned();
+                        let conn = builder
+                            .serve_connection(TokioIo::new(stream), svc)
+                            .into_owned();
                         if let Err(e) = watcher.watch(conn).await {
                             debug!(%peer, error = %e, "connection ended with an error");
                         }
@@ -176,18 +214,21 @@ impl Gateway {
                     let acceptor = acceptor.clone();
                     let hs_timeout = state.cfg.header_timeout;
                     tokio::spawn(async move {
-                        let tls_stream = match tokio::time::timeout(hs_timeout, acceptor.accept(stream)).await {
-                            Ok(Ok(s)) => s,
-                            Ok(Err(e)) => {
-                                debug!(%peer, error = %e, "TLS handshake failed");
-                                return;
-                            }
-                            Err(_) => {
-                                debug!(%peer, "TLS handshake timed out");
-                                return;
-                            }
-                        };
-                        let conn = builder.serve_connection(TokioIo::new(tls_stream), svc).into_owned();
+                        let tls_stream =
+                            match tokio::time::timeout(hs_timeout, acceptor.accept(stream)).await {
+                                Ok(Ok(s)) => s,
+                                Ok(Err(e)) => {
+                                    debug!(%peer, error = %e, "TLS handshake failed");
+                                    return;
+                                }
+                                Err(_) => {
+                                    debug!(%peer, "TLS handshake timed out");
+                                    return;
+                                }
+                            };
+                        let conn = builder
+                            .serve_connection(TokioIo::new(tls_stream), svc)
+                            .into_owned();
                         if let Err(e) = watcher.watch(conn).await {
                             debug!(%peer, error = %e, "connection ended with an error");
                         }
@@ -197,36 +238,60 @@ impl Gateway {
         }
         drop(listener);
         info!("shutting down: draining connections");
-        if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown()).await.is_err() {
+        if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
+            .await
+            .is_err()
+        {
             warn!("connections still open after 30 s; closing them");
         }
         housekeeping.abort();
-        state.recorder.shutdown().await.map_err(|source| StartError::Recorder {
-            dir: state.cfg.data_dir.display().to_string(),
-            source,
-        })?;
+        state
+            .recorder
+            .shutdown()
+            .await
+            .map_err(|source| StartError::Recorder {
+                dir: state.cfg.data_dir.display().to_string(),
+                source,
+            })?;
         info!("recorder flushed and sealed");
         Ok(())
     }
 }
 
-fn tls_acceptor(cert: &std::path::Path, key: &std::path::Path) -> Result<tokio_rustls::TlsAcceptor, StartError> {
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> Result<tokio_rustls::TlsAcceptor, StartError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs = CertificateDer::pem_file_iter(cert)
         .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-        .map_err(|e| StartError::Tls(format!("cannot read certificates from {}: {e}", cert.display())))?;
+        .map_err(|e| {
+            StartError::Tls(format!(
+                "cannot read certificates from {}: {e}",
+                cert.display()
+            ))
+        })?;
     if certs.is_empty() {
-        return Err(StartError::Tls(format!("{} holds no PEM certificate", cert.display())));
+        return Err(StartError::Tls(format!(
+            "{} holds no PEM certificate",
+            cert.display()
+        )));
     }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| StartError::Tls(format!("cannot read a private key from {}: {e}", key.display())))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| StartError::Tls(e.to_string()))?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .map_err(|e| StartError::Tls(format!("certificate and key do not fit together: {e}")))?;
+    let key = PrivateKeyDer::from_pem_file(key).map_err(|e| {
+        StartError::Tls(format!(
+            "cannot read a private key from {}: {e}",
+            key.display()
+        ))
+    })?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| StartError::Tls(e.to_string()))?
+    .with_no_client_auth()
+    .with_single_cert(certs, key)
+    .map_err(|e| StartError::Tls(format!("certificate and key do not fit together: {e}")))?;
     let mut config = config;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(tokio_rustls::TlsAcceptor::from(Arc::new(config)))
@@ -245,29 +310,53 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<GBody> {
                 Cause::Upstream => warn!(error = %e, "upstream failure"),
                 Cause::Graft => error!(error = %e, "graft failure"),
             }
-            state.metrics.errors.get_or_create(&ErrorLabels { cause: cause.as_str(), code: e.code() }).inc();
+            state
+                .metrics
+                .errors
+                .get_or_create(&ErrorLabels {
+                    cause: cause.as_str(),
+                    code: e.code(),
+                })
+                .inc();
             e.to_response()
         }
     };
     state
         .metrics
         .requests
-        .get_or_create(&RequestLabels { route: label, status: resp.status().as_u16() })
+        .get_or_create(&RequestLabels {
+            route: label,
+            status: resp.status().as_u16(),
+        })
         .inc();
     resp
 }
 
-async fn dispatch(state: &Arc<State>, req: Request<Incoming>, t0: Instant) -> (&'static str, Result<Response<GBody>, GatewayError>) {
+async fn dispatch(
+    state: &Arc<State>,
+    req: Request<Incoming>,
+    t0: Instant,
+) -> (&'static str, Result<Response<GBody>, GatewayError>) {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match path.as_str() {
-        "/healthz" => return ("healthz", Ok(json_response(StatusCode::OK, &json!({"status": "ok"})))),
+        "/healthz" => {
+            return (
+                "healthz",
+                Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+            );
+        }
         "/metrics" => {
-            state.metrics.queue_depth.set(state.recorder.queue_depth() as i64);
+            state
+                .metrics
+                .queue_depth
+                .set(state.recorder.queue_depth() as i64);
             let mut r = Response::new(full(state.metrics.encode()));
             r.headers_mut().insert(
                 header::CONTENT_TYPE,
-                HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+                HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
             );
             return ("metrics", Ok(r));
         }
@@ -287,11 +376,29 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, t0: Instant) -> (&
         "/v1/chat/completions" => Route::ChatCompletions,
         "/v1/completions" => Route::Completions,
         "/v1/models" => Route::Models,
-        _ => return ("unknown", Err(GatewayError::NotFound { method: method.to_string(), path })),
+        _ => {
+            return (
+                "unknown",
+                Err(GatewayError::NotFound {
+                    method: method.to_string(),
+                    path,
+                }),
+            );
+        }
     };
-    let expected = if route == Route::Models { Method::GET } else { Method::POST };
+    let expected = if route == Route::Models {
+        Method::GET
+    } else {
+        Method::POST
+    };
     if method != expected {
-        return (route.label(), Err(GatewayError::MethodNotAllowed { method: method.to_string(), path }));
+        return (
+            route.label(),
+            Err(GatewayError::MethodNotAllowed {
+                method: method.to_string(),
+                path,
+            }),
+        );
     }
     let (parts, body) = req.into_parts();
     let result = async {
@@ -304,16 +411,31 @@ async fn dispatch(state: &Arc<State>, req: Request<Incoming>, t0: Instant) -> (&
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers.get(header::AUTHORIZATION).and_then(|v| v.to_str().ok()) {
+    if let Some(v) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    {
         let v = v.trim();
-        return Some(v.strip_prefix("Bearer ").or_else(|| v.strip_prefix("bearer ")).unwrap_or(v).trim());
+        return Some(
+            v.strip_prefix("Bearer ")
+                .or_else(|| v.strip_prefix("bearer "))
+                .unwrap_or(v)
+                .trim(),
+        );
     }
-    headers.get("x-api-key").and_then(|v| v.to_str().ok()).map(str::trim)
+    headers
+        .get("x-api-key")
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
 }
 
 /// Which session a call belongs to: the URL prefix, then `x-graft-session`, then a session
 /// key, then the default session.
-async fn resolve_session(state: &State, url_session: Option<String>, headers: &HeaderMap) -> Result<Arc<Session>, GatewayError> {
+async fn resolve_session(
+    state: &State,
+    url_session: Option<String>,
+    headers: &HeaderMap,
+) -> Result<Arc<Session>, GatewayError> {
     let key = bearer(headers).filter(|k| !k.is_empty());
     let key_session = key.and_then(|k| state.sessions.by_key(k));
     let named = match url_session {
@@ -321,17 +443,25 @@ async fn resolve_session(state: &State, url_session: Option<String>, headers: &H
         None => match headers.get("x-graft-session") {
             Some(v) => Some(
                 v.to_str()
-                    .map_err(|_| GatewayError::field("x-graft-session", "the x-graft-session header is not valid text"))?
+                    .map_err(|_| {
+                        GatewayError::field(
+                            "x-graft-session",
+                            "the x-graft-session header is not valid text",
+                        )
+                    })?
                     .trim()
                     .to_string(),
             ),
             None => None,
         },
     };
-    if let Some(n) = &named {
-        if !valid_session_id(n) {
-            return Err(GatewayError::field("session", format!("session id '{n}' must be 1-128 characters of [A-Za-z0-9._:-]")));
-        }
+    if let Some(n) = &named
+        && !valid_session_id(n)
+    {
+        return Err(GatewayError::field(
+            "session",
+            format!("session id '{n}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+        ));
     }
     if state.cfg.require_client_key && key_session.is_none() {
         match key {
@@ -378,12 +508,19 @@ fn mask(k: &str) -> String {
 fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
     let mut r = Response::new(full(Bytes::from(v.to_string())));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
     r
 }
 
 /// The session API under `/graft/sessions`, behind the admin key when one is configured.
-async fn admin(state: &State, req: Request<Incoming>, path: &str) -> Result<Response<GBody>, GatewayError> {
+async fn admin(
+    state: &State,
+    req: Request<Incoming>,
+    path: &str,
+) -> Result<Response<GBody>, GatewayError> {
     if let Some(admin) = &state.cfg.admin_key {
         match bearer(req.headers()) {
             None => {
@@ -392,14 +529,23 @@ async fn admin(state: &State, req: Request<Incoming>, path: &str) -> Result<Resp
                 ));
             }
             Some(k) if k != admin => {
-                return Err(GatewayError::Unauthorized(format!("'{}' is not the admin key", mask(k))));
+                return Err(GatewayError::Unauthorized(format!(
+                    "'{}' is not the admin key",
+                    mask(k)
+                )));
             }
             Some(_) => {}
         }
     }
     let method = req.method().clone();
-    let rest = path.trim_start_matches("/graft/sessions").trim_start_matches('/');
-    let segments: Vec<&str> = if rest.is_empty() { vec![] } else { rest.split('/').collect() };
+    let rest = path
+        .trim_start_matches("/graft/sessions")
+        .trim_start_matches('/');
+    let segments: Vec<&str> = if rest.is_empty() {
+        vec![]
+    } else {
+        rest.split('/').collect()
+    };
     let host = req
         .headers()
         .get(header::HOST)
@@ -418,12 +564,21 @@ async fn admin(state: &State, req: Request<Incoming>, path: &str) -> Result<Resp
             let creq: CreateRequest = if v.is_null() {
                 CreateRequest::default()
             } else {
-                serde_json::from_value(v).map_err(|e| GatewayError::field("", format!("invalid session create body: {e}")))?
+                serde_json::from_value(v).map_err(|e| {
+                    GatewayError::field("", format!("invalid session create body: {e}"))
+                })?
             };
             let (session, key) = state.sessions.create(creq).await?;
             let base = match (&state.cfg.public_url, host) {
                 (Some(u), _) => u.clone(),
-                (None, Some(h)) => format!("{}://{h}", if state.cfg.tls.is_some() { "https" } else { "http" }),
+                (None, Some(h)) => format!(
+                    "{}://{h}",
+                    if state.cfg.tls.is_some() {
+                        "https"
+                    } else {
+                        "http"
+                    }
+                ),
                 (None, None) => format!("http://{}", state.cfg.listen),
             };
             info!(session = %session.id, group = ?session.group_id, "session created");
@@ -437,17 +592,25 @@ async fn admin(state: &State, req: Request<Incoming>, path: &str) -> Result<Resp
                 }),
             ))
         }
-        (Method::GET, []) => Ok(json_response(StatusCode::OK, &json!({"sessions": state.sessions.list()}))),
+        (Method::GET, []) => Ok(json_response(
+            StatusCode::OK,
+            &json!({"sessions": state.sessions.list()}),
+        )),
         (Method::GET, [id]) => {
-            let s = state.sessions.get(id).ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+            let s = state
+                .sessions
+                .get(id)
+                .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (Method::POST, [id, "reward"]) => {
             let v = parse("reward body")?;
-            let reward = v.get("reward").ok_or_else(|| GatewayError::field("reward", "'reward' is required"))?;
-            let reward = reward
-                .as_f64()
-                .ok_or_else(|| GatewayError::field("reward", format!("'reward' must be a number, got {reward}")))?;
+            let reward = v
+                .get("reward")
+                .ok_or_else(|| GatewayError::field("reward", "'reward' is required"))?;
+            let reward = reward.as_f64().ok_or_else(|| {
+                GatewayError::field("reward", format!("'reward' must be a number, got {reward}"))
+            })?;
             let info = v.get("info").cloned().unwrap_or(Value::Null);
             let s = state.sessions.reward(id, reward, info).await?;
             Ok(json_response(StatusCode::OK, &s.view()))
@@ -457,6 +620,9 @@ async fn admin(state: &State, req: Request<Incoming>, path: &str) -> Result<Resp
             state.recorder.forget_session(id);
             Ok(json_response(StatusCode::OK, &s.view()))
         }
-        (m, _) => Err(GatewayError::NotFound { method: m.to_string(), path: path.to_string() }),
+        (m, _) => Err(GatewayError::NotFound {
+            method: m.to_string(),
+            path: path.to_string(),
+        }),
     }
 }

@@ -104,7 +104,13 @@ impl Sessions {
         let mut inner = Inner::default();
         for ev in events {
             match ev {
-                SessionEvent::Created { session_id, group_id, key_sha256, metadata, at_us } => {
+                SessionEvent::Created {
+                    session_id,
+                    group_id,
+                    key_sha256,
+                    metadata,
+                    at_us,
+                } => {
                     if let Some(h) = key_sha256 {
                         inner.by_key.insert(h, session_id.clone());
                     }
@@ -113,11 +119,16 @@ impl Sessions {
                         Arc::new(Session::new(session_id, group_id, at_us, metadata)),
                     );
                 }
-                SessionEvent::Reward { session_id, reward, info, .. } => {
-                    if let Some(s) = inner.by_id.get(&session_id) {
-                        if let Ok(mut r) = s.reward.lock() {
-                            *r = Some((reward, info));
-                        }
+                SessionEvent::Reward {
+                    session_id,
+                    reward,
+                    info,
+                    ..
+                } => {
+                    if let Some(s) = inner.by_id.get(&session_id)
+                        && let Ok(mut r) = s.reward.lock()
+                    {
+                        *r = Some((reward, info));
                     }
                 }
                 SessionEvent::Closed { session_id, .. } => {
@@ -134,15 +145,24 @@ impl Sessions {
                 .or_insert_with(|| Arc::new(Session::new(id.clone(), None, 0, Value::Null)));
             s.calls.store(state.records, Ordering::Relaxed);
         }
-        inner
-            .by_id
-            .entry(default_id.clone())
-            .or_insert_with(|| Arc::new(Session::new(default_id.clone(), None, now_us(), Value::Null)));
-        Sessions { inner: RwLock::new(inner), log, default_id }
+        inner.by_id.entry(default_id.clone()).or_insert_with(|| {
+            Arc::new(Session::new(
+                default_id.clone(),
+                None,
+                now_us(),
+                Value::Null,
+            ))
+        });
+        Sessions {
+            inner: RwLock::new(inner),
+            log,
+            default_id,
+        }
     }
 
     pub fn default_session(&self) -> Result<Arc<Session>, GatewayError> {
-        self.get(&self.default_id).ok_or_else(|| GatewayError::Internal("default session missing".into()))
+        self.get(&self.default_id)
+            .ok_or_else(|| GatewayError::Internal("default session missing".into()))
     }
 
     pub fn get(&self, id: &str) -> Option<Arc<Session>> {
@@ -156,8 +176,14 @@ impl Sessions {
     }
 
     pub fn list(&self) -> Vec<Value> {
-        let Ok(inner) = self.inner.read() else { return vec![] };
-        let mut v: Vec<_> = inner.by_id.values().map(|s| (s.created_at_us, s.view())).collect();
+        let Ok(inner) = self.inner.read() else {
+            return vec![];
+        };
+        let mut v: Vec<_> = inner
+            .by_id
+            .values()
+            .map(|s| (s.created_at_us, s.view()))
+            .collect();
         v.sort_by_key(|(t, _)| *t);
         v.into_iter().map(|(_, v)| v).collect()
     }
@@ -176,21 +202,31 @@ impl Sessions {
             }
             None => uuid::Uuid::now_v7().to_string(),
         };
-        if let Some(g) = &req.group_id {
-            if !valid_session_id(g) {
-                return Err(GatewayError::field(
-                    "group_id",
-                    format!("group_id '{g}' must be 1-128 characters of [A-Za-z0-9._:-]"),
-                ));
-            }
+        if let Some(g) = &req.group_id
+            && !valid_session_id(g)
+        {
+            return Err(GatewayError::field(
+                "group_id",
+                format!("group_id '{g}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+            ));
         }
         if self.get(&id).is_some() {
             return Err(GatewayError::SessionExists(id));
         }
         let key_bytes: [u8; 24] = rand::rng().random();
-        let key = format!("gk-{}", key_bytes.iter().map(|b| format!("{b:02x}")).collect::<String>());
+        let key = format!(
+            "gk-{}",
+            key_bytes
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<String>()
+        );
         let at_us = now_us();
-        let metadata = if req.metadata.is_null() { json!({}) } else { req.metadata };
+        let metadata = if req.metadata.is_null() {
+            json!({})
+        } else {
+            req.metadata
+        };
         let ev = SessionEvent::Created {
             session_id: id.clone(),
             group_id: req.group_id.clone(),
@@ -198,7 +234,10 @@ impl Sessions {
             metadata: metadata.clone(),
             at_us,
         };
-        self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.log
+            .append(&ev)
+            .await
+            .map_err(|e| GatewayError::Record(e.to_string()))?;
         let session = Arc::new(Session::new(id.clone(), req.group_id, at_us, metadata));
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
         if inner.by_id.contains_key(&id) {
@@ -222,24 +261,50 @@ impl Sessions {
             metadata: json!({"auto_created": true}),
             at_us,
         };
-        self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.log
+            .append(&ev)
+            .await
+            .map_err(|e| GatewayError::Record(e.to_string()))?;
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
         Ok(inner
             .by_id
             .entry(id.to_string())
             .or_insert_with(|| {
-                Arc::new(Session::new(id.to_string(), None, at_us, json!({"auto_created": true})))
+                Arc::new(Session::new(
+                    id.to_string(),
+                    None,
+                    at_us,
+                    json!({"auto_created": true}),
+                ))
             })
             .clone())
     }
 
-    pub async fn reward(&self, id: &str, reward: f64, info: Value) -> Result<Arc<Session>, GatewayError> {
-        let s = self.get(id).ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+    pub async fn reward(
+        &self,
+        id: &str,
+        reward: f64,
+        info: Value,
+    ) -> Result<Arc<Session>, GatewayError> {
+        let s = self
+            .get(id)
+            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
         if !reward.is_finite() {
-            return Err(GatewayError::field("reward", format!("reward must be a finite number, got {reward}")));
+            return Err(GatewayError::field(
+                "reward",
+                format!("reward must be a finite number, got {reward}"),
+            ));
         }
-        let ev = SessionEvent::Reward { session_id: id.to_string(), reward, info: info.clone(), at_us: now_us() };
-        self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+        let ev = SessionEvent::Reward {
+            session_id: id.to_string(),
+            reward,
+            info: info.clone(),
+            at_us: now_us(),
+        };
+        self.log
+            .append(&ev)
+            .await
+            .map_err(|e| GatewayError::Record(e.to_string()))?;
         if let Ok(mut r) = s.reward.lock() {
             *r = Some((reward, info));
         }
@@ -247,13 +312,24 @@ impl Sessions {
     }
 
     pub async fn close(&self, id: &str) -> Result<Arc<Session>, GatewayError> {
-        let s = self.get(id).ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        let s = self
+            .get(id)
+            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
         if id == self.default_id {
-            return Err(GatewayError::field("session_id", format!("the default session '{id}' cannot be closed")));
+            return Err(GatewayError::field(
+                "session_id",
+                format!("the default session '{id}' cannot be closed"),
+            ));
         }
         if !s.is_closed() {
-            let ev = SessionEvent::Closed { session_id: id.to_string(), at_us: now_us() };
-            self.log.append(&ev).await.map_err(|e| GatewayError::Record(e.to_string()))?;
+            let ev = SessionEvent::Closed {
+                session_id: id.to_string(),
+                at_us: now_us(),
+            };
+            self.log
+                .append(&ev)
+                .await
+                .map_err(|e| GatewayError::Record(e.to_string()))?;
             s.closed.store(true, Ordering::Release);
         }
         Ok(s)

@@ -57,9 +57,11 @@ impl Splitter {
             Some((at, len)) => {
                 let raw = self.buf.split_to(at + len).freeze();
                 self.scanned = 0;
-                let text =
-                    std::str::from_utf8(&raw[..at]).map_err(|_| SseError::InvalidUtf8)?;
-                Ok(Some(Event { data: parse_data(text), raw }))
+                let text = std::str::from_utf8(&raw[..at]).map_err(|_| SseError::InvalidUtf8)?;
+                Ok(Some(Event {
+                    data: parse_data(text),
+                    raw,
+                }))
             }
         }
     }
@@ -72,7 +74,10 @@ impl Splitter {
         }
         let raw = std::mem::take(&mut self.buf).freeze();
         let text = String::from_utf8_lossy(&raw).to_string();
-        Some(Event { data: parse_data(&text), raw })
+        Some(Event {
+            data: parse_data(&text),
+            raw,
+        })
     }
 }
 
@@ -96,7 +101,9 @@ fn find_blank_line(b: &[u8]) -> Option<(usize, usize)> {
 fn parse_data(text: &str) -> Option<String> {
     let mut data: Option<String> = None;
     for line in text.lines() {
-        let Some(rest) = line.strip_prefix("data:") else { continue };
+        let Some(rest) = line.strip_prefix("data:") else {
+            continue;
+        };
         let rest = rest.strip_prefix(' ').unwrap_or(rest);
         match &mut data {
             Some(d) => {
@@ -147,7 +154,10 @@ impl Assembler {
     }
 
     pub fn completions() -> Self {
-        Assembler { completions: true, ..Default::default() }
+        Assembler {
+            completions: true,
+            ..Default::default()
+        }
     }
 
     /// Adds one parsed chunk (`chat.completion.chunk` or `text_completion`).
@@ -167,7 +177,9 @@ impl Assembler {
         if let Some(u) = obj.get("usage").filter(|u| !u.is_null()) {
             self.usage = Some(u.clone());
         }
-        let Some(choices) = obj.get("choices").and_then(Value::as_array) else { return };
+        let Some(choices) = obj.get("choices").and_then(Value::as_array) else {
+            return;
+        };
         for c in choices {
             let idx = c.get("index").and_then(Value::as_u64).unwrap_or(0) as usize;
             if idx > 1024 {
@@ -187,10 +199,13 @@ impl Assembler {
                 if let Some(content) = lp.get("content").and_then(Value::as_array) {
                     acc.logprobs.extend(content.iter().cloned());
                 } else {
-                    acc.token_logprobs = Some(merge_completion_logprobs(acc.token_logprobs.take(), lp));
+                    acc.token_logprobs =
+                        Some(merge_completion_logprobs(acc.token_logprobs.take(), lp));
                 }
             }
-            let Some(delta) = c.get("delta").and_then(Value::as_object) else { continue };
+            let Some(delta) = c.get("delta").and_then(Value::as_object) else {
+                continue;
+            };
             for (k, v) in delta {
                 match k.as_str() {
                     "role" => {
@@ -266,7 +281,11 @@ impl Assembler {
         let mut out = self.top.clone();
         out.insert(
             "object".into(),
-            json!(if self.completions { "text_completion" } else { "chat.completion" }),
+            json!(if self.completions {
+                "text_completion"
+            } else {
+                "chat.completion"
+            }),
         );
         let choices: Vec<Value> = self
             .choices
@@ -282,7 +301,10 @@ impl Assembler {
                     }
                 } else {
                     let mut msg = Map::new();
-                    msg.insert("role".into(), json!(c.role.clone().unwrap_or_else(|| "assistant".into())));
+                    msg.insert(
+                        "role".into(),
+                        json!(c.role.clone().unwrap_or_else(|| "assistant".into())),
+                    );
                     msg.insert("content".into(), json!(c.content));
                     if let Some(r) = &c.reasoning {
                         msg.insert("reasoning_content".into(), json!(r));
@@ -312,7 +334,10 @@ impl Assembler {
                         choice.insert("logprobs".into(), json!({"content": c.logprobs}));
                     }
                 }
-                choice.insert("finish_reason".into(), c.finish_reason.clone().unwrap_or(Value::Null));
+                choice.insert(
+                    "finish_reason".into(),
+                    c.finish_reason.clone().unwrap_or(Value::Null),
+                );
                 Value::Object(choice)
             })
             .collect();
@@ -326,7 +351,9 @@ impl Assembler {
 
 /// Legacy completions logprobs arrive as parallel arrays per chunk: concatenate them.
 fn merge_completion_logprobs(prev: Option<Value>, next: &Value) -> Value {
-    let Some(mut prev) = prev else { return next.clone() };
+    let Some(mut prev) = prev else {
+        return next.clone();
+    };
     if let (Some(p), Some(n)) = (prev.as_object_mut(), next.as_object()) {
         for (k, v) in n {
             match (p.get_mut(k), v) {
@@ -362,7 +389,11 @@ mod tests {
             s.push(&stream[cut..]);
             evs.extend(drain(&mut s));
             let datas: Vec<_> = evs.iter().map(|e| e.data.clone().unwrap()).collect();
-            assert_eq!(datas, vec!["{\"a\":1}", "{\"b\":2}", "x\ny", "[DONE]"], "cut at {cut}");
+            assert_eq!(
+                datas,
+                vec!["{\"a\":1}", "{\"b\":2}", "x\ny", "[DONE]"],
+                "cut at {cut}"
+            );
             let raw: Vec<u8> = evs.iter().flat_map(|e| e.raw.to_vec()).collect();
             assert_eq!(raw, stream.to_vec(), "raw bytes relayed unchanged");
             assert!(evs[3].is_done());
@@ -396,7 +427,10 @@ mod tests {
         assert_eq!(v["object"], "chat.completion");
         assert_eq!(v["model"], "m");
         assert_eq!(v["choices"][0]["message"]["content"], "Hello");
-        assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], "{\"command\":\"ls\"}");
+        assert_eq!(
+            v["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"],
+            "{\"command\":\"ls\"}"
+        );
         assert_eq!(v["choices"][0]["message"]["tool_calls"][0]["id"], "call_1");
         assert_eq!(v["choices"][0]["finish_reason"], "tool_calls");
         assert_eq!(v["usage"]["total_tokens"], 7);

@@ -2,6 +2,8 @@
 //! kind of backend, chosen by the [`Upstream`] enum. Passthrough mode has one today: any
 //! OpenAI-compatible server (SGLang, vLLM, `graft serve`, a hosted API).
 
+use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -66,29 +68,67 @@ impl OpenAiCompatible {
         api_key: Option<String>,
         timeout: Duration,
         connect_timeout: Duration,
+        ca_file: Option<&Path>,
     ) -> Result<Self, GatewayError> {
         let mut http = HttpConnector::new();
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(connect_timeout));
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-            .map_err(|e| GatewayError::Internal(format!("TLS set-up for the upstream failed: {e}")))?
-            .https_or_http()
-            .enable_http1()
-            .wrap_connector(http);
+        let tls_err =
+            |e: String| GatewayError::Internal(format!("TLS set-up for the upstream failed: {e}"));
+        let builder = hyper_rustls::HttpsConnectorBuilder::new();
+        let builder = match ca_file {
+            None => builder
+                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+                .map_err(|e| tls_err(e.to_string()))?,
+            Some(path) => {
+                use rustls::pki_types::CertificateDer;
+                use rustls::pki_types::pem::PemObject;
+                let mut roots = rustls::RootCertStore::empty();
+                let certs = CertificateDer::pem_file_iter(path)
+                    .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                    .map_err(|e| {
+                        tls_err(format!(
+                            "cannot read upstream.ca_file {}: {e}",
+                            path.display()
+                        ))
+                    })?;
+                let (added, _) = roots.add_parsable_certificates(certs);
+                if added == 0 {
+                    return Err(tls_err(format!(
+                        "upstream.ca_file {} holds no usable certificate",
+                        path.display()
+                    )));
+                }
+                let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                    rustls::crypto::ring::default_provider(),
+                ))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| tls_err(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+                builder.with_tls_config(cfg)
+            }
+        };
+        let https = builder.https_or_http().enable_http1().wrap_connector(http);
         let client = Client::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(90))
             .pool_max_idle_per_host(4096)
             .build(https);
         let api_key = match api_key {
-            Some(k) => Some(
-                HeaderValue::from_str(&format!("Bearer {k}"))
-                    .map_err(|_| GatewayError::Internal("upstream.api_key contains characters not allowed in a header".into()))?,
-            ),
+            Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
+                GatewayError::Internal(
+                    "upstream.api_key contains characters not allowed in a header".into(),
+                )
+            })?),
             None => None,
         };
-        Ok(OpenAiCompatible { base, api_key, client, timeout })
+        Ok(OpenAiCompatible {
+            base,
+            api_key,
+            client,
+            timeout,
+        })
     }
 
     async fn send(
@@ -107,7 +147,10 @@ impl OpenAiCompatible {
                 }
             }
             if !body.is_empty() {
-                h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/json"));
+                h.insert(
+                    header::CONTENT_TYPE,
+                    HeaderValue::from_static("application/json"),
+                );
             }
             if let Some(k) = &self.api_key {
                 let mut k = k.clone();
@@ -115,9 +158,9 @@ impl OpenAiCompatible {
                 h.insert(header::AUTHORIZATION, k);
             }
         }
-        let req = req
-            .body(Full::new(body))
-            .map_err(|e| GatewayError::Internal(format!("cannot build upstream request to {url}: {e}")))?;
+        let req = req.body(Full::new(body)).map_err(|e| {
+            GatewayError::Internal(format!("cannot build upstream request to {url}: {e}"))
+        })?;
         match tokio::time::timeout(self.timeout, self.client.request(req)).await {
             Ok(Ok(resp)) => Ok(resp),
             Ok(Err(e)) => Err(GatewayError::UpstreamUnreachable {

@@ -19,11 +19,15 @@ impl Resp {
     }
 
     pub fn json(&self) -> Value {
-        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
     }
 
     pub fn header(&self, name: &str) -> Option<String> {
-        self.headers.get(name).and_then(|v| v.to_str().ok()).map(str::to_string)
+        self.headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string)
     }
 
     /// The `data:` payloads of an SSE body, in order.
@@ -31,14 +35,22 @@ impl Resp {
         self.text()
             .split("\n\n")
             .filter_map(|ev| {
-                let lines: Vec<&str> = ev.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+                let lines: Vec<&str> = ev
+                    .lines()
+                    .filter_map(|l| l.strip_prefix("data: "))
+                    .collect();
                 (!lines.is_empty()).then(|| lines.join("\n"))
             })
             .collect()
     }
 }
 
-pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Result<Resp, String> {
+pub async fn send(
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: Vec<u8>,
+) -> Result<Resp, String> {
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let mut req = http::Request::builder().method(method).uri(url);
     for (k, v) in headers {
@@ -47,26 +59,47 @@ pub async fn send(method: &str, url: &str, headers: &[(&str, &str)], body: Vec<u
     if !body.is_empty() {
         req = req.header("content-type", "application/json");
     }
-    let req = req.body(Full::new(Bytes::from(body))).map_err(|e| e.to_string())?;
+    let req = req
+        .body(Full::new(Bytes::from(body)))
+        .map_err(|e| e.to_string())?;
     let resp = client.request(req).await.map_err(|e| format!("{e:?}"))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.map_err(|e| format!("{e:?}"))?.to_bytes();
-    Ok(Resp { status, headers, body })
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{e:?}"))?
+        .to_bytes();
+    Ok(Resp {
+        status,
+        headers,
+        body,
+    })
 }
 
-pub async fn try_post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Result<Resp, String> {
+pub async fn try_post_json(
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Result<Resp, String> {
     send("POST", url, headers, body.to_string().into_bytes()).await
 }
 
 pub async fn post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Resp {
-    try_post_json(url, headers, body).await.unwrap_or_else(|e| panic!("POST {url} failed: {e}"))
+    try_post_json(url, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("POST {url} failed: {e}"))
 }
 
 pub async fn post_raw(url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
-    send("POST", url, headers, body).await.unwrap_or_else(|e| panic!("POST {url} failed: {e}"))
+    send("POST", url, headers, body)
+        .await
+        .unwrap_or_else(|e| panic!("POST {url} failed: {e}"))
 }
 
 pub async fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
-    send("GET", url, headers, vec![]).await.unwrap_or_else(|e| panic!("GET {url} failed: {e}"))
+    send("GET", url, headers, vec![])
+        .await
+        .unwrap_or_else(|e| panic!("GET {url} failed: {e}"))
 }

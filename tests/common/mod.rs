@@ -70,7 +70,7 @@ impl TestEnv {
     /// Finds `.graft-test-env` (or `$GRAFT_TEST_ENV`) and checks that every part is there.
     /// Fails, never skips, when it is not.
     pub fn get() -> TestEnv {
-        let root = match std::env::var_os("GRAFT_TEST_ENV") {
+        let root = match std::env::var_os("GRAFT_TEST_ENV").filter(|v| !v.is_empty()) {
             Some(p) => PathBuf::from(p),
             None => repo_root().join(".graft-test-env"),
         };
@@ -324,7 +324,7 @@ impl Proc {
         let url = line
             .strip_prefix(prefix)
             .map(str::trim)
-            .filter(|u| u.starts_with("http://"))
+            .filter(|u| u.starts_with("http://") || u.starts_with("https://"))
             .unwrap_or_else(|| {
                 panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}")
             });
