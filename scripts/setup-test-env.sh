@@ -26,6 +26,7 @@ AIDER_PKGS=(
   "aider-chat==0.86.2"
 )
 NODE_OPENAI="7.59.0"
+PIP_VERSION="26.3"
 
 mkdir -p "$env_dir"
 start=$(date +%s)
@@ -45,10 +46,14 @@ venv() {
     echo "setup-test-env: $name up to date"
     return 0
   fi
+  if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    echo "setup-test-env: $python cannot make venvs (no ensurepip); on Debian: apt-get install python3.11-venv" >&2
+    return 1
+  fi
   echo "setup-test-env: installing $name: $*"
   rm -rf "$dir"
   "$python" -m venv "$dir"
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --upgrade pip
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
   printf '%s' "$want" > "$dir/.graft-stamp"
 }

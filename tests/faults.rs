@@ -390,3 +390,39 @@ async fn kill_9_mid_load_loses_no_fully_received_call() {
         "seq numbers are unique within the session"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_gone_mid_stream_is_recorded_as_such() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let body = chat("fault-slow", "a long slow answer", true).to_string();
+    let mut conn = tokio::net::TcpStream::connect(gw.authority()).await.unwrap();
+    let req = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    conn.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = conn.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    drop(conn);
+
+    // The gateway notices at its next write, records the partial answer, and keeps serving.
+    let mut found = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let ok = http::post_json(&format!("{}/v1/chat/completions", gw.url), &[], &chat("m", "poll", false)).await;
+        assert_eq!(ok.status, 200);
+        drop(ok);
+        let recs = graft_records(&data);
+        if let Some(r) = recs.into_iter().find(|r| r["model"] == "fault-slow") {
+            found = Some(r);
+            break;
+        }
+    }
+    let rec = found.expect("the abandoned call was recorded");
+    assert_eq!(rec["outcome"], "client_disconnected", "{rec}");
+    assert!(rec["error"].as_str().unwrap().contains("closed the connection"), "{rec}");
+}

@@ -370,6 +370,15 @@ mod tests {
     }
 
     #[test]
+    fn the_example_config_is_valid_and_complete() {
+        let text = include_str!("../../examples/graft.toml");
+        let f = FileConfig::from_toml(text, Path::new("examples/graft.toml")).unwrap();
+        let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
+        assert_eq!(c.upstream_url, "http://127.0.0.1:30000/v1");
+        assert_eq!(c.durability, DurabilityMode::Sync);
+    }
+
+    #[test]
     fn upstream_without_path_gets_v1() {
         assert_eq!(normalize_upstream("http://h:1").unwrap(), "http://h:1/v1");
         assert_eq!(normalize_upstream("http://h:1/").unwrap(), "http://h:1/v1");
