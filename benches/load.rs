@@ -1,1 +1,851 @@
-fn main() {}
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Load benchmark (not a test): drives the scripted upstream directly, through graft (sync and
+//! async durability) and, with `--litellm`, through LiteLLM's proxy, all in one run, and prints
+//! what each adds over the direct baseline measured side by side. Results and the command go in
+//! docs/BENCHMARKS.md; `bash scripts/bench.sh` runs it.
+//!
+//! - Fixed-rate phases are open loop: a pacing thread schedules request `i` at `t0 + i/rate` and
+//!   latency runs from that intended time, so a stalled target is charged for the requests it
+//!   delayed (no coordinated omission). Each rate runs every target in `--rounds` interleaved
+//!   rounds (the order rotates per round) after a discarded warm-up.
+//! - A streaming phase at `--stream-rate` reports time to the first SSE chunk and to the end.
+//! - Max throughput is closed loop: `--concurrency` requesters back to back for `--max-secs`.
+//! - Every non-200, timeout, connection error, malformed body and request dropped at the
+//!   in-flight cap is counted and printed.
+//!
+//! The generator runs one tokio runtime with `--gen-threads` workers (default 1) plus the
+//! pacing thread; it shares the machine's cores with the upstream and the proxies under test.
+
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::net::TcpListener;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Full};
+use hyper::Request;
+use hyper::body::Incoming;
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+
+#[derive(Debug, Parser)]
+#[command(name = "load", about = "graft load benchmark: direct vs graft (sync/async) vs LiteLLM")]
+struct Args {
+    /// Fixed request rates (requests/s), comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "500,1000,2000")]
+    rates: Vec<u32>,
+    /// Measured seconds per target per rate (split over --rounds).
+    #[arg(long, default_value_t = 10.0)]
+    phase_secs: f64,
+    /// Interleaved rounds per rate: each round runs every target for phase-secs/rounds.
+    #[arg(long, default_value_t = 2)]
+    rounds: u32,
+    /// Discarded warm-up at the phase's rate before each measured slice.
+    #[arg(long, default_value_t = 1.0)]
+    warmup_secs: f64,
+    /// Rate of the streaming (SSE) phase; 0 skips it.
+    #[arg(long, default_value_t = 500)]
+    stream_rate: u32,
+    /// Seconds of closed-loop max-throughput measurement per target; 0 skips it.
+    #[arg(long, default_value_t = 10.0)]
+    max_secs: f64,
+    /// Concurrent requesters in the max-throughput phase.
+    #[arg(long, default_value_t = 32)]
+    concurrency: usize,
+    /// Per-request timeout (counted as an error).
+    #[arg(long, default_value_t = 5000)]
+    timeout_ms: u64,
+    /// Open loop: requests due while this many are in flight are dropped (counted as errors).
+    #[arg(long, default_value_t = 1000)]
+    max_in_flight: usize,
+    /// Worker threads of the generator's tokio runtime.
+    #[arg(long, default_value_t = 1)]
+    gen_threads: usize,
+    /// Also benchmark LiteLLM's proxy (needs --litellm-bin).
+    #[arg(long)]
+    litellm: bool,
+    /// The `litellm` executable of the proxy venv (scripts/bench.sh installs it).
+    #[arg(long, default_value = ".graft-test-env/litellm-proxy/bin/litellm")]
+    litellm_bin: PathBuf,
+    /// The graft binary (default: the one cargo built with this bench).
+    #[arg(long)]
+    graft_bin: Option<PathBuf>,
+    /// Also write the markdown results here.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Passed by `cargo bench`; ignored.
+    #[arg(long, hide = true)]
+    bench: bool,
+}
+
+const MODEL: &str = "bench";
+const SYSTEM: &str = "You are a careful coding assistant working in a git repository. Answer briefly and cite file paths.";
+const USER: &str = "The test suite fails with 'connection reset by peer' when the gateway restarts. Which component should retry, and why?";
+
+fn chat_body(stream: bool) -> Bytes {
+    let mut v = serde_json::json!({
+        "model": MODEL,
+        "messages": [
+            {"role": "system", "content": SYSTEM},
+            {"role": "user", "content": USER},
+        ],
+        "temperature": 0.2,
+        "max_tokens": 256,
+    });
+    if stream {
+        v["stream"] = serde_json::Value::Bool(true);
+    }
+    Bytes::from(serde_json::to_vec(&v).unwrap())
+}
+
+// ---------------------------------------------------------------------------------------
+// Child processes
+
+struct Proc {
+    name: String,
+    child: Child,
+    log: PathBuf,
+}
+
+impl Proc {
+    /// Starts `cmd` in its own process group with stderr (and, when `stdout_to_log`, stdout)
+    /// going to `log`.
+    fn spawn(name: &str, mut cmd: Command, log: PathBuf, stdout_to_log: bool) -> Proc {
+        let file = std::fs::File::create(&log).unwrap();
+        cmd.stderr(file.try_clone().unwrap());
+        if stdout_to_log {
+            cmd.stdout(file);
+        } else {
+            cmd.stdout(Stdio::piped());
+        }
+        cmd.stdin(Stdio::null()).process_group(0);
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("cannot start {name} ({:?}): {e}", cmd.get_program()));
+        Proc {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    /// Waits for the `... listening on http://ADDR` line on stdout and returns the URL; the
+    /// rest of stdout is drained in the background.
+    fn listening_url(&mut self, within: Duration) -> String {
+        let stdout = self.child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut lines = BufReader::new(stdout).lines();
+            let mut tx = Some(tx);
+            while let Some(Ok(line)) = lines.next() {
+                if let Some(i) = line.find("listening on ")
+                    && let Some(tx) = tx.take()
+                {
+                    let _ = tx.send(line[i + "listening on ".len()..].trim().to_string());
+                }
+            }
+        });
+        match rx.recv_timeout(within) {
+            Ok(url) => url,
+            Err(_) => panic!(
+                "{} did not print its address within {within:?}; its log:\n{}",
+                self.name,
+                self.log_tail()
+            ),
+        }
+    }
+
+    fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.try_wait().ok().flatten()
+    }
+
+    fn log_tail(&self) -> String {
+        let text = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if self.exited().is_some() {
+            return;
+        }
+        // The whole process group: LiteLLM may run workers of its own.
+        let _ = Command::new("kill")
+            .arg("-TERM")
+            .arg(format!("-{}", self.child.id()))
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if self.exited().is_some() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = Command::new("kill")
+            .arg("-KILL")
+            .arg(format!("-{}", self.child.id()))
+            .status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn start_litellm(
+    bin: &Path,
+    upstream: &str,
+    dir: &Path,
+    rt: &tokio::runtime::Runtime,
+    client: &HttpClient,
+    master_key: &str,
+) -> Result<(Proc, String), String> {
+    if !bin.exists() {
+        return Err(format!(
+            "{} not found (scripts/bench.sh installs it)",
+            bin.display()
+        ));
+    }
+    let bin = std::path::absolute(bin).unwrap();
+    let cfg = dir.join("litellm.yaml");
+    let yaml = format!(
+        "model_list:\n  - model_name: {MODEL}\n    litellm_params:\n      model: openai/{MODEL}\n      api_base: {upstream}/v1\n      api_key: sk-bench\nlitellm_settings:\n  telemetry: false\n"
+    );
+    std::fs::write(&cfg, yaml).unwrap();
+    let port = free_port();
+    let mut cmd = Command::new(&bin);
+    cmd.arg("--config")
+        .arg(&cfg)
+        .arg("--host")
+        .arg("127.0.0.1")
+        .arg("--port")
+        .arg(port.to_string())
+        .current_dir(dir)
+        // Offline: the bundled model cost map instead of fetching it from GitHub, no telemetry,
+        // errors-only logging, and no proxy settings that could send loopback traffic away.
+        .env("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+        // It refuses to start without a master key; requests then carry it (as in production).
+        .env("LITELLM_MASTER_KEY", master_key)
+        .env("LITELLM_LOG", "ERROR")
+        .env("LITELLM_TELEMETRY", "False")
+        .env("DISABLE_ADMIN_UI", "True")
+        .env("NO_PROXY", "*")
+        .env_remove("HTTP_PROXY")
+        .env_remove("HTTPS_PROXY")
+        .env_remove("http_proxy")
+        .env_remove("https_proxy")
+        .env_remove("DATABASE_URL");
+    let mut proc = Proc::spawn("litellm", cmd, dir.join("litellm.log"), true);
+    let url = format!("http://127.0.0.1:{port}");
+    let health: hyper::Uri = format!("{url}/health/liveliness").parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(180);
+    loop {
+        if let Some(status) = proc.exited() {
+            return Err(format!(
+                "litellm exited ({status}) during start-up; its log:\n{}",
+                proc.log_tail()
+            ));
+        }
+        let ok = rt.block_on(async {
+            let req = Request::get(health.clone())
+                .body(Full::new(Bytes::new()))
+                .unwrap();
+            matches!(
+                tokio::time::timeout(Duration::from_secs(2), client.request(req)).await,
+                Ok(Ok(r)) if r.status() == 200
+            )
+        });
+        if ok {
+            return Ok((proc, url));
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "litellm was not healthy within 180 s; its log:\n{}",
+                proc.log_tail()
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Requests
+
+type HttpClient = Client<HttpConnector, Full<Bytes>>;
+
+fn new_client() -> HttpClient {
+    let mut conn = HttpConnector::new();
+    conn.set_nodelay(true);
+    Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(usize::MAX)
+        .build(conn)
+}
+
+#[derive(Clone)]
+struct Target {
+    name: &'static str,
+    uri: hyper::Uri,
+    auth: String,
+    client: HttpClient,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Errors {
+    status: u64,
+    timeout: u64,
+    conn: u64,
+    body: u64,
+    dropped: u64,
+}
+
+impl Errors {
+    fn total(&self) -> u64 {
+        self.status + self.timeout + self.conn + self.body + self.dropped
+    }
+    fn add(&mut self, o: &Errors) {
+        self.status += o.status;
+        self.timeout += o.timeout;
+        self.conn += o.conn;
+        self.body += o.body;
+        self.dropped += o.dropped;
+    }
+    fn describe(&self) -> String {
+        if self.total() == 0 {
+            return "0".to_string();
+        }
+        let mut parts = Vec::new();
+        for (n, what) in [
+            (self.status, "non-200"),
+            (self.timeout, "timeout"),
+            (self.conn, "conn"),
+            (self.body, "bad body"),
+            (self.dropped, "dropped at cap"),
+        ] {
+            if n > 0 {
+                parts.push(format!("{n} {what}"));
+            }
+        }
+        format!("{} ({})", self.total(), parts.join(", "))
+    }
+}
+
+enum Fail {
+    Status(u16),
+    Timeout,
+    Conn,
+    Body,
+}
+
+/// One call; returns (first body byte, end) instants.
+async fn call(
+    t: &Target,
+    body: Bytes,
+    stream: bool,
+    timeout: Duration,
+) -> Result<(Instant, Instant), Fail> {
+    let req = Request::post(t.uri.clone())
+        .header("content-type", "application/json")
+        .header("authorization", &t.auth)
+        .body(Full::new(body))
+        .unwrap();
+    let work = async {
+        let resp = t.client.request(req).await.map_err(|_| Fail::Conn)?;
+        let status = resp.status().as_u16();
+        let mut body: Incoming = resp.into_body();
+        let mut first = None;
+        let mut buf = Vec::with_capacity(2048);
+        while let Some(frame) = body.frame().await {
+            let frame = frame.map_err(|_| Fail::Conn)?;
+            if let Ok(data) = frame.into_data()
+                && !data.is_empty()
+            {
+                first.get_or_insert_with(Instant::now);
+                buf.extend_from_slice(&data);
+            }
+        }
+        let end = Instant::now();
+        if status != 200 {
+            return Err(Fail::Status(status));
+        }
+        let want: &[u8] = if stream {
+            b"data: [DONE]"
+        } else {
+            b"\"chat.completion\""
+        };
+        if !buf.windows(want.len()).any(|w| w == want) {
+            return Err(Fail::Body);
+        }
+        Ok((first.unwrap_or(end), end))
+    };
+    match tokio::time::timeout(timeout, work).await {
+        Ok(r) => r,
+        Err(_) => Err(Fail::Timeout),
+    }
+}
+
+#[derive(Debug, Default)]
+struct Rec {
+    /// Nanoseconds from the intended (open loop) or actual (closed loop) send to the end.
+    total: Vec<u64>,
+    /// Nanoseconds to the first body byte.
+    ttfb: Vec<u64>,
+    /// Nanoseconds the generator started a request after its intended time.
+    lag: Vec<u64>,
+    errors: Errors,
+    ok: u64,
+    secs: f64,
+    first_status: Option<u16>,
+}
+
+impl Rec {
+    fn merge(&mut self, o: Rec) {
+        self.total.extend(o.total);
+        self.ttfb.extend(o.ttfb);
+        self.lag.extend(o.lag);
+        self.errors.add(&o.errors);
+        self.ok += o.ok;
+        self.secs += o.secs;
+        self.first_status = self.first_status.or(o.first_status);
+    }
+    fn finish(&mut self) {
+        self.total.sort_unstable();
+        self.ttfb.sort_unstable();
+        self.lag.sort_unstable();
+    }
+    fn rps(&self) -> f64 {
+        if self.secs > 0.0 {
+            self.ok as f64 / self.secs
+        } else {
+            0.0
+        }
+    }
+    fn record(&mut self, r: Result<(Instant, Instant), Fail>, from: Instant) {
+        match r {
+            Ok((first, end)) => {
+                self.ok += 1;
+                self.total.push((end - from).as_nanos() as u64);
+                self.ttfb.push((first - from).as_nanos() as u64);
+            }
+            Err(Fail::Status(s)) => {
+                self.errors.status += 1;
+                self.first_status.get_or_insert(s);
+            }
+            Err(Fail::Timeout) => self.errors.timeout += 1,
+            Err(Fail::Conn) => self.errors.conn += 1,
+            Err(Fail::Body) => self.errors.body += 1,
+        }
+    }
+}
+
+/// Nearest-rank percentile of sorted nanoseconds.
+fn pct(sorted: &[u64], p: f64) -> Option<u64> {
+    if sorted.is_empty() {
+        return None;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
+}
+
+struct Phase<'a> {
+    rt: &'a tokio::runtime::Runtime,
+    timeout: Duration,
+    max_in_flight: usize,
+}
+
+impl Phase<'_> {
+    /// Open loop at `rate` for `secs`; latency measured from each request's intended time.
+    fn open_loop(&self, t: &Target, rate: u32, secs: f64, stream: bool) -> Rec {
+        let rec = Arc::new(Mutex::new(Rec::default()));
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let body = chat_body(stream);
+        let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
+        let n = (secs * f64::from(rate)).round() as u64;
+        let t0 = Instant::now() + Duration::from_millis(2);
+        let mut dropped = 0;
+        for i in 0..n {
+            let intended = t0 + interval.mul_f64(i as f64);
+            let now = Instant::now();
+            if intended > now {
+                std::thread::sleep(intended - now);
+            }
+            if in_flight.load(Ordering::Relaxed) >= self.max_in_flight {
+                dropped += 1;
+                continue;
+            }
+            in_flight.fetch_add(1, Ordering::Relaxed);
+            let (t, body, rec, in_flight, timeout) = (
+                t.clone(),
+                body.clone(),
+                Arc::clone(&rec),
+                Arc::clone(&in_flight),
+                self.timeout,
+            );
+            self.rt.spawn(async move {
+                let lag = Instant::now().saturating_duration_since(intended);
+                let r = call(&t, body, stream, timeout).await;
+                {
+                    let mut rec = rec.lock().unwrap();
+                    rec.lag.push(lag.as_nanos() as u64);
+                    rec.record(r, intended);
+                }
+                in_flight.fetch_sub(1, Ordering::Relaxed);
+            });
+        }
+        // Let the stragglers finish (each is bounded by the timeout).
+        let deadline = Instant::now() + self.timeout + Duration::from_secs(1);
+        while in_flight.load(Ordering::Relaxed) > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        let mut rec = std::mem::take(&mut *rec.lock().unwrap());
+        rec.errors.dropped += dropped;
+        rec.secs = secs;
+        rec
+    }
+
+    /// Closed loop: `c` requesters back to back for `secs`.
+    fn closed_loop(&self, t: &Target, c: usize, secs: f64) -> Rec {
+        let body = chat_body(false);
+        let timeout = self.timeout;
+        let start = Instant::now();
+        let end = start + Duration::from_secs_f64(secs);
+        let recs = self.rt.block_on(async {
+            let mut set = tokio::task::JoinSet::new();
+            for _ in 0..c {
+                let (t, body) = (t.clone(), body.clone());
+                set.spawn(async move {
+                    let mut rec = Rec::default();
+                    while Instant::now() < end {
+                        let from = Instant::now();
+                        let r = call(&t, body.clone(), false, timeout).await;
+                        rec.record(r, from);
+                    }
+                    rec
+                });
+            }
+            set.join_all().await
+        });
+        let elapsed = start.elapsed().as_secs_f64();
+        let mut all = Rec::default();
+        for r in recs {
+            all.merge(r);
+        }
+        all.secs = elapsed;
+        all
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Report
+
+fn ms(ns: Option<u64>) -> String {
+    ns.map_or("-".to_string(), |v| format!("{:.3}", v as f64 / 1e6))
+}
+
+fn added(t: Option<u64>, base: Option<u64>) -> String {
+    match (t, base) {
+        (Some(t), Some(b)) => format!("{:+.3}", (t as f64 - b as f64) / 1e6),
+        _ => "-".to_string(),
+    }
+}
+
+fn ratio(t: f64, base: f64) -> String {
+    if base > 0.0 && t > 0.0 {
+        format!("{:.2}×", t / base)
+    } else {
+        "-".to_string()
+    }
+}
+
+fn main() {
+    let args = Args::parse();
+    let graft = args
+        .graft_bin
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_graft")));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.gen_threads.max(1))
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let started = Instant::now();
+
+    // The upstream and the proxies in front of it.
+    let mut cmd = Command::new(&graft);
+    cmd.args(["scripted-upstream", "--listen", "127.0.0.1:0"]);
+    let mut upstream_proc = Proc::spawn("scripted-upstream", cmd, tmp.path().join("upstream.log"), false);
+    let upstream = upstream_proc.listening_url(Duration::from_secs(30));
+    eprintln!("load: upstream {upstream}");
+
+    let mut procs = vec![upstream_proc];
+    let mut targets = vec![("direct", upstream.clone())];
+    for (name, mode) in [("graft async", "async"), ("graft sync", "sync")] {
+        let data = tmp.path().join(format!("data-{mode}"));
+        let mut cmd = Command::new(&graft);
+        cmd.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
+            .arg(format!("{upstream}/v1"))
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--durability", mode]);
+        let mut p = Proc::spawn(name, cmd, tmp.path().join(format!("gateway-{mode}.log")), false);
+        let url = p.listening_url(Duration::from_secs(30));
+        eprintln!("load: {name} {url} (records in {})", data.display());
+        targets.push((name, url));
+        procs.push(p);
+    }
+    let mut litellm_note = None;
+    let master_key = format!("sk-{}", uuid::Uuid::new_v4().simple());
+    if args.litellm {
+        let dir = tmp.path().join("litellm");
+        std::fs::create_dir_all(&dir).unwrap();
+        eprintln!("load: starting LiteLLM ({})", args.litellm_bin.display());
+        match start_litellm(&args.litellm_bin, &upstream, &dir, &rt, &new_client(), &master_key) {
+            Ok((p, url)) => {
+                eprintln!("load: LiteLLM {url} (started in {:.1}s)", started.elapsed().as_secs_f64());
+                targets.push(("LiteLLM", url));
+                procs.push(p);
+            }
+            Err(why) => {
+                eprintln!("load: LiteLLM skipped: {why}");
+                litellm_note = Some(why.lines().next().unwrap_or("").to_string());
+            }
+        }
+    }
+    let targets: Vec<Target> = targets
+        .into_iter()
+        .map(|(name, url)| Target {
+            name,
+            uri: format!("{url}/v1/chat/completions").parse().unwrap(),
+            auth: if name == "LiteLLM" {
+                format!("Bearer {master_key}")
+            } else {
+                "Bearer sk-bench".to_string()
+            },
+            client: new_client(),
+        })
+        .collect();
+
+    let phase = Phase {
+        rt: &rt,
+        timeout: Duration::from_millis(args.timeout_ms),
+        max_in_flight: args.max_in_flight,
+    };
+
+    // Every target must answer before anything is measured.
+    for t in &targets {
+        for stream in [false, true] {
+            let r = rt.block_on(call(t, chat_body(stream), stream, Duration::from_secs(30)));
+            if let Err(e) = r {
+                let why = match e {
+                    Fail::Status(s) => format!("HTTP {s}"),
+                    Fail::Timeout => "timeout".into(),
+                    Fail::Conn => "connection error".into(),
+                    Fail::Body => "unexpected body".into(),
+                };
+                panic!("load: {} failed its first call (stream={stream}): {why}", t.name);
+            }
+        }
+    }
+
+    let rounds = args.rounds.max(1);
+    let slice = args.phase_secs / f64::from(rounds);
+    let run_rates = |rates: &[u32], stream: bool| -> Vec<(u32, Vec<Rec>)> {
+        let mut out = Vec::new();
+        for &rate in rates {
+            let mut recs: Vec<Rec> = targets.iter().map(|_| Rec::default()).collect();
+            for round in 0..rounds as usize {
+                for k in 0..targets.len() {
+                    let i = (k + round) % targets.len();
+                    let t = &targets[i];
+                    if args.warmup_secs > 0.0 {
+                        let _ = phase.open_loop(t, rate, args.warmup_secs, stream);
+                    }
+                    let r = phase.open_loop(t, rate, slice, stream);
+                    eprintln!(
+                        "load: {}{rate} rps {:<12} round {} ok {} errors {} p50 {} p99 {} ms",
+                        if stream { "stream " } else { "" },
+                        t.name,
+                        round + 1,
+                        r.ok,
+                        r.errors.describe(),
+                        ms(pct(&{ let mut v = r.total.clone(); v.sort_unstable(); v }, 50.0)),
+                        ms(pct(&{ let mut v = r.total.clone(); v.sort_unstable(); v }, 99.0)),
+                    );
+                    recs[i].merge(r);
+                    // Let a saturated target drain before the next one is measured.
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            for r in &mut recs {
+                r.finish();
+            }
+            out.push((rate, recs));
+        }
+        out
+    };
+
+    let fixed = run_rates(&args.rates, false);
+    let streamed = if args.stream_rate > 0 {
+        run_rates(&[args.stream_rate], true)
+    } else {
+        Vec::new()
+    };
+    let mut max: Vec<Rec> = Vec::new();
+    if args.max_secs > 0.0 {
+        for t in &targets {
+            let _ = phase.closed_loop(t, args.concurrency, args.max_secs.min(1.0));
+            let mut r = phase.closed_loop(t, args.concurrency, args.max_secs);
+            r.finish();
+            eprintln!(
+                "load: max {:<12} {:.0} rps errors {}",
+                t.name,
+                r.rps(),
+                r.errors.describe()
+            );
+            max.push(r);
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    let wall = started.elapsed().as_secs_f64();
+
+    // The report.
+    let mut md = String::new();
+    let names: Vec<&str> = targets.iter().map(|t| t.name).collect();
+    let _ = writeln!(
+        md,
+        "Targets: {}; all in front of the same `graft scripted-upstream` on loopback. \
+         Generator: {} tokio worker thread(s) plus a pacing thread, on the same machine as \
+         everything it measures, so every number includes that CPU contention. \
+         Bench wall time {wall:.0} s.",
+        names.join(", "),
+        args.gen_threads.max(1)
+    );
+    if let Some(note) = &litellm_note {
+        let _ = writeln!(md, "\nLiteLLM was requested but skipped: {note}");
+    }
+    let _ = writeln!(
+        md,
+        "\n### Fixed rate, non-streaming\n\n\
+         Open loop, latency from each request's intended send time (no coordinated omission); \
+         {:.0} s per target per rate in {rounds} interleaved round(s), each after a {:.0} s \
+         discarded warm-up; body: system + user message, `max_tokens` 256. \
+         *added* = target − direct at the same percentile in the same run. \
+         *gen lag p99*: how late the generator started requests (contention indicator).\n",
+        args.phase_secs, args.warmup_secs
+    );
+    md.push_str("| rate (rps) | target | ok/s | p50 ms | p90 ms | p99 ms | added p50 ms | added p99 ms | p99 × direct | errors | gen lag p99 ms |\n");
+    md.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+    for (rate, recs) in &fixed {
+        let base = &recs[0];
+        for (t, r) in targets.iter().zip(recs) {
+            let _ = writeln!(
+                md,
+                "| {rate} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                t.name,
+                r.rps(),
+                ms(pct(&r.total, 50.0)),
+                ms(pct(&r.total, 90.0)),
+                ms(pct(&r.total, 99.0)),
+                added(pct(&r.total, 50.0), pct(&base.total, 50.0)),
+                added(pct(&r.total, 99.0), pct(&base.total, 99.0)),
+                ratio(
+                    pct(&r.total, 99.0).unwrap_or(0) as f64,
+                    pct(&base.total, 99.0).unwrap_or(0) as f64
+                ),
+                r.errors.describe(),
+                ms(pct(&r.lag, 99.0)),
+            );
+        }
+    }
+    for (rate, recs) in &streamed {
+        let _ = writeln!(
+            md,
+            "\n### Streaming (SSE) at {rate} rps\n\n\
+             Same method; TTFB = time to the first body byte (first SSE event), total = to the \
+             end of `data: [DONE]`. The upstream sends its events without delay.\n"
+        );
+        md.push_str("| target | ok/s | TTFB p50 ms | TTFB p99 ms | added TTFB p99 ms | total p50 ms | total p99 ms | added total p99 ms | errors |\n");
+        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        let base = &recs[0];
+        for (t, r) in targets.iter().zip(recs) {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                t.name,
+                r.rps(),
+                ms(pct(&r.ttfb, 50.0)),
+                ms(pct(&r.ttfb, 99.0)),
+                added(pct(&r.ttfb, 99.0), pct(&base.ttfb, 99.0)),
+                ms(pct(&r.total, 50.0)),
+                ms(pct(&r.total, 99.0)),
+                added(pct(&r.total, 99.0), pct(&base.total, 99.0)),
+                r.errors.describe(),
+            );
+        }
+    }
+    if !max.is_empty() {
+        let _ = writeln!(
+            md,
+            "\n### Max throughput\n\n\
+             Closed loop: {} concurrent requesters back to back for {:.0} s per target \
+             (after a 1 s warm-up), non-streaming.\n",
+            args.concurrency, args.max_secs
+        );
+        md.push_str("| target | ok/s | × direct | p50 ms | p99 ms | errors |\n");
+        md.push_str("|---|---:|---:|---:|---:|---|\n");
+        let base = max[0].rps();
+        for (t, r) in targets.iter().zip(&max) {
+            let _ = writeln!(
+                md,
+                "| {} | {:.0} | {} | {} | {} | {} |",
+                t.name,
+                r.rps(),
+                ratio(r.rps(), base),
+                ms(pct(&r.total, 50.0)),
+                ms(pct(&r.total, 99.0)),
+                r.errors.describe(),
+            );
+        }
+    }
+    if let Some((_, recs)) = fixed.iter().find(|(rate, _)| *rate == 2000)
+        && let Some(i) = targets.iter().position(|t| t.name == "graft async")
+    {
+        let a = pct(&recs[i].total, 99.0);
+        let b = pct(&recs[0].total, 99.0);
+        if let (Some(a), Some(b)) = (a, b) {
+            let over = (a as f64 - b as f64) / 1e6;
+            let _ = writeln!(
+                md,
+                "\nTarget (p99 added ≤ 0.5 ms at 2000 rps, async durability): measured {over:+.3} ms, {}.",
+                if over <= 0.5 && recs[i].errors.total() == 0 {
+                    "met"
+                } else {
+                    "**not met**"
+                }
+            );
+        }
+    }
+
+    print!("{md}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &md).unwrap();
+        eprintln!("load: wrote {}", out.display());
+    }
+    drop(procs);
+}

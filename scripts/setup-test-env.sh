@@ -36,12 +36,15 @@ if ! command -v "$python" >/dev/null 2>&1; then
   exit 1
 fi
 
-# venv NAME PKG... : create/refresh a venv unless its stamp already matches.
+# venv NAME PKG... : create/refresh a venv unless its stamp already matches. Transitive
+# dependencies are pinned too, by scripts/test-env/NAME.constraints.txt (a `pip freeze` of
+# a working install; regenerate it after bumping a pin above).
 venv() {
   local name="$1"; shift
   local dir="$env_dir/$name"
+  local constraints="$repo/scripts/test-env/$name.constraints.txt"
   local want
-  want="$("$python" --version 2>&1) $*"
+  want="$("$python" --version 2>&1) $* $(cksum < "$constraints")"
   if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -x "$dir/bin/python" ]]; then
     echo "setup-test-env: $name up to date"
     return 0
@@ -54,7 +57,7 @@ venv() {
   rm -rf "$dir"
   "$python" -m venv "$dir"
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "$@"
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "$@"
   printf '%s' "$want" > "$dir/.graft-stamp"
 }
 

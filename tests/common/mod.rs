@@ -342,7 +342,9 @@ impl Proc {
 
     /// `host:port` of the listening address.
     pub fn authority(&self) -> &str {
-        self.url.trim_start_matches("http://")
+        self.url
+            .trim_start_matches("https://")
+            .trim_start_matches("http://")
     }
 
     /// SIGKILL: a crash, no chance to flush anything.
@@ -662,155 +664,6 @@ pub fn assert_usage(rec: &Value, client_usage: &Value) {
 }
 
 // -------------------------------------------------------------------------------------
-// A small HTTP client for tests that speak to graft directly (hyper, one connection pool
-// per call so nothing outlives the test's runtime).
+// A small HTTP client for tests that speak to graft directly.
 
-pub mod http {
-    use std::time::Duration;
-
-    use bytes::Bytes;
-    use http_body_util::{BodyExt, Full};
-    use hyper_util::client::legacy::Client;
-    use hyper_util::rt::TokioExecutor;
-    use serde_json::Value;
-
-    /// No single request in a test may take longer than this.
-    const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
-
-    /// A whole response: status, headers, the full body (an SSE body too, read to its end).
-    #[derive(Debug, Clone)]
-    pub struct Resp {
-        pub status: u16,
-        pub headers: ::http::HeaderMap,
-        pub body: Bytes,
-    }
-
-    impl Resp {
-        pub fn text(&self) -> String {
-            String::from_utf8_lossy(&self.body).into_owned()
-        }
-
-        pub fn json(&self) -> Value {
-            serde_json::from_slice(&self.body)
-                .unwrap_or_else(|e| panic!("response body is not JSON ({e}): {}", self.text()))
-        }
-
-        pub fn header(&self, name: &str) -> Option<String> {
-            self.headers
-                .get(name)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned)
-        }
-
-        /// The `data:` payloads of an SSE body, one per event (multi-line data joined with
-        /// `\n`), `[DONE]` included.
-        pub fn sse_data(&self) -> Vec<String> {
-            let text = self.text();
-            let mut events = Vec::new();
-            let mut data: Vec<&str> = Vec::new();
-            for line in text.lines() {
-                let line = line.strip_suffix('\r').unwrap_or(line);
-                if line.is_empty() {
-                    if !data.is_empty() {
-                        events.push(data.join("\n"));
-                        data.clear();
-                    }
-                } else if let Some(d) = line.strip_prefix("data:") {
-                    data.push(d.strip_prefix(' ').unwrap_or(d));
-                }
-            }
-            if !data.is_empty() {
-                events.push(data.join("\n"));
-            }
-            events
-        }
-    }
-
-    async fn send(
-        method: ::http::Method,
-        url: &str,
-        headers: &[(&str, &str)],
-        body: Option<(Vec<u8>, &str)>,
-    ) -> Result<Resp, String> {
-        let client: Client<_, Full<Bytes>> = Client::builder(TokioExecutor::new()).build_http();
-        let mut req = ::http::Request::builder().method(method.clone()).uri(url);
-        let payload = match body {
-            Some((bytes, content_type)) => {
-                req = req.header("content-type", content_type);
-                Bytes::from(bytes)
-            }
-            None => Bytes::new(),
-        };
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        let req = req
-            .body(Full::new(payload))
-            .map_err(|e| format!("bad request {method} {url}: {e}"))?;
-        let fut = async {
-            let resp = client
-                .request(req)
-                .await
-                .map_err(|e| format!("{method} {url}: {e:?}"))?;
-            let status = resp.status().as_u16();
-            let headers = resp.headers().clone();
-            let body = resp
-                .into_body()
-                .collect()
-                .await
-                .map_err(|e| format!("{method} {url}: reading the body: {e:?}"))?
-                .to_bytes();
-            Ok(Resp {
-                status,
-                headers,
-                body,
-            })
-        };
-        match tokio::time::timeout(REQUEST_TIMEOUT, fut).await {
-            Ok(r) => r,
-            Err(_) => Err(format!(
-                "{method} {url}: no full response within {REQUEST_TIMEOUT:?}"
-            )),
-        }
-    }
-
-    /// POST a JSON body; transport errors are returned.
-    pub async fn try_post_json(
-        url: &str,
-        headers: &[(&str, &str)],
-        body: &Value,
-    ) -> Result<Resp, String> {
-        send(
-            ::http::Method::POST,
-            url,
-            headers,
-            Some((body.to_string().into_bytes(), "application/json")),
-        )
-        .await
-    }
-
-    /// POST a JSON body; a transport error fails the test.
-    pub async fn post_json(url: &str, headers: &[(&str, &str)], body: &Value) -> Resp {
-        try_post_json(url, headers, body)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    /// POST raw bytes as `application/json` (malformed bodies).
-    pub async fn post_raw(url: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
-        send(
-            ::http::Method::POST,
-            url,
-            headers,
-            Some((body, "application/json")),
-        )
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-    }
-
-    pub async fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
-        send(::http::Method::GET, url, headers, None)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"))
-    }
-}
+pub mod http;
