@@ -36,7 +36,10 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 #[derive(Debug, Parser)]
-#[command(name = "load", about = "graft load benchmark: direct vs graft (sync/async) vs LiteLLM")]
+#[command(
+    name = "load",
+    about = "graft load benchmark: direct vs graft (sync/async) vs LiteLLM"
+)]
 struct Args {
     /// Fixed request rates (requests/s), comma separated.
     #[arg(long, value_delimiter = ',', default_value = "500,1000,2000")]
@@ -80,6 +83,9 @@ struct Args {
     /// Also write the markdown results here.
     #[arg(long)]
     out: Option<PathBuf>,
+    /// Keep the temp dir (child logs, records, LiteLLM config) and print where it is.
+    #[arg(long)]
+    keep_tmp: bool,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -589,7 +595,12 @@ fn main() {
     // The upstream and the proxies in front of it.
     let mut cmd = Command::new(&graft);
     cmd.args(["scripted-upstream", "--listen", "127.0.0.1:0"]);
-    let mut upstream_proc = Proc::spawn("scripted-upstream", cmd, tmp.path().join("upstream.log"), false);
+    let mut upstream_proc = Proc::spawn(
+        "scripted-upstream",
+        cmd,
+        tmp.path().join("upstream.log"),
+        false,
+    );
     let upstream = upstream_proc.listening_url(Duration::from_secs(30));
     eprintln!("load: upstream {upstream}");
 
@@ -603,7 +614,12 @@ fn main() {
             .arg("--data-dir")
             .arg(&data)
             .args(["--durability", mode]);
-        let mut p = Proc::spawn(name, cmd, tmp.path().join(format!("gateway-{mode}.log")), false);
+        let mut p = Proc::spawn(
+            name,
+            cmd,
+            tmp.path().join(format!("gateway-{mode}.log")),
+            false,
+        );
         let url = p.listening_url(Duration::from_secs(30));
         eprintln!("load: {name} {url} (records in {})", data.display());
         targets.push((name, url));
@@ -615,9 +631,19 @@ fn main() {
         let dir = tmp.path().join("litellm");
         std::fs::create_dir_all(&dir).unwrap();
         eprintln!("load: starting LiteLLM ({})", args.litellm_bin.display());
-        match start_litellm(&args.litellm_bin, &upstream, &dir, &rt, &new_client(), &master_key) {
+        match start_litellm(
+            &args.litellm_bin,
+            &upstream,
+            &dir,
+            &rt,
+            &new_client(),
+            &master_key,
+        ) {
             Ok((p, url)) => {
-                eprintln!("load: LiteLLM {url} (started in {:.1}s)", started.elapsed().as_secs_f64());
+                eprintln!(
+                    "load: LiteLLM {url} (started in {:.1}s)",
+                    started.elapsed().as_secs_f64()
+                );
                 targets.push(("LiteLLM", url));
                 procs.push(p);
             }
@@ -658,7 +684,10 @@ fn main() {
                     Fail::Conn => "connection error".into(),
                     Fail::Body => "unexpected body".into(),
                 };
-                panic!("load: {} failed its first call (stream={stream}): {why}", t.name);
+                panic!(
+                    "load: {} failed its first call (stream={stream}): {why}",
+                    t.name
+                );
             }
         }
     }
@@ -684,8 +713,22 @@ fn main() {
                         round + 1,
                         r.ok,
                         r.errors.describe(),
-                        ms(pct(&{ let mut v = r.total.clone(); v.sort_unstable(); v }, 50.0)),
-                        ms(pct(&{ let mut v = r.total.clone(); v.sort_unstable(); v }, 99.0)),
+                        ms(pct(
+                            &{
+                                let mut v = r.total.clone();
+                                v.sort_unstable();
+                                v
+                            },
+                            50.0
+                        )),
+                        ms(pct(
+                            &{
+                                let mut v = r.total.clone();
+                                v.sort_unstable();
+                                v
+                            },
+                            99.0
+                        )),
                     );
                     recs[i].merge(r);
                     // Let a saturated target drain before the next one is measured.
@@ -848,4 +891,7 @@ fn main() {
         eprintln!("load: wrote {}", out.display());
     }
     drop(procs);
+    if args.keep_tmp {
+        eprintln!("load: kept {}", tmp.keep().display());
+    }
 }

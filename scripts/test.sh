@@ -10,5 +10,10 @@ start=$(date +%s)
 bash scripts/setup-test-env.sh
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
-cargo test --locked --workspace
-echo "scripts/test.sh: all green in $(( $(date +%s) - start ))s"
+log="$(mktemp)"
+trap 'rm -f "$log"' EXIT
+# Unit tests of every crate, the CLI's, and the end-to-end tests in tests/.
+cargo test --locked --workspace --lib --bins --tests 2>&1 | tee "$log"
+echo "scripts/test.sh: finished in $(( $(date +%s) - start ))s"
+awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
+     END { printf "%d passed, %d failed\n", p, f }' "$log"

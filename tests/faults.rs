@@ -398,7 +398,9 @@ async fn client_gone_mid_stream_is_recorded_as_such() {
     let upstream = Proc::scripted_upstream(&[]);
     let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
     let body = chat("fault-slow", "a long slow answer", true).to_string();
-    let mut conn = tokio::net::TcpStream::connect(gw.authority()).await.unwrap();
+    let mut conn = tokio::net::TcpStream::connect(gw.authority())
+        .await
+        .unwrap();
     let req = format!(
         "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -413,7 +415,12 @@ async fn client_gone_mid_stream_is_recorded_as_such() {
     let mut found = None;
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let ok = http::post_json(&format!("{}/v1/chat/completions", gw.url), &[], &chat("m", "poll", false)).await;
+        let ok = http::post_json(
+            &format!("{}/v1/chat/completions", gw.url),
+            &[],
+            &chat("m", "poll", false),
+        )
+        .await;
         assert_eq!(ok.status, 200);
         drop(ok);
         let recs = graft_records(&data);
@@ -424,5 +431,11 @@ async fn client_gone_mid_stream_is_recorded_as_such() {
     }
     let rec = found.expect("the abandoned call was recorded");
     assert_eq!(rec["outcome"], "client_disconnected", "{rec}");
-    assert!(rec["error"].as_str().unwrap().contains("closed the connection"), "{rec}");
+    assert!(
+        rec["error"]
+            .as_str()
+            .unwrap()
+            .contains("closed the connection"),
+        "{rec}"
+    );
 }
