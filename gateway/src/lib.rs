@@ -6,6 +6,7 @@
 
 pub mod body;
 pub mod config;
+pub mod dialect;
 pub mod error;
 pub mod limits;
 pub mod metrics;

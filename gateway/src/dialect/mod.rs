@@ -1,0 +1,248 @@
+//! Dialects: the wire formats harnesses speak (OpenAI Chat Completions, OpenAI Responses,
+//! Anthropic Messages). Each file converts between its dialect and the one internal
+//! conversation type here, so a client in any dialect can be served by an upstream that
+//! speaks another (usually Chat Completions), streaming included.
+//!
+//! Request side: `parse_request` (dialect JSON → [`Conversation`], errors name the field).
+//! Answer side: [`Answer`] (a whole response) and [`Delta`] (one streamed piece) are rendered
+//! back into the client's dialect by `render_answer` and a [`StreamEmitter`].
+
+pub mod anthropic;
+pub mod chat;
+pub mod responses;
+
+use bytes::Bytes;
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+/// The wire format of a request or an upstream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DialectKind {
+    ChatCompletions,
+    Responses,
+    AnthropicMessages,
+}
+
+impl DialectKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            DialectKind::ChatCompletions => "chat_completions",
+            DialectKind::Responses => "responses",
+            DialectKind::AnthropicMessages => "anthropic_messages",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    System,
+    Developer,
+    User,
+    Assistant,
+    Tool,
+}
+
+/// One piece of message content.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Part {
+    Text { text: String },
+    /// An image by URL (`data:` URLs included).
+    Image { url: String },
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    pub name: String,
+    /// The arguments as the model wrote them: a JSON text, kept byte for byte.
+    pub arguments: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Message {
+    pub role: Role,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub content: Vec<Part>,
+    /// Assistant reasoning (`reasoning_content`, Responses reasoning items, Anthropic thinking).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// For `Role::Tool`: the call this is the result of.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+}
+
+impl Message {
+    pub fn text(role: Role, text: impl Into<String>) -> Self {
+        Message {
+            role,
+            content: vec![Part::Text { text: text.into() }],
+            reasoning: None,
+            tool_calls: vec![],
+            tool_call_id: None,
+            name: None,
+        }
+    }
+
+    /// All text parts joined.
+    pub fn joined_text(&self) -> String {
+        let mut s = String::new();
+        for p in &self.content {
+            if let Part::Text { text } = p {
+                s.push_str(text);
+            }
+        }
+        s
+    }
+}
+
+/// A function tool the model may call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Tool {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+    /// JSON Schema of the arguments.
+    pub parameters: Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strict: Option<bool>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolChoice {
+    Auto,
+    None,
+    Required,
+    Function { name: String },
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Sampling {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Reasoning {
+    /// OpenAI's `effort` ("minimal", "low", "medium", "high").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub effort: Option<String>,
+    /// Anthropic's thinking budget.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub summary: Option<String>,
+}
+
+/// One request, whatever dialect it came in.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Conversation {
+    pub model: String,
+    pub messages: Vec<Message>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<ToolChoice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parallel_tool_calls: Option<bool>,
+    #[serde(default)]
+    pub sampling: Sampling,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<Reasoning>,
+    pub stream: bool,
+    /// Fields of the client's request that no other dialect has (kept for the record and for
+    /// echoing back, e.g. Responses' `metadata`, `prompt_cache_key`, `store`).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub extra: Map<String, Value>,
+    /// What was dropped or mapped on the way in, and why (never silent).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Finish {
+    Stop,
+    Length,
+    ToolCalls,
+    ContentFilter,
+    /// The stream or call ended with an error.
+    Error,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct TokenUsage {
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+    #[serde(default)]
+    pub cached_tokens: u64,
+    #[serde(default)]
+    pub reasoning_tokens: u64,
+}
+
+/// A whole answer from the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Answer {
+    /// The upstream's response id.
+    pub id: String,
+    pub model: String,
+    pub created: i64,
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    pub finish: Finish,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<TokenUsage>,
+}
+
+/// One streamed piece of an answer, in arrival order. Tool calls are numbered by `index`
+/// (the order they started in); `ToolCallStart` always precedes that call's arguments.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Delta {
+    Text(String),
+    Reasoning(String),
+    ToolCallStart { index: usize, id: String, name: String },
+    ToolCallArgs { index: usize, arguments: String },
+}
+
+/// Turns deltas into one dialect's SSE events. `start` is called once before the first
+/// delta, `push` per delta, and `finish` once with the assembled answer (its finish reason
+/// and usage), which must close every open block/item and end the response.
+pub trait StreamEmitter: Send {
+    fn start(&mut self) -> Vec<Bytes>;
+    fn push(&mut self, delta: &Delta) -> Vec<Bytes>;
+    fn finish(&mut self, answer: &Answer) -> Vec<Bytes>;
+}
+
+/// Formats one SSE event with an `event:` line (Responses and Anthropic both name events).
+pub fn sse_named(event: &str, data: &Value) -> Bytes {
+    Bytes::from(format!("event: {event}\ndata: {data}\n\n"))
+}
+
+/// A fresh id with a dialect's prefix (`resp_`, `msg_`, `fc_`, `toolu_`...).
+pub fn new_id(prefix: &str) -> String {
+    format!("{prefix}{}", uuid::Uuid::now_v7().simple())
+}
