@@ -42,20 +42,20 @@ use hyper_util::rt::TokioExecutor;
 )]
 struct Args {
     /// Fixed request rates (requests/s), comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "500,1000,2000")]
+    #[arg(long, value_delimiter = ',', default_value = "20,500,1000,2000")]
     rates: Vec<u32>,
     /// Measured seconds per target per rate (split over --rounds).
     #[arg(long, default_value_t = 10.0)]
     phase_secs: f64,
     /// Interleaved rounds per rate: each round runs every target for phase-secs/rounds.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 5)]
     rounds: u32,
     /// Discarded warm-up at the phase's rate before each measured slice.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 0.5)]
     warmup_secs: f64,
-    /// Rate of the streaming (SSE) phase; 0 skips it.
-    #[arg(long, default_value_t = 500)]
-    stream_rate: u32,
+    /// Rates of the streaming (SSE) phases, comma separated; 0 skips them.
+    #[arg(long, value_delimiter = ',', default_value = "20,500")]
+    stream_rates: Vec<u32>,
     /// Seconds of closed-loop max-throughput measurement per target; 0 skips it.
     #[arg(long, default_value_t = 10.0)]
     max_secs: f64,
@@ -77,6 +77,9 @@ struct Args {
     /// The `litellm` executable of the proxy venv (scripts/bench.sh installs it).
     #[arg(long, default_value = ".graft-test-env/litellm-proxy/bin/litellm")]
     litellm_bin: PathBuf,
+    /// LiteLLM's --num_workers (default: LiteLLM's own default, 1 uvicorn worker).
+    #[arg(long)]
+    litellm_workers: Option<u32>,
     /// The graft binary (default: the one cargo built with this bench).
     #[arg(long)]
     graft_bin: Option<PathBuf>,
@@ -220,6 +223,7 @@ fn start_litellm(
     rt: &tokio::runtime::Runtime,
     client: &HttpClient,
     master_key: &str,
+    workers: Option<u32>,
 ) -> Result<(Proc, String), String> {
     if !bin.exists() {
         return Err(format!(
@@ -256,6 +260,9 @@ fn start_litellm(
         .env_remove("http_proxy")
         .env_remove("https_proxy")
         .env_remove("DATABASE_URL");
+    if let Some(n) = workers {
+        cmd.arg("--num_workers").arg(n.to_string());
+    }
     let mut proc = Proc::spawn("litellm", cmd, dir.join("litellm.log"), true);
     let url = format!("http://127.0.0.1:{port}");
     let health: hyper::Uri = format!("{url}/health/liveliness").parse().unwrap();
@@ -417,6 +424,8 @@ struct Rec {
     ok: u64,
     secs: f64,
     first_status: Option<u16>,
+    /// Set when the target failed >10% of requests at this rate (or a lower one).
+    saturated_at: Option<u32>,
 }
 
 impl Rec {
@@ -428,6 +437,12 @@ impl Rec {
         self.ok += o.ok;
         self.secs += o.secs;
         self.first_status = self.first_status.or(o.first_status);
+        self.saturated_at = self.saturated_at.or(o.saturated_at);
+    }
+    fn sorted_pct(&self, p: f64) -> Option<u64> {
+        let mut v = self.total.clone();
+        v.sort_unstable();
+        pct(&v, p)
     }
     fn finish(&mut self) {
         self.total.sort_unstable();
@@ -556,6 +571,92 @@ impl Phase<'_> {
     }
 }
 
+/// Runs every rate (ascending) on every target in interleaved rounds; returns per rate the
+/// merged records in target order.
+fn run_rates(
+    phase: &Phase<'_>,
+    targets: &[Target],
+    args: &Args,
+    rates: &[u32],
+    stream: bool,
+    saturated: &mut [Option<u32>],
+) -> Vec<(u32, Vec<Rec>)> {
+    let rounds = args.rounds.max(1) as usize;
+    let slice = args.phase_secs / rounds as f64;
+    let mut rates = rates.to_vec();
+    rates.sort_unstable();
+    rates.dedup();
+    let mut out = Vec::new();
+    for rate in rates.into_iter().filter(|&r| r > 0) {
+        let mut recs: Vec<Rec> = targets.iter().map(|_| Rec::default()).collect();
+        for round in 0..rounds {
+            for k in 0..targets.len() {
+                let i = (k + round) % targets.len();
+                let t = &targets[i];
+                if let Some(at) = saturated[i] {
+                    recs[i].saturated_at.get_or_insert(at);
+                    continue;
+                }
+                if args.warmup_secs > 0.0 {
+                    let w = phase.open_loop(t, rate, args.warmup_secs, stream);
+                    if w.errors.total() > 0 {
+                        drain(phase, t);
+                    }
+                }
+                let mut r = phase.open_loop(t, rate, slice, stream);
+                let sent = r.ok + r.errors.total();
+                eprintln!(
+                    "load: {}{rate} rps {:<12} round {} ok {} errors {} p50 {} p99 {} ms",
+                    if stream { "stream " } else { "" },
+                    t.name,
+                    round + 1,
+                    r.ok,
+                    r.errors.describe(),
+                    ms(r.sorted_pct(50.0)),
+                    ms(r.sorted_pct(99.0)),
+                );
+                if r.errors.total() * 10 > sent {
+                    // More than 10% failed: it is past its capacity at this rate.
+                    saturated[i] = Some(rate);
+                    r.saturated_at = Some(rate);
+                }
+                if r.errors.total() > 0 {
+                    drain(phase, t);
+                }
+                recs[i].merge(r);
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+        for r in &mut recs {
+            r.finish();
+        }
+        out.push((rate, recs));
+    }
+    out
+}
+
+/// After errors (typically timeouts at saturation) a target may still be working through
+/// requests the generator gave up on; wait until a single call is quick again (at most 60 s)
+/// so the next measurement does not pay for it.
+fn drain(phase: &Phase<'_>, t: &Target) {
+    let start = Instant::now();
+    while start.elapsed() < Duration::from_secs(60) {
+        let from = Instant::now();
+        let r = phase
+            .rt
+            .block_on(call(t, chat_body(false), false, Duration::from_secs(10)));
+        if r.is_ok() && from.elapsed() < Duration::from_millis(500) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "load: drained {} in {:.1}s",
+        t.name,
+        start.elapsed().as_secs_f64()
+    );
+}
+
 // ---------------------------------------------------------------------------------------
 // Report
 
@@ -570,6 +671,25 @@ fn added(t: Option<u64>, base: Option<u64>) -> String {
     }
 }
 
+/// Why a target has no numbers at a rate, if it was not driven there.
+fn not_run(r: &Rec) -> Option<String> {
+    match r.saturated_at {
+        Some(at) if r.ok == 0 && r.errors.total() == 0 => {
+            Some(format!("not run: saturated at {at} rps"))
+        }
+        _ => None,
+    }
+}
+
+fn errors_cell(r: &Rec, rate: u32) -> String {
+    match r.saturated_at {
+        Some(at) if at == rate => {
+            format!("{}; saturated, later rounds skipped", r.errors.describe())
+        }
+        _ => r.errors.describe(),
+    }
+}
+
 fn ratio(t: f64, base: f64) -> String {
     if base > 0.0 && t > 0.0 {
         format!("{:.2}×", t / base)
@@ -580,10 +700,9 @@ fn ratio(t: f64, base: f64) -> String {
 
 fn main() {
     let args = Args::parse();
-    let graft = args
-        .graft_bin
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_graft")));
+    let graft = args.graft_bin.clone().unwrap_or_else(|| {
+        PathBuf::from(option_env!("CARGO_BIN_EXE_graft").unwrap_or("target/release/graft"))
+    });
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(args.gen_threads.max(1))
         .enable_all()
@@ -638,6 +757,7 @@ fn main() {
             &rt,
             &new_client(),
             &master_key,
+            args.litellm_workers,
         ) {
             Ok((p, url)) => {
                 eprintln!(
@@ -692,63 +812,17 @@ fn main() {
         }
     }
 
-    let rounds = args.rounds.max(1);
-    let slice = args.phase_secs / f64::from(rounds);
-    let run_rates = |rates: &[u32], stream: bool| -> Vec<(u32, Vec<Rec>)> {
-        let mut out = Vec::new();
-        for &rate in rates {
-            let mut recs: Vec<Rec> = targets.iter().map(|_| Rec::default()).collect();
-            for round in 0..rounds as usize {
-                for k in 0..targets.len() {
-                    let i = (k + round) % targets.len();
-                    let t = &targets[i];
-                    if args.warmup_secs > 0.0 {
-                        let _ = phase.open_loop(t, rate, args.warmup_secs, stream);
-                    }
-                    let r = phase.open_loop(t, rate, slice, stream);
-                    eprintln!(
-                        "load: {}{rate} rps {:<12} round {} ok {} errors {} p50 {} p99 {} ms",
-                        if stream { "stream " } else { "" },
-                        t.name,
-                        round + 1,
-                        r.ok,
-                        r.errors.describe(),
-                        ms(pct(
-                            &{
-                                let mut v = r.total.clone();
-                                v.sort_unstable();
-                                v
-                            },
-                            50.0
-                        )),
-                        ms(pct(
-                            &{
-                                let mut v = r.total.clone();
-                                v.sort_unstable();
-                                v
-                            },
-                            99.0
-                        )),
-                    );
-                    recs[i].merge(r);
-                    // Let a saturated target drain before the next one is measured.
-                    std::thread::sleep(Duration::from_millis(200));
-                }
-            }
-            for r in &mut recs {
-                r.finish();
-            }
-            out.push((rate, recs));
-        }
-        out
-    };
-
-    let fixed = run_rates(&args.rates, false);
-    let streamed = if args.stream_rate > 0 {
-        run_rates(&[args.stream_rate], true)
-    } else {
-        Vec::new()
-    };
+    // A target that cannot keep up at a rate is not driven at higher rates (its row says so).
+    let mut saturated: Vec<Option<u32>> = vec![None; targets.len()];
+    let fixed = run_rates(&phase, &targets, &args, &args.rates, false, &mut saturated);
+    let streamed = run_rates(
+        &phase,
+        &targets,
+        &args,
+        &args.stream_rates,
+        true,
+        &mut saturated,
+    );
     let mut max: Vec<Rec> = Vec::new();
     if args.max_secs > 0.0 {
         for t in &targets {
@@ -786,22 +860,34 @@ fn main() {
         md,
         "\n### Fixed rate, non-streaming\n\n\
          Open loop, latency from each request's intended send time (no coordinated omission); \
-         {:.0} s per target per rate in {rounds} interleaved round(s), each after a {:.0} s \
+         {:.0} s per target per rate in {} interleaved round(s), each after a {:.1} s \
          discarded warm-up; body: system + user message, `max_tokens` 256. \
-         *added* = target − direct at the same percentile in the same run. \
+         *n* = successful calls measured; *added* = target − direct at the same percentile in the same \
+         run. A target failing >10% of a slice is marked saturated and not driven at higher rates. \
          *gen lag p99*: how late the generator started requests (contention indicator).\n",
-        args.phase_secs, args.warmup_secs
+        args.phase_secs,
+        args.rounds.max(1),
+        args.warmup_secs
     );
-    md.push_str("| rate (rps) | target | ok/s | p50 ms | p90 ms | p99 ms | added p50 ms | added p99 ms | p99 × direct | errors | gen lag p99 ms |\n");
-    md.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+    md.push_str("| rate (rps) | target | ok/s | n | p50 ms | p90 ms | p99 ms | added p50 ms | added p99 ms | p99 × direct | errors | gen lag p99 ms |\n");
+    md.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
     for (rate, recs) in &fixed {
         let base = &recs[0];
         for (t, r) in targets.iter().zip(recs) {
+            if let Some(why) = not_run(r) {
+                let _ = writeln!(
+                    md,
+                    "| {rate} | {} | - | - | - | - | - | - | - | - | {why} | - |",
+                    t.name
+                );
+                continue;
+            }
             let _ = writeln!(
                 md,
-                "| {rate} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {rate} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 t.name,
                 r.rps(),
+                r.ok,
                 ms(pct(&r.total, 50.0)),
                 ms(pct(&r.total, 90.0)),
                 ms(pct(&r.total, 99.0)),
@@ -811,34 +897,46 @@ fn main() {
                     pct(&r.total, 99.0).unwrap_or(0) as f64,
                     pct(&base.total, 99.0).unwrap_or(0) as f64
                 ),
-                r.errors.describe(),
+                errors_cell(r, *rate),
                 ms(pct(&r.lag, 99.0)),
             );
         }
     }
-    for (rate, recs) in &streamed {
+    if !streamed.is_empty() {
         let _ = writeln!(
             md,
-            "\n### Streaming (SSE) at {rate} rps\n\n\
-             Same method; TTFB = time to the first body byte (first SSE event), total = to the \
-             end of `data: [DONE]`. The upstream sends its events without delay.\n"
+            "\n### Streaming (SSE)\n\n\
+             Same method with `\"stream\": true`; TTFB = time to the first body byte (the first \
+             SSE event), total = to the end of `data: [DONE]`. The upstream sends its events \
+             without delay.\n"
         );
-        md.push_str("| target | ok/s | TTFB p50 ms | TTFB p99 ms | added TTFB p99 ms | total p50 ms | total p99 ms | added total p99 ms | errors |\n");
-        md.push_str("|---|---:|---:|---:|---:|---:|---:|---:|---|\n");
+        md.push_str("| rate (rps) | target | ok/s | n | TTFB p50 ms | TTFB p99 ms | added TTFB p99 ms | total p50 ms | total p99 ms | added total p99 ms | errors |\n");
+        md.push_str("|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    }
+    for (rate, recs) in &streamed {
         let base = &recs[0];
         for (t, r) in targets.iter().zip(recs) {
+            if let Some(why) = not_run(r) {
+                let _ = writeln!(
+                    md,
+                    "| {rate} | {} | - | - | - | - | - | - | - | - | {why} |",
+                    t.name
+                );
+                continue;
+            }
             let _ = writeln!(
                 md,
-                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} |",
+                "| {rate} | {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} |",
                 t.name,
                 r.rps(),
+                r.ok,
                 ms(pct(&r.ttfb, 50.0)),
                 ms(pct(&r.ttfb, 99.0)),
                 added(pct(&r.ttfb, 99.0), pct(&base.ttfb, 99.0)),
                 ms(pct(&r.total, 50.0)),
                 ms(pct(&r.total, 99.0)),
                 added(pct(&r.total, 99.0), pct(&base.total, 99.0)),
-                r.errors.describe(),
+                errors_cell(r, *rate),
             );
         }
     }

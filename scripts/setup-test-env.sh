@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs the real clients that graft's integration tests drive (tests/clients.rs):
-#   .graft-test-env/py      Python venv: openai, litellm, mini-swe-agent, pyarrow, duckdb, polars
+#   .graft-test-env/py      Python venv: openai, anthropic, litellm, mini-swe-agent, pyarrow, duckdb, polars
 #   .graft-test-env/aider   Python venv: aider-chat (it pins many deps, so it gets its own)
 #   .graft-test-env/node    npm: openai
+#   .graft-test-env/codex   npm: @openai/codex (the Codex CLI; a native binary inside the package)
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
 # access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh
@@ -16,6 +17,7 @@ python="${PYTHON:-python3.11}"
 # Pinned versions. Bump here; the stamps make the next run reinstall the part that changed.
 PY_PKGS=(
   "openai==3.57.0"
+  "anthropic==2.14.0"
   "litellm==1.110.2"
   "mini-swe-agent==2.4.6"
   "pyarrow==26.0.1"
@@ -26,6 +28,7 @@ AIDER_PKGS=(
   "aider-chat==0.86.2"
 )
 NODE_OPENAI="7.59.0"
+CODEX="0.171.0"
 PIP_VERSION="26.3"
 
 mkdir -p "$env_dir"
@@ -61,31 +64,36 @@ venv() {
   printf '%s' "$want" > "$dir/.graft-stamp"
 }
 
-node_part() {
-  local dir="$env_dir/node"
-  local want="openai@$NODE_OPENAI"
-  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -d "$dir/node_modules/openai" ]]; then
-    echo "setup-test-env: node up to date"
+# npm_part NAME SPEC CHECK : install the exact npm SPEC into $env_dir/NAME unless its stamp
+# matches and CHECK (a path under node_modules) exists.
+npm_part() {
+  local name="$1" want="$2" check="$3"
+  local dir="$env_dir/$name"
+  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -e "$dir/node_modules/$check" ]]; then
+    echo "setup-test-env: $name up to date"
     return 0
   fi
   if ! command -v npm >/dev/null 2>&1; then
     echo "setup-test-env: npm not found; install Node.js 20 with npm" >&2
     return 1
   fi
-  echo "setup-test-env: installing node: $want"
+  echo "setup-test-env: installing $name: $want"
   rm -rf "$dir"
   mkdir -p "$dir"
-  printf '{ "name": "graft-test-clients", "private": true, "type": "commonjs" }\n' > "$dir/package.json"
+  printf '{ "name": "graft-test-%s", "private": true, "type": "commonjs" }\n' "$name" > "$dir/package.json"
   (cd "$dir" && npm install --silent --no-audit --no-fund --save-exact "$want")
   printf '%s' "$want" > "$dir/.graft-stamp"
 }
 
-# The three parts are independent: run them side by side, then report each failure.
+# The parts are independent: run them side by side, then report each failure.
+# Codex ships its native binary as an optional dependency (@openai/codex-linux-x64 etc.),
+# so the check is its launcher; `codex --version` below proves the binary is there.
 venv py "${PY_PKGS[@]}" > "$env_dir/py.log" 2>&1 & p1=$!
 venv aider "${AIDER_PKGS[@]}" > "$env_dir/aider.log" 2>&1 & p2=$!
-node_part > "$env_dir/node.log" 2>&1 & p3=$!
+npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
+{ npm_part codex "@openai/codex@$CODEX" .bin/codex && "$env_dir/codex/node_modules/.bin/codex" --version; } > "$env_dir/codex.log" 2>&1 & p4=$!
 fail=0
-for part in "py:$p1" "aider:$p2" "node:$p3"; do
+for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

@@ -30,6 +30,9 @@ pub enum Command {
     /// The embedded default: a scripted upstream, the gateway in front of it, and a short
     /// client run through it; prints where the records went.
     Demo(crate::demo::DemoArgs),
+    /// Print how to point a harness at a graft session (env vars or its config file).
+    #[command(subcommand)]
+    Harness(crate::harness::HarnessCommand),
     /// A scripted OpenAI-compatible upstream that plays the model's text (tests, demo, benchmarks).
     ScriptedUpstream(crate::scripted::ScriptedArgs),
 }
@@ -95,6 +98,7 @@ pub fn main() -> ExitCode {
             Command::Records(RecordsCommand::Export(a)) => crate::records::export(a),
             Command::Demo(args) => crate::demo::run(args).await,
             Command::ScriptedUpstream(args) => crate::scripted::run(args).await,
+            Command::Harness(cmd) => crate::harness::run(cmd),
         }
     });
     match result {

@@ -5,5 +5,6 @@
 
 pub mod cli;
 pub mod demo;
+pub mod harness;
 pub mod records;
 pub mod scripted;

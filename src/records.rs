@@ -59,7 +59,7 @@ fn load(data_dir: &std::path::Path, session: Option<&str>) -> anyhow::Result<Vec
         recs.retain(|r| r.session_id == s);
     }
     for r in &mut recs {
-        graft_recorder::redact_json(&mut r.request);
+        r.redact_credentials();
     }
     Ok(recs)
 }

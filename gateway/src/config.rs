@@ -102,6 +102,11 @@ pub struct UpstreamSection {
     pub api_key: Option<SecretRef>,
     pub timeout_secs: Option<u64>,
     pub connect_timeout_secs: Option<u64>,
+    /// Dialects the upstream speaks besides Chat Completions ("responses",
+    /// "anthropic_messages"): calls in those are passed through unchanged instead of
+    /// translated to Chat Completions.
+    #[serde(default)]
+    pub dialects: Vec<crate::dialect::DialectKind>,
     /// PEM file of the CA(s) to trust for an `https://` upstream instead of the public roots
     /// (a cluster's private CA).
     pub ca_file: Option<PathBuf>,
@@ -168,6 +173,8 @@ pub struct GatewayConfig {
     pub upstream_timeout: Duration,
     pub upstream_connect_timeout: Duration,
     pub upstream_ca_file: Option<PathBuf>,
+    /// Always holds ChatCompletions, plus what `upstream.dialects` adds.
+    pub upstream_dialects: Vec<crate::dialect::DialectKind>,
     pub data_dir: PathBuf,
     pub durability: DurabilityMode,
     pub async_max_delay: Duration,
@@ -260,6 +267,17 @@ impl GatewayConfig {
                 file.upstream.connect_timeout_secs.unwrap_or(10),
             ),
             upstream_ca_file: file.upstream.ca_file.clone(),
+            upstream_dialects: {
+                let mut d = vec![crate::dialect::DialectKind::ChatCompletions];
+                d.extend(
+                    file.upstream
+                        .dialects
+                        .iter()
+                        .copied()
+                        .filter(|x| *x != crate::dialect::DialectKind::ChatCompletions),
+                );
+                d
+            },
             data_dir: o
                 .data_dir
                 .or(r.data_dir.clone())

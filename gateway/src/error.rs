@@ -51,7 +51,7 @@ pub enum GatewayError {
     #[error("could not read the request body: {0}")]
     BodyRead(String),
     #[error(
-        "no route for {method} {path}; graft serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models (optionally under /s/{{session}}/)"
+        "no route for {method} {path}; graft serves POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and GET /v1/models (optionally under /s/{{session}}/)"
     )]
     NotFound { method: String, path: String },
     #[error("method {method} is not allowed on {path}")]
@@ -77,6 +77,12 @@ pub enum GatewayError {
     UpstreamTimeout { upstream: String, secs: u64 },
     #[error("upstream {upstream} answered HTTP {status}: {detail}")]
     UpstreamStatus {
+        upstream: String,
+        status: u16,
+        detail: String,
+    },
+    #[error("upstream {upstream} refused the request (HTTP {status}): {detail}")]
+    UpstreamRefused {
         upstream: String,
         status: u16,
         detail: String,
@@ -120,6 +126,9 @@ impl GatewayError {
             | UpstreamInvalid { .. }
             | UpstreamStream { .. } => StatusCode::BAD_GATEWAY,
             UpstreamTimeout { .. } => StatusCode::GATEWAY_TIMEOUT,
+            UpstreamRefused { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::BAD_REQUEST)
+            }
             Record(_) => StatusCode::SERVICE_UNAVAILABLE,
             Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
         }
@@ -131,6 +140,7 @@ impl GatewayError {
             UpstreamUnreachable { .. }
             | UpstreamTimeout { .. }
             | UpstreamStatus { .. }
+            | UpstreamRefused { .. }
             | UpstreamInvalid { .. }
             | UpstreamStream { .. } => Cause::Upstream,
             Record(_) | Internal(_) => Cause::Graft,
@@ -159,6 +169,7 @@ impl GatewayError {
             Unauthorized(_) => "authentication_error",
             Forbidden(_) => "permission_error",
             RateLimited { .. } => "rate_limit_error",
+            UpstreamRefused { .. } => "invalid_request_error",
             UnknownSession(_) | NotFound { .. } => "not_found_error",
             _ => match self.cause() {
                 Cause::Client => "invalid_request_error",
@@ -189,6 +200,7 @@ impl GatewayError {
             UpstreamUnreachable { .. } => "upstream_unreachable",
             UpstreamTimeout { .. } => "upstream_timeout",
             UpstreamStatus { .. } => "upstream_http_error",
+            UpstreamRefused { .. } => "upstream_refused",
             UpstreamInvalid { .. } => "upstream_invalid_response",
             UpstreamStream { .. } => "upstream_stream_interrupted",
             Record(_) => "record_failed",

@@ -15,10 +15,11 @@ use tokio::sync::mpsc;
 use tracing::{Instrument, debug, error, info_span, warn};
 
 use crate::body::{GBody, channel_body, full};
+use crate::dialect::{DialectKind, anthropic, responses};
 use crate::error::{Cause, GatewayError};
 use crate::server::State;
 use crate::sessions::{Session, now_us};
-use crate::sse::{Assembler, Splitter};
+use crate::sse::{Assembler, Event, Splitter};
 
 /// The OpenAI routes graft proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -26,6 +27,8 @@ pub enum Route {
     ChatCompletions,
     Completions,
     Models,
+    Responses,
+    Messages,
 }
 
 impl Route {
@@ -34,22 +37,38 @@ impl Route {
             Route::ChatCompletions => "chat_completions",
             Route::Completions => "completions",
             Route::Models => "models",
+            Route::Responses => "responses",
+            Route::Messages => "anthropic_messages",
         }
     }
 
-    fn upstream_path(self) -> &'static str {
+    /// The dialect a route speaks, for the routes that can be translated.
+    pub fn dialect(self) -> Option<DialectKind> {
+        match self {
+            Route::ChatCompletions => Some(DialectKind::ChatCompletions),
+            Route::Responses => Some(DialectKind::Responses),
+            Route::Messages => Some(DialectKind::AnthropicMessages),
+            Route::Completions | Route::Models => None,
+        }
+    }
+
+    pub(crate) fn upstream_path(self) -> &'static str {
         match self {
             Route::ChatCompletions => "/chat/completions",
             Route::Completions => "/completions",
             Route::Models => "/models",
+            Route::Responses => "/responses",
+            Route::Messages => "/messages",
         }
     }
 
-    fn endpoint(self) -> &'static str {
+    pub(crate) fn endpoint(self) -> &'static str {
         match self {
             Route::ChatCompletions => "/v1/chat/completions",
             Route::Completions => "/v1/completions",
             Route::Models => "/v1/models",
+            Route::Responses => "/v1/responses",
+            Route::Messages => "/v1/messages",
         }
     }
 }
@@ -174,7 +193,8 @@ pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> 
             }
             None => return Err(GatewayError::field("prompt", "'prompt' is required")),
         },
-        Route::Models => {}
+        // Responses and Messages are checked field by field by their dialect's parser.
+        Route::Models | Route::Responses | Route::Messages => {}
     }
     Ok(v)
 }
@@ -191,44 +211,42 @@ fn kind(v: &Value) -> &'static str {
 }
 
 /// What is known about a call from its arrival until its record is written.
-struct Call {
-    state: Arc<State>,
-    call_id: String,
-    session: Arc<Session>,
-    route: Route,
-    request: Value,
-    model: Option<String>,
-    stream: bool,
-    client: Option<String>,
-    started_at_us: i64,
-    t0: Instant,
+pub(crate) struct Call {
+    pub(crate) state: Arc<State>,
+    pub(crate) call_id: String,
+    pub(crate) session: Arc<Session>,
+    pub(crate) route: Route,
+    pub(crate) request: Value,
+    pub(crate) model: Option<String>,
+    pub(crate) stream: bool,
+    pub(crate) client: Option<String>,
+    pub(crate) started_at_us: i64,
+    pub(crate) t0: Instant,
+    /// The conversation in graft's own form (dialects other than plain passthrough chat).
+    pub(crate) normalized_request: Option<Value>,
+    /// What graft sent upstream when it translated the request.
+    pub(crate) upstream_request: Option<Value>,
+    pub(crate) upstream_dialect: Option<DialectKind>,
+    /// The id graft gives the answer in the client's dialect (`resp_…`, `msg_…`).
+    pub(crate) response_id: String,
 }
 
 /// The outcome of a call, for its record.
 #[derive(Default)]
-struct Outcome {
-    status: u16,
-    error: Option<GatewayError>,
-    upstream_error_text: Option<String>,
-    response: Option<Value>,
-    finish_reason: Option<String>,
-    ttft: Option<Duration>,
-    upstream_time: Duration,
+pub(crate) struct Outcome {
+    pub(crate) status: u16,
+    pub(crate) error: Option<GatewayError>,
+    pub(crate) upstream_error_text: Option<String>,
+    pub(crate) response: Option<Value>,
+    pub(crate) normalized_response: Option<Value>,
+    pub(crate) finish_reason: Option<String>,
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) upstream_time: Duration,
 }
 
 impl Call {
-    fn build_record(&self, o: &Outcome, client_gone: bool) -> CallRecord {
-        let usage = o
-            .response
-            .as_ref()
-            .and_then(|r| r.get("usage"))
-            .and_then(|u| {
-                u.as_object().map(|_| Usage {
-                    prompt_tokens: u.get("prompt_tokens").and_then(Value::as_u64),
-                    completion_tokens: u.get("completion_tokens").and_then(Value::as_u64),
-                    total_tokens: u.get("total_tokens").and_then(Value::as_u64),
-                })
-            });
+    pub(crate) fn build_record(&self, o: &Outcome, client_gone: bool) -> CallRecord {
+        let usage = usage_of(o);
         let (outcome, error) = match (&o.error, &o.upstream_error_text) {
             _ if client_gone => (
                 "client_disconnected".to_string(),
@@ -257,6 +275,10 @@ impl Call {
             stream: self.stream,
             request,
             response: o.response.clone(),
+            normalized_request: self.normalized_request.clone(),
+            normalized_response: o.normalized_response.clone(),
+            upstream_request: self.upstream_request.clone(),
+            upstream_dialect: self.upstream_dialect.map(|d| d.label().to_string()),
             status: o.status,
             outcome,
             error,
@@ -273,7 +295,11 @@ impl Call {
     }
 
     /// Hands the record to the recorder; under sync durability this returns once it is fsynced.
-    async fn commit(&self, o: &Outcome, client_gone: bool) -> Result<Duration, GatewayError> {
+    pub(crate) async fn commit(
+        &self,
+        o: &Outcome,
+        client_gone: bool,
+    ) -> Result<Duration, GatewayError> {
         let rec = self.build_record(o, client_gone);
         let t = Instant::now();
         self.session.count_call();
@@ -290,7 +316,12 @@ impl Call {
         }
     }
 
-    fn observe(&self, upstream_time: Duration, record_wait: Duration, ttft: Option<Duration>) {
+    pub(crate) fn observe(
+        &self,
+        upstream_time: Duration,
+        record_wait: Duration,
+        ttft: Option<Duration>,
+    ) {
         let m = &self.state.metrics;
         let route = crate::metrics::RouteLabel {
             route: self.route.label(),
@@ -311,7 +342,7 @@ impl Call {
         }
     }
 
-    fn headers(&self, resp: &mut Response<GBody>) {
+    pub(crate) fn headers(&self, resp: &mut Response<GBody>) {
         if let Ok(v) = HeaderValue::from_str(&self.call_id) {
             resp.headers_mut().insert("x-graft-call-id", v);
         }
@@ -319,6 +350,37 @@ impl Call {
             resp.headers_mut().insert("x-graft-session", v);
         }
     }
+}
+
+/// Token counts from the internal answer, else from the response in any dialect's shape
+/// (`prompt_tokens`/`completion_tokens` or `input_tokens`/`output_tokens`).
+fn usage_of(o: &Outcome) -> Option<Usage> {
+    if let Some(u) = o
+        .normalized_response
+        .as_ref()
+        .and_then(|a| a.get("usage"))
+        .filter(|u| u.is_object())
+    {
+        let i = u.get("input_tokens").and_then(Value::as_u64);
+        let out = u.get("output_tokens").and_then(Value::as_u64);
+        return Some(Usage {
+            prompt_tokens: i,
+            completion_tokens: out,
+            total_tokens: i.zip(out).map(|(a, b)| a + b),
+        });
+    }
+    let u = o.response.as_ref()?.get("usage")?.as_object()?;
+    let get = |a: &str, b: &str| u.get(a).or_else(|| u.get(b)).and_then(Value::as_u64);
+    let prompt = get("prompt_tokens", "input_tokens");
+    let completion = get("completion_tokens", "output_tokens");
+    Some(Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: u
+            .get("total_tokens")
+            .and_then(Value::as_u64)
+            .or(prompt.zip(completion).map(|(a, b)| a + b)),
+    })
 }
 
 /// Handles one call on a `/v1/...` route whose session is already resolved.
@@ -343,7 +405,18 @@ pub async fn handle(
         .get("model")
         .and_then(Value::as_str)
         .map(str::to_string);
-    let call = Call {
+    // Dialects other than Chat are parsed into the internal conversation: that validates
+    // them field by field and gives the record its normalized form.
+    let conv = match route {
+        Route::Responses => Some(responses::parse_request(&request)?),
+        Route::Messages => Some(anthropic::parse_request(&request)?),
+        _ => None,
+    };
+    let translate = match (route.dialect(), &conv) {
+        (Some(d), Some(_)) => !state.cfg.upstream_dialects.contains(&d),
+        _ => false,
+    };
+    let mut call = Call {
         call_id: uuid::Uuid::now_v7().to_string(),
         client: headers
             .get(header::USER_AGENT)
@@ -357,15 +430,41 @@ pub async fn handle(
         model,
         stream,
         t0,
+        normalized_request: None,
+        upstream_request: None,
+        upstream_dialect: None,
+        response_id: match route {
+            Route::Messages => crate::dialect::new_id("msg_"),
+            _ => crate::dialect::new_id("resp_"),
+        },
     };
-    let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream);
+    let (upstream_path, bytes, translation) = match conv {
+        Some(mut conv) if translate => {
+            let (chat_req, notes) = crate::dialect::chat::to_request(&conv);
+            conv.notes.extend(notes);
+            if !conv.notes.is_empty() {
+                tracing::info!(call_id = %call.call_id, notes = ?conv.notes, "request translated to Chat Completions");
+            }
+            call.normalized_request = serde_json::to_value(&conv).ok();
+            let body = Bytes::from(chat_req.to_string());
+            call.upstream_request = Some(chat_req);
+            call.upstream_dialect = Some(DialectKind::ChatCompletions);
+            (Route::ChatCompletions.upstream_path(), body, Some(conv))
+        }
+        Some(conv) => {
+            call.normalized_request = serde_json::to_value(&conv).ok();
+            (route.upstream_path(), bytes, None)
+        }
+        None => (route.upstream_path(), bytes, None),
+    };
+    let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, translated = translation.is_some());
     async move {
         let permit = state.limits.upstream_permit().await?;
         state.metrics.upstream_inflight.inc();
         let t_up = Instant::now();
         let sent = state
             .upstream
-            .send(Method::POST, route.upstream_path(), bytes, &headers)
+            .send(Method::POST, upstream_path, bytes, &headers)
             .await;
         let resp = match sent {
             Ok(r) => r,
@@ -402,7 +501,12 @@ pub async fn handle(
             call.headers(&mut out);
             tokio::spawn(
                 async move {
-                    pump(call, resp.into_body(), tx, t_up).await;
+                    match translation {
+                        Some(conv) => {
+                            crate::translate::pump(call, conv, resp.into_body(), tx, t_up).await
+                        }
+                        None => pump(call, resp.into_body(), tx, t_up).await,
+                    }
                     state.metrics.upstream_inflight.dec();
                     drop(permit);
                 }
@@ -410,13 +514,54 @@ pub async fn handle(
             );
             return Ok(out);
         }
-        let result = whole(&call, resp, t_up).await;
+        let result = match translation {
+            Some(conv) => crate::translate::whole(&call, &conv, resp, t_up).await,
+            None => whole(&call, resp, t_up).await,
+        };
         state.metrics.upstream_inflight.dec();
         drop(permit);
         result
     }
     .instrument(span)
     .await
+}
+
+/// Reads a whole upstream body within the response size limit and the upstream timeout.
+pub(crate) async fn collect_upstream(
+    call: &Call,
+    resp: Response<Incoming>,
+) -> Result<Bytes, GatewayError> {
+    let upstream = call.state.upstream.base_url().to_string();
+    let limit = call.state.cfg.max_response_bytes;
+    let collected = tokio::time::timeout(
+        call.state.upstream.timeout(),
+        http_body_util::Limited::new(resp.into_body(), limit).collect(),
+    )
+    .await;
+    match collected {
+        Err(_) => Err(GatewayError::UpstreamTimeout {
+            upstream,
+            secs: call.state.upstream.timeout().as_secs(),
+        }),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(GatewayError::UpstreamInvalid {
+                    upstream,
+                    detail: format!(
+                        "the response is larger than limits.max_response_bytes ({limit} bytes)"
+                    ),
+                })
+            } else {
+                Err(GatewayError::UpstreamStream {
+                    upstream,
+                    detail: crate::upstream::error_chain(e.as_ref()),
+                })
+            }
+        }
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
 }
 
 /// A non-streamed answer (or an upstream error answer to a streamed request).
@@ -428,40 +573,11 @@ async fn whole(
     let status = resp.status();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let upstream = call.state.upstream.base_url().to_string();
-    let limit = call.state.cfg.max_response_bytes;
-    let collected = tokio::time::timeout(
-        call.state.upstream.timeout(),
-        http_body_util::Limited::new(resp.into_body(), limit).collect(),
-    )
-    .await;
+    let body = collect_upstream(call, resp).await;
     let mut o = Outcome {
         status: status.as_u16(),
         upstream_time: t_up.elapsed(),
         ..Default::default()
-    };
-    let body = match collected {
-        Err(_) => Err(GatewayError::UpstreamTimeout {
-            upstream: upstream.clone(),
-            secs: call.state.upstream.timeout().as_secs(),
-        }),
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(GatewayError::UpstreamInvalid {
-                    upstream: upstream.clone(),
-                    detail: format!(
-                        "the response is larger than limits.max_response_bytes ({limit} bytes)"
-                    ),
-                })
-            } else {
-                Err(GatewayError::UpstreamStream {
-                    upstream: upstream.clone(),
-                    detail: crate::upstream::error_chain(e.as_ref()),
-                })
-            }
-        }
-        Ok(Ok(c)) => Ok(c.to_bytes()),
     };
     let result = match body {
         Err(e) => Err(e),
@@ -522,149 +638,217 @@ async fn whole(
     }
 }
 
-/// Relays an SSE answer event by event while the tee assembles it. The final `[DONE]` is
-/// held back until the record is written (sync durability: the last byte waits for fsync).
-async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant) {
-    let upstream = call.state.upstream.base_url().to_string();
-    let max_event = call.state.cfg.max_response_bytes;
-    let idle = call.state.upstream.timeout();
-    let mut splitter = Splitter::default();
-    let mut asm = if call.route == Route::Completions {
-        Assembler::completions()
-    } else {
-        Assembler::chat()
-    };
-    let mut o = Outcome {
-        status: StatusCode::OK.as_u16(),
-        ..Default::default()
-    };
-    let mut done: Option<Bytes> = None;
-    let mut client_gone = false;
-    let mut relayed: usize = 0;
+/// Reads an upstream SSE body as whole events, watching the client side for disconnects.
+pub(crate) struct UpstreamEvents {
+    body: Incoming,
+    splitter: Splitter,
+    upstream: String,
+    idle: Duration,
+    max_event: usize,
+    pending: std::collections::VecDeque<Event>,
+    ended: bool,
+    pub(crate) events: u64,
+}
 
-    'read: loop {
-        let frame = tokio::select! {
-            f = tokio::time::timeout(idle, body.frame()) => f,
-            _ = tx.closed() => { client_gone = true; break 'read; }
-        };
-        let chunk = match frame {
-            Err(_) => {
-                o.error = Some(GatewayError::UpstreamTimeout {
-                    upstream: upstream.clone(),
-                    secs: idle.as_secs(),
-                });
-                break;
-            }
-            Ok(None) => break,
-            Ok(Some(Err(e))) => {
-                o.error = Some(GatewayError::UpstreamStream {
-                    upstream: upstream.clone(),
-                    detail: format!(
-                        "the connection failed after {} events: {}",
-                        asm.chunks,
-                        crate::upstream::error_chain(&e)
-                    ),
-                });
-                break;
-            }
-            Ok(Some(Ok(f))) => match f.into_data() {
-                Ok(d) => d,
-                Err(_) => continue,
-            },
-        };
-        splitter.push(&chunk);
+/// What the next read from the upstream brought.
+pub(crate) enum Next {
+    Event(Event),
+    /// The upstream ended its body; leftovers were handled.
+    End,
+    Failed(GatewayError),
+    ClientGone,
+}
+
+impl UpstreamEvents {
+    pub(crate) fn new(call: &Call, body: Incoming) -> Self {
+        UpstreamEvents {
+            body,
+            splitter: Splitter::default(),
+            upstream: call.state.upstream.base_url().to_string(),
+            idle: call.state.upstream.timeout(),
+            max_event: call.state.cfg.max_response_bytes,
+            pending: Default::default(),
+            ended: false,
+            events: 0,
+        }
+    }
+
+    pub(crate) async fn next(&mut self, tx: &mpsc::Sender<Bytes>) -> Next {
         loop {
-            let ev = match splitter.next_event(max_event) {
-                Ok(Some(ev)) => ev,
-                Ok(None) => break,
-                Err(e) => {
-                    o.error = Some(GatewayError::UpstreamInvalid {
-                        upstream: upstream.clone(),
-                        detail: e.to_string(),
-                    });
-                    break 'read;
-                }
-            };
-            if ev.is_done() {
-                done = Some(ev.raw);
-                continue;
+            if let Some(ev) = self.pending.pop_front() {
+                self.events += 1;
+                return Next::Event(ev);
             }
-            if let Some(data) = &ev.data {
-                match serde_json::from_str::<Value>(data) {
-                    Ok(v) => {
-                        if v.get("error").is_some_and(|e| !e.is_null()) {
-                            o.upstream_error_text =
-                                Some(format!("upstream sent an error event: {}", v["error"]));
+            if self.ended {
+                return Next::End;
+            }
+            let frame = tokio::select! {
+                f = tokio::time::timeout(self.idle, self.body.frame()) => f,
+                _ = tx.closed() => return Next::ClientGone,
+            };
+            let chunk = match frame {
+                Err(_) => {
+                    return Next::Failed(GatewayError::UpstreamTimeout {
+                        upstream: self.upstream.clone(),
+                        secs: self.idle.as_secs(),
+                    });
+                }
+                Ok(None) => {
+                    self.ended = true;
+                    if let Some(rest) = self.splitter.finish() {
+                        if rest.is_done() {
+                            self.pending.push_back(rest);
+                        } else if rest.data.is_none() {
+                            return Next::Failed(GatewayError::UpstreamInvalid {
+                                upstream: self.upstream.clone(),
+                                detail: format!(
+                                    "the stream is not server-sent events: {}",
+                                    snippet(&rest.raw)
+                                ),
+                            });
                         } else {
-                            if o.ttft.is_none() {
-                                o.ttft = Some(call.t0.elapsed());
-                            }
-                            asm.push(&v);
+                            return Next::Failed(GatewayError::UpstreamStream {
+                                upstream: self.upstream.clone(),
+                                detail: format!(
+                                    "the stream ended inside an event: {}",
+                                    snippet(&rest.raw)
+                                ),
+                            });
                         }
                     }
-                    Err(_) => {
-                        o.error = Some(GatewayError::UpstreamInvalid {
-                            upstream: upstream.clone(),
-                            detail: format!(
-                                "an SSE event is not JSON: {}",
-                                snippet(data.as_bytes())
-                            ),
+                    continue;
+                }
+                Ok(Some(Err(e))) => {
+                    return Next::Failed(GatewayError::UpstreamStream {
+                        upstream: self.upstream.clone(),
+                        detail: format!(
+                            "the connection failed after {} events: {}",
+                            self.events,
+                            crate::upstream::error_chain(&e)
+                        ),
+                    });
+                }
+                Ok(Some(Ok(f))) => match f.into_data() {
+                    Ok(d) => d,
+                    Err(_) => continue,
+                },
+            };
+            self.splitter.push(&chunk);
+            loop {
+                match self.splitter.next_event(self.max_event) {
+                    Ok(Some(ev)) => self.pending.push_back(ev),
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Next::Failed(GatewayError::UpstreamInvalid {
+                            upstream: self.upstream.clone(),
+                            detail: e.to_string(),
                         });
-                        break 'read;
                     }
                 }
             }
-            relayed += ev.raw.len();
-            if tx.send(ev.raw).await.is_err() {
-                client_gone = true;
-                break 'read;
-            }
         }
     }
-    if o.error.is_none()
-        && !client_gone
-        && let Some(rest) = splitter.finish()
-    {
-        if rest.is_done() {
-            done = Some(Bytes::from_static(b"data: [DONE]\n\n"));
-        } else if rest.data.is_none() {
-            o.error = Some(GatewayError::UpstreamInvalid {
-                upstream: upstream.clone(),
-                detail: format!(
-                    "the stream is not server-sent events: {}",
-                    snippet(&rest.raw)
-                ),
-            });
-        } else {
-            o.error = Some(GatewayError::UpstreamStream {
-                upstream: upstream.clone(),
-                detail: format!("the stream ended inside an event: {}", snippet(&rest.raw)),
-            });
+
+    /// Parses an event's data as JSON, or says the upstream sent something else.
+    pub(crate) fn json(&self, data: &str) -> Result<Value, GatewayError> {
+        serde_json::from_str(data).map_err(|_| GatewayError::UpstreamInvalid {
+            upstream: self.upstream.clone(),
+            detail: format!("an SSE event is not JSON: {}", snippet(data.as_bytes())),
+        })
+    }
+
+    pub(crate) fn upstream(&self) -> &str {
+        &self.upstream
+    }
+}
+
+/// The passthrough tee: assembles the relayed stream in its own dialect for the record.
+enum Tee {
+    Chat(Assembler),
+    Responses(responses::ResponsesAssembler),
+    Anthropic(anthropic::AnthropicAssembler),
+}
+
+impl Tee {
+    fn for_route(route: Route) -> Tee {
+        match route {
+            Route::Completions => Tee::Chat(Assembler::completions()),
+            Route::Responses => Tee::Responses(Default::default()),
+            Route::Messages => Tee::Anthropic(Default::default()),
+            Route::ChatCompletions | Route::Models => Tee::Chat(Assembler::chat()),
         }
     }
-    if o.error.is_none() && !client_gone && done.is_none() && o.upstream_error_text.is_none() {
-        o.error = Some(GatewayError::UpstreamStream {
-            upstream: upstream.clone(),
-            detail: format!(
-                "the stream ended after {} events without [DONE]",
-                asm.chunks
+
+    fn push(&mut self, v: &Value) {
+        match self {
+            Tee::Chat(a) => a.push(v),
+            Tee::Responses(a) => a.push(v),
+            Tee::Anthropic(a) => a.push(v),
+        }
+    }
+
+    /// Whether this event is the stream's last word (held back until the record is durable).
+    fn is_terminal(&self, ev: &Event, v: Option<&Value>) -> bool {
+        let ty = v.and_then(|v| v.get("type")).and_then(Value::as_str);
+        match self {
+            Tee::Chat(_) => ev.is_done(),
+            Tee::Responses(_) => matches!(
+                ty,
+                Some("response.completed" | "response.incomplete" | "response.failed")
             ),
-        });
+            Tee::Anthropic(_) => ty == Some("message_stop"),
+        }
     }
-    o.upstream_time = t_up.elapsed();
-    o.finish_reason = asm.finish_reason();
-    if asm.chunks > 0 {
-        o.response = Some(asm.finish());
+
+    fn finish(&self) -> Option<Value> {
+        match self {
+            Tee::Chat(a) => (a.chunks > 0).then(|| a.finish()),
+            Tee::Responses(a) => a.finish(),
+            Tee::Anthropic(a) => a.finish(),
+        }
     }
+
+    fn finish_reason(&self, response: Option<&Value>) -> Option<String> {
+        match self {
+            Tee::Chat(a) => a.finish_reason(),
+            Tee::Responses(_) => response
+                .and_then(|r| r.get("status"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+            Tee::Anthropic(_) => response
+                .and_then(|r| r.get("stop_reason"))
+                .and_then(Value::as_str)
+                .map(str::to_string),
+        }
+    }
+}
+
+/// The error event for a stream in the call's dialect.
+pub(crate) fn error_event(call: &Call, e: &GatewayError) -> Bytes {
+    match call.route {
+        Route::Responses => responses::error_event(e, &call.response_id),
+        Route::Messages => anthropic::error_event(e),
+        _ => e.sse_event(),
+    }
+}
+
+/// Ends a stream: writes the record (under sync durability this waits for the fsync), then
+/// sends the held-back last bytes, or the error event.
+pub(crate) async fn close_stream(
+    call: &Call,
+    o: &Outcome,
+    client_gone: bool,
+    tx: &mpsc::Sender<Bytes>,
+    last: Vec<Bytes>,
+) {
     if let Some(e) = &o.error {
-        o.status = StatusCode::OK.as_u16();
-        warn!(error = %e, relayed, "stream ended with an error");
+        warn!(error = %e, "stream ended with an error");
     }
-    let wait = match call.commit(&o, client_gone).await {
+    let wait = match call.commit(o, client_gone).await {
         Ok(w) => w,
         Err(e) => {
             if !client_gone {
-                let _ = tx.send(e.sse_event()).await;
+                let _ = tx.send(error_event(call, &e)).await;
             }
             return;
         }
@@ -674,12 +858,100 @@ async fn pump(call: Call, mut body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Ins
         debug!("client went away mid-stream; partial call recorded");
         return;
     }
-    let last = match (&o.error, done) {
-        (Some(e), _) => e.sse_event(),
-        (None, Some(d)) => d,
-        (None, None) => return,
+    match &o.error {
+        Some(e) => {
+            let _ = tx.send(error_event(call, e)).await;
+        }
+        None => {
+            for b in last {
+                if tx.send(b).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Relays an SSE answer event by event while the tee assembles it. The stream's last event
+/// (`[DONE]`, `response.completed`, `message_stop`) is held back until the record is written
+/// (sync durability: the last byte waits for the fsync).
+async fn pump(call: Call, body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant) {
+    let mut up = UpstreamEvents::new(&call, body);
+    let mut tee = Tee::for_route(call.route);
+    let mut o = Outcome {
+        status: StatusCode::OK.as_u16(),
+        ..Default::default()
     };
-    let _ = tx.send(last).await;
+    let mut last: Vec<Bytes> = vec![];
+    let mut client_gone = false;
+    loop {
+        let ev = match up.next(&tx).await {
+            Next::Event(ev) => ev,
+            Next::End => break,
+            Next::Failed(e) => {
+                o.error = Some(e);
+                break;
+            }
+            Next::ClientGone => {
+                client_gone = true;
+                break;
+            }
+        };
+        let parsed = match ev.data.as_deref() {
+            Some(d) if !ev.is_done() => match up.json(d) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    o.error = Some(e);
+                    break;
+                }
+            },
+            _ => None,
+        };
+        if let Some(v) = &parsed {
+            let err = v.get("error").filter(|e| !e.is_null());
+            let ty = v.get("type").and_then(Value::as_str);
+            if err.is_some() || ty == Some("error") {
+                o.upstream_error_text = Some(format!(
+                    "upstream sent an error event: {}",
+                    err.unwrap_or(v)
+                ));
+            } else {
+                if o.ttft.is_none() {
+                    o.ttft = Some(call.t0.elapsed());
+                }
+                tee.push(v);
+            }
+        }
+        if tee.is_terminal(&ev, parsed.as_ref()) {
+            last.push(ev.raw);
+            continue;
+        }
+        if !last.is_empty() {
+            // Something after the "last" event: relay in order, keep holding only the end.
+            for b in std::mem::take(&mut last) {
+                if tx.send(b).await.is_err() {
+                    client_gone = true;
+                }
+            }
+        }
+        if tx.send(ev.raw).await.is_err() {
+            client_gone = true;
+            break;
+        }
+    }
+    if o.error.is_none() && !client_gone && last.is_empty() && o.upstream_error_text.is_none() {
+        o.error = Some(GatewayError::UpstreamStream {
+            upstream: up.upstream().to_string(),
+            detail: format!(
+                "the stream ended after {} events without its final event",
+                up.events
+            ),
+        });
+    }
+    o.upstream_time = t_up.elapsed();
+    o.response = tee.finish();
+    o.finish_reason = tee.finish_reason(o.response.as_ref());
+    close_stream(&call, &o, client_gone, &tx, last).await;
 }
 
 /// `GET /v1/models`: relayed, not recorded (it is not an inference call).
@@ -719,13 +991,13 @@ async fn models(state: &State, headers: &HeaderMap) -> Result<Response<GBody>, G
     Ok(resp)
 }
 
-fn snippet(b: &[u8]) -> String {
+pub(crate) fn snippet(b: &[u8]) -> String {
     let s = String::from_utf8_lossy(&b[..b.len().min(200)]).to_string();
     format!("'{}'{}", s.trim(), if b.len() > 200 { "…" } else { "" })
 }
 
 /// The upstream's own error message when it sent OpenAI's error shape, else a snippet.
-fn upstream_message(b: &[u8]) -> String {
+pub(crate) fn upstream_message(b: &[u8]) -> String {
     serde_json::from_slice::<Value>(b)
         .ok()
         .and_then(|v| {

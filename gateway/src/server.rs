@@ -301,6 +301,7 @@ fn tls_acceptor(
 async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<GBody> {
     let t0 = Instant::now();
     let (label, result) = dispatch(&state, req, t0).await;
+    let anthropic_shape = label == Route::Messages.label();
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
@@ -318,7 +319,15 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<GBody> {
                     code: e.code(),
                 })
                 .inc();
-            e.to_response()
+            if anthropic_shape {
+                let mut r: Response<GBody> = e.to_response();
+                *r.body_mut() = full(Bytes::from(
+                    crate::dialect::anthropic::error_body(&e).to_string(),
+                ));
+                r
+            } else {
+                e.to_response()
+            }
         }
     };
     state
@@ -376,6 +385,8 @@ async fn dispatch(
         "/v1/chat/completions" => Route::ChatCompletions,
         "/v1/completions" => Route::Completions,
         "/v1/models" => Route::Models,
+        "/v1/responses" => Route::Responses,
+        "/v1/messages" => Route::Messages,
         _ => {
             return (
                 "unknown",
@@ -391,6 +402,11 @@ async fn dispatch(
     } else {
         Method::POST
     };
+    if route == Route::Responses && method == Method::GET {
+        // Codex tries a WebSocket upgrade on GET /v1/responses first; refusing it at once
+        // makes it fall back to POST + SSE.
+        return (route.label(), Ok(websocket_refusal()));
+    }
     if method != expected {
         return (
             route.label(),
@@ -408,6 +424,19 @@ async fn dispatch(
     }
     .await;
     (route.label(), result)
+}
+
+fn websocket_refusal() -> Response<GBody> {
+    let body = json!({"error": {
+        "message": "graft serves the Responses API over HTTP POST with server-sent events, not WebSocket; use POST /v1/responses",
+        "type": "invalid_request_error",
+        "code": "websocket_not_supported",
+        "param": null,
+    }});
+    let mut r = json_response(StatusCode::UPGRADE_REQUIRED, &body);
+    r.headers_mut()
+        .insert(header::CONNECTION, HeaderValue::from_static("close"));
+    r
 }
 
 fn bearer(headers: &HeaderMap) -> Option<&str> {

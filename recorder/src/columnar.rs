@@ -1,6 +1,10 @@
 //! Records as Arrow record batches in Parquet (zstd): one row per call, one column per
-//! `CallRecord` field; `usage` as three nullable UInt64 columns; the request as JSON text
-//! (`request_delta` in sealed segments, `request` in exports) and `response` as JSON text.
+//! `CallRecord` field; `usage` as three nullable UInt64 columns; JSON values as JSON text:
+//! the growing ones as deltas in sealed segments (`request_delta`,
+//! `normalized_request_delta`, `upstream_request_delta`) and full in exports (`request`,
+//! `normalized_request`, `upstream_request`); `response` and `normalized_response` as is.
+//! Columns added by later schema versions come after the older ones and are nullable; a
+//! file without them (written by an older version) reads them as null.
 
 use std::fs::File;
 use std::path::Path;
@@ -22,17 +26,34 @@ use parquet::file::properties::WriterProperties;
 use crate::error::{RecorderError, Result};
 use crate::record::{StoredRecord, Usage};
 
-/// Column holding the request delta in sealed segments.
-pub(crate) const DELTA_COLUMN: &str = "request_delta";
-/// Column holding the full request in exports.
-pub(crate) const REQUEST_COLUMN: &str = "request";
+/// Names of the columns holding the growing JSON values: deltas or full values.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct JsonColumns {
+    pub request: &'static str,
+    pub normalized_request: &'static str,
+    pub upstream_request: &'static str,
+}
+
+/// Sealed segments: deltas.
+pub(crate) const DELTA_COLUMNS: JsonColumns = JsonColumns {
+    request: "request_delta",
+    normalized_request: "normalized_request_delta",
+    upstream_request: "upstream_request_delta",
+};
+
+/// Exports: full values.
+pub(crate) const FULL_COLUMNS: JsonColumns = JsonColumns {
+    request: "request",
+    normalized_request: "normalized_request",
+    upstream_request: "upstream_request",
+};
 
 const BATCH_ROWS: usize = 4096;
 const ROW_GROUP_ROWS: usize = 16 * 1024;
 const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
 const ZSTD_LEVEL: i32 = 3;
 
-pub(crate) fn schema(request_column: &str) -> SchemaRef {
+pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
     let list = |name: &str, item: DataType| {
         Field::new(
             name,
@@ -53,7 +74,7 @@ pub(crate) fn schema(request_column: &str) -> SchemaRef {
         Field::new("model", DataType::Utf8, true),
         Field::new("upstream", DataType::Utf8, false),
         Field::new("stream", DataType::Boolean, false),
-        Field::new(request_column, DataType::Utf8, false),
+        Field::new(json.request, DataType::Utf8, false),
         Field::new("response", DataType::Utf8, true),
         Field::new("status", DataType::UInt16, false),
         Field::new("outcome", DataType::Utf8, false),
@@ -69,14 +90,29 @@ pub(crate) fn schema(request_column: &str) -> SchemaRef {
         Field::new("ttft_ms", DataType::Float64, true),
         Field::new("latency_ms", DataType::Float64, false),
         Field::new("client", DataType::Utf8, true),
+        // v2
+        Field::new(json.normalized_request, DataType::Utf8, true),
+        Field::new("normalized_response", DataType::Utf8, true),
+        Field::new(json.upstream_request, DataType::Utf8, true),
+        Field::new("upstream_dialect", DataType::Utf8, true),
     ]))
 }
 
-/// A row to write: the record's fields plus its request column text.
+/// A row to write: the record's fields plus the text of its JSON columns (deltas or full
+/// values, as the file's [`JsonColumns`] say).
 pub(crate) struct Row<'a> {
     pub rec: &'a StoredRecord,
-    pub request_text: &'a str,
-    pub response_text: Option<&'a str>,
+    pub text: &'a RowText,
+}
+
+/// JSON text of a row's JSON columns.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RowText {
+    pub request: String,
+    pub response: Option<String>,
+    pub normalized_request: Option<String>,
+    pub normalized_response: Option<String>,
+    pub upstream_request: Option<String>,
 }
 
 fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<RecordBatch> {
@@ -109,6 +145,10 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut ttft = Float64Builder::with_capacity(n);
     let mut latency = Float64Builder::with_capacity(n);
     let mut client = StringBuilder::new();
+    let mut normalized_request = StringBuilder::new();
+    let mut normalized_response = StringBuilder::new();
+    let mut upstream_request = StringBuilder::new();
+    let mut upstream_dialect = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -124,8 +164,8 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         model.append_option(r.model.as_deref());
         upstream.append_value(&r.upstream);
         stream.append_value(r.stream);
-        request.append_value(row.request_text);
-        response.append_option(row.response_text);
+        request.append_value(&row.text.request);
+        response.append_option(row.text.response.as_deref());
         status.append_value(r.status);
         outcome.append_value(&r.outcome);
         error.append_option(r.error.as_deref());
@@ -157,6 +197,10 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         ttft.append_option(r.ttft_ms);
         latency.append_value(r.latency_ms);
         client.append_option(r.client.as_deref());
+        normalized_request.append_option(row.text.normalized_request.as_deref());
+        normalized_response.append_option(row.text.normalized_response.as_deref());
+        upstream_request.append_option(row.text.upstream_request.as_deref());
+        upstream_dialect.append_option(r.upstream_dialect.as_deref());
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -188,6 +232,10 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(ttft.finish()),
         Arc::new(latency.finish()),
         Arc::new(client.finish()),
+        Arc::new(normalized_request.finish()),
+        Arc::new(normalized_response.finish()),
+        Arc::new(upstream_request.finish()),
+        Arc::new(upstream_dialect.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -196,8 +244,8 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
 }
 
 /// Writes `rows` to a new parquet file at `path` and fsyncs it.
-pub(crate) fn write_parquet(path: &Path, rows: &[Row<'_>], request_column: &str) -> Result<()> {
-    let schema = schema(request_column);
+pub(crate) fn write_parquet(path: &Path, rows: &[Row<'_>], json: JsonColumns) -> Result<()> {
+    let schema = schema(json);
     let level = ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| RecorderError::parquet(path, e))?;
     let props = WriterProperties::builder()
         .set_compression(Compression::ZSTD(level))
@@ -221,11 +269,13 @@ pub(crate) fn write_parquet(path: &Path, rows: &[Row<'_>], request_column: &str)
         .map_err(|e| RecorderError::io("fsyncing", path, e))
 }
 
-/// A row read back: the record (its `request_delta` is a placeholder) and the raw text of
-/// the request column.
+/// A row read back: the record (its deltas are placeholders: `request_delta` full `null`,
+/// the others `None`) and the raw text of the growing values' columns.
 pub(crate) struct ReadRow {
     pub rec: StoredRecord,
     pub request_text: String,
+    pub normalized_request_text: Option<String>,
+    pub upstream_request_text: Option<String>,
 }
 
 struct Cols<'a> {
@@ -315,7 +365,7 @@ fn opt_prim<T: ArrowPrimitiveType>(
 
 /// Reads every row of a parquet file written by [`write_parquet`] (or an older version of
 /// it: missing nullable columns read as null).
-pub(crate) fn read_parquet(path: &Path, request_column: &str) -> Result<Vec<ReadRow>> {
+pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow>> {
     let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
         .and_then(|b| b.with_batch_size(BATCH_ROWS).build())
@@ -348,7 +398,7 @@ pub(crate) fn read_parquet(path: &Path, request_column: &str) -> Result<Vec<Read
                     .ok_or_else(|| c.bad("stream", "is not Boolean"))
             })
             .transpose()?;
-        let request = c.required(request_column, c.string(request_column)?)?;
+        let request = c.required(json.request, c.string(json.request)?)?;
         let response = c.string("response")?;
         let status = c.prim::<UInt16Type>("status")?;
         let outcome = c.string("outcome")?;
@@ -361,18 +411,26 @@ pub(crate) fn read_parquet(path: &Path, request_column: &str) -> Result<Vec<Read
         let ttft = c.prim::<Float64Type>("ttft_ms")?;
         let latency = c.prim::<Float64Type>("latency_ms")?;
         let client = c.string("client")?;
+        let normalized_request = c.string(json.normalized_request)?;
+        let normalized_response = c.string("normalized_response")?;
+        let upstream_request = c.string(json.upstream_request)?;
+        let upstream_dialect = c.string("upstream_dialect")?;
 
         for row in 0..batch.num_rows() {
-            let response = opt_str(response, row)
-                .map(|text| {
-                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
-                        path: path.to_owned(),
-                        column: "response",
-                        row,
-                        source,
+            let json_value = |col: Option<&StringArray>, column: &'static str| {
+                opt_str(col, row)
+                    .map(|text| {
+                        serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
+                            path: path.to_owned(),
+                            column,
+                            row,
+                            source,
+                        })
                     })
-                })
-                .transpose()?;
+                    .transpose()
+            };
+            let response = json_value(response, "response")?;
+            let normalized_response = json_value(normalized_response, "normalized_response")?;
             let usage = Usage {
                 prompt_tokens: opt_prim(usage_prompt, row),
                 completion_tokens: opt_prim(usage_completion, row),
@@ -409,10 +467,16 @@ pub(crate) fn read_parquet(path: &Path, request_column: &str) -> Result<Vec<Read
                 ttft_ms: opt_prim(ttft, row),
                 latency_ms: opt_prim(latency, row).unwrap_or(0.0),
                 client: opt_str(client, row),
+                normalized_request_delta: None,
+                normalized_response,
+                upstream_request_delta: None,
+                upstream_dialect: opt_str(upstream_dialect, row),
             };
             out.push(ReadRow {
                 rec,
                 request_text: request.value(row).to_owned(),
+                normalized_request_text: opt_str(normalized_request, row),
+                upstream_request_text: opt_str(upstream_request, row),
             });
         }
     }

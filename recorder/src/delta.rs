@@ -1,5 +1,6 @@
-//! Linear-per-trajectory storage: a call's request is stored as what it adds to an
-//! earlier call of the same session.
+//! Linear-per-trajectory storage: a call's request (and, since schema v2, its normalized
+//! and upstream requests, each on its own) is stored as what it adds to the same value of
+//! an earlier call of the same session.
 //!
 //! A delta is a JSON object
 //! `{"base": <call_id|null>, "field": "messages", "keep": k, "append": [...], "set": {...}, "unset": [...]}`:
@@ -56,7 +57,7 @@ fn empty_array() -> Value {
 }
 
 /// `"whole": null` means a `null` request, not an absent field.
-fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+pub(crate) fn present_value<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
     Value::deserialize(d).map(Some)
 }
 

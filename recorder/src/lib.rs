@@ -22,6 +22,8 @@ mod wal;
 mod writer;
 
 #[cfg(test)]
+mod fixture_tests;
+#[cfg(test)]
 mod tests;
 
 use std::collections::HashMap;

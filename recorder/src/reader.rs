@@ -6,11 +6,10 @@ use std::path::Path;
 
 use serde_json::Value;
 
-use crate::columnar::{self, DELTA_COLUMN, REQUEST_COLUMN, Row};
+use crate::columnar::{self, DELTA_COLUMNS, FULL_COLUMNS, Row, RowText};
 use crate::delta::{self, RequestDelta};
 use crate::error::{RecorderError, Result};
-use crate::record::{CallRecord, StoredRecord};
-use crate::redact::redact_json;
+use crate::record::{CallRecord, Deltas, Requests, StoredRecord};
 use crate::seal;
 use crate::session_log::{SessionEvent, read_session_events};
 use crate::wal;
@@ -48,21 +47,35 @@ fn try_read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
         if !manifests.contains_key(segment) && in_wal.contains(segment) {
             continue; // interrupted seal: the WAL is the source of truth
         }
-        for (row_no, row) in columnar::read_parquet(path, DELTA_COLUMN)?
+        for (row_no, row) in columnar::read_parquet(path, DELTA_COLUMNS)?
             .into_iter()
             .enumerate()
         {
-            let delta: RequestDelta =
-                serde_json::from_str(&row.request_text).map_err(|source| {
+            let parse = |text: &str, column: &'static str| {
+                serde_json::from_str::<RequestDelta>(text).map_err(|source| {
                     RecorderError::ColumnJson {
                         path: path.clone(),
-                        column: DELTA_COLUMN,
+                        column,
                         row: row_no,
                         source,
                     }
-                })?;
+                })
+            };
+            let request_delta = parse(&row.request_text, DELTA_COLUMNS.request)?;
+            let normalized_request_delta = row
+                .normalized_request_text
+                .as_deref()
+                .map(|t| parse(t, DELTA_COLUMNS.normalized_request))
+                .transpose()?;
+            let upstream_request_delta = row
+                .upstream_request_text
+                .as_deref()
+                .map(|t| parse(t, DELTA_COLUMNS.upstream_request))
+                .transpose()?;
             out.push(StoredRecord {
-                request_delta: delta,
+                request_delta,
+                normalized_request_delta,
+                upstream_request_delta,
                 ..row.rec
             });
         }
@@ -76,7 +89,36 @@ fn try_read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
     Ok(out)
 }
 
-/// Resolves deltas into full requests. Input in any order; output sorted by
+/// Resolves one delta of `rec` (its `what` value) against the same value of its base call
+/// among `resolved` (earlier calls of the session, by call_id).
+fn resolve_one(
+    rec: &StoredRecord,
+    what: &str,
+    delta: &RequestDelta,
+    resolved: &HashMap<String, Requests>,
+    pick: fn(&Requests) -> Option<&Value>,
+) -> Result<Value> {
+    let bad = |base: &str, reason: String| RecorderError::BadDelta {
+        call_id: rec.call_id.clone(),
+        base: base.to_owned(),
+        reason: format!("{what}: {reason}"),
+    };
+    let base = match &delta.base {
+        None => None,
+        Some(b) => {
+            let call = resolved.get(b).ok_or_else(|| RecorderError::MissingBase {
+                call_id: rec.call_id.clone(),
+                session_id: rec.session_id.clone(),
+                seq: rec.seq,
+                base: b.clone(),
+            })?;
+            Some(pick(call).ok_or_else(|| bad(b, format!("the base call has no {what}")))?)
+        }
+    };
+    delta::decode(base, delta).map_err(|reason| bad(delta.base.as_deref().unwrap_or(""), reason))
+}
+
+/// Resolves deltas into full values. Input in any order; output sorted by
 /// (session_id, seq).
 fn resolve(mut stored: Vec<StoredRecord>) -> Result<Vec<CallRecord>> {
     stored.sort_by(|a, b| {
@@ -90,31 +132,44 @@ fn resolve(mut stored: Vec<StoredRecord>) -> Result<Vec<CallRecord>> {
         dup
     });
     let mut out = Vec::with_capacity(stored.len());
-    let mut requests: HashMap<String, Value> = HashMap::new();
+    let mut resolved: HashMap<String, Requests> = HashMap::new();
     let mut session: Option<String> = None;
-    for rec in stored {
+    for mut rec in stored {
         if session.as_deref() != Some(rec.session_id.as_str()) {
             // Bases are always earlier calls of the same session.
-            requests.clear();
+            resolved.clear();
             session = Some(rec.session_id.clone());
         }
-        let base = match &rec.request_delta.base {
-            None => None,
-            Some(b) => Some(requests.get(b).ok_or_else(|| RecorderError::MissingBase {
-                call_id: rec.call_id.clone(),
-                session_id: rec.session_id.clone(),
-                seq: rec.seq,
-                base: b.clone(),
-            })?),
+        let deltas = Deltas {
+            request: std::mem::replace(&mut rec.request_delta, delta::encode(None, &Value::Null)),
+            normalized_request: rec.normalized_request_delta.take(),
+            upstream_request: rec.upstream_request_delta.take(),
         };
-        let request =
-            delta::decode(base, &rec.request_delta).map_err(|reason| RecorderError::BadDelta {
-                call_id: rec.call_id.clone(),
-                base: rec.request_delta.base.clone().unwrap_or_default(),
-                reason,
-            })?;
-        requests.insert(rec.call_id.clone(), request.clone());
-        out.push(rec.into_call(request));
+        let full = Requests {
+            request: resolve_one(&rec, "request", &deltas.request, &resolved, |r| {
+                Some(&r.request)
+            })?,
+            normalized_request: deltas
+                .normalized_request
+                .as_ref()
+                .map(|d| {
+                    resolve_one(&rec, "normalized_request", d, &resolved, |r| {
+                        r.normalized_request.as_ref()
+                    })
+                })
+                .transpose()?,
+            upstream_request: deltas
+                .upstream_request
+                .as_ref()
+                .map(|d| {
+                    resolve_one(&rec, "upstream_request", d, &resolved, |r| {
+                        r.upstream_request.as_ref()
+                    })
+                })
+                .transpose()?,
+        };
+        resolved.insert(rec.call_id.clone(), full.clone());
+        out.push(rec.into_call(full));
     }
     Ok(out)
 }
@@ -125,7 +180,8 @@ pub fn read_records(dir: &Path) -> Result<Vec<CallRecord>> {
     resolve(read_stored(dir)?)
 }
 
-/// Stored request bytes of one session.
+/// Stored bytes of one session's growing values: what is on disk against what full
+/// values would take.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct SessionBytes {
     pub records: u64,
@@ -133,37 +189,79 @@ pub struct SessionBytes {
     pub request_delta_bytes: u64,
     /// Bytes the full requests would take (JSON text).
     pub full_request_bytes: u64,
+    /// Same for `normalized_request` (calls without one count 0).
+    pub normalized_request_delta_bytes: u64,
+    pub full_normalized_request_bytes: u64,
+    /// Same for `upstream_request` (calls without one count 0).
+    pub upstream_request_delta_bytes: u64,
+    pub full_upstream_request_bytes: u64,
 }
 
-/// How much request payload is stored, per session, against what full requests would take.
+impl SessionBytes {
+    /// Stored delta bytes of the request, normalized request and upstream request.
+    pub fn delta_bytes(&self) -> u64 {
+        self.request_delta_bytes
+            + self.normalized_request_delta_bytes
+            + self.upstream_request_delta_bytes
+    }
+
+    /// What the three would take stored full.
+    pub fn full_bytes(&self) -> u64 {
+        self.full_request_bytes
+            + self.full_normalized_request_bytes
+            + self.full_upstream_request_bytes
+    }
+
+    fn add_stored(&mut self, r: &StoredRecord) {
+        self.records += 1;
+        self.request_delta_bytes += json_len(&r.request_delta);
+        self.normalized_request_delta_bytes += opt_json_len(r.normalized_request_delta.as_ref());
+        self.upstream_request_delta_bytes += opt_json_len(r.upstream_request_delta.as_ref());
+    }
+
+    fn add_full(&mut self, r: &CallRecord) {
+        self.full_request_bytes += json_len(&r.request);
+        self.full_normalized_request_bytes += opt_json_len(r.normalized_request.as_ref());
+        self.full_upstream_request_bytes += opt_json_len(r.upstream_request.as_ref());
+    }
+}
+
+/// How much request payload is stored, per session, against what full values would take.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StoredBytes {
     pub sessions: BTreeMap<String, SessionBytes>,
     pub total_request_delta_bytes: u64,
     pub total_full_request_bytes: u64,
+    /// All sessions together, every field summed.
+    pub total: SessionBytes,
 }
 
 fn json_len(v: &impl serde::Serialize) -> u64 {
     serde_json::to_vec(v).map_or(0, |b| b.len() as u64)
 }
 
+fn opt_json_len(v: Option<&impl serde::Serialize>) -> u64 {
+    v.map_or(0, json_len)
+}
+
 pub fn stored_bytes(dir: &Path) -> Result<StoredBytes> {
     let stored = read_stored(dir)?;
     let mut out = StoredBytes::default();
     for r in &stored {
-        let s = out.sessions.entry(r.session_id.clone()).or_default();
-        let n = json_len(&r.request_delta);
-        s.records += 1;
-        s.request_delta_bytes += n;
-        out.total_request_delta_bytes += n;
+        out.sessions
+            .entry(r.session_id.clone())
+            .or_default()
+            .add_stored(r);
+        out.total.add_stored(r);
     }
     for r in resolve(stored)? {
-        let n = json_len(&r.request);
         if let Some(s) = out.sessions.get_mut(&r.session_id) {
-            s.full_request_bytes += n;
+            s.add_full(&r);
         }
-        out.total_full_request_bytes += n;
+        out.total.add_full(&r);
     }
+    out.total_request_delta_bytes = out.total.request_delta_bytes;
+    out.total_full_request_bytes = out.total.full_request_bytes;
     Ok(out)
 }
 
@@ -182,6 +280,8 @@ pub struct SessionSummary {
     /// The last reward reported.
     pub reward: Option<f64>,
     pub closed: bool,
+    /// Stored delta bytes of the request, normalized request and upstream request
+    /// ([`SessionBytes::delta_bytes`]).
     pub stored_request_bytes: u64,
 }
 
@@ -215,7 +315,9 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
         s.last_us = s.last_us.max(r.finished_at_us);
         s.calls += 1;
         s.errors += u64::from(r.outcome != "ok");
-        s.stored_request_bytes += json_len(&r.request_delta);
+        s.stored_request_bytes += json_len(&r.request_delta)
+            + opt_json_len(r.normalized_request_delta.as_ref())
+            + opt_json_len(r.upstream_request_delta.as_ref());
         if s.group_id.is_none() {
             s.group_id = r.group_id;
         }
@@ -251,10 +353,7 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
 
 fn redacted(rec: &CallRecord) -> CallRecord {
     let mut rec = rec.clone();
-    redact_json(&mut rec.request);
-    if let Some(resp) = rec.response.as_mut() {
-        redact_json(resp);
-    }
+    rec.redact_credentials();
     rec
 }
 
@@ -286,8 +385,9 @@ pub fn export_jsonl(records: &[CallRecord], out: &Path) -> Result<()> {
         .map_err(|e| RecorderError::io("fsyncing", out, e))
 }
 
-/// Writes a zstd parquet file with one row per record and the FULL request as JSON text
-/// in column `request` (credentials redacted); other columns as in sealed segments.
+/// Writes a zstd parquet file with one row per record and FULL values as JSON text in
+/// columns `request`, `normalized_request` and `upstream_request` (credentials redacted);
+/// other columns as in sealed segments.
 pub fn export_parquet(records: &[CallRecord], out: &Path) -> Result<()> {
     create_parent(out)?;
     let mut stored = Vec::with_capacity(records.len());
@@ -299,37 +399,53 @@ pub fn export_parquet(records: &[CallRecord], out: &Path) -> Result<()> {
                 source,
             })
         };
-        let request = encode(&rec.request)?;
-        let response = rec.response.as_ref().map(encode).transpose()?;
-        let (s, _) = StoredRecord::from_call(rec, delta::encode(None, &Value::Null));
-        stored.push((s, request, response));
+        let text = RowText {
+            request: encode(&rec.request)?,
+            response: rec.response.as_ref().map(encode).transpose()?,
+            normalized_request: rec.normalized_request.as_ref().map(encode).transpose()?,
+            normalized_response: rec.normalized_response.as_ref().map(encode).transpose()?,
+            upstream_request: rec.upstream_request.as_ref().map(encode).transpose()?,
+        };
+        let placeholder = Deltas {
+            request: delta::encode(None, &Value::Null),
+            normalized_request: None,
+            upstream_request: None,
+        };
+        let (s, _) = StoredRecord::from_call(rec, placeholder);
+        stored.push((s, text));
     }
-    let rows: Vec<Row<'_>> = stored
-        .iter()
-        .map(|(rec, request, response)| Row {
-            rec,
-            request_text: request,
-            response_text: response.as_deref(),
-        })
-        .collect();
-    columnar::write_parquet(out, &rows, REQUEST_COLUMN)
+    let rows: Vec<Row<'_>> = stored.iter().map(|(rec, text)| Row { rec, text }).collect();
+    columnar::write_parquet(out, &rows, FULL_COLUMNS)
 }
 
-/// Reads a file written by [`export_parquet`].
+/// Reads a file written by [`export_parquet`] (by this or an earlier schema version).
 pub fn read_export_parquet(path: &Path) -> Result<Vec<CallRecord>> {
-    columnar::read_parquet(path, REQUEST_COLUMN)?
+    columnar::read_parquet(path, FULL_COLUMNS)?
         .into_iter()
         .enumerate()
         .map(|(row_no, row)| {
-            let request = serde_json::from_str(&row.request_text).map_err(|source| {
-                RecorderError::ColumnJson {
+            let parse = |text: &str, column: &'static str| {
+                serde_json::from_str::<Value>(text).map_err(|source| RecorderError::ColumnJson {
                     path: path.to_owned(),
-                    column: REQUEST_COLUMN,
+                    column,
                     row: row_no,
                     source,
-                }
-            })?;
-            Ok(row.rec.into_call(request))
+                })
+            };
+            let full = Requests {
+                request: parse(&row.request_text, FULL_COLUMNS.request)?,
+                normalized_request: row
+                    .normalized_request_text
+                    .as_deref()
+                    .map(|t| parse(t, FULL_COLUMNS.normalized_request))
+                    .transpose()?,
+                upstream_request: row
+                    .upstream_request_text
+                    .as_deref()
+                    .map(|t| parse(t, FULL_COLUMNS.upstream_request))
+                    .transpose()?,
+            };
+            Ok(row.rec.into_call(full))
         })
         .collect()
 }

@@ -3,13 +3,18 @@
 use serde::{Deserialize, Serialize};
 
 use crate::delta::RequestDelta;
+use crate::redact::redact_json;
 
 /// Version of the record schema written by this build. Changes are additive only:
 /// new optional fields, never renamed or retyped ones.
-pub const SCHEMA_VERSION: u32 = 1;
+///
+/// - 1: the client's request and response.
+/// - 2: adds `normalized_request`, `normalized_response`, `upstream_request` and
+///   `upstream_dialect` (dialect translation). Version 1 data reads back with them `None`.
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Token usage as reported by the upstream.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
     pub prompt_tokens: Option<u64>,
     pub completion_tokens: Option<u64>,
@@ -24,9 +29,13 @@ impl Usage {
     }
 }
 
-/// One inference call as the gateway saw it. `request` is always the FULL request here;
-/// on disk it is stored as a delta against the session's previous call.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// One inference call as the gateway saw it. `request`, `normalized_request` and
+/// `upstream_request` are always FULL values here; on disk each is stored as a delta
+/// against the same value of an earlier call of the session.
+///
+/// `Default` gives an empty record (schema version 0, empty strings, `None`s, `request`
+/// `null`); set `schema_version` to [`SCHEMA_VERSION`].
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CallRecord {
     pub schema_version: u32,
     /// UUIDv7 string, set by the caller.
@@ -63,10 +72,64 @@ pub struct CallRecord {
     pub latency_ms: f64,
     /// The client's user-agent.
     pub client: Option<String>,
+    /// Since v2. The conversation in graft's internal form (an object whose conversation
+    /// list is under `messages`, plus `tools`, `sampling`, `model`, `notes`, ...), already
+    /// redacted by the caller. `None` when the call was not normalized.
+    #[serde(default)]
+    pub normalized_request: Option<serde_json::Value>,
+    /// Since v2. The answer in graft's internal form.
+    #[serde(default)]
+    pub normalized_response: Option<serde_json::Value>,
+    /// Since v2. The request graft sent upstream when it differs from `request` (dialect
+    /// translation); `None` on passthrough.
+    #[serde(default)]
+    pub upstream_request: Option<serde_json::Value>,
+    /// Since v2. The upstream's dialect (same names as `dialect`); `None` when unknown or
+    /// not recorded.
+    #[serde(default)]
+    pub upstream_dialect: Option<String>,
 }
 
-/// A record as it lies on disk (WAL payload and parquet row): the request is replaced by
-/// its delta against an earlier call of the same session.
+impl CallRecord {
+    /// Replaces credentials (see [`crate::redact_json`]) in every JSON value of the record:
+    /// `request`, `response`, `normalized_request`, `normalized_response` and
+    /// `upstream_request`.
+    pub fn redact_credentials(&mut self) {
+        redact_json(&mut self.request);
+        for v in [
+            &mut self.response,
+            &mut self.normalized_request,
+            &mut self.normalized_response,
+            &mut self.upstream_request,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            redact_json(v);
+        }
+    }
+}
+
+/// A record's growing values, FULL: what a delta is encoded against and decoded into.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct Requests {
+    pub request: serde_json::Value,
+    pub normalized_request: Option<serde_json::Value>,
+    pub upstream_request: Option<serde_json::Value>,
+}
+
+/// A record's growing values as stored: each a delta against the same value of an earlier
+/// call of the session (each with its own base).
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct Deltas {
+    pub request: RequestDelta,
+    pub normalized_request: Option<RequestDelta>,
+    pub upstream_request: Option<RequestDelta>,
+}
+
+/// A record as it lies on disk (WAL payload and parquet row): the request, normalized
+/// request and upstream request are replaced by their deltas against earlier calls of the
+/// same session. Fields added after v1 are omitted from the WAL payload when `None`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub(crate) struct StoredRecord {
     pub schema_version: u32,
@@ -107,12 +170,25 @@ pub(crate) struct StoredRecord {
     pub latency_ms: f64,
     #[serde(default)]
     pub client: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub normalized_request_delta: Option<RequestDelta>,
+    /// Absent when `None`; a present `null` is `Some(null)` (as in parquet).
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "crate::delta::present_value"
+    )]
+    pub normalized_response: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_request_delta: Option<RequestDelta>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upstream_dialect: Option<String>,
 }
 
 impl StoredRecord {
-    /// Splits a full record into its stored form; returns the full request separately
-    /// (the writer keeps it as the next delta base).
-    pub(crate) fn from_call(rec: CallRecord, delta: RequestDelta) -> (Self, serde_json::Value) {
+    /// Splits a full record into its stored form; returns the full values separately (the
+    /// writer keeps them as the next delta bases).
+    pub(crate) fn from_call(rec: CallRecord, deltas: Deltas) -> (Self, Requests) {
         let CallRecord {
             schema_version,
             call_id,
@@ -140,6 +216,10 @@ impl StoredRecord {
             ttft_ms,
             latency_ms,
             client,
+            normalized_request,
+            normalized_response,
+            upstream_request,
+            upstream_dialect,
         } = rec;
         let stored = Self {
             schema_version,
@@ -154,7 +234,7 @@ impl StoredRecord {
             model,
             upstream,
             stream,
-            request_delta: delta,
+            request_delta: deltas.request,
             response,
             status,
             outcome,
@@ -168,12 +248,21 @@ impl StoredRecord {
             ttft_ms,
             latency_ms,
             client,
+            normalized_request_delta: deltas.normalized_request,
+            normalized_response,
+            upstream_request_delta: deltas.upstream_request,
+            upstream_dialect,
         };
-        (stored, request)
+        let requests = Requests {
+            request,
+            normalized_request,
+            upstream_request,
+        };
+        (stored, requests)
     }
 
-    /// Rebuilds the full record once the request has been resolved.
-    pub(crate) fn into_call(self, request: serde_json::Value) -> CallRecord {
+    /// Rebuilds the full record once its deltas have been resolved.
+    pub(crate) fn into_call(self, full: Requests) -> CallRecord {
         CallRecord {
             schema_version: self.schema_version,
             call_id: self.call_id,
@@ -187,7 +276,7 @@ impl StoredRecord {
             model: self.model,
             upstream: self.upstream,
             stream: self.stream,
-            request,
+            request: full.request,
             response: self.response,
             status: self.status,
             outcome: self.outcome,
@@ -201,6 +290,10 @@ impl StoredRecord {
             ttft_ms: self.ttft_ms,
             latency_ms: self.latency_ms,
             client: self.client,
+            normalized_request: full.normalized_request,
+            normalized_response: self.normalized_response,
+            upstream_request: full.upstream_request,
+            upstream_dialect: self.upstream_dialect,
         }
     }
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::columnar::{self, DELTA_COLUMN, Row};
+use crate::columnar::{self, DELTA_COLUMNS, Row, RowText};
 use crate::error::{RecorderError, Result};
 use crate::record::{SCHEMA_VERSION, StoredRecord};
 use crate::wal;
@@ -118,36 +118,37 @@ pub(crate) fn seal_segment(dir: &Path, segment: u64) -> Result<Option<Manifest>>
     Ok(manifest)
 }
 
+/// JSON text of `value`; the error names the call.
+fn to_text(call_id: &str, value: &impl Serialize) -> Result<String> {
+    serde_json::to_string(value).map_err(|source| RecorderError::Encode {
+        call_id: call_id.to_owned(),
+        source,
+    })
+}
+
+fn opt_text(call_id: &str, value: Option<&impl Serialize>) -> Result<Option<String>> {
+    value.map(|v| to_text(call_id, v)).transpose()
+}
+
 fn write_segment_parquet(dir: &Path, segment: u64, records: &[StoredRecord]) -> Result<Manifest> {
     let mut texts = Vec::with_capacity(records.len());
     for r in records {
-        let delta =
-            serde_json::to_string(&r.request_delta).map_err(|source| RecorderError::Encode {
-                call_id: r.call_id.clone(),
-                source,
-            })?;
-        let response = r
-            .response
-            .as_ref()
-            .map(serde_json::to_string)
-            .transpose()
-            .map_err(|source| RecorderError::Encode {
-                call_id: r.call_id.clone(),
-                source,
-            })?;
-        texts.push((delta, response));
+        let id = r.call_id.as_str();
+        texts.push(RowText {
+            request: to_text(id, &r.request_delta)?,
+            response: opt_text(id, r.response.as_ref())?,
+            normalized_request: opt_text(id, r.normalized_request_delta.as_ref())?,
+            normalized_response: opt_text(id, r.normalized_response.as_ref())?,
+            upstream_request: opt_text(id, r.upstream_request_delta.as_ref())?,
+        });
     }
     let mut by_day: BTreeMap<String, Vec<Row<'_>>> = BTreeMap::new();
     let mut sessions: BTreeMap<String, ManifestSession> = BTreeMap::new();
-    for (r, (delta, response)) in records.iter().zip(&texts) {
+    for (r, text) in records.iter().zip(&texts) {
         by_day
             .entry(day_of(r.started_at_us))
             .or_default()
-            .push(Row {
-                rec: r,
-                request_text: delta,
-                response_text: response.as_deref(),
-            });
+            .push(Row { rec: r, text });
         let s = sessions.entry(r.session_id.clone()).or_default();
         s.last_seq = s.last_seq.max(r.seq);
         s.records += 1;
@@ -158,7 +159,7 @@ fn write_segment_parquet(dir: &Path, segment: u64, records: &[StoredRecord]) -> 
         wal::create_dir_all(&day_dir)?;
         let name = parquet_name(segment);
         let tmp = day_dir.join(format!(".{name}.tmp"));
-        columnar::write_parquet(&tmp, rows, DELTA_COLUMN)?;
+        columnar::write_parquet(&tmp, rows, DELTA_COLUMNS)?;
         let dest = day_dir.join(&name);
         fs::rename(&tmp, &dest).map_err(|e| RecorderError::io("renaming into place", &dest, e))?;
         wal::fsync_dir(&day_dir)?;

@@ -27,7 +27,7 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
         model: Some("qwen".to_owned()),
         upstream: "http://127.0.0.1:1".to_owned(),
         stream: turn.is_multiple_of(2),
-        request: json!({"model": "qwen", "messages": messages, "temperature": 1.0}),
+        request: json!({"model": "qwen", "messages": messages.clone(), "temperature": 1.0}),
         response: Some(
             json!({"choices": [{"message": {"role": "assistant", "content": format!("answer {turn}")}}]}),
         ),
@@ -52,6 +52,28 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
         ttft_ms: (!turn.is_multiple_of(3)).then_some(12.5),
         latency_ms: 40.0,
         client: Some("test/1.0".to_owned()),
+        normalized_request: Some(json!({
+            "model": "qwen",
+            "messages": messages.clone(),
+            "tools": [],
+            "sampling": {"temperature": 1.0},
+            "notes": [],
+        })),
+        normalized_response: Some(
+            json!({"role": "assistant", "content": [{"type": "text", "text": format!("answer {turn}")}]}),
+        ),
+        // Translated on most turns; every third one is passthrough.
+        upstream_request: (turn % 3 != 1).then(
+            || json!({"model": "qwen", "system": "s", "messages": messages, "max_tokens": 64}),
+        ),
+        upstream_dialect: Some(
+            if turn % 3 != 1 {
+                "anthropic_messages"
+            } else {
+                "chat_completions"
+            }
+            .to_owned(),
+        ),
     }
 }
 
@@ -227,6 +249,8 @@ async fn fifty_turn_session_stores_linear_not_quadratic_bytes() {
         let mut r = call("long", turn, vec![]);
         r.request =
             json!({"model": "qwen", "messages": msgs.clone(), "tools": tools, "stream": true});
+        r.normalized_request = None;
+        r.upstream_request = None;
         let added = if turn == 0 {
             serde_json::to_vec(&r.request).unwrap().len()
         } else {
@@ -259,6 +283,134 @@ async fn fifty_turn_session_stores_linear_not_quadratic_bytes() {
     assert_eq!(recs[49].request["tools"], json!(tools));
     let summary = list_sessions(dir.path()).unwrap();
     assert_eq!(summary[0].stored_request_bytes, s.request_delta_bytes);
+    rec.shutdown().await.unwrap();
+}
+
+/// The Responses client's request, the internal conversation and the Chat Completions
+/// request sent upstream all grow by one turn per call: each is stored as a delta, so the
+/// stored bytes (deltas and whole WAL alike) stay linear in what the session added.
+#[tokio::test]
+async fn fifty_turn_translated_session_stores_all_three_requests_linearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let desc = "d".repeat(420);
+    let resp_tools: Vec<Value> = (0..44)
+        .map(|i| json!({"type": "function", "name": format!("tool_{i}"), "description": desc, "parameters": {}}))
+        .collect();
+    let internal_tools: Vec<Value> = (0..44)
+        .map(|i| json!({"name": format!("tool_{i}"), "description": desc, "input_schema": {}}))
+        .collect();
+    let chat_tools: Vec<Value> = (0..44)
+        .map(|i| json!({"type": "function", "function": {"name": format!("tool_{i}"), "description": desc, "parameters": {}}}))
+        .collect();
+    let mut input = vec![json!({"type": "message", "role": "user", "content": "fix the bug"})];
+    let mut internal =
+        vec![json!({"role": "user", "content": [{"type": "text", "text": "fix the bug"}]})];
+    let mut chat = vec![json!({"role": "user", "content": "fix the bug"})];
+    let len = |v: &Value| serde_json::to_vec(v).unwrap().len() as u64;
+    let mut new_content = 0u64;
+    let mut added: Vec<Value> = Vec::new();
+    let mut sent = Vec::new();
+    for turn in 0..50 {
+        let mut r = call("tr", turn, vec![]);
+        r.dialect = "responses".to_owned();
+        r.endpoint = "/v1/responses".to_owned();
+        r.request = json!({"model": "qwen", "input": input.clone(), "tools": resp_tools, "stream": true, "store": false});
+        r.normalized_request = Some(
+            json!({"model": "qwen", "messages": internal.clone(), "tools": internal_tools, "sampling": {"temperature": 1.0}, "notes": []}),
+        );
+        r.upstream_request = Some(
+            json!({"model": "qwen", "messages": chat.clone(), "tools": chat_tools, "stream": true}),
+        );
+        r.upstream_dialect = Some("chat_completions".to_owned());
+        new_content += if turn == 0 {
+            len(&r.request)
+                + len(r.normalized_request.as_ref().unwrap())
+                + len(r.upstream_request.as_ref().unwrap())
+        } else {
+            added.iter().map(len).sum::<u64>()
+        };
+        rec.record(r.clone()).await.unwrap();
+        sent.push(r);
+
+        let (id, text, out) = (format!("c{turn}"), "x".repeat(500), "y".repeat(980));
+        added.clear();
+        let resp_items = [
+            json!({"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": text}]}),
+            json!({"type": "function_call", "call_id": id, "name": "tool_1", "arguments": "{}"}),
+            json!({"type": "function_call_output", "call_id": id, "output": out}),
+        ];
+        let internal_items = [
+            json!({"role": "assistant", "content": [{"type": "text", "text": text}, {"type": "tool_call", "id": id, "name": "tool_1", "arguments": "{}"}]}),
+            json!({"role": "tool", "content": [{"type": "tool_result", "tool_call_id": id, "content": out}]}),
+        ];
+        let chat_items = [
+            json!({"role": "assistant", "content": text, "tool_calls": [{"id": id, "type": "function", "function": {"name": "tool_1", "arguments": "{}"}}]}),
+            json!({"role": "tool", "tool_call_id": id, "content": out}),
+        ];
+        input.extend(resp_items.iter().cloned());
+        internal.extend(internal_items.iter().cloned());
+        chat.extend(chat_items.iter().cloned());
+        added.extend(
+            resp_items
+                .into_iter()
+                .chain(internal_items)
+                .chain(chat_items),
+        );
+    }
+    let want = expected(sent);
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from the WAL");
+    let wal_bytes: u64 = wal_files(dir.path())
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    assert!(
+        wal_bytes < 3 * new_content,
+        "WAL holds {wal_bytes} bytes vs new content {new_content}"
+    );
+
+    rec.seal_now().await.unwrap();
+    let bytes = stored_bytes(dir.path()).unwrap();
+    let s = &bytes.sessions["tr"];
+    assert_eq!(s.records, 50);
+    assert_eq!(&bytes.total, s);
+    assert!(
+        s.delta_bytes() < 3 * new_content,
+        "{} vs new content {new_content}",
+        s.delta_bytes()
+    );
+    for (what, full, stored) in [
+        ("request", s.full_request_bytes, s.request_delta_bytes),
+        (
+            "normalized_request",
+            s.full_normalized_request_bytes,
+            s.normalized_request_delta_bytes,
+        ),
+        (
+            "upstream_request",
+            s.full_upstream_request_bytes,
+            s.upstream_request_delta_bytes,
+        ),
+    ] {
+        assert!(full > 20 * stored, "{what}: full {full} vs stored {stored}");
+    }
+    let recs = read_records(dir.path()).unwrap();
+    assert_eq!(recs, want, "from parquet");
+    assert_eq!(recs[49].request["input"].as_array().unwrap().len(), 148);
+    assert_eq!(
+        recs[49].normalized_request.as_ref().unwrap()["messages"]
+            .as_array()
+            .unwrap()
+            .len(),
+        99
+    );
+    let summary = list_sessions(dir.path()).unwrap();
+    assert_eq!(summary[0].stored_request_bytes, s.delta_bytes());
+    let pq = dir.path().join("out/tr.parquet");
+    export_parquet(&recs, &pq).unwrap();
+    assert_eq!(read_export_parquet(&pq).unwrap(), want);
     rec.shutdown().await.unwrap();
 }
 
@@ -320,6 +472,9 @@ async fn export_redacts_and_parquet_export_reads_back() {
         .unwrap();
     let mut r = call("s", 0, vec![json!({"role": "user", "content": "hi"})]);
     r.request["api_key"] = json!("sk-secret");
+    r.normalized_request.as_mut().unwrap()["notes"] = json!([{"Authorization": "Bearer sk-norm"}]);
+    r.normalized_response.as_mut().unwrap()["api-key"] = json!("sk-nresp");
+    r.upstream_request.as_mut().unwrap()["x-api-key"] = json!("sk-upstream");
     r.usage = None;
     r.prompt_token_ids = None;
     rec.record(r).await.unwrap();
@@ -340,10 +495,46 @@ async fn export_redacts_and_parquet_export_reads_back() {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert_eq!(back[0].request["api_key"], REDACTED);
+    for secret in ["sk-norm", "sk-nresp", "sk-upstream"] {
+        assert!(!text.contains(secret), "{secret} in the JSONL export");
+    }
+    let b = &back[0];
+    assert_eq!(
+        b.normalized_request.as_ref().unwrap()["notes"][0]["Authorization"],
+        REDACTED
+    );
+    assert_eq!(b.normalized_response.as_ref().unwrap()["api-key"], REDACTED);
+    assert_eq!(b.upstream_request.as_ref().unwrap()["x-api-key"], REDACTED);
+    assert_eq!(
+        b.upstream_dialect.as_deref(),
+        Some("anthropic_messages"),
+        "exports carry the v2 fields"
+    );
+    let mut manual = recs[0].clone();
+    manual.redact_credentials();
+    assert_eq!(&manual, b);
 
     let pq = dir.path().join("out/calls.parquet");
     export_parquet(&recs, &pq).unwrap();
     assert_eq!(read_export_parquet(&pq).unwrap(), back);
+    let cols: Vec<String> = parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder::try_new(
+        std::fs::File::open(&pq).unwrap(),
+    )
+    .unwrap()
+    .schema()
+    .fields()
+    .iter()
+    .map(|f| f.name().clone())
+    .collect();
+    for c in [
+        "request",
+        "normalized_request",
+        "normalized_response",
+        "upstream_request",
+        "upstream_dialect",
+    ] {
+        assert!(cols.iter().any(|x| x == c), "export column {c}: {cols:?}");
+    }
 }
 
 #[tokio::test]
@@ -556,4 +747,73 @@ proptest! {
         });
         prop_assert_eq!(report.recovered_records, 0);
     }
+}
+
+#[tokio::test]
+async fn v2_values_of_any_shape_round_trip_through_wal_and_parquet() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let mut input = sessions(&["odd"], 6);
+    input[0].normalized_request = Some(Value::Null);
+    input[0].normalized_response = Some(Value::Null);
+    let long = format!("héllo {}", "w".repeat(300));
+    input[1].normalized_request = Some(json!({"prompt": long}));
+    input[2].normalized_request = Some(json!({"prompt": format!("{long} wörld"), "model": "m"}));
+    input[3].normalized_request = None;
+    input[3].normalized_response = None;
+    input[3].upstream_dialect = None;
+    input[4].normalized_request = Some(json!({"prompt": format!("{long} wörld!")}));
+    input[5].upstream_request = Some(json!([1, 2]));
+    for r in &input {
+        rec.record(r.clone()).await.unwrap();
+    }
+    let want = expected(input);
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from the WAL");
+    let stored = crate::reader::read_stored(dir.path()).unwrap();
+    let base = stored[4].normalized_request_delta.as_ref().unwrap();
+    assert_eq!(
+        (base.base.as_deref(), base.field.as_deref()),
+        (Some("odd-0002"), Some("prompt")),
+        "skips call 3, which has no normalized request"
+    );
+    rec.shutdown().await.unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from parquet");
+}
+
+#[test]
+fn a_delta_against_a_base_without_that_value_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut first = call("s", 0, vec![]);
+    first.normalized_request = None;
+    let mut second = call("s", 1, vec![json!({"role": "user", "content": "hi"})]);
+    first.seq = 1;
+    second.seq = 2;
+    let none = crate::record::Deltas {
+        request: delta::encode(None, &first.request),
+        normalized_request: None,
+        upstream_request: None,
+    };
+    let base = json!({"model": "qwen", "messages": []});
+    let bad = crate::record::Deltas {
+        request: delta::encode(Some(("s-0000", &first.request)), &second.request),
+        normalized_request: Some(delta::encode(
+            Some(("s-0000", &base)),
+            second.normalized_request.as_ref().unwrap(),
+        )),
+        upstream_request: None,
+    };
+    let mut buf = Vec::new();
+    for (r, d) in [(first, none), (second, bad)] {
+        let (stored, _) = crate::record::StoredRecord::from_call(r, d);
+        crate::wal::append_frame(&serde_json::to_vec(&stored).unwrap(), &mut buf);
+    }
+    std::fs::create_dir_all(dir.path().join("wal")).unwrap();
+    std::fs::write(dir.path().join("wal/00000001.wal"), buf).unwrap();
+    let err = read_records(dir.path()).unwrap_err().to_string();
+    assert!(
+        err.contains("s-0001") && err.contains("normalized_request"),
+        "{err}"
+    );
 }

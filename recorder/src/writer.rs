@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::delta::{self, RequestDelta};
 use crate::error::{RecorderError, Result};
-use crate::record::{CallRecord, StoredRecord};
+use crate::record::{CallRecord, Deltas, Requests, StoredRecord};
 use crate::seal::{self, Manifest};
 use crate::wal;
 use crate::{Durability, RecorderConfig, RecoveryReport};
@@ -280,8 +280,8 @@ struct OpenSegment {
 #[derive(Default)]
 struct SessionBases {
     last_seq: u64,
-    /// Most recent first: (call_id, full request).
-    recent: VecDeque<(String, Value)>,
+    /// Most recent first: (call_id, its full request, normalized and upstream request).
+    recent: VecDeque<(String, Requests)>,
 }
 
 /// Everything the blocking side of the writer owns.
@@ -324,20 +324,28 @@ impl WalState {
         })
     }
 
-    /// Chooses the base giving the smallest delta.
-    fn encode(&self, rec: &CallRecord) -> RequestDelta {
-        let candidates = self.bases.get(&rec.session_id).map(|b| &b.recent);
-        let mut best = delta::encode(None, &rec.request);
-        let mut best_len = best.stored_len();
-        for (call_id, base) in candidates.into_iter().flatten() {
-            let d = delta::encode(Some((call_id, base)), &rec.request);
-            let len = d.stored_len();
-            if len < best_len {
-                best = d;
-                best_len = len;
-            }
+    /// Encodes each growing value against the base giving its smallest delta.
+    fn encode(&self, rec: &CallRecord) -> Deltas {
+        let recent = self.bases.get(&rec.session_id).map(|b| &b.recent);
+        let bases = || recent.into_iter().flatten();
+        Deltas {
+            request: best_delta(
+                &rec.request,
+                bases().map(|(id, full)| (id.as_str(), Some(&full.request))),
+            ),
+            normalized_request: rec.normalized_request.as_ref().map(|v| {
+                best_delta(
+                    v,
+                    bases().map(|(id, full)| (id.as_str(), full.normalized_request.as_ref())),
+                )
+            }),
+            upstream_request: rec.upstream_request.as_ref().map(|v| {
+                best_delta(
+                    v,
+                    bases().map(|(id, full)| (id.as_str(), full.upstream_request.as_ref())),
+                )
+            }),
         }
-        best
     }
 
     fn fsync(&mut self) -> Result<()> {
@@ -363,12 +371,13 @@ impl WalState {
     /// Returns segments closed on the way (to seal).
     fn write_batch(&mut self, items: Vec<(CallRecord, Ack)>, sync: bool) -> Vec<u64> {
         let mut buf = Vec::new();
-        let mut written: Vec<(String, String, u64, Value, Ack)> = Vec::with_capacity(items.len());
+        let mut written: Vec<(String, String, u64, Requests, Ack)> =
+            Vec::with_capacity(items.len());
         for (rec, ack) in items {
             let rec = sanitize(rec);
-            let delta = self.encode(&rec);
+            let deltas = self.encode(&rec);
             let (session, call_id, seq) = (rec.session_id.clone(), rec.call_id.clone(), rec.seq);
-            let (stored, request) = StoredRecord::from_call(rec, delta);
+            let (stored, request) = StoredRecord::from_call(rec, deltas);
             match serde_json::to_vec(&stored) {
                 Ok(payload) if payload.len() <= wal::MAX_FRAME as usize => {
                     wal::append_frame(&payload, &mut buf);
@@ -490,6 +499,26 @@ impl WalState {
                 _ => true,
             });
     }
+}
+
+/// `value` as a delta against whichever of `bases` (call_id, that call's value if it has
+/// one) gives the smallest one, or whole when none is smaller.
+fn best_delta<'a>(
+    value: &Value,
+    bases: impl Iterator<Item = (&'a str, Option<&'a Value>)>,
+) -> RequestDelta {
+    let mut best = delta::encode(None, value);
+    let mut best_len = best.stored_len();
+    for (call_id, base) in bases {
+        let Some(base) = base else { continue };
+        let d = delta::encode(Some((call_id, base)), value);
+        let len = d.stored_len();
+        if len < best_len {
+            best = d;
+            best_len = len;
+        }
+    }
+    best
 }
 
 fn send<T>(ack: Option<oneshot::Sender<T>>, value: T) {

@@ -667,3 +667,102 @@ pub fn assert_usage(rec: &Value, client_usage: &Value) {
 // A small HTTP client for tests that speak to graft directly.
 
 pub mod http;
+
+// -------------------------------------------------------------------------------------
+// Clients of the Responses and Anthropic Messages dialects (tests/dialects.rs)
+
+impl TestEnv {
+    /// The Codex CLI launcher (npm `@openai/codex`, installed by `scripts/setup-test-env.sh`
+    /// into `.graft-test-env/codex`). Fails, never skips, when it is missing.
+    pub fn codex_bin(&self) -> PathBuf {
+        let bin = self
+            .root
+            .join("codex")
+            .join("node_modules")
+            .join(".bin")
+            .join("codex");
+        assert!(
+            bin.exists(),
+            "the Codex CLI is not installed (missing: {}).\n\
+             Run `bash scripts/setup-test-env.sh` from the repository root.",
+            bin.display()
+        );
+        bin
+    }
+
+    /// `tests/clients/python/codex_exec.py`: `codex exec` on a two-turn task with the
+    /// config file `config` (made by `graft harness config codex`).
+    pub fn codex_client(&self, config: &Path, target: &Target) -> Value {
+        let mut cmd = Command::new(self.python());
+        cmd.arg(clients_dir().join("python").join("codex_exec.py"))
+            .env("GRAFT_CODEX_BIN", self.codex_bin())
+            .env("GRAFT_CODEX_CONFIG", config);
+        target.apply(&mut cmd);
+        run_client(cmd, CLIENT_TIMEOUT)
+    }
+}
+
+/// The checks every successful call of a translated dialect (`responses`,
+/// `anthropic_messages`) must pass: the client's dialect and endpoint, the Chat Completions
+/// request graft sent upstream, the normalized conversation, outcome ok.
+pub fn assert_ok_translated_record(
+    rec: &Value,
+    session: &str,
+    dialect: &str,
+    stream: bool,
+    stack: &Stack,
+) {
+    assert_eq!(rec["session_id"], session, "session_id: {rec:#}");
+    assert_eq!(rec["dialect"], dialect, "dialect: {rec:#}");
+    assert_eq!(rec["stream"], stream, "stream: {rec:#}");
+    assert_eq!(rec["status"], 200, "status: {rec:#}");
+    assert_eq!(rec["outcome"], "ok", "outcome: {rec:#}");
+    assert!(rec["error"].is_null(), "error on an ok call: {rec:#}");
+    assert!(
+        rec["seq"].as_u64().is_some_and(|s| s >= 1),
+        "seq is 1-based: {rec:#}"
+    );
+    let expected_endpoint = match dialect {
+        "responses" => "/responses",
+        "anthropic_messages" => "/messages",
+        other => panic!("not a translated dialect: {other}"),
+    };
+    assert!(
+        rec["endpoint"]
+            .as_str()
+            .is_some_and(|e| e.ends_with(expected_endpoint)),
+        "endpoint should be the client's, ending with {expected_endpoint}: {rec:#}"
+    );
+    assert!(
+        rec["upstream"]
+            .as_str()
+            .is_some_and(|u| u.contains(stack.upstream.authority())),
+        "upstream should name {}: {rec:#}",
+        stack.upstream.authority()
+    );
+    assert_eq!(
+        rec["upstream_dialect"], "chat_completions",
+        "upstream_dialect: {rec:#}"
+    );
+    let up = &rec["upstream_request"];
+    assert!(
+        up["messages"].as_array().is_some_and(|m| !m.is_empty()),
+        "upstream_request is a Chat request with messages: {rec:#}"
+    );
+    assert!(
+        rec["normalized_request"]["messages"]
+            .as_array()
+            .is_some_and(|m| !m.is_empty()),
+        "normalized_request has messages: {rec:#}"
+    );
+    assert!(
+        rec["normalized_response"].is_object(),
+        "normalized_response: {rec:#}"
+    );
+    assert!(rec["response"].is_object(), "response: {rec:#}");
+    let text = rec.to_string();
+    assert!(
+        !text.contains("sk-graft-test-key"),
+        "the API key leaked into the record: {text}"
+    );
+}

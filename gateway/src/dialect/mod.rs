@@ -48,9 +48,13 @@ pub enum Role {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum Part {
-    Text { text: String },
+    Text {
+        text: String,
+    },
     /// An image by URL (`data:` URLs included).
-    Image { url: String },
+    Image {
+        url: String,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -224,8 +228,15 @@ pub struct Answer {
 pub enum Delta {
     Text(String),
     Reasoning(String),
-    ToolCallStart { index: usize, id: String, name: String },
-    ToolCallArgs { index: usize, arguments: String },
+    ToolCallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    ToolCallArgs {
+        index: usize,
+        arguments: String,
+    },
 }
 
 /// Turns deltas into one dialect's SSE events. `start` is called once before the first
