@@ -813,8 +813,10 @@ fn main() {
     }
 
     // A target that cannot keep up at a rate is not driven at higher rates (its row says so).
+    // Streaming has its own capacity, so it starts with a clean slate.
     let mut saturated: Vec<Option<u32>> = vec![None; targets.len()];
     let fixed = run_rates(&phase, &targets, &args, &args.rates, false, &mut saturated);
+    saturated.fill(None);
     let streamed = run_rates(
         &phase,
         &targets,

@@ -1590,10 +1590,11 @@ mod tests {
     use proptest::prelude::*;
 
     fn capture(name: &str) -> Value {
-        // The shared captures live beside the checkout (`../shared`) or inside it (`shared/`);
-        // GRAFT_CAPTURES_DIR overrides both.
+        // The captures are vendored under tests/fixtures; the shared originals beside the
+        // checkout are a fallback, and GRAFT_CAPTURES_DIR overrides both.
         let base = env!("CARGO_MANIFEST_DIR");
         let mut candidates = vec![
+            format!("{base}/tests/fixtures/captures/{name}"),
             format!("{base}/../shared/captures/{name}"),
             format!("{base}/../../shared/captures/{name}"),
         ];
