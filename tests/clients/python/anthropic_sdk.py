@@ -13,7 +13,7 @@ import os
 import sys
 
 import anthropic
-import httpx
+import httpx2  # anthropic 2.x is built on httpx2 and rejects httpx objects
 
 WEATHER_TOOL = {
     "name": "get_weather",
@@ -28,7 +28,7 @@ TOOL_OUTPUT = {"city": "Paris", "forecast": "sunny", "marker": "graft-weather-re
 
 
 def client(sent: list) -> anthropic.Anthropic:
-    def hook(request: httpx.Request) -> None:
+    def hook(request: httpx2.Request) -> None:
         if request.method == "POST":
             sent.append(json.loads(request.content))
 
@@ -43,7 +43,7 @@ def client(sent: list) -> anthropic.Anthropic:
         default_headers=headers,
         max_retries=0,
         timeout=60,
-        http_client=httpx.Client(event_hooks={"request": [hook]}),
+        http_client=httpx2.Client(event_hooks={"request": [hook]}),
     )
 
 
