@@ -626,6 +626,9 @@ fn bad_input_on_messages_gets_anthropic_errors_naming_the_field() {
         let mut bad = good.clone();
         bad["model"] = json!(7);
         assert_anthropic_error(&http::post_json(&url, &key, &bad).await, "model");
+        let mut bad = good.clone();
+        bad["max_tokens"] = json!("many");
+        assert_anthropic_error(&http::post_json(&url, &key, &bad).await, "max_tokens");
 
         // The route still works after them.
         let ok = http::post_json(&url, &key, &good).await;
@@ -650,6 +653,14 @@ fn bad_input_on_responses_gets_openai_errors_naming_the_field() {
         assert_openai_error(&r, "JSON");
         let r = http::post_json(&url, &key, &json!({"model": "m", "input": 42})).await;
         assert_openai_error(&r, "input");
+        assert_eq!(json_of(&r)["error"]["param"], "input", "{}", r.text());
+        let r = http::post_json(
+            &url,
+            &key,
+            &json!({"model": "m", "input": "hi", "tools": "x"}),
+        )
+        .await;
+        assert_openai_error(&r, "tools");
         let r = http::post_json(&url, &key, &json!({"model": ["m"], "input": "hi"})).await;
         assert_openai_error(&r, "model");
 
