@@ -2,6 +2,7 @@
 //! unchanged (SSE event by event as it arrives), tee it into a `CallRecord`, and hand the
 //! record to the recorder at the end of the call's life.
 
+use crate::dialect::kind;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -199,17 +200,6 @@ pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> 
     Ok(v)
 }
 
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
 /// What is known about a call from its arrival until its record is written.
 pub(crate) struct Call {
     pub(crate) state: Arc<State>,
@@ -314,6 +304,18 @@ impl Call {
                 Err(GatewayError::Record(e.to_string()))
             }
         }
+    }
+
+    /// Records a call that failed with `e` (best effort: the error goes back to the client
+    /// either way) and hands the error back.
+    pub(crate) async fn fail(&self, mut o: Outcome, e: GatewayError) -> GatewayError {
+        o.status = e.status().as_u16();
+        o.error = Some(e);
+        let wait = self.commit(&o, false).await.unwrap_or_default();
+        self.observe(o.upstream_time, wait, None);
+        o.error
+            .take()
+            .unwrap_or_else(|| GatewayError::Internal("lost error".into()))
     }
 
     pub(crate) fn observe(
@@ -472,16 +474,10 @@ pub async fn handle(
                 state.metrics.upstream_inflight.dec();
                 drop(permit);
                 let o = Outcome {
-                    status: e.status().as_u16(),
                     upstream_time: t_up.elapsed(),
-                    error: Some(e),
                     ..Default::default()
                 };
-                let wait = call.commit(&o, false).await.unwrap_or_default();
-                call.observe(o.upstream_time, wait, None);
-                return Err(o
-                    .error
-                    .unwrap_or_else(|| GatewayError::Internal("lost error".into())));
+                return Err(call.fail(o, e).await);
             }
         };
         let is_sse = resp
@@ -625,16 +621,7 @@ async fn whole(
             call.headers(&mut resp);
             Ok(resp)
         }
-        Err(e) => {
-            o.status = e.status().as_u16();
-            o.error = Some(e);
-            let wait = call.commit(&o, false).await.unwrap_or_default();
-            call.observe(o.upstream_time, wait, None);
-            Err(o
-                .error
-                .take()
-                .unwrap_or_else(|| GatewayError::Internal("lost error".into())))
-        }
+        Err(e) => Err(call.fail(o, e).await),
     }
 }
 

@@ -101,16 +101,7 @@ pub(crate) async fn whole(
             call.headers(&mut resp);
             Ok(resp)
         }
-        Err(e) => {
-            o.status = e.status().as_u16();
-            o.error = Some(e);
-            let wait = call.commit(&o, false).await.unwrap_or_default();
-            call.observe(o.upstream_time, wait, None);
-            Err(o
-                .error
-                .take()
-                .unwrap_or_else(|| GatewayError::Internal("lost error".into())))
-        }
+        Err(e) => Err(call.fail(o, e).await),
     }
 }
 

@@ -14,6 +14,7 @@
 //! on a tool input they cannot parse; it would also break when an upstream interleaves the
 //! arguments of parallel calls. Text and thinking stream as they arrive.
 
+use super::kind;
 use bytes::Bytes;
 use serde_json::{Map, Value, json};
 
@@ -46,17 +47,6 @@ const MAPPED_KEYS: &[&str] = &[
 /// An invalid-field error whose message starts with the field's path.
 fn bad(path: &str, message: impl AsRef<str>) -> GatewayError {
     GatewayError::field(path, format!("{path} {}", message.as_ref()))
-}
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
 }
 
 /// A present, non-null value (absent and `null` both read as "not given").

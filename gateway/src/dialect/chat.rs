@@ -2,6 +2,7 @@
 //! speak, and so the one other dialects are translated to when the upstream speaks nothing
 //! else.
 
+use super::kind;
 use serde_json::{Map, Value, json};
 
 use super::{
@@ -10,17 +11,6 @@ use super::{
 };
 use crate::error::GatewayError;
 use crate::sse::Assembler;
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 fn role_of(s: &str) -> Option<Role> {
     Some(match s {

@@ -248,6 +248,18 @@ pub trait StreamEmitter: Send {
     fn finish(&mut self, answer: &Answer) -> Vec<Bytes>;
 }
 
+/// How a JSON value's type reads in an error message ("a string", "an array"...).
+pub fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
 /// Formats one SSE event with an `event:` line (Responses and Anthropic both name events).
 pub fn sse_named(event: &str, data: &Value) -> Bytes {
     Bytes::from(format!("event: {event}\ndata: {data}\n\n"))

@@ -16,6 +16,7 @@
 //! `rs_<id>_<n>`, `ctc_<id>_<n>`, with `<n>` the output index), so a streamed and a whole
 //! rendering of the same answer agree exactly.
 
+use super::kind;
 use std::collections::{BTreeMap, HashMap};
 
 use bytes::Bytes;
@@ -60,17 +61,6 @@ const MAX_SAFE_SEQUENCE: u64 = (1 << 53) - 1;
 // ---------------------------------------------------------------------------------------------
 // Request side
 // ---------------------------------------------------------------------------------------------
-
-fn kind(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
 
 fn wrong(path: &str, expected: &str, got: &Value) -> GatewayError {
     GatewayError::field(
