@@ -425,3 +425,80 @@ async fn tls_listener_and_https_upstream() {
             .contains("through two")
     );
 }
+
+/// An upstream that speaks Responses and Anthropic Messages gets those calls unchanged:
+/// gateway B (passthrough, `upstream.dialects`) in front of gateway A (which translates to
+/// the Chat-only scripted upstream). B records the client's dialect with no translation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_dialect_upstreams_get_the_call_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Proc::scripted_upstream(&[]);
+    let a = Proc::gateway_with(&upstream.url, &dir.path().join("a"), &[], &[]);
+    let cfg_b = dir.path().join("b.toml");
+    std::fs::write(
+        &cfg_b,
+        "[upstream]\ndialects = [\"responses\", \"anthropic_messages\"]\n",
+    )
+    .unwrap();
+    let data_b = dir.path().join("b");
+    let b = Proc::gateway_with(&a.url, &data_b, &["--config", cfg_b.to_str().unwrap()], &[]);
+
+    let resp_body =
+        json!({"model": "m", "input": "through two", "stream": true, "x_unknown": {"kept": true}});
+    let r = http::post_json(&format!("{}/v1/responses", b.url), &[], &resp_body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let evs = r.sse_data();
+    let last: Value = serde_json::from_str(evs.last().unwrap()).unwrap();
+    assert_eq!(last["type"], "response.completed", "{evs:?}");
+    let msg_body = json!({"model": "c", "max_tokens": 50, "messages": [{"role": "user", "content": "hello anthropic"}]});
+    let m = http::post_json(&format!("{}/v1/messages", b.url), &[], &msg_body).await;
+    assert_eq!(m.status, 200, "{}", m.text());
+    assert!(
+        m.json()["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("hello anthropic")
+    );
+    drop((b, a));
+
+    let recs = graft_records(&data_b);
+    assert_eq!(recs.len(), 2, "{recs:?}");
+    let r0 = &recs[0];
+    assert_eq!(r0["dialect"], "responses");
+    assert_eq!(
+        r0["request"], resp_body,
+        "the client's request as sent, unknown fields kept"
+    );
+    assert!(
+        r0["upstream_request"].is_null(),
+        "passthrough: nothing translated"
+    );
+    assert_eq!(
+        r0["normalized_request"]["messages"][0]["content"][0]["text"],
+        "through two"
+    );
+    assert_eq!(
+        r0["response"]["status"], "completed",
+        "the tee assembled the Responses stream"
+    );
+    assert!(
+        r0["response"]["output"][0]["content"][0]["text"]
+            .as_str()
+            .unwrap()
+            .contains("through two"),
+        "{}",
+        r0["response"]
+    );
+    let r1 = &recs[1];
+    assert_eq!(r1["dialect"], "anthropic_messages");
+    assert!(r1["upstream_request"].is_null());
+    assert_eq!(r1["response"]["type"], "message");
+    // A, behind it, translated both.
+    let recs_a = graft_records(&dir.path().join("a"));
+    assert!(
+        recs_a
+            .iter()
+            .all(|r| r["upstream_dialect"] == "chat_completions"),
+        "{recs_a:?}"
+    );
+}
