@@ -68,7 +68,7 @@ litellm_flag=()
 litellm_version="not run"
 if [[ "${GRAFT_BENCH_NO_LITELLM:-0}" != "1" ]]; then
   ensure_litellm
-  litellm_flag=(--litellm --litellm-bin "$venv_dir/bin/litellm")
+  litellm_flag=(--litellm --litellm-bin "${venv_dir#"$repo"/}/bin/litellm")
   litellm_version="litellm $("$venv_dir/bin/python" -c 'import importlib.metadata as m; print(m.version("litellm"))') (proxy, $("$venv_dir/bin/python" --version 2>&1))"
 fi
 
@@ -76,12 +76,12 @@ mkdir -p target
 raw="target/bench-table.md"
 cmd=(cargo bench --bench load -- "${flags[@]}" "${litellm_flag[@]}" --out "$raw")
 echo "bench: ${cmd[*]}"
-"${cmd[@]}"
+"${cmd[@]}" < /dev/null
 
 cpu="$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
 {
   echo "Run $(date -u +%Y-%m-%dT%H:%MZ) with \`bash scripts/bench.sh${flags[*]:+ ${flags[*]}}\`"
-  echo "(which ran \`${cmd[*]/#$repo\//}\`)."
+  echo "(which ran \`${cmd[*]}\`)."
   echo
   echo "- machine: $(nproc) CPUs ($cpu), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
   echo "- graft $(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet 2>/dev/null || echo ' + local changes'), $(rustc --version)"
