@@ -1,1 +1,1443 @@
-//! placeholder
+//! Parse a model's decoded output back into text, reasoning and tool calls, streaming.
+//!
+//! [`OutputParser`] is a small state machine fed decoded text in chunks of any size (a chunk
+//! may end in the middle of a tag such as `<tool_` … `call>`). It returns only [`Piece`]s that
+//! are certain; anything that might still turn into a tag, or whitespace whose fate depends on
+//! what follows, is held back until it is decided or [`OutputParser::finish`] is called. The
+//! result never depends on how the text was chunked: the concatenated pieces of any chunking
+//! equal [`parse_whole`] of the whole text (a property test checks this).
+//!
+//! # Formats
+//! - Reasoning [`ReasoningFormat::Think`]: `<think>…</think>`. `<think>` opens reasoning only
+//!   when nothing but whitespace came before it and no reasoning block was seen yet; Qwen3
+//!   prompts ending in `<think>\n` start inside reasoning (`starts_in_reasoning`), then only
+//!   `</think>` is looked for. Only one reasoning block per output; a later `<think>` is text.
+//!   A stray `</think>` outside reasoning is text too (the output is not reclassified after
+//!   the fact, which streaming cannot do). `<tool_call>` inside reasoning is reasoning text:
+//!   the Qwen3.5 "implicit end of reasoning at `<tool_call>`" that SGLang and vLLM accept is
+//!   not supported.
+//! - Tool calls [`ToolCallFormat::Hermes`] (Qwen2.5/Qwen3):
+//!   `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`; `arguments` may be an object,
+//!   a string holding a JSON object, or absent (`{}`); `parameters` is accepted as a synonym.
+//! - Tool calls [`ToolCallFormat::Qwen3Coder`]:
+//!   `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n…</function>\n</tool_call>`.
+//!   One leading and one trailing `\n` of VALUE are removed (as vLLM and SGLang do). Values are
+//!   typed by the tool's JSON schema when [`OutputParser::with_schemas`] knows the function,
+//!   following vLLM's `_convert_param_value`: string types stay strings, integer/number/boolean
+//!   /object/array are converted and fall back to the raw string when they do not parse,
+//!   `null`/`None` becomes null for non-string or nullable types, a parameter missing from the
+//!   schema stays a string. Differences from vLLM: no Python `ast.literal_eval` fallback, and a
+//!   non-boolean value of a boolean parameter stays a string instead of becoming `false`.
+//!   Without a schema for the function (vLLM and SGLang keep strings there), a heuristic is
+//!   used: a value that parses as JSON and is not a JSON string (number, boolean, null, object,
+//!   array) keeps its type, anything else is the raw string.
+//!   Each format falls back to the other's body syntax when its own fails to parse (Qwen3-Coder
+//!   models sometimes emit the JSON form and vice versa).
+//!
+//! A tool call is emitted whole ([`Piece::ToolCallStart`] then one [`Piece::ToolCallArgs`]
+//! with the complete compact JSON object) when its `</tool_call>` arrives: arguments are never
+//! streamed partially, so a call that turns out malformed never has to be retracted.
+//!
+//! # Whitespace
+//! Chosen so that feeding the parsed message back through the Qwen3 chat templates reproduces
+//! the output (the templates strip the same whitespace when they render history):
+//! - reasoning: leading and trailing `\n` are removed (Qwen3's template renders
+//!   `<think>\n` + reasoning.strip("\n") + `\n</think>\n\n`);
+//! - text right after `</think>`: leading `\n` are removed (the template does
+//!   `content.lstrip("\n")`; HF's Qwen3 model card does `.strip("\n")`). SGLang's and vLLM's
+//!   current qwen3 reasoning parsers return the content raw, `"\n\n"` included;
+//! - text right before a tool call: trailing whitespace is removed (the templates insert
+//!   `\n` (Qwen3) or `\n\n` (Qwen3-Coder) there; SGLang strips the text before a call too);
+//! - text right after a tool call: leading whitespace is removed (the `\n` between parallel
+//!   calls, and after the last one);
+//! - other text, including trailing whitespace at the end of the output, is kept verbatim.
+//!
+//! # Errors
+//! Nothing is lost: a tool call whose body does not parse is emitted as text, tags included,
+//! and a note explains why. At [`OutputParser::finish`], an unterminated `<tool_call>` (no
+//! `</tool_call>`, e.g. cut by `max_tokens`) is accepted as a call when its body is complete
+//! (Hermes: the JSON parses; Qwen3-Coder: `</function>` was seen), as vLLM's parsers do, with
+//! a note; otherwise it is emitted as text with a note. Unterminated reasoning stays reasoning.
+
+use std::collections::HashMap;
+
+use serde_json::{Map, Value};
+
+const THINK_OPEN: &str = "<think>";
+const THINK_CLOSE: &str = "</think>";
+const TOOL_OPEN: &str = "<tool_call>";
+const TOOL_CLOSE: &str = "</tool_call>";
+const FUNCTION_OPEN: &str = "<function=";
+const FUNCTION_CLOSE: &str = "</function>";
+const PARAM_OPEN: &str = "<parameter=";
+const PARAM_CLOSE: &str = "</parameter>";
+
+/// How a model writes tool calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToolCallFormat {
+    /// Qwen2.5/Qwen3: `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`.
+    Hermes,
+    /// Qwen3-Coder: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...
+    /// </function>\n</tool_call>`.
+    Qwen3Coder,
+    /// No tool calls: `<tool_call>` is plain text.
+    None,
+}
+
+/// How a model writes reasoning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ReasoningFormat {
+    /// `<think>...</think>`; Qwen3 may start inside an open `<think>` when the prompt ends
+    /// with `"<think>\n"`.
+    Think,
+    /// No reasoning: `<think>` is plain text.
+    None,
+}
+
+/// A certain part of the output, in order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Piece {
+    /// Visible text (adjacent `Text` pieces concatenate).
+    Text(String),
+    /// Reasoning text (adjacent `Reasoning` pieces concatenate).
+    Reasoning(String),
+    /// A tool call begins; always followed by its [`Piece::ToolCallArgs`].
+    ToolCallStart {
+        index: usize,
+        id: String,
+        name: String,
+    },
+    /// Arguments of the call `index`: the whole compact JSON object text, sent once.
+    ToolCallArgs { index: usize, arguments: String },
+}
+
+/// One parsed tool call.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+pub struct ParsedToolCall {
+    pub id: String,
+    pub name: String,
+    /// Compact JSON object text.
+    pub arguments: String,
+}
+
+/// Everything parsed so far.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Deserialize, serde::Serialize)]
+pub struct Parsed {
+    pub text: String,
+    /// `None` when there was no reasoning, or it was empty.
+    pub reasoning: Option<String>,
+    pub tool_calls: Vec<ParsedToolCall>,
+    /// Human-readable notes about malformed or truncated parts.
+    pub notes: Vec<String>,
+}
+
+/// Which characters a [`Lane`] trims.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Trim {
+    Nothing,
+    Newlines,
+    Whitespace,
+}
+
+impl Trim {
+    fn matches(self, c: char) -> bool {
+        match self {
+            Trim::Nothing => false,
+            Trim::Newlines => c == '\n',
+            Trim::Whitespace => c.is_whitespace(),
+        }
+    }
+}
+
+/// A stream of text (visible or reasoning) that drops leading characters of kind `lead` and
+/// holds back a trailing run of `hold` characters until it knows what follows them.
+#[derive(Debug, Clone)]
+struct Lane {
+    lead: Trim,
+    hold: Trim,
+    pending: String,
+}
+
+impl Lane {
+    fn new(lead: Trim, hold: Trim) -> Self {
+        Self {
+            lead,
+            hold,
+            pending: String::new(),
+        }
+    }
+
+    /// Feeds a segment; returns the part that is now certain.
+    fn feed(&mut self, seg: &str) -> String {
+        let lead = self.lead;
+        let seg = if lead == Trim::Nothing {
+            seg
+        } else {
+            let rest = seg.trim_start_matches(|c| lead.matches(c));
+            if rest.is_empty() {
+                return String::new();
+            }
+            self.lead = Trim::Nothing;
+            rest
+        };
+        self.pending.push_str(seg);
+        let hold = self.hold;
+        let keep = self.pending.trim_end_matches(|c| hold.matches(c)).len();
+        let tail = self.pending.split_off(keep);
+        std::mem::replace(&mut self.pending, tail)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    Text,
+    Reasoning,
+    ToolCall,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tag {
+    ThinkOpen,
+    ToolOpen,
+}
+
+/// Streaming parser of one model output. See the module documentation for the rules.
+#[derive(Debug, Clone)]
+pub struct OutputParser {
+    tools: ToolCallFormat,
+    reasoning_format: ReasoningFormat,
+    /// Function name → properties of its parameter schema.
+    schemas: HashMap<String, Map<String, Value>>,
+    id_prefix: String,
+    next_id: usize,
+    mode: Mode,
+    /// Unprocessed input (in text and reasoning mode: at most a possible partial tag).
+    buf: String,
+    text: Lane,
+    reasoning: Lane,
+    /// Body of the tool call being read (after `<tool_call>`).
+    call_body: String,
+    /// Where to resume searching `</tool_call>` in `call_body`.
+    call_scan: usize,
+    /// Non-whitespace text or a tool call was emitted: `<think>` is no longer recognised.
+    seen_content: bool,
+    /// A reasoning block was opened.
+    reasoning_seen: bool,
+    parsed: Parsed,
+    reasoning_text: String,
+}
+
+impl OutputParser {
+    /// A parser for one output. `starts_in_reasoning`: the prompt ended inside an open
+    /// `<think>` (ignored unless `reasoning` is [`ReasoningFormat::Think`]).
+    pub fn new(
+        tools: ToolCallFormat,
+        reasoning: ReasoningFormat,
+        starts_in_reasoning: bool,
+    ) -> Self {
+        let mut parser = Self {
+            tools,
+            reasoning_format: reasoning,
+            schemas: HashMap::new(),
+            id_prefix: "call_".to_owned(),
+            next_id: 0,
+            mode: Mode::Text,
+            buf: String::new(),
+            text: Lane::new(Trim::Nothing, Trim::Whitespace),
+            reasoning: Lane::new(Trim::Newlines, Trim::Newlines),
+            call_body: String::new(),
+            call_scan: 0,
+            seen_content: false,
+            reasoning_seen: false,
+            parsed: Parsed::default(),
+            reasoning_text: String::new(),
+        };
+        if starts_in_reasoning && reasoning == ReasoningFormat::Think {
+            parser.enter_reasoning();
+        }
+        parser
+    }
+
+    /// Tool definitions (as in a request's `tools`: OpenAI `{"type": "function", "function":
+    /// {"name", "parameters"}}`, or bare `{"name", "parameters" | "input_schema"}`) used to
+    /// type Qwen3-Coder parameters. Entries without a name are ignored.
+    #[must_use]
+    pub fn with_schemas(mut self, tools: &[Value]) -> Self {
+        for tool in tools {
+            let function = tool.get("function").unwrap_or(tool);
+            let Some(name) = function.get("name").and_then(Value::as_str) else {
+                continue;
+            };
+            let params = function
+                .get("parameters")
+                .or_else(|| function.get("input_schema"));
+            let properties = params
+                .and_then(|p| p.get("properties"))
+                .and_then(Value::as_object)
+                .cloned()
+                .unwrap_or_default();
+            self.schemas.insert(name.to_owned(), properties);
+        }
+        self
+    }
+
+    /// Tool call ids are `{prefix}{n}`, n counting from 0 in this parser (default prefix
+    /// `call_`). Give a prefix unique to the request when ids must be unique in a session.
+    #[must_use]
+    pub fn with_id_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.id_prefix = prefix.into();
+        self
+    }
+
+    /// Feed decoded text as it arrives (any chunking, even mid-tag); returns the pieces that
+    /// are certain. Text that might be the start of a tag, and whitespace whose fate depends
+    /// on what follows, is held back until it is decided.
+    pub fn push(&mut self, text: &str) -> Vec<Piece> {
+        let mut out = Vec::new();
+        self.buf.push_str(text);
+        self.drain(&mut out, false);
+        out
+    }
+
+    /// End of output: flushes everything held back. An unterminated tool call is parsed if
+    /// its body is complete, else emitted as text; either way with a note.
+    pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = Vec::new();
+        self.drain(&mut out, true);
+        match self.mode {
+            Mode::ToolCall => {
+                let body = std::mem::take(&mut self.call_body);
+                self.mode = Mode::Text;
+                self.close_call(&body, false, &mut out);
+            }
+            Mode::Reasoning => {
+                self.reasoning.pending.clear();
+            }
+            Mode::Text => {}
+        }
+        let rest = std::mem::take(&mut self.text.pending);
+        if !rest.is_empty() {
+            self.parsed.text.push_str(&rest);
+            push_piece(&mut out, Piece::Text(rest));
+        }
+        out
+    }
+
+    /// Everything parsed so far, as a whole.
+    pub fn parsed(&self) -> Parsed {
+        let mut parsed = self.parsed.clone();
+        if !self.reasoning_text.is_empty() {
+            parsed.reasoning = Some(self.reasoning_text.clone());
+        }
+        parsed
+    }
+
+    fn enter_reasoning(&mut self) {
+        self.mode = Mode::Reasoning;
+        self.reasoning_seen = true;
+        self.reasoning = Lane::new(Trim::Newlines, Trim::Newlines);
+    }
+
+    /// Whether `<think>` at byte `at` of `buf` would open reasoning.
+    fn think_opens_at(&self, at: usize) -> bool {
+        self.reasoning_format == ReasoningFormat::Think
+            && !self.reasoning_seen
+            && !self.seen_content
+            && self.text.pending.chars().all(char::is_whitespace)
+            && self
+                .buf
+                .get(..at)
+                .is_some_and(|s| s.chars().all(char::is_whitespace))
+    }
+
+    fn drain(&mut self, out: &mut Vec<Piece>, at_end: bool) {
+        loop {
+            match self.mode {
+                Mode::Text => {
+                    let mut found: Option<(usize, Tag)> = None;
+                    if self.tools != ToolCallFormat::None {
+                        found = self.buf.find(TOOL_OPEN).map(|i| (i, Tag::ToolOpen));
+                    }
+                    if let Some(i) = self.buf.find(THINK_OPEN)
+                        && found.is_none_or(|(j, _)| i < j)
+                        && self.think_opens_at(i)
+                    {
+                        found = Some((i, Tag::ThinkOpen));
+                    }
+                    match found {
+                        Some((i, tag)) => {
+                            let tag_len = match tag {
+                                Tag::ThinkOpen => THINK_OPEN.len(),
+                                Tag::ToolOpen => TOOL_OPEN.len(),
+                            };
+                            let rest = self.buf.split_off(i + tag_len);
+                            self.buf.truncate(i);
+                            let before = std::mem::replace(&mut self.buf, rest);
+                            self.emit_text(&before, out);
+                            match tag {
+                                Tag::ThinkOpen => {
+                                    self.text.pending.clear();
+                                    self.enter_reasoning();
+                                }
+                                Tag::ToolOpen => {
+                                    self.mode = Mode::ToolCall;
+                                    self.call_body.clear();
+                                    self.call_scan = 0;
+                                }
+                            }
+                        }
+                        None => {
+                            let hold = if at_end { 0 } else { self.text_hold() };
+                            let rest = self.buf.split_off(self.buf.len() - hold);
+                            let seg = std::mem::replace(&mut self.buf, rest);
+                            self.emit_text(&seg, out);
+                            return;
+                        }
+                    }
+                }
+                Mode::Reasoning => match self.buf.find(THINK_CLOSE) {
+                    Some(i) => {
+                        let rest = self.buf.split_off(i + THINK_CLOSE.len());
+                        self.buf.truncate(i);
+                        let before = std::mem::replace(&mut self.buf, rest);
+                        self.emit_reasoning(&before, out);
+                        self.reasoning.pending.clear();
+                        self.mode = Mode::Text;
+                        self.text.lead = Trim::Newlines;
+                    }
+                    None => {
+                        let hold = if at_end {
+                            0
+                        } else {
+                            partial_suffix(&self.buf, &[THINK_CLOSE])
+                        };
+                        let rest = self.buf.split_off(self.buf.len() - hold);
+                        let seg = std::mem::replace(&mut self.buf, rest);
+                        self.emit_reasoning(&seg, out);
+                        return;
+                    }
+                },
+                Mode::ToolCall => {
+                    self.call_body.push_str(&self.buf);
+                    self.buf.clear();
+                    let from = floor_char_boundary(&self.call_body, self.call_scan);
+                    let hit = self
+                        .call_body
+                        .get(from..)
+                        .and_then(|s| s.find(TOOL_CLOSE))
+                        .map(|i| from + i);
+                    match hit {
+                        Some(i) => {
+                            self.buf = self.call_body.split_off(i + TOOL_CLOSE.len());
+                            self.call_body.truncate(i);
+                            let body = std::mem::take(&mut self.call_body);
+                            self.mode = Mode::Text;
+                            self.close_call(&body, true, out);
+                        }
+                        None => {
+                            self.call_scan =
+                                self.call_body.len().saturating_sub(TOOL_CLOSE.len() - 1);
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Length of the suffix of `buf` that may still become a tag, in text mode.
+    fn text_hold(&self) -> usize {
+        let mut tags: Vec<&str> = Vec::with_capacity(2);
+        if self.tools != ToolCallFormat::None {
+            tags.push(TOOL_OPEN);
+        }
+        let held = partial_suffix(&self.buf, &tags);
+        let think = partial_suffix(&self.buf, &[THINK_OPEN]);
+        if think > held && self.think_opens_at(self.buf.len() - think) {
+            think
+        } else {
+            held
+        }
+    }
+
+    fn emit_text(&mut self, seg: &str, out: &mut Vec<Piece>) {
+        let certain = self.text.feed(seg);
+        if !certain.is_empty() {
+            self.seen_content = true;
+            self.parsed.text.push_str(&certain);
+            push_piece(out, Piece::Text(certain));
+        }
+    }
+
+    fn emit_reasoning(&mut self, seg: &str, out: &mut Vec<Piece>) {
+        let certain = self.reasoning.feed(seg);
+        if !certain.is_empty() {
+            self.reasoning_text.push_str(&certain);
+            push_piece(out, Piece::Reasoning(certain));
+        }
+    }
+
+    fn close_call(&mut self, body: &str, terminated: bool, out: &mut Vec<Piece>) {
+        let number = self.parsed.tool_calls.len();
+        let result = if !terminated
+            && self.tools == ToolCallFormat::Qwen3Coder
+            && body.trim_start().starts_with(FUNCTION_OPEN)
+            && !body.contains(FUNCTION_CLOSE)
+        {
+            Err("truncated: no </function>".to_owned())
+        } else {
+            self.parse_call(body)
+        };
+        match result {
+            Ok((name, arguments)) => {
+                // Whitespace before the call belongs to the template, not the text.
+                self.text.pending.clear();
+                self.text.lead = Trim::Whitespace;
+                self.seen_content = true;
+                let index = self.parsed.tool_calls.len();
+                let id = format!("{}{}", self.id_prefix, self.next_id);
+                self.next_id += 1;
+                if !terminated {
+                    self.parsed.notes.push(format!(
+                        "tool call {index} ({name}) was not closed by {TOOL_CLOSE}; parsed anyway"
+                    ));
+                }
+                out.push(Piece::ToolCallStart {
+                    index,
+                    id: id.clone(),
+                    name: name.clone(),
+                });
+                out.push(Piece::ToolCallArgs {
+                    index,
+                    arguments: arguments.clone(),
+                });
+                self.parsed.tool_calls.push(ParsedToolCall {
+                    id,
+                    name,
+                    arguments,
+                });
+            }
+            Err(why) => {
+                let close = if terminated { TOOL_CLOSE } else { "" };
+                let raw = format!("{TOOL_OPEN}{body}{close}");
+                let what = if terminated {
+                    "malformed tool call"
+                } else {
+                    "unterminated tool call at end of output"
+                };
+                self.parsed.notes.push(format!(
+                    "{what} (after {number} parsed calls) kept as text: {why}"
+                ));
+                self.emit_text(&raw, out);
+            }
+        }
+    }
+
+    /// Parses a tool call body: the configured format first, then the other as a fallback.
+    fn parse_call(&self, body: &str) -> Result<(String, String), String> {
+        let xml_like = body.trim_start().starts_with(FUNCTION_OPEN);
+        match self.tools {
+            ToolCallFormat::Qwen3Coder if !xml_like && body.trim_start().starts_with('{') => {
+                parse_hermes(body)
+            }
+            ToolCallFormat::Qwen3Coder => parse_qwen3_coder(body, &self.schemas),
+            _ if xml_like => parse_qwen3_coder(body, &self.schemas),
+            _ => parse_hermes(body),
+        }
+    }
+}
+
+/// Parses a whole output at once (same rules as streaming).
+pub fn parse_whole(
+    text: &str,
+    tools: ToolCallFormat,
+    reasoning: ReasoningFormat,
+    starts_in_reasoning: bool,
+) -> Parsed {
+    let mut parser = OutputParser::new(tools, reasoning, starts_in_reasoning);
+    parser.push(text);
+    parser.finish();
+    parser.parsed()
+}
+
+/// Appends a piece, merging it into the previous one when both are text or both reasoning.
+fn push_piece(out: &mut Vec<Piece>, piece: Piece) {
+    match (out.last_mut(), piece) {
+        (Some(Piece::Text(prev)), Piece::Text(s)) => prev.push_str(&s),
+        (Some(Piece::Reasoning(prev)), Piece::Reasoning(s)) => prev.push_str(&s),
+        (_, piece) => out.push(piece),
+    }
+}
+
+/// Length of the longest suffix of `s` that is a proper prefix of one of `tags` (all ASCII,
+/// starting with `<`).
+fn partial_suffix(s: &str, tags: &[&str]) -> usize {
+    let longest = tags.iter().map(|t| t.len()).max().unwrap_or(0);
+    if longest == 0 {
+        return 0;
+    }
+    let start = s.len().saturating_sub(longest - 1);
+    for (i, c) in s.char_indices() {
+        if i < start || c != '<' {
+            continue;
+        }
+        let suffix = &s[i..];
+        if tags
+            .iter()
+            .any(|t| t.len() > suffix.len() && t.starts_with(suffix))
+        {
+            return s.len() - i;
+        }
+    }
+    0
+}
+
+fn floor_char_boundary(s: &str, mut i: usize) -> usize {
+    if i >= s.len() {
+        return s.len();
+    }
+    while i > 0 && !s.is_char_boundary(i) {
+        i -= 1;
+    }
+    i
+}
+
+/// `{"name": ..., "arguments": {...}}` → (name, compact arguments).
+fn parse_hermes(body: &str) -> Result<(String, String), String> {
+    let value: Value =
+        serde_json::from_str(body.trim()).map_err(|e| format!("invalid JSON: {e}"))?;
+    let Value::Object(mut object) = value else {
+        return Err("not a JSON object".to_owned());
+    };
+    let name = match object.remove("name") {
+        Some(Value::String(name)) if !name.trim().is_empty() => name,
+        _ => return Err("missing or empty \"name\"".to_owned()),
+    };
+    let arguments = match object
+        .remove("arguments")
+        .or_else(|| object.remove("parameters"))
+    {
+        None | Some(Value::Null) => Map::new(),
+        Some(Value::Object(map)) => map,
+        Some(Value::String(s)) if s.trim().is_empty() => Map::new(),
+        Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
+            Ok(Value::Object(map)) => map,
+            _ => return Err("\"arguments\" is a string that is not a JSON object".to_owned()),
+        },
+        Some(_) => return Err("\"arguments\" is not an object".to_owned()),
+    };
+    let arguments = serde_json::to_string(&Value::Object(arguments)).map_err(|e| e.to_string())?;
+    Ok((name, arguments))
+}
+
+/// `<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>` → (name, compact
+/// arguments). A missing `</function>` is tolerated; a missing `</parameter>` is not.
+fn parse_qwen3_coder(
+    body: &str,
+    schemas: &HashMap<String, Map<String, Value>>,
+) -> Result<(String, String), String> {
+    let rest = body
+        .trim_start()
+        .strip_prefix(FUNCTION_OPEN)
+        .ok_or_else(|| format!("expected {FUNCTION_OPEN}NAME>"))?;
+    let gt = rest
+        .find('>')
+        .ok_or_else(|| "unterminated <function=".to_owned())?;
+    let name = rest[..gt].trim();
+    if name.is_empty() || name.contains(['\n', '<']) {
+        return Err(format!("bad function name {name:?}"));
+    }
+    let properties = schemas.get(name);
+    let mut arguments = Map::new();
+    let mut rest = &rest[gt + 1..];
+    loop {
+        rest = rest.trim_start();
+        if rest.is_empty() {
+            break;
+        }
+        if let Some(after) = rest.strip_prefix(FUNCTION_CLOSE) {
+            if !after.trim().is_empty() {
+                return Err(format!("text after {FUNCTION_CLOSE}"));
+            }
+            break;
+        }
+        let after = rest
+            .strip_prefix(PARAM_OPEN)
+            .ok_or_else(|| format!("unexpected text in function body: {:?}", head(rest)))?;
+        let gt = after
+            .find('>')
+            .ok_or_else(|| "unterminated <parameter=".to_owned())?;
+        let param = after[..gt].trim();
+        if param.is_empty() || param.contains(['\n', '<']) {
+            return Err(format!("bad parameter name {param:?}"));
+        }
+        let after = &after[gt + 1..];
+        let end = after
+            .find(PARAM_CLOSE)
+            .ok_or_else(|| format!("parameter {param:?} has no {PARAM_CLOSE}"))?;
+        let mut value = &after[..end];
+        value = value.strip_prefix('\n').unwrap_or(value);
+        value = value.strip_suffix('\n').unwrap_or(value);
+        let typed = convert_param(value, properties.map(|p| p.get(param)));
+        arguments.insert(param.to_owned(), typed);
+        rest = &after[end + PARAM_CLOSE.len()..];
+    }
+    let arguments = serde_json::to_string(&Value::Object(arguments)).map_err(|e| e.to_string())?;
+    Ok((name.to_owned(), arguments))
+}
+
+fn head(s: &str) -> String {
+    s.chars().take(40).collect()
+}
+
+/// Types a Qwen3-Coder parameter value. `schema`: `None` when the function has no known
+/// schema (heuristic), `Some(None)` when the parameter is not in it (string).
+fn convert_param(raw: &str, schema: Option<Option<&Value>>) -> Value {
+    let Some(schema) = schema else {
+        return match serde_json::from_str::<Value>(raw.trim()) {
+            Ok(Value::String(_)) | Err(_) => Value::String(raw.to_owned()),
+            Ok(value) => value,
+        };
+    };
+    let Some(schema) = schema else {
+        return Value::String(raw.to_owned());
+    };
+    let (ty, nullable) = schema_type(schema);
+    let trimmed = raw.trim();
+    let is_null = matches!(trimmed.to_ascii_lowercase().as_str(), "null" | "none");
+    if nullable && is_null {
+        return Value::Null;
+    }
+    if matches!(
+        ty.as_str(),
+        "string" | "str" | "text" | "varchar" | "char" | "enum"
+    ) {
+        return Value::String(raw.to_owned());
+    }
+    if is_null {
+        return Value::Null;
+    }
+    let parsed = serde_json::from_str::<Value>(trimmed).ok();
+    let converted = if ["int", "uint", "long", "short", "unsigned"]
+        .iter()
+        .any(|p| ty.starts_with(p))
+    {
+        parsed.filter(|v| v.is_i64() || v.is_u64())
+    } else if ty.starts_with("num") || ty.starts_with("float") {
+        parsed.filter(Value::is_number)
+    } else if matches!(ty.as_str(), "boolean" | "bool" | "binary") {
+        match trimmed.to_ascii_lowercase().as_str() {
+            "true" => Some(Value::Bool(true)),
+            "false" => Some(Value::Bool(false)),
+            _ => None,
+        }
+    } else if matches!(ty.as_str(), "object" | "array" | "arr")
+        || ty.starts_with("dict")
+        || ty.starts_with("list")
+    {
+        parsed.filter(|v| v.is_object() || v.is_array())
+    } else {
+        parsed.filter(|v| !v.is_string())
+    };
+    converted.unwrap_or_else(|| Value::String(raw.to_owned()))
+}
+
+/// The (lower-cased) first non-null type of a property schema, and whether null is allowed.
+fn schema_type(schema: &Value) -> (String, bool) {
+    let lower = |v: &Value| v.as_str().map(|s| s.trim().to_ascii_lowercase());
+    match schema.get("type") {
+        Some(Value::String(s)) => {
+            let ty = s.trim().to_ascii_lowercase();
+            let nullable = ty == "null";
+            return (ty, nullable);
+        }
+        Some(Value::Array(types)) => {
+            let types: Vec<String> = types.iter().filter_map(lower).collect();
+            let nullable = types.iter().any(|t| t == "null");
+            let ty = types
+                .into_iter()
+                .find(|t| t != "null")
+                .unwrap_or_else(|| "string".to_owned());
+            return (ty, nullable);
+        }
+        _ => {}
+    }
+    let options = schema
+        .get("anyOf")
+        .or_else(|| schema.get("oneOf"))
+        .and_then(Value::as_array);
+    if let Some(options) = options {
+        let types: Vec<String> = options
+            .iter()
+            .filter_map(|o| o.get("type").and_then(lower))
+            .collect();
+        let nullable = types.iter().any(|t| t == "null");
+        let ty = types
+            .into_iter()
+            .find(|t| t != "null")
+            .unwrap_or_else(|| "string".to_owned());
+        return (ty, nullable);
+    }
+    ("string".to_owned(), false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    use serde_json::json;
+
+    const H: ToolCallFormat = ToolCallFormat::Hermes;
+    const X: ToolCallFormat = ToolCallFormat::Qwen3Coder;
+    const T: ReasoningFormat = ReasoningFormat::Think;
+
+    /// Folds pieces into a `Parsed` (notes left empty), checking their order.
+    fn fold(pieces: &[Piece]) -> Parsed {
+        let mut parsed = Parsed::default();
+        let mut reasoning = String::new();
+        let mut open: Option<(usize, String, String)> = None;
+        for piece in pieces {
+            match piece {
+                Piece::Text(s) => {
+                    assert!(open.is_none(), "text inside a call");
+                    assert!(!s.is_empty(), "empty text piece");
+                    parsed.text.push_str(s);
+                }
+                Piece::Reasoning(s) => {
+                    assert!(open.is_none(), "reasoning inside a call");
+                    assert!(!s.is_empty(), "empty reasoning piece");
+                    reasoning.push_str(s);
+                }
+                Piece::ToolCallStart { index, id, name } => {
+                    assert!(open.is_none());
+                    assert_eq!(*index, parsed.tool_calls.len());
+                    open = Some((*index, id.clone(), name.clone()));
+                }
+                Piece::ToolCallArgs { index, arguments } => {
+                    let Some((i, id, name)) = open.take() else {
+                        panic!("args without start");
+                    };
+                    assert_eq!(i, *index);
+                    parsed.tool_calls.push(ParsedToolCall {
+                        id,
+                        name,
+                        arguments: arguments.clone(),
+                    });
+                }
+            }
+        }
+        assert!(open.is_none(), "start without args");
+        if !reasoning.is_empty() {
+            parsed.reasoning = Some(reasoning);
+        }
+        parsed
+    }
+
+    fn stream(
+        chunks: &[&str],
+        tools: ToolCallFormat,
+        reasoning: ReasoningFormat,
+        starts: bool,
+    ) -> (Vec<Piece>, Parsed) {
+        let mut parser = OutputParser::new(tools, reasoning, starts);
+        let mut pieces = Vec::new();
+        for chunk in chunks {
+            pieces.extend(parser.push(chunk));
+        }
+        pieces.extend(parser.finish());
+        (pieces, parser.parsed())
+    }
+
+    fn call(id: &str, name: &str, arguments: &str) -> ParsedToolCall {
+        ParsedToolCall {
+            id: id.to_owned(),
+            name: name.to_owned(),
+            arguments: arguments.to_owned(),
+        }
+    }
+
+    #[test]
+    fn hermes_text_reasoning_two_parallel_calls() {
+        let out = "<think>\nLet me look.\n</think>\n\nI'll check both.\n<tool_call>\n\
+                   {\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n\
+                   </tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": \"{\\\"tz\\\": \\\"CET\\\"}\"}\n</tool_call>";
+        let parsed = parse_whole(out, H, T, false);
+        assert_eq!(parsed.text, "I'll check both.");
+        assert_eq!(parsed.reasoning.as_deref(), Some("Let me look."));
+        assert_eq!(
+            parsed.tool_calls,
+            vec![
+                call("call_0", "get_weather", r#"{"city":"Paris","days":2}"#),
+                call("call_1", "get_time", r#"{"tz":"CET"}"#),
+            ]
+        );
+        assert!(parsed.notes.is_empty());
+        // Streamed one char at a time: same result, pieces in order.
+        let chars: Vec<String> = out.chars().map(String::from).collect();
+        let chunks: Vec<&str> = chars.iter().map(String::as_str).collect();
+        let (pieces, streamed) = stream(&chunks, H, T, false);
+        assert_eq!(streamed, parsed);
+        assert_eq!(fold(&pieces), parsed);
+    }
+
+    #[test]
+    fn qwen3_coder_text_reasoning_two_parallel_calls() {
+        let out = "<think>\nplan\n</think>\n\nRunning.\n\n<tool_call>\n<function=run>\n\
+                   <parameter=cmd>\nls -la <dir> \"x\"\n</parameter>\n<parameter=timeout>\n30\n</parameter>\n\
+                   </function>\n</tool_call>\n<tool_call>\n<function=write>\n<parameter=path>\na.py\n</parameter>\n\
+                   <parameter=content>\n\ndef f():\n    return 1\n\n</parameter>\n</function>\n</tool_call>";
+        let parsed = parse_whole(out, X, T, false);
+        assert_eq!(parsed.text, "Running.");
+        assert_eq!(parsed.reasoning.as_deref(), Some("plan"));
+        assert_eq!(
+            parsed.tool_calls,
+            vec![
+                call(
+                    "call_0",
+                    "run",
+                    r#"{"cmd":"ls -la <dir> \"x\"","timeout":30}"#
+                ),
+                call(
+                    "call_1",
+                    "write",
+                    r#"{"path":"a.py","content":"\ndef f():\n    return 1\n"}"#
+                ),
+            ]
+        );
+        assert!(parsed.notes.is_empty());
+    }
+
+    #[test]
+    fn qwen3_coder_schema_types_and_no_schema_heuristics() {
+        let tools = vec![
+            json!({"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {
+                "s": {"type": "string"}, "n": {"type": "integer"}, "x": {"type": "number"},
+                "b": {"type": "boolean"}, "o": {"type": "object"}, "a": {"type": "array"},
+                "opt": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+                "bad_int": {"type": "integer"}, "maybe": {"type": ["integer", "null"]}
+            }}}}),
+        ];
+        let body = |params: &[(&str, &str)]| {
+            let mut s = String::from("<tool_call>\n<function=f>\n");
+            for (k, v) in params {
+                s.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+            }
+            s.push_str("</function>\n</tool_call>");
+            s
+        };
+        let out = body(&[
+            ("s", "42"),
+            ("n", "7"),
+            ("x", "1.5"),
+            ("b", "True"),
+            ("o", r#"{"k": [1, 2]}"#),
+            ("a", "[\"p\"]"),
+            ("opt", "None"),
+            ("bad_int", "seven"),
+            ("maybe", "null"),
+            ("extra", "5"),
+        ]);
+        let mut parser = OutputParser::new(X, ReasoningFormat::None, false).with_schemas(&tools);
+        parser.push(&out);
+        parser.finish();
+        let parsed = parser.parsed();
+        let args: Value = serde_json::from_str(&parsed.tool_calls[0].arguments).unwrap();
+        assert_eq!(
+            args,
+            json!({"s": "42", "n": 7, "x": 1.5, "b": true, "o": {"k": [1, 2]}, "a": ["p"],
+                   "opt": null, "bad_int": "seven", "maybe": null, "extra": "5"})
+        );
+        // No schema: JSON-looking values keep their type, the rest are strings.
+        let parsed = parse_whole(&out, X, ReasoningFormat::None, false);
+        let args: Value = serde_json::from_str(&parsed.tool_calls[0].arguments).unwrap();
+        assert_eq!(
+            args,
+            json!({"s": 42, "n": 7, "x": 1.5, "b": "True", "o": {"k": [1, 2]}, "a": ["p"],
+                   "opt": "None", "bad_int": "seven", "maybe": null, "extra": 5})
+        );
+    }
+
+    #[test]
+    fn starts_in_reasoning() {
+        let out = "The user wants X.\n</think>\n\nHere is X.";
+        let parsed = parse_whole(out, H, T, true);
+        assert_eq!(parsed.reasoning.as_deref(), Some("The user wants X."));
+        assert_eq!(parsed.text, "Here is X.");
+        // Without the flag, a bare </think> is text.
+        let parsed = parse_whole(out, H, T, false);
+        assert_eq!(parsed.reasoning, None);
+        assert_eq!(parsed.text, out);
+        // Truncated inside reasoning: all reasoning, trailing newlines dropped.
+        let parsed = parse_whole("still thinking\n\n", H, T, true);
+        assert_eq!(parsed.reasoning.as_deref(), Some("still thinking"));
+        assert_eq!(parsed.text, "");
+        // Empty reasoning (the disabled-thinking shape) is None.
+        let parsed = parse_whole("\n\n</think>\n\nHi", H, T, true);
+        assert_eq!(parsed.reasoning, None);
+        assert_eq!(parsed.text, "Hi");
+        // <think> inside reasoning is literal; <tool_call> in reasoning is not a call.
+        let parsed = parse_whole("a <think> <tool_call>{}</tool_call></think>b", H, T, true);
+        assert_eq!(
+            parsed.reasoning.as_deref(),
+            Some("a <think> <tool_call>{}</tool_call>")
+        );
+        assert_eq!(parsed.text, "b");
+        assert!(parsed.tool_calls.is_empty());
+    }
+
+    #[test]
+    fn think_only_opens_at_start() {
+        let parsed = parse_whole("Hi <think>x</think> y", H, T, false);
+        assert_eq!(parsed.text, "Hi <think>x</think> y");
+        assert_eq!(parsed.reasoning, None);
+        let parsed = parse_whole("\n <think>x</think>y<think>z</think>", H, T, false);
+        assert_eq!(parsed.reasoning.as_deref(), Some("x"));
+        assert_eq!(parsed.text, "y<think>z</think>");
+        let parsed = parse_whole("<think>x</think>y", H, ReasoningFormat::None, false);
+        assert_eq!(parsed.text, "<think>x</think>y");
+        // "Hi" came first, so "<thi" is not held back.
+        let (pieces, _) = stream(&["Hi <thi", "nk>"], H, T, false);
+        let texts = [
+            Piece::Text("Hi <thi".to_owned()),
+            Piece::Text("nk>".to_owned()),
+        ];
+        assert_eq!(pieces, texts);
+    }
+
+    #[test]
+    fn malformed_calls_become_text_with_notes() {
+        let bad = "<tool_call>\n{\"name\": \"f\", \"arguments\": {oops}}\n</tool_call>";
+        let out = format!("Trying.\n{bad}\n<tool_call>\n{{\"name\": \"g\"}}\n</tool_call>");
+        let parsed = parse_whole(&out, H, T, false);
+        assert_eq!(parsed.text, format!("Trying.\n{bad}"));
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "g", "{}")]);
+        assert_eq!(parsed.notes.len(), 1);
+        assert!(parsed.notes[0].contains("malformed"), "{:?}", parsed.notes);
+
+        let bad = "<tool_call>\n<function=f>\n<parameter=a>\nno end\n</function>\n</tool_call>";
+        let parsed = parse_whole(bad, X, ReasoningFormat::None, false);
+        assert_eq!(parsed.text, bad);
+        assert!(parsed.tool_calls.is_empty());
+        assert_eq!(parsed.notes.len(), 1);
+
+        for bad in [
+            "<tool_call>[1]</tool_call>",
+            "<tool_call>{\"arguments\": {}}</tool_call>",
+            "<tool_call>{\"name\": \"f\", \"arguments\": 3}</tool_call>",
+            "<tool_call>{\"name\": \"f\", \"arguments\": \"nope\"}</tool_call>",
+        ] {
+            let parsed = parse_whole(bad, H, T, false);
+            assert_eq!(parsed.text, bad);
+            assert_eq!(parsed.notes.len(), 1, "{bad}");
+        }
+    }
+
+    #[test]
+    fn unterminated_calls_at_end() {
+        // Complete body, no </tool_call>: parsed, with a note.
+        let parsed = parse_whole(
+            "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n",
+            H,
+            T,
+            false,
+        );
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", "{}")]);
+        assert_eq!(parsed.notes.len(), 1);
+        // Cut mid-JSON: text, with a note.
+        let out = "ok\n<tool_call>\n{\"name\": \"f\", \"argu";
+        let parsed = parse_whole(out, H, T, false);
+        assert_eq!(parsed.text, out);
+        assert!(parsed.tool_calls.is_empty());
+        assert_eq!(parsed.notes.len(), 1);
+        // Qwen3-Coder cut before </function>: text.
+        let out = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n";
+        let parsed = parse_whole(out, X, T, false);
+        assert_eq!(parsed.text, out);
+        assert_eq!(parsed.notes.len(), 1);
+        let out = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>";
+        let parsed = parse_whole(out, X, T, false);
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a":1}"#)]);
+    }
+
+    #[test]
+    fn format_fallbacks_and_none() {
+        let json_call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
+        let parsed = parse_whole(json_call, X, T, false);
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a":1}"#)]);
+        let xml_call =
+            "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
+        let parsed = parse_whole(xml_call, H, T, false);
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a":1}"#)]);
+        let parsed = parse_whole(json_call, ToolCallFormat::None, T, false);
+        assert_eq!(parsed.text, json_call);
+        assert!(parsed.tool_calls.is_empty());
+    }
+
+    #[test]
+    fn holds_back_partial_tags_and_whitespace() {
+        let mut parser = OutputParser::new(H, T, false).with_id_prefix("call_abc_");
+        assert_eq!(parser.push("Hello"), vec![Piece::Text("Hello".to_owned())]);
+        assert_eq!(parser.push(" <tool_"), vec![]);
+        assert_eq!(parser.push("x"), vec![Piece::Text(" <tool_x".to_owned())]);
+        assert_eq!(parser.push("\n"), vec![]);
+        assert_eq!(parser.push("<tool_"), vec![]);
+        assert_eq!(
+            parser.push("call>{\"name\": \"f\", \"arguments\": {}}"),
+            vec![]
+        );
+        assert_eq!(
+            parser.push("</tool_call>\nDone \n"),
+            vec![
+                Piece::ToolCallStart {
+                    index: 0,
+                    id: "call_abc_0".to_owned(),
+                    name: "f".to_owned()
+                },
+                Piece::ToolCallArgs {
+                    index: 0,
+                    arguments: "{}".to_owned()
+                },
+                Piece::Text("Done".to_owned()),
+            ]
+        );
+        assert_eq!(parser.finish(), vec![Piece::Text(" \n".to_owned())]);
+        assert_eq!(parser.parsed().text, "Hello <tool_xDone \n");
+        // A held partial tag that never completes is text at the end.
+        let mut parser = OutputParser::new(H, T, false);
+        assert_eq!(parser.push("a <tool_ca"), vec![Piece::Text("a".to_owned())]);
+        assert_eq!(parser.finish(), vec![Piece::Text(" <tool_ca".to_owned())]);
+        let (pieces, parsed) = stream(&["x", "</thin"], H, T, true);
+        assert_eq!(fold(&pieces).reasoning.as_deref(), Some("x</thin"));
+        assert_eq!(parsed.reasoning.as_deref(), Some("x</thin"));
+    }
+
+    #[test]
+    fn unicode_across_chunks() {
+        let out = "<think>\n漢字 😀\n</think>\n\né <tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"<é>\"}}</tool_call>";
+        let whole = parse_whole(out, H, T, false);
+        assert_eq!(whole.text, "é");
+        assert_eq!(whole.tool_calls[0].arguments, r#"{"q":"<é>"}"#);
+        for cut in 0..out.len() {
+            if out.is_char_boundary(cut) {
+                let (pieces, parsed) = stream(&[&out[..cut], &out[cut..]], H, T, false);
+                assert_eq!(parsed, whole);
+                assert_eq!(fold(&pieces), whole);
+            }
+        }
+    }
+
+    // ---- property test ----
+
+    #[derive(Debug, Clone)]
+    struct Call {
+        name: String,
+        args: Vec<(String, Value)>,
+    }
+
+    #[derive(Debug, Clone)]
+    struct Output {
+        starts_in_reasoning: bool,
+        reasoning: Option<String>,
+        text: String,
+        calls: Vec<Call>,
+    }
+
+    fn atoms() -> impl Strategy<Value = String> {
+        let atoms = vec![
+            "a",
+            "Z",
+            " ",
+            "  ",
+            "\n",
+            "\t",
+            "<",
+            ">",
+            "\"",
+            "'",
+            "\\",
+            "{",
+            "}",
+            "[",
+            "]",
+            ":",
+            ",",
+            "=",
+            "é",
+            "漢",
+            "😀",
+            "<tool",
+            "all>",
+            "</thin",
+            "<thin",
+            "<function",
+            "/",
+            "</",
+            "_",
+            "0",
+            "7",
+        ];
+        prop::collection::vec(prop::sample::select(atoms), 0..12).prop_map(|v| v.concat())
+    }
+
+    fn value() -> impl Strategy<Value = (char, Value)> {
+        prop_oneof![
+            atoms().prop_map(|s| ('s', Value::String(s))),
+            any::<i32>().prop_map(|n| ('i', json!(n))),
+            any::<bool>().prop_map(|b| ('b', json!(b))),
+            prop::collection::vec(atoms(), 0..3).prop_map(|v| ('a', json!(v))),
+        ]
+    }
+
+    fn tool_call() -> impl Strategy<Value = Call> {
+        (
+            "[a-z][a-z_]{0,7}",
+            prop::collection::vec(("[a-z][a-z0-9_]{0,5}", value()), 0..4),
+        )
+            .prop_map(|(name, raw)| {
+                let mut args: Vec<(String, Value)> = Vec::new();
+                for (key, (ty, v)) in raw {
+                    // The key's first letter fixes its type, so schemas agree across calls.
+                    let key = format!("{ty}{key}");
+                    if !args.iter().any(|(k, _)| *k == key) {
+                        args.push((key, v));
+                    }
+                }
+                Call { name, args }
+            })
+    }
+
+    fn output() -> impl Strategy<Value = Output> {
+        (
+            any::<bool>(),
+            prop::option::of(atoms()),
+            atoms(),
+            prop::collection::vec(tool_call(), 0..4),
+        )
+            .prop_map(|(starts_in_reasoning, reasoning, text, calls)| {
+                let reasoning = reasoning
+                    .map(|r| r.trim_matches('\n').to_owned())
+                    .or_else(|| starts_in_reasoning.then(String::new));
+                Output {
+                    starts_in_reasoning,
+                    reasoning,
+                    text,
+                    calls,
+                }
+            })
+    }
+
+    fn args_object(call: &Call) -> Value {
+        Value::Object(call.args.iter().cloned().collect())
+    }
+
+    /// Renders like the Qwen3 (Hermes) and Qwen3-Coder chat templates render history.
+    fn render(out: &Output, format: ToolCallFormat) -> String {
+        let mut s = String::new();
+        if let Some(r) = &out.reasoning {
+            if !out.starts_in_reasoning {
+                s.push_str("<think>\n");
+            }
+            s.push_str(r);
+            s.push_str("\n</think>\n\n");
+        }
+        s.push_str(&out.text);
+        for (i, call) in out.calls.iter().enumerate() {
+            match format {
+                ToolCallFormat::Qwen3Coder => {
+                    if i > 0 {
+                        s.push('\n');
+                    } else if !out.text.trim().is_empty() {
+                        s.push_str("\n\n");
+                    }
+                    s.push_str(&format!("<tool_call>\n<function={}>\n", call.name));
+                    for (k, v) in &call.args {
+                        let v = match v {
+                            Value::String(v) => v.clone(),
+                            Value::Bool(true) => "True".to_owned(),
+                            Value::Bool(false) => "False".to_owned(),
+                            other => other.to_string(),
+                        };
+                        s.push_str(&format!("<parameter={k}>\n{v}\n</parameter>\n"));
+                    }
+                    s.push_str("</function>\n</tool_call>");
+                }
+                _ => {
+                    if i > 0 || !out.text.is_empty() {
+                        s.push('\n');
+                    }
+                    let body = json!({"name": call.name, "arguments": args_object(call)});
+                    s.push_str(&format!("<tool_call>\n{body}\n</tool_call>"));
+                }
+            }
+        }
+        s
+    }
+
+    /// One tool definition per name, typing each key by its first letter.
+    fn schemas(out: &Output) -> Vec<Value> {
+        let mut by_name: Vec<(String, Map<String, Value>)> = Vec::new();
+        for c in &out.calls {
+            let at = match by_name.iter().position(|(n, _)| *n == c.name) {
+                Some(at) => at,
+                None => {
+                    by_name.push((c.name.clone(), Map::new()));
+                    by_name.len() - 1
+                }
+            };
+            for (k, _) in &c.args {
+                let ty = match k.chars().next() {
+                    Some('i') => "integer",
+                    Some('b') => "boolean",
+                    Some('a') => "array",
+                    _ => "string",
+                };
+                by_name[at].1.insert(k.clone(), json!({"type": ty}));
+            }
+        }
+        by_name
+            .into_iter()
+            .map(|(name, props)| {
+                json!({"type": "function", "function": {"name": name,
+                       "parameters": {"type": "object", "properties": props}}})
+            })
+            .collect()
+    }
+
+    fn expected(out: &Output) -> Parsed {
+        let mut text = out.text.as_str();
+        if out.reasoning.is_some() {
+            text = text.trim_start_matches('\n');
+        }
+        if !out.calls.is_empty() {
+            text = text.trim_end();
+        }
+        Parsed {
+            text: text.to_owned(),
+            reasoning: out.reasoning.clone().filter(|r| !r.is_empty()),
+            tool_calls: out
+                .calls
+                .iter()
+                .enumerate()
+                .map(|(i, c)| ParsedToolCall {
+                    id: format!("call_{i}"),
+                    name: c.name.clone(),
+                    arguments: args_object(c).to_string(),
+                })
+                .collect(),
+            notes: Vec::new(),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        #[test]
+        fn chopped_streaming_equals_whole_and_recovers(
+            out in output(),
+            xml in any::<bool>(),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        ) {
+            let format = if xml { X } else { H };
+            let rendered = render(&out, format);
+            let tools = schemas(&out);
+            let mut whole_parser =
+                OutputParser::new(format, T, out.starts_in_reasoning).with_schemas(&tools);
+            whole_parser.push(&rendered);
+            whole_parser.finish();
+            let whole = whole_parser.parsed();
+            prop_assert_eq!(&whole, &expected(&out), "rendered: {:?}", rendered);
+
+            let mut points: Vec<usize> = cuts
+                .iter()
+                .map(|ix| ix.index(rendered.len() + 1))
+                .filter(|&p| rendered.is_char_boundary(p))
+                .collect();
+            points.push(0);
+            points.push(rendered.len());
+            points.sort_unstable();
+            points.dedup();
+            let mut parser =
+                OutputParser::new(format, T, out.starts_in_reasoning).with_schemas(&tools);
+            let mut pieces = Vec::new();
+            for pair in points.windows(2) {
+                pieces.extend(parser.push(&rendered[pair[0]..pair[1]]));
+            }
+            pieces.extend(parser.finish());
+            prop_assert_eq!(&fold(&pieces), &whole);
+            prop_assert_eq!(&parser.parsed(), &whole);
+        }
+    }
+
+    fn soup() -> impl Strategy<Value = String> {
+        let atoms = vec![
+            "<tool_call>",
+            "</tool_call>",
+            "<think>",
+            "</think>",
+            "<function=f>",
+            "</function>",
+            "<parameter=p>",
+            "</parameter>",
+            "{\"name\": \"f\"}",
+            "{\"arguments\": 1}",
+            "\n",
+            " ",
+            "x",
+            "1",
+            "<",
+            "<tool",
+            "</thi",
+            "é",
+            "😀",
+            "{",
+            "}",
+            "\"",
+        ];
+        prop::collection::vec(prop::sample::select(atoms), 0..24).prop_map(|v| v.concat())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(512))]
+        /// Any text, well-formed or not: chunking never changes the result.
+        #[test]
+        fn chopping_never_changes_anything(
+            text in soup(),
+            xml in any::<bool>(),
+            think in any::<bool>(),
+            starts in any::<bool>(),
+            cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
+        ) {
+            let format = if xml { X } else { H };
+            let reasoning = if think { T } else { ReasoningFormat::None };
+            let whole = parse_whole(&text, format, reasoning, starts);
+            let mut points: Vec<usize> = cuts
+                .iter()
+                .map(|ix| ix.index(text.len() + 1))
+                .filter(|&p| text.is_char_boundary(p))
+                .collect();
+            points.push(0);
+            points.push(text.len());
+            points.sort_unstable();
+            points.dedup();
+            let mut parser = OutputParser::new(format, reasoning, starts);
+            let mut pieces = Vec::new();
+            for pair in points.windows(2) {
+                pieces.extend(parser.push(&text[pair[0]..pair[1]]));
+            }
+            pieces.extend(parser.finish());
+            let mut folded = fold(&pieces);
+            folded.notes.clone_from(&whole.notes);
+            prop_assert_eq!(&folded, &whole);
+            prop_assert_eq!(&parser.parsed(), &whole);
+            // Nothing is lost: every non-whitespace char of the input is accounted for
+            // unless it belongs to a tag, a parsed call or trimmed whitespace.
+            let no_reasoning = !think || (!starts && !text.contains("<think>"));
+            if whole.tool_calls.is_empty() && no_reasoning {
+                let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
+                prop_assert_eq!(squeeze(&whole.text), squeeze(&text));
+            }
+        }
+    }
+}
