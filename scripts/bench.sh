@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # The load benchmark (benches/load.rs): the scripted upstream directly, graft (sync and async
-# durability) and LiteLLM's proxy in front of the same upstream, side by side in one run.
+# durability) and LiteLLM's proxy in front of the same upstream, side by side in one run, plus
+# graft async driven with Responses and Anthropic Messages streams that it translates to the
+# Chat-only upstream (the "Translated streaming" table).
 # Builds release, installs the LiteLLM proxy into its own venv (.graft-test-env/litellm-proxy,
 # idempotent), runs `cargo bench --bench load`, and writes the results with the machine, the
 # date, the versions and the exact command to target/bench.md.
 #
 # Usage: bash scripts/bench.sh [--update-docs] [load flags...]
 #   load flags go to the load generator (see `cargo bench --bench load -- --help`),
-#   e.g. --phase-secs 3 --max-secs 3 for a quick run.
+#   e.g. --phase-secs 3 --max-secs 3 for a quick run; --translated-rates 0 skips the
+#   translated-streaming phase.
 #   --update-docs  also replaces the results section of docs/BENCHMARKS.md with target/bench.md.
 # GRAFT_BENCH_NO_LITELLM=1 skips LiteLLM (no venv install, no --litellm).
 set -euo pipefail

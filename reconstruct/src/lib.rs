@@ -1,7 +1,10 @@
 //! graft-reconstruct: chat templates and tokenizers of real models, parsers for their tool
-//! calls and reasoning, and (later) the merge of a session's calls into training samples.
-//! Pure and synchronous: no I/O beyond loading model files, no async, no HTTP.
+//! calls and reasoning, and the merge of a session's calls into training samples.
+//! Pure and synchronous: no I/O beyond loading model files and reading/writing sample
+//! Parquet files; no async, no HTTP.
 
+pub mod error;
 pub mod merge;
 pub mod parser;
+pub mod sample;
 pub mod template;

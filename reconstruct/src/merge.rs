@@ -1,1 +1,594 @@
-//! placeholder
+//! The merge of one session's calls into token-masked training samples.
+//!
+//! # Rule
+//!
+//! Calls are taken in `seq` order. Every sample of the session stays open. A call
+//! **continues** a sample iff its prompt starts with all of the sample's tokens (the
+//! previous prompt + completion of that sample); among several such samples the longest
+//! wins, then the most recently extended. The prompt tokens past the sample's end (tool
+//! results, user turns, template glue) are appended with loss mask 0 and logprob 0.0, the
+//! completion with mask 1 and its logprobs. So interleaved parallel branches each keep
+//! growing their own sample.
+//!
+//! Otherwise the call **forks**: a new sample starts with the whole prompt (mask 0) and
+//! the completion (mask 1), and the reason is classified by the first rule that holds:
+//!
+//! 1. [`ForkReason::TemplateDrift`]: the prompt holds ALL of some open sample's tokens, in
+//!    order, except in at most [`DRIFT_MAX_REGIONS`] differing regions, each at most
+//!    [`DRIFT_MAX_SPAN`] tokens long on the sample's side and on the prompt's side, and the
+//!    sample's last tokens (at least [`DRIFT_MIN_TAIL`] of them) are found in the prompt.
+//!    Between regions the alignment resynchronises on runs of [`DRIFT_ANCHOR`] equal tokens
+//!    (shorter only for the sample's final tokens), nearest first, with a bounded
+//!    backtracking search ([`DRIFT_BRANCHING`] candidates per region,
+//!    [`DRIFT_MAX_ATTEMPTS`] in all). Typical cause: a template re-rendering history (Qwen3
+//!    drops old `<think>` blocks), a harness re-serializing tool arguments, a changing date
+//!    in a system prompt. Recorded as a [`Drift`] event: `first_diff_at` = where the prompt
+//!    first differs from the sample, `len` = sample tokens inside the differing regions.
+//! 2. [`ForkReason::ParallelBranch`]: the prompt extends an earlier state of the session:
+//!    for some call merged into an open sample, the prompt EQUALS that call's prompt (the
+//!    same prompt sampled again), or it STARTS WITH the sample's tokens up to the end of
+//!    that call's completion while the sample has grown past it (a branch from an earlier
+//!    turn). A prompt that starts with an earlier call's prompt and then differs inside
+//!    the assistant turn is not a branch (the assistant turn was rewritten).
+//! 3. [`ForkReason::Compaction`]: the prompt keeps the start of an open sample (at least
+//!    [`COMPACTION_MIN_KEPT_PREFIX`] leading tokens in common) and is much shorter than it:
+//!    `prompt_len <= sample_len * COMPACTION_MAX_RATIO_NUM / COMPACTION_MAX_RATIO_DEN`
+//!    (at most 3/4). History was dropped or summarised.
+//! 4. [`ForkReason::Other`]: anything else (also recorded as a [`Drift`] event, with
+//!    `first_diff_at` = the common prefix and `len` = the sample tokens after it).
+//!
+//! Rules 1 and 3 look at every open sample (those with the longest common prefix with the
+//! prompt first, then the most recently extended); the reference sample named in events
+//! is the one the rule matched, for rule 4 the one with the longest common prefix.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use crate::sample::{SAMPLE_SCHEMA_VERSION, Sample};
+
+/// Anchor length (tokens) the drift alignment resynchronises on between differing regions.
+pub const DRIFT_ANCHOR: usize = 8;
+/// The sample's final tokens must be found in the prompt, at least this many of them (or
+/// all remaining ones when fewer than [`DRIFT_ANCHOR`] follow the last region).
+pub const DRIFT_MIN_TAIL: usize = 2;
+/// Longest differing region (tokens), on the sample's side and on the prompt's side.
+pub const DRIFT_MAX_SPAN: usize = 4096;
+/// Most differing regions a template drift may have.
+pub const DRIFT_MAX_REGIONS: usize = 16;
+/// Resynchronisation candidates tried per region (nearest first).
+pub const DRIFT_BRANCHING: usize = 4;
+/// Resynchronisation searches per (call, sample) pair, in all.
+pub const DRIFT_MAX_ATTEMPTS: usize = 64;
+/// Open samples the drift alignment is tried against per fork (longest common prefix first).
+pub const DRIFT_MAX_SAMPLES: usize = 8;
+/// Leading tokens a compacted prompt shares with the sample at least.
+pub const COMPACTION_MIN_KEPT_PREFIX: usize = 1;
+/// A compacted prompt is at most `NUM/DEN` of the sample's length.
+pub const COMPACTION_MAX_RATIO_NUM: usize = 3;
+/// See [`COMPACTION_MAX_RATIO_NUM`].
+pub const COMPACTION_MAX_RATIO_DEN: usize = 4;
+
+/// One call's tokens, as the policy saw and produced them.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CallTokens {
+    pub call_id: String,
+    pub seq: u64,
+    /// The FULL prompt the policy saw (not a delta).
+    pub prompt_ids: Vec<u32>,
+    pub completion_ids: Vec<u32>,
+    /// One per completion token; `None` for text-only records that were re-tokenized. A
+    /// list of the wrong length is treated as unknown (0.0).
+    pub completion_logprobs: Option<Vec<f32>>,
+    pub weight_version: Option<String>,
+    pub finish_reason: Option<String>,
+}
+
+impl CallTokens {
+    /// The tokens of a record that carries ids (`prompt_token_ids` must be the full
+    /// prompt); `None` for a text-only record.
+    pub fn from_record(rec: &graft_recorder::CallRecord) -> Option<CallTokens> {
+        Some(CallTokens {
+            call_id: rec.call_id.clone(),
+            seq: rec.seq,
+            prompt_ids: rec.prompt_token_ids.clone()?,
+            completion_ids: rec.completion_token_ids.clone()?,
+            completion_logprobs: rec.completion_logprobs.clone(),
+            weight_version: rec.weight_version.clone(),
+            finish_reason: rec.finish_reason.clone(),
+        })
+    }
+}
+
+/// Why a call started a new sample instead of continuing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ForkReason {
+    Compaction,
+    TemplateDrift,
+    ParallelBranch,
+    Other,
+}
+
+impl ForkReason {
+    pub const ALL: [ForkReason; 4] = [
+        ForkReason::Compaction,
+        ForkReason::TemplateDrift,
+        ForkReason::ParallelBranch,
+        ForkReason::Other,
+    ];
+
+    /// The name stored in `Sample::fork_reason`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForkReason::Compaction => "compaction",
+            ForkReason::TemplateDrift => "template_drift",
+            ForkReason::ParallelBranch => "parallel_branch",
+            ForkReason::Other => "other",
+        }
+    }
+
+    /// The reason named `name` (as [`ForkReason::as_str`] writes it).
+    pub fn parse(name: &str) -> Option<ForkReason> {
+        ForkReason::ALL.into_iter().find(|r| r.as_str() == name)
+    }
+}
+
+impl fmt::Display for ForkReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A call whose prompt disagrees with tokens a sample already holds (template drift or an
+/// unexplained fork). Never silent: every such fork yields one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Drift {
+    pub call_id: String,
+    /// `sample_id` of the sample the prompt was compared with.
+    pub against_sample: String,
+    /// Index (in that sample's tokens and in the prompt) of the first differing token.
+    pub first_diff_at: usize,
+    /// Sample tokens inside the differing regions.
+    pub len: usize,
+    pub reason: ForkReason,
+}
+
+/// The samples of one session, and why it forked.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct MergeResult {
+    /// In the order they were started.
+    pub samples: Vec<Sample>,
+    /// (call_id, reason) of every call that started a sample other than the first.
+    pub forks: Vec<(String, ForkReason)>,
+    pub drift: Vec<Drift>,
+}
+
+struct Open {
+    sample: Sample,
+    /// (prompt end, completion end) in `sample.tokens` of each call merged into it.
+    bounds: Vec<(usize, usize)>,
+    /// Index (in merge order) of the last call merged into it.
+    last_touched: usize,
+}
+
+/// Merges one session's calls into samples (see the module docs for the rule).
+/// `fingerprints` = (tokenizer, template). Calls are sorted by `seq` (stable) first.
+pub fn merge_session(
+    session_id: &str,
+    group_id: Option<&str>,
+    calls: &[CallTokens],
+    reward: Option<f64>,
+    fingerprints: (&str, &str),
+) -> MergeResult {
+    let mut order: Vec<&CallTokens> = calls.iter().collect();
+    order.sort_by_key(|c| c.seq);
+
+    let mut opens: Vec<Open> = Vec::new();
+    let mut result = MergeResult::default();
+    for (k, call) in order.into_iter().enumerate() {
+        let prompt = &call.prompt_ids[..];
+        let continued = opens
+            .iter()
+            .enumerate()
+            .filter(|(_, o)| prompt.starts_with(&o.sample.tokens))
+            .max_by_key(|(_, o)| (o.sample.tokens.len(), o.last_touched))
+            .map(|(i, _)| i);
+        let index = match continued {
+            Some(i) => {
+                let s = &mut opens[i].sample;
+                let gap = &prompt[s.tokens.len()..];
+                s.tokens.extend_from_slice(gap);
+                s.loss_mask.resize(s.tokens.len(), 0);
+                s.logprobs.resize(s.tokens.len(), 0.0);
+                i
+            }
+            None => {
+                let fork_reason = if opens.is_empty() {
+                    None
+                } else {
+                    let c = classify(&opens, prompt);
+                    let against = opens[c.against].sample.sample_id.clone();
+                    result.forks.push((call.call_id.clone(), c.reason));
+                    if let Some(len) = c.drift_len {
+                        result.drift.push(Drift {
+                            call_id: call.call_id.clone(),
+                            against_sample: against,
+                            first_diff_at: c.first_diff_at,
+                            len,
+                            reason: c.reason,
+                        });
+                    }
+                    Some(c.reason.as_str().to_owned())
+                };
+                opens.push(Open {
+                    sample: Sample {
+                        sample_id: format!("{session_id}/{}", opens.len()),
+                        session_id: session_id.to_owned(),
+                        group_id: group_id.map(str::to_owned),
+                        tokens: prompt.to_vec(),
+                        loss_mask: vec![0; prompt.len()],
+                        logprobs: vec![0.0; prompt.len()],
+                        reward,
+                        weight_versions: Vec::new(),
+                        call_ids: Vec::new(),
+                        fork_reason,
+                        tokenizer_fingerprint: fingerprints.0.to_owned(),
+                        template_fingerprint: fingerprints.1.to_owned(),
+                        schema_version: SAMPLE_SCHEMA_VERSION,
+                    },
+                    bounds: Vec::new(),
+                    last_touched: k,
+                });
+                opens.len() - 1
+            }
+        };
+        push_completion(&mut opens[index], call, k);
+    }
+    result.samples = opens.into_iter().map(|o| o.sample).collect();
+    result
+}
+
+fn push_completion(open: &mut Open, call: &CallTokens, k: usize) {
+    let s = &mut open.sample;
+    let prompt_end = s.tokens.len();
+    let n = call.completion_ids.len();
+    s.tokens.extend_from_slice(&call.completion_ids);
+    s.loss_mask.resize(s.tokens.len(), 1);
+    match call.completion_logprobs.as_deref().filter(|l| l.len() == n) {
+        Some(l) => s.logprobs.extend_from_slice(l),
+        None => s.logprobs.resize(s.tokens.len(), 0.0),
+    }
+    s.call_ids.push(call.call_id.clone());
+    if let Some(v) = &call.weight_version
+        && !s.weight_versions.contains(v)
+    {
+        s.weight_versions.push(v.clone());
+    }
+    open.bounds.push((prompt_end, s.tokens.len()));
+    open.last_touched = k;
+}
+
+struct Classified {
+    reason: ForkReason,
+    /// Index into the open samples of the sample the reason refers to.
+    against: usize,
+    first_diff_at: usize,
+    /// `Some(len)` when the fork is a drift event.
+    drift_len: Option<usize>,
+}
+
+fn lcp(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
+}
+
+fn classify(opens: &[Open], prompt: &[u32]) -> Classified {
+    let lcps: Vec<usize> = opens
+        .iter()
+        .map(|o| lcp(prompt, &o.sample.tokens))
+        .collect();
+    let mut by_prefix: Vec<usize> = (0..opens.len()).collect();
+    by_prefix.sort_by_key(|&i| {
+        (
+            std::cmp::Reverse(lcps[i]),
+            std::cmp::Reverse(opens[i].last_touched),
+        )
+    });
+
+    // 1. template drift
+    let p = Hashed::new(prompt);
+    for &i in by_prefix.iter().take(DRIFT_MAX_SAMPLES) {
+        let t = Hashed::new(&opens[i].sample.tokens);
+        if let Some(changed) = align_drift(&t, &p, lcps[i]) {
+            return Classified {
+                reason: ForkReason::TemplateDrift,
+                against: i,
+                first_diff_at: lcps[i],
+                drift_len: Some(changed),
+            };
+        }
+    }
+
+    // 2. parallel branch
+    for &i in &by_prefix {
+        let l = lcps[i];
+        let n = opens[i].sample.tokens.len();
+        let branch = opens[i].bounds.iter().any(|&(prompt_end, completion_end)| {
+            (prompt.len() == prompt_end && l >= prompt_end)
+                || (completion_end < n && completion_end > 0 && l >= completion_end)
+        });
+        if branch {
+            return Classified {
+                reason: ForkReason::ParallelBranch,
+                against: i,
+                first_diff_at: l,
+                drift_len: None,
+            };
+        }
+    }
+
+    // 3. compaction
+    for &i in &by_prefix {
+        let n = opens[i].sample.tokens.len();
+        if lcps[i] >= COMPACTION_MIN_KEPT_PREFIX
+            && prompt.len() * COMPACTION_MAX_RATIO_DEN <= n * COMPACTION_MAX_RATIO_NUM
+        {
+            return Classified {
+                reason: ForkReason::Compaction,
+                against: i,
+                first_diff_at: lcps[i],
+                drift_len: None,
+            };
+        }
+    }
+
+    // 4. other
+    let i = by_prefix.first().copied().unwrap_or(0);
+    let l = lcps.get(i).copied().unwrap_or(0);
+    let n = opens.get(i).map_or(0, |o| o.sample.tokens.len());
+    Classified {
+        reason: ForkReason::Other,
+        against: i,
+        first_diff_at: l,
+        drift_len: Some(n.saturating_sub(l)),
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Drift alignment
+
+const HASH_BASE: u64 = 0x9E37_79B9_7F4A_7C15;
+const HASH_MIX: u64 = 0xD6E8_FEB8_6659_FD93;
+
+/// A token sequence with polynomial prefix hashes (mod 2^64), for O(1) range comparison.
+struct Hashed<'a> {
+    s: &'a [u32],
+    pre: Vec<u64>,
+    pow: Vec<u64>,
+}
+
+impl<'a> Hashed<'a> {
+    fn new(s: &'a [u32]) -> Self {
+        let mut pre = Vec::with_capacity(s.len() + 1);
+        let mut pow = Vec::with_capacity(s.len() + 1);
+        let (mut h, mut p) = (0u64, 1u64);
+        pre.push(h);
+        pow.push(p);
+        for &t in s {
+            h = h
+                .wrapping_mul(HASH_BASE)
+                .wrapping_add((u64::from(t) + 1).wrapping_mul(HASH_MIX));
+            p = p.wrapping_mul(HASH_BASE);
+            pre.push(h);
+            pow.push(p);
+        }
+        Hashed { s, pre, pow }
+    }
+
+    fn len(&self) -> usize {
+        self.s.len()
+    }
+
+    /// Hash of `s[a..a + len]`.
+    fn range(&self, a: usize, len: usize) -> u64 {
+        self.pre[a + len].wrapping_sub(self.pre[a].wrapping_mul(self.pow[len]))
+    }
+
+    fn same(&self, a: usize, other: &Hashed<'_>, b: usize, len: usize) -> bool {
+        self.range(a, len) == other.range(b, len) && self.s[a..a + len] == other.s[b..b + len]
+    }
+
+    /// Length of the common prefix of `self[a..]` and `other[b..]` (by hash, binary search).
+    fn lcp_at(&self, a: usize, other: &Hashed<'_>, b: usize) -> usize {
+        let (mut lo, mut hi) = (0, (self.len() - a).min(other.len() - b));
+        while lo < hi {
+            let mid = lo + (hi - lo).div_ceil(2);
+            if self.range(a, mid) == other.range(b, mid) {
+                lo = mid;
+            } else {
+                hi = mid - 1;
+            }
+        }
+        lo
+    }
+}
+
+/// Aligns the sample `t` against the prompt `p`, which agree on their first `start`
+/// tokens; `Some(sample tokens inside differing regions)` when `p` holds all of `t` except
+/// in small regions (module docs, rule 1).
+fn align_drift(t: &Hashed<'_>, p: &Hashed<'_>, start: usize) -> Option<usize> {
+    if start >= t.len() {
+        return None;
+    }
+    let mut attempts = 0;
+    align_from(t, p, start, start, 0, &mut attempts)
+}
+
+fn align_from(
+    t: &Hashed<'_>,
+    p: &Hashed<'_>,
+    i: usize,
+    j: usize,
+    regions: usize,
+    attempts: &mut usize,
+) -> Option<usize> {
+    if regions >= DRIFT_MAX_REGIONS || *attempts >= DRIFT_MAX_ATTEMPTS {
+        return None;
+    }
+    *attempts += 1;
+    for (dt, dp) in resync_candidates(t, p, i, j) {
+        let a = i + dt;
+        let b = j + dp;
+        let run = t.lcp_at(a, p, b);
+        if a + run == t.len() {
+            return Some(dt);
+        }
+        if let Some(rest) = align_from(t, p, a + run, b + run, regions + 1, attempts) {
+            return Some(dt + rest);
+        }
+        if *attempts >= DRIFT_MAX_ATTEMPTS {
+            return None;
+        }
+    }
+    None
+}
+
+/// Up to [`DRIFT_BRANCHING`] places `(dt, dp)` where `t[i + dt..]` and `p[j + dp..]`
+/// agree again (on [`DRIFT_ANCHOR`] tokens, or on all of `t`'s remaining tokens when
+/// fewer), nearest (smallest `dt + dp`) first.
+fn resync_candidates(t: &Hashed<'_>, p: &Hashed<'_>, i: usize, j: usize) -> Vec<(usize, usize)> {
+    let (n, m) = (t.len(), p.len());
+    let mut found: Vec<(usize, usize)> = Vec::new();
+    const MAX_FOUND: usize = 1024;
+
+    // Full anchors: index the prompt's anchors in its window.
+    let p_last = m.saturating_sub(DRIFT_ANCHOR);
+    let mut anchors: HashMap<u64, Vec<usize>> = HashMap::new();
+    if m >= DRIFT_ANCHOR {
+        for b in j..=p_last.min(j + DRIFT_MAX_SPAN) {
+            anchors
+                .entry(p.range(b, DRIFT_ANCHOR))
+                .or_default()
+                .push(b - j);
+        }
+    }
+    'outer: for dt in 0..=DRIFT_MAX_SPAN {
+        let a = i + dt;
+        if a + DRIFT_ANCHOR > n {
+            break;
+        }
+        if let Some(hits) = anchors.get(&t.range(a, DRIFT_ANCHOR)) {
+            for &dp in hits {
+                // Skip the inside of a run already found on the same diagonal.
+                if dt > 0 && dp > 0 && t.s[a - 1] == p.s[j + dp - 1] {
+                    continue;
+                }
+                if t.same(a, p, j + dp, DRIFT_ANCHOR) {
+                    found.push((dt, dp));
+                    if found.len() >= MAX_FOUND {
+                        break 'outer;
+                    }
+                }
+            }
+        }
+    }
+    // The sample's final tokens, fewer than an anchor.
+    let tail_from = n.saturating_sub(DRIFT_ANCHOR - 1).max(i);
+    for a in tail_from..n {
+        let (dt, r) = (a - i, n - a);
+        if r < DRIFT_MIN_TAIL || dt > DRIFT_MAX_SPAN {
+            continue;
+        }
+        for dp in 0..=DRIFT_MAX_SPAN {
+            let b = j + dp;
+            if b + r > m {
+                break;
+            }
+            if (dt == 0 || dp == 0 || t.s[a - 1] != p.s[b - 1]) && t.same(a, p, b, r) {
+                found.push((dt, dp));
+            }
+        }
+    }
+    found.retain(|&(dt, dp)| dt + dp > 0);
+    found.sort_by_key(|&(dt, dp)| (dt + dp, dt));
+    found.truncate(DRIFT_BRANCHING);
+    found
+}
+
+// -------------------------------------------------------------------------------------
+// Summary
+
+/// Totals over merged sessions, for the CLI.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Summary {
+    pub sessions: u64,
+    pub samples: u64,
+    /// Forks per [`ForkReason::as_str`] name; every reason is present once anything was added.
+    pub forks_by_reason: BTreeMap<String, u64>,
+    /// Tokens with loss mask 1.
+    pub trained_tokens: u64,
+    pub total_tokens: u64,
+    pub drift_events: u64,
+}
+
+impl Summary {
+    /// Adds one session's result.
+    pub fn add(&mut self, result: &MergeResult) {
+        self.sessions += 1;
+        self.samples += result.samples.len() as u64;
+        for r in ForkReason::ALL {
+            self.forks_by_reason
+                .entry(r.as_str().to_owned())
+                .or_insert(0);
+        }
+        for (_, reason) in &result.forks {
+            *self
+                .forks_by_reason
+                .entry(reason.as_str().to_owned())
+                .or_insert(0) += 1;
+        }
+        for s in &result.samples {
+            self.trained_tokens += s.trained_tokens() as u64;
+            self.total_tokens += s.tokens.len() as u64;
+        }
+        self.drift_events += result.drift.len() as u64;
+    }
+
+    /// The summary of `results`.
+    pub fn of<'a>(results: impl IntoIterator<Item = &'a MergeResult>) -> Summary {
+        let mut s = Summary::default();
+        for r in results {
+            s.add(r);
+        }
+        s
+    }
+
+    /// Total forks.
+    pub fn forks(&self) -> u64 {
+        self.forks_by_reason.values().sum()
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "sessions:       {}", self.sessions)?;
+        writeln!(f, "samples:        {}", self.samples)?;
+        let parts: Vec<String> = ForkReason::ALL
+            .iter()
+            .map(|r| {
+                let n = self.forks_by_reason.get(r.as_str()).copied().unwrap_or(0);
+                format!("{r} {n}")
+            })
+            .collect();
+        writeln!(f, "forks:          {} ({})", self.forks(), parts.join(", "))?;
+        let pct = if self.total_tokens == 0 {
+            0.0
+        } else {
+            100.0 * self.trained_tokens as f64 / self.total_tokens as f64
+        };
+        writeln!(
+            f,
+            "trained tokens: {} of {} ({pct:.1}%)",
+            self.trained_tokens, self.total_tokens
+        )?;
+        write!(f, "drift events:   {}", self.drift_events)
+    }
+}

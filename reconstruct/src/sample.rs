@@ -1,0 +1,354 @@
+//! Token-masked training samples and their Parquet files.
+//!
+//! One row per sample, zstd-compressed, in this column order:
+//!
+//! | column | type | notes |
+//! |---|---|---|
+//! | `sample_id`, `session_id` | Utf8 | |
+//! | `group_id` | Utf8, null | |
+//! | `tokens` | List<UInt32> | the whole sequence |
+//! | `loss_mask` | List<UInt8> | 1 exactly on sampled (completion) tokens |
+//! | `logprobs` | List<Float32> | aligned to `tokens`; 0.0 where the mask is 0 or unknown |
+//! | `reward` | Float64, null | the session's reward |
+//! | `weight_versions` | List<Utf8> | distinct weight versions of its calls, first seen first |
+//! | `call_ids` | List<Utf8> | the calls merged into it, in seq order |
+//! | `fork_reason` | Utf8, null | why it did not continue an earlier sample; null for a session's first |
+//! | `tokenizer_fingerprint`, `template_fingerprint` | Utf8 | |
+//! | `schema_version` | UInt32 | [`SAMPLE_SCHEMA_VERSION`] |
+//!
+//! Plain Arrow types only (no extension types, no dictionaries), so pyarrow, polars and
+//! DuckDB read the file as it is.
+
+use std::fs::File;
+use std::path::Path;
+use std::sync::Arc;
+
+use arrow_array::builder::{
+    Float32Builder, Float64Builder, ListBuilder, StringBuilder, UInt8Builder, UInt32Builder,
+};
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Float32Type, Float64Type, UInt8Type, UInt32Type};
+use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, ListArray, RecordBatch, StringArray};
+use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use parquet::arrow::ArrowWriter;
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::basic::{Compression, ZstdLevel};
+use parquet::file::properties::WriterProperties;
+
+use crate::error::ReconstructError;
+
+/// Version of the [`Sample`] layout; additive changes only.
+pub const SAMPLE_SCHEMA_VERSION: u32 = 1;
+
+/// One token-masked training sequence: the calls of a session that continue each other,
+/// merged.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Sample {
+    /// `"{session_id}/{n}"`, n = the sample's index in its session (0-based, in the order
+    /// the samples were started).
+    pub sample_id: String,
+    pub session_id: String,
+    pub group_id: Option<String>,
+    pub tokens: Vec<u32>,
+    /// 1 exactly on the tokens the policy sampled (completion tokens), 0 elsewhere.
+    pub loss_mask: Vec<u8>,
+    /// Aligned to `tokens`; 0.0 where the mask is 0 or the logprob is unknown.
+    pub logprobs: Vec<f32>,
+    pub reward: Option<f64>,
+    /// Distinct weight versions of the sample's calls, in order of first appearance.
+    pub weight_versions: Vec<String>,
+    /// The calls merged into this sample, in seq order.
+    pub call_ids: Vec<String>,
+    /// Why this sample did not continue an earlier one (a [`crate::merge::ForkReason`]
+    /// name); `None` for a session's first sample.
+    pub fork_reason: Option<String>,
+    pub tokenizer_fingerprint: String,
+    pub template_fingerprint: String,
+    pub schema_version: u32,
+}
+
+impl Sample {
+    /// Number of tokens with loss (mask 1).
+    pub fn trained_tokens(&self) -> usize {
+        self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+}
+
+const BATCH_ROWS: usize = 1024;
+/// A batch is cut early once it holds this many tokens, to bound memory on long samples.
+const BATCH_TOKENS: usize = 8 * 1024 * 1024;
+const ROW_GROUP_ROWS: usize = 8 * 1024;
+const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
+const ZSTD_LEVEL: i32 = 3;
+
+/// The Arrow schema of a samples file.
+pub fn samples_schema() -> SchemaRef {
+    let list = |name: &str, item: DataType| {
+        Field::new(
+            name,
+            DataType::List(Arc::new(Field::new_list_field(item, true))),
+            false,
+        )
+    };
+    Arc::new(Schema::new(vec![
+        Field::new("sample_id", DataType::Utf8, false),
+        Field::new("session_id", DataType::Utf8, false),
+        Field::new("group_id", DataType::Utf8, true),
+        list("tokens", DataType::UInt32),
+        list("loss_mask", DataType::UInt8),
+        list("logprobs", DataType::Float32),
+        Field::new("reward", DataType::Float64, true),
+        list("weight_versions", DataType::Utf8),
+        list("call_ids", DataType::Utf8),
+        Field::new("fork_reason", DataType::Utf8, true),
+        Field::new("tokenizer_fingerprint", DataType::Utf8, false),
+        Field::new("template_fingerprint", DataType::Utf8, false),
+        Field::new("schema_version", DataType::UInt32, false),
+    ]))
+}
+
+fn build_batch(
+    schema: &SchemaRef,
+    rows: &[Sample],
+    path: &Path,
+) -> Result<RecordBatch, ReconstructError> {
+    let n = rows.len();
+    let mut sample_id = StringBuilder::with_capacity(n, n * 48);
+    let mut session_id = StringBuilder::with_capacity(n, n * 40);
+    let mut group_id = StringBuilder::with_capacity(n, n * 40);
+    let mut tokens = ListBuilder::new(UInt32Builder::new());
+    let mut loss_mask = ListBuilder::new(UInt8Builder::new());
+    let mut logprobs = ListBuilder::new(Float32Builder::new());
+    let mut reward = Float64Builder::with_capacity(n);
+    let mut weight_versions = ListBuilder::new(StringBuilder::new());
+    let mut call_ids = ListBuilder::new(StringBuilder::new());
+    let mut fork_reason = StringBuilder::with_capacity(n, n * 16);
+    let mut tokenizer_fp = StringBuilder::with_capacity(n, n * 64);
+    let mut template_fp = StringBuilder::with_capacity(n, n * 64);
+    let mut schema_version = UInt32Builder::with_capacity(n);
+    for s in rows {
+        sample_id.append_value(&s.sample_id);
+        session_id.append_value(&s.session_id);
+        group_id.append_option(s.group_id.as_deref());
+        tokens.values().append_slice(&s.tokens);
+        tokens.append(true);
+        loss_mask.values().append_slice(&s.loss_mask);
+        loss_mask.append(true);
+        logprobs.values().append_slice(&s.logprobs);
+        logprobs.append(true);
+        reward.append_option(s.reward);
+        for v in &s.weight_versions {
+            weight_versions.values().append_value(v);
+        }
+        weight_versions.append(true);
+        for c in &s.call_ids {
+            call_ids.values().append_value(c);
+        }
+        call_ids.append(true);
+        fork_reason.append_option(s.fork_reason.as_deref());
+        tokenizer_fp.append_value(&s.tokenizer_fingerprint);
+        template_fp.append_value(&s.template_fingerprint);
+        schema_version.append_value(s.schema_version);
+    }
+    let columns: Vec<ArrayRef> = vec![
+        Arc::new(sample_id.finish()),
+        Arc::new(session_id.finish()),
+        Arc::new(group_id.finish()),
+        Arc::new(tokens.finish()),
+        Arc::new(loss_mask.finish()),
+        Arc::new(logprobs.finish()),
+        Arc::new(reward.finish()),
+        Arc::new(weight_versions.finish()),
+        Arc::new(call_ids.finish()),
+        Arc::new(fork_reason.finish()),
+        Arc::new(tokenizer_fp.finish()),
+        Arc::new(template_fp.finish()),
+        Arc::new(schema_version.finish()),
+    ];
+    RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
+}
+
+/// Writes `samples` to a new zstd Parquet file at `path` (replacing any file there) and
+/// fsyncs it. The file is written under a temporary name next to `path` and renamed, so
+/// a reader never sees half a file.
+pub fn write_samples_parquet(samples: &[Sample], path: &Path) -> Result<(), ReconstructError> {
+    let schema = samples_schema();
+    let level = ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| ReconstructError::parquet(path, e))?;
+    let props = WriterProperties::builder()
+        .set_compression(Compression::ZSTD(level))
+        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
+        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
+        .set_created_by(format!("graft-reconstruct {}", env!("CARGO_PKG_VERSION")))
+        .build();
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "samples.parquet".to_owned());
+    let tmp = path.with_file_name(format!(".{file_name}.tmp"));
+    let file = File::create(&tmp).map_err(|e| ReconstructError::io("creating", &tmp, e))?;
+    let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+        .map_err(|e| ReconstructError::parquet(path, e))?;
+    let mut start = 0;
+    while start < samples.len() {
+        let mut end = start;
+        let mut tokens = 0;
+        while end < samples.len()
+            && end - start < BATCH_ROWS
+            && (end == start || tokens < BATCH_TOKENS)
+        {
+            tokens += samples[end].tokens.len();
+            end += 1;
+        }
+        let batch = build_batch(&schema, &samples[start..end], path)?;
+        writer
+            .write(&batch)
+            .map_err(|e| ReconstructError::parquet(path, e))?;
+        start = end;
+    }
+    let file = writer
+        .into_inner()
+        .map_err(|e| ReconstructError::parquet(path, e))?;
+    file.sync_all()
+        .map_err(|e| ReconstructError::io("fsyncing", &tmp, e))?;
+    drop(file);
+    std::fs::rename(&tmp, path).map_err(|e| ReconstructError::io("renaming into", path, e))
+}
+
+struct Cols<'a> {
+    batch: &'a RecordBatch,
+    path: &'a Path,
+}
+
+impl<'a> Cols<'a> {
+    fn bad(&self, name: &str, problem: impl Into<String>) -> ReconstructError {
+        ReconstructError::Schema {
+            path: self.path.to_owned(),
+            column: name.to_owned(),
+            problem: problem.into(),
+        }
+    }
+
+    fn get(&self, name: &str) -> Result<&'a ArrayRef, ReconstructError> {
+        self.batch
+            .column_by_name(name)
+            .ok_or_else(|| self.bad(name, "is missing"))
+    }
+
+    fn string(&self, name: &str) -> Result<&'a StringArray, ReconstructError> {
+        let c = self.get(name)?;
+        c.as_string_opt::<i32>()
+            .ok_or_else(|| self.bad(name, format!("has type {}, expected Utf8", c.data_type())))
+    }
+
+    fn list(&self, name: &str) -> Result<&'a ListArray, ReconstructError> {
+        let c = self.get(name)?;
+        c.as_list_opt::<i32>()
+            .ok_or_else(|| self.bad(name, format!("has type {}, expected a List", c.data_type())))
+    }
+
+    fn prim_list<T: ArrowPrimitiveType>(
+        &self,
+        name: &str,
+        col: &ListArray,
+        row: usize,
+    ) -> Result<Vec<T::Native>, ReconstructError> {
+        if col.is_null(row) {
+            return Ok(Vec::new());
+        }
+        let values = col.value(row);
+        let values = values.as_primitive_opt::<T>().ok_or_else(|| {
+            self.bad(
+                name,
+                format!("holds {}, expected {}", values.data_type(), T::DATA_TYPE),
+            )
+        })?;
+        if values.null_count() > 0 {
+            return Err(self.bad(name, format!("has a null item in row {row}")));
+        }
+        Ok(values.values().to_vec())
+    }
+
+    fn string_list(
+        &self,
+        name: &str,
+        col: &ListArray,
+        row: usize,
+    ) -> Result<Vec<String>, ReconstructError> {
+        if col.is_null(row) {
+            return Ok(Vec::new());
+        }
+        let values = col.value(row);
+        let values = values.as_string_opt::<i32>().ok_or_else(|| {
+            self.bad(name, format!("holds {}, expected Utf8", values.data_type()))
+        })?;
+        Ok((0..values.len())
+            .filter(|&i| !values.is_null(i))
+            .map(|i| values.value(i).to_owned())
+            .collect())
+    }
+}
+
+fn opt_str(col: &StringArray, row: usize) -> Option<String> {
+    (!col.is_null(row)).then(|| col.value(row).to_owned())
+}
+
+/// Reads every sample of a file written by [`write_samples_parquet`].
+pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError> {
+    let file = File::open(path).map_err(|e| ReconstructError::io("opening", path, e))?;
+    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
+        .and_then(|b| b.with_batch_size(BATCH_ROWS).build())
+        .map_err(|e| ReconstructError::parquet(path, e))?;
+    let mut out = Vec::new();
+    for batch in reader {
+        let batch = batch.map_err(|e| ReconstructError::arrow(path, e))?;
+        let c = Cols {
+            batch: &batch,
+            path,
+        };
+        let sample_id = c.string("sample_id")?;
+        let session_id = c.string("session_id")?;
+        let group_id = c.string("group_id")?;
+        let tokens = c.list("tokens")?;
+        let loss_mask = c.list("loss_mask")?;
+        let logprobs = c.list("logprobs")?;
+        let reward = c.get("reward")?;
+        let reward = reward.as_primitive_opt::<Float64Type>().ok_or_else(|| {
+            c.bad(
+                "reward",
+                format!("has type {}, expected Float64", reward.data_type()),
+            )
+        })?;
+        let weight_versions = c.list("weight_versions")?;
+        let call_ids = c.list("call_ids")?;
+        let fork_reason = c.string("fork_reason")?;
+        let tokenizer_fp = c.string("tokenizer_fingerprint")?;
+        let template_fp = c.string("template_fingerprint")?;
+        let schema_version = c.get("schema_version")?;
+        let schema_version = schema_version
+            .as_primitive_opt::<UInt32Type>()
+            .ok_or_else(|| {
+                c.bad(
+                    "schema_version",
+                    format!("has type {}, expected UInt32", schema_version.data_type()),
+                )
+            })?;
+        for row in 0..batch.num_rows() {
+            out.push(Sample {
+                sample_id: sample_id.value(row).to_owned(),
+                session_id: session_id.value(row).to_owned(),
+                group_id: opt_str(group_id, row),
+                tokens: c.prim_list::<UInt32Type>("tokens", tokens, row)?,
+                loss_mask: c.prim_list::<UInt8Type>("loss_mask", loss_mask, row)?,
+                logprobs: c.prim_list::<Float32Type>("logprobs", logprobs, row)?,
+                reward: (!reward.is_null(row)).then(|| reward.value(row)),
+                weight_versions: c.string_list("weight_versions", weight_versions, row)?,
+                call_ids: c.string_list("call_ids", call_ids, row)?,
+                fork_reason: opt_str(fork_reason, row),
+                tokenizer_fingerprint: tokenizer_fp.value(row).to_owned(),
+                template_fingerprint: template_fp.value(row).to_owned(),
+                schema_version: schema_version.value(row),
+            });
+        }
+    }
+    Ok(out)
+}

