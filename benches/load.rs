@@ -8,7 +8,10 @@
 //!   latency runs from that intended time, so a stalled target is charged for the requests it
 //!   delayed (no coordinated omission). Each rate runs every target in `--rounds` interleaved
 //!   rounds (the order rotates per round) after a discarded warm-up.
-//! - A streaming phase at `--stream-rate` reports time to the first SSE chunk and to the end.
+//! - A streaming phase at `--stream-rates` reports time to the first SSE chunk and to the end.
+//! - A translated-streaming phase at `--translated-rates` drives graft async with the same
+//!   conversation as Chat (passthrough), Responses and Anthropic Messages SSE (translated to the
+//!   Chat-only upstream and back) against the upstream's Chat SSE directly.
 //! - Max throughput is closed loop: `--concurrency` requesters back to back for `--max-secs`.
 //! - Every non-200, timeout, connection error, malformed body and request dropped at the
 //!   in-flight cap is counted and printed.
@@ -56,6 +59,11 @@ struct Args {
     /// Rates of the streaming (SSE) phases, comma separated; 0 skips them.
     #[arg(long, value_delimiter = ',', default_value = "20,500")]
     stream_rates: Vec<u32>,
+    /// Rates of the translated-streaming phase (graft async driven with Chat, Responses and
+    /// Anthropic Messages SSE against direct Chat SSE), comma separated; default: the
+    /// --stream-rates; 0 skips it.
+    #[arg(long, value_delimiter = ',')]
+    translated_rates: Option<Vec<u32>>,
     /// Seconds of closed-loop max-throughput measurement per target; 0 skips it.
     #[arg(long, default_value_t = 10.0)]
     max_secs: f64,
@@ -98,6 +106,56 @@ const MODEL: &str = "bench";
 const SYSTEM: &str = "You are a careful coding assistant working in a git repository. Answer briefly and cite file paths.";
 const USER: &str = "The test suite fails with 'connection reset by peer' when the gateway restarts. Which component should retry, and why?";
 
+/// The API a client speaks to a target. The scripted upstream speaks only Chat Completions,
+/// so graft translates Responses and Anthropic Messages calls to Chat and streams the Chat
+/// chunks back in the client's dialect as they arrive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Api {
+    Chat,
+    Responses,
+    Messages,
+}
+
+impl Api {
+    fn path(self) -> &'static str {
+        match self {
+            Api::Chat => "/v1/chat/completions",
+            Api::Responses => "/v1/responses",
+            Api::Messages => "/v1/messages",
+        }
+    }
+
+    fn label(self) -> &'static str {
+        match self {
+            Api::Chat => "Chat",
+            Api::Responses => "Responses",
+            Api::Messages => "Messages",
+        }
+    }
+
+    /// The same small conversation (system + user, at most 256 output tokens) in this API.
+    fn body(self, stream: bool) -> Bytes {
+        match self {
+            Api::Chat => chat_body(stream),
+            Api::Responses => responses_body(stream),
+            Api::Messages => messages_body(stream),
+        }
+    }
+
+    /// What a complete, successful body contains: the last event of a stream, or the object
+    /// type of a whole answer.
+    fn end_marker(self, stream: bool) -> &'static [u8] {
+        match (self, stream) {
+            (Api::Chat, true) => b"data: [DONE]",
+            (Api::Chat, false) => b"\"chat.completion\"",
+            (Api::Responses, true) => b"event: response.completed",
+            (Api::Responses, false) => b"\"object\":\"response\"",
+            (Api::Messages, true) => b"event: message_stop",
+            (Api::Messages, false) => b"\"type\":\"message\"",
+        }
+    }
+}
+
 fn chat_body(stream: bool) -> Bytes {
     let mut v = serde_json::json!({
         "model": MODEL,
@@ -111,6 +169,31 @@ fn chat_body(stream: bool) -> Bytes {
     if stream {
         v["stream"] = serde_json::Value::Bool(true);
     }
+    Bytes::from(serde_json::to_vec(&v).unwrap())
+}
+
+/// The Responses request: `input` holds the system and user messages.
+fn responses_body(stream: bool) -> Bytes {
+    let mut v = serde_json::json!({"model": MODEL});
+    if stream {
+        v["stream"] = serde_json::Value::Bool(true);
+    }
+    v["input"] = serde_json::json!([
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": USER},
+    ]);
+    v["max_output_tokens"] = serde_json::json!(256);
+    Bytes::from(serde_json::to_vec(&v).unwrap())
+}
+
+/// The Anthropic Messages request: the system prompt is a top-level field.
+fn messages_body(stream: bool) -> Bytes {
+    let mut v = serde_json::json!({"model": MODEL, "max_tokens": 256});
+    if stream {
+        v["stream"] = serde_json::Value::Bool(true);
+    }
+    v["system"] = serde_json::json!(SYSTEM);
+    v["messages"] = serde_json::json!([{"role": "user", "content": USER}]);
     Bytes::from(serde_json::to_vec(&v).unwrap())
 }
 
@@ -313,9 +396,35 @@ fn new_client() -> HttpClient {
 #[derive(Clone)]
 struct Target {
     name: &'static str,
+    /// The API the generator speaks to it (the URL path, body and end marker).
+    api: Api,
     uri: hyper::Uri,
-    auth: String,
+    /// The credential header, as the API's clients send it.
+    auth: (&'static str, String),
     client: HttpClient,
+}
+
+impl Target {
+    fn new(name: &'static str, base: &str, api: Api, key: &str) -> Target {
+        Target {
+            name,
+            api,
+            uri: format!("{base}{}", api.path()).parse().unwrap(),
+            auth: match api {
+                Api::Messages => ("x-api-key", key.to_string()),
+                Api::Chat | Api::Responses => ("authorization", format!("Bearer {key}")),
+            },
+            client: new_client(),
+        }
+    }
+
+    /// `name` plus the client API where it is not plain Chat (progress lines).
+    fn tag(&self) -> String {
+        match self.api {
+            Api::Chat => self.name.to_string(),
+            api => format!("{}/{}", self.name, api.label()),
+        }
+    }
 }
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -372,11 +481,13 @@ async fn call(
     stream: bool,
     timeout: Duration,
 ) -> Result<(Instant, Instant), Fail> {
-    let req = Request::post(t.uri.clone())
+    let mut req = Request::post(t.uri.clone())
         .header("content-type", "application/json")
-        .header("authorization", &t.auth)
-        .body(Full::new(body))
-        .unwrap();
+        .header(t.auth.0, &t.auth.1);
+    if t.api == Api::Messages {
+        req = req.header("anthropic-version", "2023-06-01");
+    }
+    let req = req.body(Full::new(body)).unwrap();
     let work = async {
         let resp = t.client.request(req).await.map_err(|_| Fail::Conn)?;
         let status = resp.status().as_u16();
@@ -396,11 +507,7 @@ async fn call(
         if status != 200 {
             return Err(Fail::Status(status));
         }
-        let want: &[u8] = if stream {
-            b"data: [DONE]"
-        } else {
-            b"\"chat.completion\""
-        };
+        let want = t.api.end_marker(stream);
         if !buf.windows(want.len()).any(|w| w == want) {
             return Err(Fail::Body);
         }
@@ -494,7 +601,7 @@ impl Phase<'_> {
     fn open_loop(&self, t: &Target, rate: u32, secs: f64, stream: bool) -> Rec {
         let rec = Arc::new(Mutex::new(Rec::default()));
         let in_flight = Arc::new(AtomicUsize::new(0));
-        let body = chat_body(stream);
+        let body = t.api.body(stream);
         let interval = Duration::from_secs_f64(1.0 / f64::from(rate));
         let n = (secs * f64::from(rate)).round() as u64;
         let t0 = Instant::now() + Duration::from_millis(2);
@@ -541,7 +648,7 @@ impl Phase<'_> {
 
     /// Closed loop: `c` requesters back to back for `secs`.
     fn closed_loop(&self, t: &Target, c: usize, secs: f64) -> Rec {
-        let body = chat_body(false);
+        let body = t.api.body(false);
         let timeout = self.timeout;
         let start = Instant::now();
         let end = start + Duration::from_secs_f64(secs);
@@ -579,6 +686,7 @@ fn run_rates(
     args: &Args,
     rates: &[u32],
     stream: bool,
+    label: &str,
     saturated: &mut [Option<u32>],
 ) -> Vec<(u32, Vec<Rec>)> {
     let rounds = args.rounds.max(1) as usize;
@@ -606,9 +714,8 @@ fn run_rates(
                 let mut r = phase.open_loop(t, rate, slice, stream);
                 let sent = r.ok + r.errors.total();
                 eprintln!(
-                    "load: {}{rate} rps {:<12} round {} ok {} errors {} p50 {} p99 {} ms",
-                    if stream { "stream " } else { "" },
-                    t.name,
+                    "load: {label}{rate} rps {:<12} round {} ok {} errors {} p50 {} p99 {} ms",
+                    t.tag(),
                     round + 1,
                     r.ok,
                     r.errors.describe(),
@@ -644,7 +751,7 @@ fn drain(phase: &Phase<'_>, t: &Target) {
         let from = Instant::now();
         let r = phase
             .rt
-            .block_on(call(t, chat_body(false), false, Duration::from_secs(10)));
+            .block_on(call(t, t.api.body(false), false, Duration::from_secs(10)));
         if r.is_ok() && from.elapsed() < Duration::from_millis(500) {
             break;
         }
@@ -695,6 +802,92 @@ fn ratio(t: f64, base: f64) -> String {
         format!("{:.2}×", t / base)
     } else {
         "-".to_string()
+    }
+}
+
+/// The translated-streaming table: per rate, direct Chat SSE (the baseline) and graft async
+/// driven as passthrough Chat, Responses and Anthropic Messages, then what translation costs
+/// over passthrough.
+fn translated_report(md: &mut String, targets: &[Target], runs: &[(u32, Vec<Rec>)]) {
+    let _ = writeln!(
+        md,
+        "\n### Translated streaming\n\n\
+         graft async with the same conversation sent as Chat Completions (passthrough), as an \
+         OpenAI Responses call (`input`, `max_output_tokens` 256) and as an Anthropic Messages \
+         call (`system`, `max_tokens` 256), all `\"stream\": true`; the upstream speaks only \
+         Chat, so graft translates the request to Chat and the streamed Chat chunks back into \
+         Responses / Anthropic events as they arrive. Baseline: the upstream's Chat SSE directly, \
+         interleaved with the others in the same rounds. TTFB = first body byte (for a \
+         translated stream that is graft's own `response.created` / `message_start`, sent once the \
+         upstream has answered with headers); total = to the end of the body, which must hold \
+         `data: [DONE]` (Chat), `event: response.completed` (Responses) or `event: message_stop` \
+         (Messages); anything else counts as an error. *added* = target − direct at the same \
+         percentile.\n"
+    );
+    md.push_str("| rate (rps) | target | client API | ok/s | n | TTFB p50 ms | TTFB p99 ms | added TTFB p50 ms | added TTFB p99 ms | total p50 ms | total p99 ms | added total p50 ms | added total p99 ms | errors | gen lag p99 ms |\n");
+    md.push_str("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|\n");
+    for (rate, recs) in runs {
+        let base = &recs[0];
+        for (t, r) in targets.iter().zip(recs) {
+            let api = match (t.name, t.api) {
+                ("direct", _) => "Chat (baseline)",
+                (_, Api::Chat) => "Chat (passthrough)",
+                (_, Api::Responses) => "Responses → Chat",
+                (_, Api::Messages) => "Messages → Chat",
+            };
+            if let Some(why) = not_run(r) {
+                let _ = writeln!(
+                    md,
+                    "| {rate} | {} | {api} | - | - | - | - | - | - | - | - | - | - | {why} | - |",
+                    t.name
+                );
+                continue;
+            }
+            let _ = writeln!(
+                md,
+                "| {rate} | {} | {api} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |",
+                t.name,
+                r.rps(),
+                r.ok,
+                ms(pct(&r.ttfb, 50.0)),
+                ms(pct(&r.ttfb, 99.0)),
+                added(pct(&r.ttfb, 50.0), pct(&base.ttfb, 50.0)),
+                added(pct(&r.ttfb, 99.0), pct(&base.ttfb, 99.0)),
+                ms(pct(&r.total, 50.0)),
+                ms(pct(&r.total, 99.0)),
+                added(pct(&r.total, 50.0), pct(&base.total, 50.0)),
+                added(pct(&r.total, 99.0), pct(&base.total, 99.0)),
+                errors_cell(r, *rate),
+                ms(pct(&r.lag, 99.0)),
+            );
+        }
+    }
+    // Translation's own cost: translated total − passthrough total, same rate, same rounds.
+    let pass = targets
+        .iter()
+        .position(|t| t.name != "direct" && t.api == Api::Chat);
+    if let Some(p) = pass {
+        let mut parts = Vec::new();
+        for (rate, recs) in runs {
+            for (t, r) in targets.iter().zip(recs) {
+                if t.api == Api::Chat || r.ok == 0 || recs[p].ok == 0 {
+                    continue;
+                }
+                parts.push(format!(
+                    "{} at {rate} rps {} ms p50 / {} ms p99",
+                    t.api.label(),
+                    added(pct(&r.total, 50.0), pct(&recs[p].total, 50.0)),
+                    added(pct(&r.total, 99.0), pct(&recs[p].total, 99.0)),
+                ));
+            }
+        }
+        if !parts.is_empty() {
+            let _ = writeln!(
+                md,
+                "\nTranslated total − passthrough Chat total (same run): {}.",
+                parts.join("; ")
+            );
+        }
     }
 }
 
@@ -773,17 +966,30 @@ fn main() {
             }
         }
     }
+    // The translated-streaming phase: direct Chat SSE as the baseline, then graft async with
+    // the same conversation as passthrough Chat, as Responses and as Anthropic Messages.
+    let translated_rates = args
+        .translated_rates
+        .clone()
+        .unwrap_or_else(|| args.stream_rates.clone());
+    let mut translated: Vec<Target> = Vec::new();
+    if translated_rates.iter().any(|&r| r > 0)
+        && let Some((_, async_url)) = targets.iter().find(|(n, _)| *n == "graft async")
+    {
+        translated.push(Target::new("direct", &upstream, Api::Chat, "sk-bench"));
+        for api in [Api::Chat, Api::Responses, Api::Messages] {
+            translated.push(Target::new("graft async", async_url, api, "sk-bench"));
+        }
+    }
     let targets: Vec<Target> = targets
         .into_iter()
-        .map(|(name, url)| Target {
-            name,
-            uri: format!("{url}/v1/chat/completions").parse().unwrap(),
-            auth: if name == "LiteLLM" {
-                format!("Bearer {master_key}")
+        .map(|(name, url)| {
+            let key = if name == "LiteLLM" {
+                master_key.as_str()
             } else {
-                "Bearer sk-bench".to_string()
-            },
-            client: new_client(),
+                "sk-bench"
+            };
+            Target::new(name, &url, Api::Chat, key)
         })
         .collect();
 
@@ -794,9 +1000,9 @@ fn main() {
     };
 
     // Every target must answer before anything is measured.
-    for t in &targets {
+    for t in targets.iter().chain(&translated) {
         for stream in [false, true] {
-            let r = rt.block_on(call(t, chat_body(stream), stream, Duration::from_secs(30)));
+            let r = rt.block_on(call(t, t.api.body(stream), stream, Duration::from_secs(30)));
             if let Err(e) = r {
                 let why = match e {
                     Fail::Status(s) => format!("HTTP {s}"),
@@ -806,7 +1012,7 @@ fn main() {
                 };
                 panic!(
                     "load: {} failed its first call (stream={stream}): {why}",
-                    t.name
+                    t.tag()
                 );
             }
         }
@@ -815,7 +1021,15 @@ fn main() {
     // A target that cannot keep up at a rate is not driven at higher rates (its row says so).
     // Streaming has its own capacity, so it starts with a clean slate.
     let mut saturated: Vec<Option<u32>> = vec![None; targets.len()];
-    let fixed = run_rates(&phase, &targets, &args, &args.rates, false, &mut saturated);
+    let fixed = run_rates(
+        &phase,
+        &targets,
+        &args,
+        &args.rates,
+        false,
+        "",
+        &mut saturated,
+    );
     saturated.fill(None);
     let streamed = run_rates(
         &phase,
@@ -823,7 +1037,18 @@ fn main() {
         &args,
         &args.stream_rates,
         true,
+        "stream ",
         &mut saturated,
+    );
+    let mut saturated_tr: Vec<Option<u32>> = vec![None; translated.len()];
+    let translated_runs = run_rates(
+        &phase,
+        &translated,
+        &args,
+        &translated_rates,
+        true,
+        "translated ",
+        &mut saturated_tr,
     );
     let mut max: Vec<Rec> = Vec::new();
     if args.max_secs > 0.0 {
@@ -941,6 +1166,9 @@ fn main() {
                 errors_cell(r, *rate),
             );
         }
+    }
+    if !translated_runs.is_empty() {
+        translated_report(&mut md, &translated, &translated_runs);
     }
     if !max.is_empty() {
         let _ = writeln!(

@@ -65,6 +65,8 @@ ensure_litellm() {
 }
 
 start=$(date +%s)
+# The revision being measured, taken before the build (a long run can outlive a commit).
+rev="$(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet 2>/dev/null || echo ' + local changes')"
 cargo build --release --bin graft
 
 litellm_flag=()
@@ -87,7 +89,7 @@ cpu="$(grep -m1 'model name' /proc/cpuinfo | sed 's/.*: //')"
   echo "(which ran \`${cmd[*]}\`)."
   echo
   echo "- machine: $(nproc) CPUs ($cpu), $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -sr)"
-  echo "- graft $(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet 2>/dev/null || echo ' + local changes'), $(rustc --version)"
+  echo "- graft $rev, $(rustc --version)"
   echo "- LiteLLM: $litellm_version"
   echo
   cat "$raw"

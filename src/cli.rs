@@ -27,6 +27,8 @@ pub enum Command {
     /// Read what the recorder stored: sessions, calls, exports.
     #[command(subcommand)]
     Records(RecordsCommand),
+    /// Turn recorded calls (or an OpenAI-format JSONL log) into token-masked training samples.
+    Reconstruct(crate::reconstruct::ReconstructArgs),
     /// The embedded default: a scripted upstream, the gateway in front of it, and a short
     /// client run through it; prints where the records went.
     Demo(crate::demo::DemoArgs),
@@ -99,6 +101,7 @@ pub fn main() -> ExitCode {
             Command::Demo(args) => crate::demo::run(args).await,
             Command::ScriptedUpstream(args) => crate::scripted::run(args).await,
             Command::Harness(cmd) => crate::harness::run(cmd),
+            Command::Reconstruct(args) => crate::reconstruct::run(args),
         }
     });
     match result {

@@ -6,5 +6,6 @@
 pub mod cli;
 pub mod demo;
 pub mod harness;
+pub mod reconstruct;
 pub mod records;
 pub mod scripted;

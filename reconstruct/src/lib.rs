@@ -6,5 +6,6 @@
 pub mod error;
 pub mod merge;
 pub mod parser;
+pub mod retokenize;
 pub mod sample;
 pub mod template;

