@@ -9,6 +9,14 @@
 //! [`Rule`]); with no matching rule it echoes `You said: <last user text>`.
 //! Faults are chosen by the request's `model` field (see [`Fault`]), because the gateway
 //! forwards request bodies unchanged.
+//!
+//! With `--tokenizer DIR` (a HF model directory) it also answers like vLLM does to
+//! `return_token_ids: true` and `logprobs` (see [`TokenModel`]): the prompt ids are the chat
+//! template's rendering of the request (messages, tools, generation prompt) tokenized, the
+//! completion ids the tokenized text the model "generated" (content, then each tool call in
+//! the Hermes `<tool_call>` form Qwen3 uses, then the end-of-turn token), split across SSE
+//! chunks along with the text, and each logprob is `-(id % 97) / 100`. Usage then counts
+//! those tokens. Without `--tokenizer` nothing of this happens.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -46,6 +54,10 @@ pub struct ScriptedArgs {
     /// Model ids listed by `GET /v1/models` (repeatable). Any model id is accepted in requests.
     #[arg(long = "model", default_value = "scripted")]
     pub models: Vec<String>,
+    /// A HF model directory (tokenizer.json + chat template): answer `return_token_ids` and
+    /// `logprobs` with real token ids, as vLLM does.
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
 }
 
 /// The largest request body read (bigger ones get 413).
@@ -61,7 +73,12 @@ pub async fn run(args: ScriptedArgs) -> anyhow::Result<()> {
         Some(path) => Script::load(path)?,
         None => Script::default(),
     };
+    let model = match &args.tokenizer {
+        Some(dir) => Some(TokenModel::load(dir)?),
+        None => None,
+    };
     let state = Arc::new(State {
+        model,
         script,
         expect_key: args.expect_key.clone(),
         chunk_delay: Duration::from_millis(args.chunk_delay_ms),
@@ -117,6 +134,7 @@ pub async fn run(args: ScriptedArgs) -> anyhow::Result<()> {
 }
 
 struct State {
+    model: Option<TokenModel>,
     script: Script,
     expect_key: Option<String>,
     chunk_delay: Duration,
@@ -548,18 +566,36 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
             .unwrap_or(0),
         model: prompt.model.clone(),
     };
-    let usage = usage_for(&prompt, reply);
+    let tokens = match &state.model {
+        Some(m) => match m.answer(dialect, &body, &meta, reply) {
+            Ok(t) => Some(t),
+            Err(msg) => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    &msg,
+                    "invalid_request_error",
+                    None,
+                ));
+            }
+        },
+        None => None,
+    };
+    let usage = match &tokens {
+        Some(t) => t.usage(),
+        None => usage_for(&prompt, reply),
+    };
+    let tokens = tokens.as_ref();
     if !prompt.stream {
         let v = match dialect {
-            Dialect::Chat => chat_json(&meta, reply, &usage),
-            Dialect::Completions => completion_json(&meta, reply, &usage),
+            Dialect::Chat => chat_json(&meta, reply, &usage, tokens),
+            Dialect::Completions => completion_json(&meta, reply, &usage, tokens),
         };
         return Ok(json_response(StatusCode::OK, &v));
     }
     let usage = prompt.include_usage.then_some(&usage);
     let events = match dialect {
-        Dialect::Chat => chat_events(&meta, reply, usage),
-        Dialect::Completions => completion_events(&meta, reply, usage),
+        Dialect::Chat => chat_events(&meta, reply, usage, tokens),
+        Dialect::Completions => completion_events(&meta, reply, usage, tokens),
     };
     let abort_after = (fault == Some(Fault::Reset)).then_some(2);
     Ok(sse_response(SseBody::new(events, delay, abort_after)))
@@ -755,7 +791,7 @@ fn usage_for(prompt: &Prompt, reply: &Reply) -> Value {
     })
 }
 
-fn chat_json(meta: &Meta, reply: &Reply, usage: &Value) -> Value {
+fn chat_json(meta: &Meta, reply: &Reply, usage: &Value, tokens: Option<&TokenAnswer>) -> Value {
     let mut message = json!({
         "role": "assistant",
         "content": reply.content,
@@ -776,7 +812,7 @@ fn chat_json(meta: &Meta, reply: &Reply, usage: &Value) -> Value {
             .collect();
         message["tool_calls"] = Value::Array(calls);
     }
-    json!({
+    let mut v = json!({
         "id": meta.chat_id(),
         "object": "chat.completion",
         "created": meta.created,
@@ -789,11 +825,27 @@ fn chat_json(meta: &Meta, reply: &Reply, usage: &Value) -> Value {
         }],
         "usage": usage,
         "system_fingerprint": "fp_graft_scripted",
-    })
+    });
+    if let Some(t) = tokens {
+        let all: Vec<usize> = (0..t.completion.len()).collect();
+        if t.want_logprobs {
+            v["choices"][0]["logprobs"] = t.chat_logprobs(&all);
+        }
+        if t.want_ids {
+            v["choices"][0]["token_ids"] = json!(t.completion);
+            v["prompt_token_ids"] = json!(t.prompt);
+        }
+    }
+    v
 }
 
-fn completion_json(meta: &Meta, reply: &Reply, usage: &Value) -> Value {
-    json!({
+fn completion_json(
+    meta: &Meta,
+    reply: &Reply,
+    usage: &Value,
+    tokens: Option<&TokenAnswer>,
+) -> Value {
+    let mut v = json!({
         "id": meta.completion_id(),
         "object": "text_completion",
         "created": meta.created,
@@ -805,7 +857,18 @@ fn completion_json(meta: &Meta, reply: &Reply, usage: &Value) -> Value {
             "finish_reason": finish_reason(reply),
         }],
         "usage": usage,
-    })
+    });
+    if let Some(t) = tokens {
+        let all: Vec<usize> = (0..t.completion.len()).collect();
+        if t.want_logprobs {
+            v["choices"][0]["logprobs"] = t.completion_logprobs(&all, 0);
+        }
+        if t.want_ids {
+            v["choices"][0]["prompt_token_ids"] = json!(t.prompt);
+            v["choices"][0]["token_ids"] = json!(t.completion);
+        }
+    }
+    v
 }
 
 /// One SSE event: `data: {json}\n\n`.
@@ -857,26 +920,22 @@ fn split_n(text: &str, n: usize) -> Vec<&str> {
     pieces
 }
 
-/// The chat SSE stream exactly as OpenAI sends it: a first delta with the role, the content
-/// in several deltas, each tool call's header (index, id, type, name, empty arguments)
-/// followed by its arguments in pieces, a final chunk with `finish_reason`, a usage chunk
-/// with `choices: []` iff `stream_options.include_usage`, then `[DONE]`.
-fn chat_events(meta: &Meta, reply: &Reply, usage: Option<&Value>) -> Vec<Bytes> {
-    let id = meta.chat_id();
-    let chunk = |delta: Value, finish: Option<&str>| {
-        let mut c = json!({
-            "id": id,
-            "object": "chat.completion.chunk",
-            "created": meta.created,
-            "model": meta.model,
-            "system_fingerprint": "fp_graft_scripted",
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
-        });
-        if usage.is_some() {
-            // With include_usage every chunk carries `usage: null` but the last one.
-            c["usage"] = Value::Null;
-        }
-        sse(&c)
+/// One chunk of a streamed answer before it is rendered: its delta (chat) or text piece,
+/// its finish reason, and the text of the completion it stands for (what the model
+/// generated, special tokens included; used to split the token ids along the chunks).
+struct Piece {
+    delta: Value,
+    finish: Option<String>,
+    text: String,
+}
+
+/// The chunks of a chat answer, in order. `eos` is the end-of-turn token the model ends
+/// with (empty without a tokenizer).
+fn chat_pieces(meta: &Meta, reply: &Reply, eos: &str) -> Vec<Piece> {
+    let piece = |delta: Value, text: String| Piece {
+        delta,
+        finish: None,
+        text,
     };
     let tool_header = |i: usize, call: &ScriptToolCall| {
         json!([{
@@ -887,31 +946,97 @@ fn chat_events(meta: &Meta, reply: &Reply, usage: Option<&Value>) -> Vec<Bytes> 
         }])
     };
     let content = reply.content.as_deref().unwrap_or_default();
-    let mut events = Vec::new();
+    // The Hermes form of a tool call as Qwen3's template writes it in history: a newline
+    // before it unless it opens the turn, the arguments verbatim, then `}` and the tag.
+    let header_text = |i: usize, call: &ScriptToolCall| {
+        format!(
+            "{}<tool_call>\n{{\"name\": \"{}\", \"arguments\": ",
+            if i > 0 || !content.is_empty() {
+                "\n"
+            } else {
+                ""
+            },
+            call.name
+        )
+    };
+    let mut out = Vec::new();
     let mut calls = reply.tool_calls.iter().enumerate().peekable();
     if content.is_empty() && calls.peek().is_some() {
         // Tool calls only: the role arrives with the first tool call's header, content null.
         if let Some((i, call)) = calls.next() {
-            events.push(chunk(
+            out.push(piece(
                 json!({"role": "assistant", "content": null, "tool_calls": tool_header(i, call)}),
-                None,
+                header_text(i, call),
             ));
-            push_arguments(&mut events, &chunk, i, call);
+            push_arguments(&mut out, i, call);
         }
     } else {
-        events.push(chunk(
+        out.push(piece(
             json!({"role": "assistant", "content": "", "refusal": null}),
-            None,
+            String::new(),
         ));
-        for piece in split_words(content) {
-            events.push(chunk(json!({"content": piece}), None));
+        for p in split_words(content) {
+            out.push(piece(json!({"content": p}), p.to_owned()));
         }
     }
     for (i, call) in calls {
-        events.push(chunk(json!({"tool_calls": tool_header(i, call)}), None));
-        push_arguments(&mut events, &chunk, i, call);
+        out.push(piece(
+            json!({"tool_calls": tool_header(i, call)}),
+            header_text(i, call),
+        ));
+        push_arguments(&mut out, i, call);
     }
-    events.push(chunk(json!({}), Some(finish_reason(reply))));
+    out.push(Piece {
+        delta: json!({}),
+        finish: Some(finish_reason(reply).to_owned()),
+        text: eos.to_owned(),
+    });
+    out
+}
+
+/// The chat SSE stream exactly as OpenAI sends it: a first delta with the role, the content
+/// in several deltas, each tool call's header (index, id, type, name, empty arguments)
+/// followed by its arguments in pieces, a final chunk with `finish_reason`, a usage chunk
+/// with `choices: []` iff `stream_options.include_usage`, then `[DONE]`. With `tokens`, as
+/// vLLM streams `return_token_ids`/`logprobs`: `prompt_token_ids` on the first chunk, each
+/// chunk's new `token_ids` and `logprobs` in its choice.
+fn chat_events(
+    meta: &Meta,
+    reply: &Reply,
+    usage: Option<&Value>,
+    tokens: Option<&TokenAnswer>,
+) -> Vec<Bytes> {
+    let id = meta.chat_id();
+    let pieces = chat_pieces(meta, reply, tokens.map_or("", |t| t.eos.as_str()));
+    let split = tokens.map(|t| t.split(&pieces));
+    let mut events = Vec::new();
+    for (k, p) in pieces.iter().enumerate() {
+        let mut c = json!({
+            "id": id,
+            "object": "chat.completion.chunk",
+            "created": meta.created,
+            "model": meta.model,
+            "system_fingerprint": "fp_graft_scripted",
+            "choices": [{"index": 0, "delta": p.delta, "logprobs": null, "finish_reason": p.finish}],
+        });
+        if usage.is_some() {
+            // With include_usage every chunk carries `usage: null` but the last one.
+            c["usage"] = Value::Null;
+        }
+        if let (Some(t), Some(split)) = (tokens, &split) {
+            let idx = &split[k];
+            if t.want_logprobs && !idx.is_empty() {
+                c["choices"][0]["logprobs"] = t.chat_logprobs(idx);
+            }
+            if t.want_ids {
+                c["choices"][0]["token_ids"] = json!(t.ids_of(idx));
+                if k == 0 {
+                    c["prompt_token_ids"] = json!(t.prompt);
+                }
+            }
+        }
+        events.push(sse(&c));
+    }
     if let Some(usage) = usage {
         events.push(sse(&json!({
             "id": id,
@@ -927,43 +1052,85 @@ fn chat_events(meta: &Meta, reply: &Reply, usage: Option<&Value>) -> Vec<Bytes> 
     events
 }
 
-fn push_arguments(
-    events: &mut Vec<Bytes>,
-    chunk: &impl Fn(Value, Option<&str>) -> Bytes,
-    index: usize,
-    call: &ScriptToolCall,
-) {
+fn push_arguments(out: &mut Vec<Piece>, index: usize, call: &ScriptToolCall) {
     let args = call.arguments_string();
-    for piece in split_n(&args, ARGUMENT_PIECES) {
-        events.push(chunk(
-            json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}),
-            None,
-        ));
+    let pieces = split_n(&args, ARGUMENT_PIECES);
+    let n = pieces.len();
+    for (j, piece) in pieces.into_iter().enumerate() {
+        let mut text = piece.to_owned();
+        if j + 1 == n {
+            text.push_str("}\n</tool_call>");
+        }
+        out.push(Piece {
+            delta: json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]}),
+            finish: None,
+            text,
+        });
     }
+    if n == 0
+        && let Some(last) = out.last_mut()
+    {
+        last.text.push_str("}\n</tool_call>");
+    }
+}
+
+/// The pieces of a completions answer: the text in word-sized pieces, then the finish.
+fn completion_pieces(reply: &Reply, eos: &str) -> Vec<Piece> {
+    let mut out: Vec<Piece> = split_words(reply.content.as_deref().unwrap_or_default())
+        .into_iter()
+        .map(|p| Piece {
+            delta: json!(p),
+            finish: None,
+            text: p.to_owned(),
+        })
+        .collect();
+    out.push(Piece {
+        delta: json!(""),
+        finish: Some(finish_reason(reply).to_owned()),
+        text: eos.to_owned(),
+    });
+    out
 }
 
 /// The completions SSE stream: `text_completion` chunks with the text in pieces, a final
 /// chunk with `finish_reason`, the usage chunk iff `include_usage`, then `[DONE]`.
-fn completion_events(meta: &Meta, reply: &Reply, usage: Option<&Value>) -> Vec<Bytes> {
+fn completion_events(
+    meta: &Meta,
+    reply: &Reply,
+    usage: Option<&Value>,
+    tokens: Option<&TokenAnswer>,
+) -> Vec<Bytes> {
     let id = meta.completion_id();
-    let chunk = |text: &str, finish: Option<&str>| {
+    let pieces = completion_pieces(reply, tokens.map_or("", |t| t.eos.as_str()));
+    let split = tokens.map(|t| t.split(&pieces));
+    let mut events = Vec::new();
+    let mut offset = 0;
+    for (k, p) in pieces.iter().enumerate() {
         let mut c = json!({
             "id": id,
             "object": "text_completion",
             "created": meta.created,
             "model": meta.model,
-            "choices": [{"text": text, "index": 0, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"text": p.delta, "index": 0, "logprobs": null, "finish_reason": p.finish}],
         });
         if usage.is_some() {
             c["usage"] = Value::Null;
         }
-        sse(&c)
-    };
-    let mut events: Vec<Bytes> = split_words(reply.content.as_deref().unwrap_or_default())
-        .into_iter()
-        .map(|piece| chunk(piece, None))
-        .collect();
-    events.push(chunk("", Some(finish_reason(reply))));
+        if let (Some(t), Some(split)) = (tokens, &split) {
+            let idx = &split[k];
+            if t.want_logprobs && !idx.is_empty() {
+                c["choices"][0]["logprobs"] = t.completion_logprobs(idx, offset);
+            }
+            if t.want_ids {
+                c["choices"][0]["token_ids"] = json!(t.ids_of(idx));
+                if k == 0 {
+                    c["choices"][0]["prompt_token_ids"] = json!(t.prompt);
+                }
+            }
+        }
+        offset += p.delta.as_str().map_or(0, str::len);
+        events.push(sse(&c));
+    }
     if let Some(usage) = usage {
         events.push(sse(&json!({
             "id": id,
@@ -976,6 +1143,231 @@ fn completion_events(meta: &Meta, reply: &Reply, usage: Option<&Value>) -> Vec<B
     }
     events.push(Bytes::from_static(DONE));
     events
+}
+
+// ---------------------------------------------------------------------------------------
+// Token ids (`--tokenizer`)
+
+/// A model's chat template and tokenizer, for answering like vLLM with token ids.
+pub struct TokenModel {
+    template: graft_reconstruct::template::ChatTemplate,
+    tokenizer: graft_reconstruct::template::Tokenizer,
+    /// The end-of-turn token every completion ends with (`<|im_end|>` for Qwen3).
+    eos: String,
+}
+
+/// The deterministic logprob the scripted model reports for a token.
+pub fn scripted_logprob(id: u32) -> f64 {
+    -f64::from(id % 97) / 100.0
+}
+
+impl TokenModel {
+    pub fn load(dir: &std::path::Path) -> anyhow::Result<Self> {
+        let template = graft_reconstruct::template::ChatTemplate::from_dir(dir)
+            .with_context(|| format!("cannot load the chat template from {}", dir.display()))?;
+        let tokenizer = graft_reconstruct::template::Tokenizer::from_dir(dir)
+            .with_context(|| format!("cannot load the tokenizer from {}", dir.display()))?;
+        let eos = template.eos_token().unwrap_or_default().to_owned();
+        Ok(TokenModel {
+            template,
+            tokenizer,
+            eos,
+        })
+    }
+
+    /// The prompt ids of a request: chat messages (+ tools) rendered with the generation
+    /// prompt (as vLLM applies the template; `chat_template_kwargs` are passed on), or the
+    /// completions prompt, tokenized.
+    fn prompt_ids(&self, dialect: Dialect, body: &Value) -> Result<Vec<u32>, String> {
+        let text = match dialect {
+            Dialect::Chat => {
+                let messages: Vec<Value> = body
+                    .get("messages")
+                    .and_then(Value::as_array)
+                    .map(|m| {
+                        m.iter()
+                            .map(|m| {
+                                let mut m = m.clone();
+                                // Templates expect a string: OpenAI clients send null next
+                                // to tool_calls.
+                                if let Some(o) = m.as_object_mut()
+                                    && o.get("content").is_none_or(Value::is_null)
+                                {
+                                    o.insert("content".into(), json!(""));
+                                }
+                                m
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                let tools = body
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .filter(|t| !t.is_empty())
+                    .map(Vec::as_slice);
+                let extra = body
+                    .get("chat_template_kwargs")
+                    .and_then(Value::as_object)
+                    .cloned()
+                    .unwrap_or_default();
+                self.template
+                    .render(&messages, tools, true, &extra)
+                    .map_err(|e| format!("cannot apply the chat template: {e}"))?
+            }
+            Dialect::Completions => match body.get("prompt") {
+                Some(Value::Array(items)) if items.iter().all(Value::is_u64) => {
+                    return Ok(items
+                        .iter()
+                        .filter_map(Value::as_u64)
+                        .filter_map(|n| u32::try_from(n).ok())
+                        .collect());
+                }
+                Some(Value::Array(items)) => items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+                Some(Value::String(p)) => p.clone(),
+                _ => String::new(),
+            },
+        };
+        self.tokenizer
+            .encode(&text)
+            .map_err(|e| format!("cannot tokenize the prompt: {e}"))
+    }
+
+    /// Tokenizes the prompt and the reply, and notes what the request asked for.
+    fn answer(
+        &self,
+        dialect: Dialect,
+        body: &Value,
+        meta: &Meta,
+        reply: &Reply,
+    ) -> Result<TokenAnswer, String> {
+        let prompt = self.prompt_ids(dialect, body)?;
+        let pieces = match dialect {
+            Dialect::Chat => chat_pieces(meta, reply, &self.eos),
+            Dialect::Completions => completion_pieces(reply, &self.eos),
+        };
+        let text: String = pieces.iter().map(|p| p.text.as_str()).collect();
+        let completion = self
+            .tokenizer
+            .encode(&text)
+            .map_err(|e| format!("cannot tokenize the completion: {e}"))?;
+        // Where each token's text ends in the completion text (decoding the prefix).
+        let mut ends = Vec::with_capacity(completion.len());
+        let mut tokens = Vec::with_capacity(completion.len());
+        for i in 0..completion.len() {
+            let prefix = self
+                .tokenizer
+                .decode(&completion[..=i])
+                .map_err(|e| format!("cannot decode the completion: {e}"))?;
+            ends.push(prefix.len());
+            tokens.push(
+                self.tokenizer
+                    .decode(&completion[i..=i])
+                    .map_err(|e| format!("cannot decode the completion: {e}"))?,
+            );
+        }
+        let want_logprobs = match dialect {
+            Dialect::Chat => body.get("logprobs").and_then(Value::as_bool) == Some(true),
+            Dialect::Completions => body.get("logprobs").is_some_and(Value::is_u64),
+        };
+        Ok(TokenAnswer {
+            eos: self.eos.clone(),
+            prompt,
+            completion,
+            ends,
+            tokens,
+            want_ids: body.get("return_token_ids").and_then(Value::as_bool) == Some(true),
+            want_logprobs,
+        })
+    }
+}
+
+/// One answer's tokens.
+struct TokenAnswer {
+    eos: String,
+    prompt: Vec<u32>,
+    completion: Vec<u32>,
+    /// Byte offset in the completion text where each completion token's text ends.
+    ends: Vec<usize>,
+    /// Each completion token's text.
+    tokens: Vec<String>,
+    want_ids: bool,
+    want_logprobs: bool,
+}
+
+impl TokenAnswer {
+    fn usage(&self) -> Value {
+        let (p, c) = (self.prompt.len(), self.completion.len());
+        json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
+    }
+
+    /// The completion tokens each piece carries: a token goes with the piece in which its
+    /// text ends (the text of a chunk and its ids stay together; a token that straddles two
+    /// pieces goes with the later one). Concatenated, the pieces' ids are the completion.
+    fn split(&self, pieces: &[Piece]) -> Vec<Vec<usize>> {
+        let mut out = vec![Vec::new(); pieces.len()];
+        let mut bound = 0;
+        let mut k = 0;
+        for (i, end) in self.ends.iter().enumerate() {
+            while k + 1 < pieces.len() && {
+                let b = bound + pieces[k].text.len();
+                *end > b
+            } {
+                bound += pieces[k].text.len();
+                k += 1;
+            }
+            if let Some(slot) = out.get_mut(k) {
+                slot.push(i);
+            }
+        }
+        out
+    }
+
+    fn ids_of(&self, idx: &[usize]) -> Vec<u32> {
+        idx.iter()
+            .filter_map(|&i| self.completion.get(i).copied())
+            .collect()
+    }
+
+    /// Chat logprobs (`{"content": [{token, logprob, bytes, top_logprobs}]}`).
+    fn chat_logprobs(&self, idx: &[usize]) -> Value {
+        let content: Vec<Value> = idx
+            .iter()
+            .filter_map(|&i| {
+                let id = *self.completion.get(i)?;
+                let tok = self.tokens.get(i)?;
+                Some(json!({
+                    "token": tok,
+                    "logprob": scripted_logprob(id),
+                    "bytes": tok.as_bytes(),
+                    "top_logprobs": [],
+                }))
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    /// Completions logprobs (parallel arrays), text offsets from `offset`.
+    fn completion_logprobs(&self, idx: &[usize], offset: usize) -> Value {
+        let mut tokens = vec![];
+        let mut lps = vec![];
+        let mut offsets = vec![];
+        let mut at = offset;
+        for &i in idx {
+            let (Some(id), Some(tok)) = (self.completion.get(i), self.tokens.get(i)) else {
+                continue;
+            };
+            tokens.push(json!(tok));
+            lps.push(json!(scripted_logprob(*id)));
+            offsets.push(json!(at));
+            at += tok.len();
+        }
+        let top: Vec<Value> = tokens.iter().map(|_| json!({})).collect();
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets})
+    }
 }
 
 #[cfg(test)]
@@ -1058,7 +1450,7 @@ mod tests {
     #[test]
     fn content_streams_in_several_deltas_that_reassemble_exactly() {
         let text = "Hello there,  world!\nSecond line ";
-        let events = parse(&chat_events(&meta(), &reply(Some(text), &[]), None));
+        let events = parse(&chat_events(&meta(), &reply(Some(text), &[]), None, None));
         assert_eq!(events.last().unwrap(), &None, "ends with [DONE]");
         let first = events[0].as_ref().unwrap();
         assert_eq!(first["object"], "chat.completion.chunk");
@@ -1093,7 +1485,7 @@ mod tests {
             None,
             &[("bash", args.clone()), ("read", json!({"path": "a.txt"}))],
         );
-        let events = parse(&chat_events(&meta(), &r, None));
+        let events = parse(&chat_events(&meta(), &r, None, None));
         let first = events[0].as_ref().unwrap();
         let delta = &first["choices"][0]["delta"];
         assert_eq!(delta["role"], "assistant");
@@ -1132,7 +1524,7 @@ mod tests {
     #[test]
     fn content_and_tool_call_in_one_reply() {
         let r = reply(Some("Let me look."), &[("bash", json!({"command": "ls"}))]);
-        let events = parse(&chat_events(&meta(), &r, None));
+        let events = parse(&chat_events(&meta(), &r, None, None));
         let (content, calls, finish) = assemble(&events);
         assert_eq!(content, "Let me look.");
         assert_eq!(calls[0].2, r#"{"command":"ls"}"#);
@@ -1150,6 +1542,7 @@ mod tests {
             &meta(),
             &reply(Some("a b"), &[]),
             Some(&usage),
+            None,
         ));
         let n = events.len();
         assert_eq!(events[n - 1], None);
@@ -1168,6 +1561,7 @@ mod tests {
             &meta(),
             &reply(Some("one two three"), &[]),
             Some(&usage),
+            None,
         ));
         let text: String = events
             .iter()
@@ -1264,7 +1658,7 @@ mod tests {
 
     #[tokio::test]
     async fn reset_body_errors_after_two_chunks() {
-        let events = chat_events(&meta(), &reply(Some("a b c d e"), &[]), None);
+        let events = chat_events(&meta(), &reply(Some("a b c d e"), &[]), None, None);
         let mut body = SseBody::new(events, Duration::ZERO, Some(2));
         let mut got = 0;
         loop {
@@ -1279,7 +1673,7 @@ mod tests {
 
     #[tokio::test]
     async fn body_yields_one_frame_per_event_in_order() {
-        let events = chat_events(&meta(), &reply(Some("a b"), &[]), None);
+        let events = chat_events(&meta(), &reply(Some("a b"), &[]), None, None);
         let expected = events.clone();
         let mut body = SseBody::new(events, Duration::from_millis(1), None);
         let mut got = Vec::new();

@@ -110,6 +110,10 @@ pub struct UpstreamSection {
     /// PEM file of the CA(s) to trust for an `https://` upstream instead of the public roots
     /// (a cluster's private CA).
     pub ca_file: Option<PathBuf>,
+    /// Passthrough token ids: `"off"` (default), `"vllm"` or `"sglang"`. When on, graft asks
+    /// the upstream for token ids and logprobs on Chat Completions and Completions calls and
+    /// records them (see `token_ids.rs`).
+    pub token_ids: Option<crate::token_ids::TokenIdsMode>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -175,6 +179,8 @@ pub struct GatewayConfig {
     pub upstream_ca_file: Option<PathBuf>,
     /// Always holds ChatCompletions, plus what `upstream.dialects` adds.
     pub upstream_dialects: Vec<crate::dialect::DialectKind>,
+    /// `upstream.token_ids`.
+    pub token_ids: crate::token_ids::TokenIdsMode,
     pub data_dir: PathBuf,
     pub durability: DurabilityMode,
     pub async_max_delay: Duration,
@@ -278,6 +284,7 @@ impl GatewayConfig {
                 );
                 d
             },
+            token_ids: file.upstream.token_ids.unwrap_or_default(),
             data_dir: o
                 .data_dir
                 .or(r.data_dir.clone())
@@ -394,6 +401,29 @@ mod tests {
         let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
         assert_eq!(c.upstream_url, "http://127.0.0.1:30000/v1");
         assert_eq!(c.durability, DurabilityMode::Sync);
+        assert_eq!(c.token_ids, crate::token_ids::TokenIdsMode::Off);
+    }
+
+    #[test]
+    fn token_ids_mode_is_strict() {
+        use crate::token_ids::TokenIdsMode;
+        let f = FileConfig::from_toml(
+            "[upstream]\nurl = \"http://x:1\"\ntoken_ids = \"vllm\"\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
+        assert_eq!(c.token_ids, TokenIdsMode::Vllm);
+        let f = FileConfig::from_toml("[upstream]\ntoken_ids = \"sglang\"\n", Path::new("g.toml"))
+            .unwrap();
+        assert_eq!(f.upstream.token_ids, Some(TokenIdsMode::Sglang));
+        let err = FileConfig::from_toml("[upstream]\ntoken_ids = \"yes\"\n", Path::new("g.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("token_ids") || err.contains("yes"), "{err}");
+        assert!(
+            FileConfig::from_toml("[upstream]\ntoken_ids = true\n", Path::new("g.toml")).is_err()
+        );
     }
 
     #[test]

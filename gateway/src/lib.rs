@@ -14,6 +14,7 @@ pub mod proxy;
 pub mod server;
 pub mod sessions;
 pub mod sse;
+pub mod token_ids;
 pub mod translate;
 pub mod upstream;
 

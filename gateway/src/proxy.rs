@@ -21,6 +21,7 @@ use crate::error::{Cause, GatewayError};
 use crate::server::State;
 use crate::sessions::{Session, now_us};
 use crate::sse::{Assembler, Event, Splitter};
+use crate::token_ids::{self, Added, Capture, Recorded};
 
 /// The OpenAI routes graft proxies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -219,6 +220,8 @@ pub(crate) struct Call {
     pub(crate) upstream_dialect: Option<DialectKind>,
     /// The id graft gives the answer in the client's dialect (`resp_…`, `msg_…`).
     pub(crate) response_id: String,
+    /// What graft added to the forwarded request to get token ids (`upstream.token_ids`).
+    pub(crate) token_ids: Option<Added>,
 }
 
 /// The outcome of a call, for its record.
@@ -232,6 +235,8 @@ pub(crate) struct Outcome {
     pub(crate) finish_reason: Option<String>,
     pub(crate) ttft: Option<Duration>,
     pub(crate) upstream_time: Duration,
+    /// Token ids and logprobs the upstream returned (passthrough ids).
+    pub(crate) tokens: Recorded,
 }
 
 impl Call {
@@ -272,9 +277,9 @@ impl Call {
             status: o.status,
             outcome,
             error,
-            prompt_token_ids: None,
-            completion_token_ids: None,
-            completion_logprobs: None,
+            prompt_token_ids: o.tokens.prompt_token_ids.clone(),
+            completion_token_ids: o.tokens.completion_token_ids.clone(),
+            completion_logprobs: o.tokens.completion_logprobs.clone(),
             finish_reason: o.finish_reason.clone(),
             weight_version: None,
             usage,
@@ -439,6 +444,7 @@ pub async fn handle(
             Route::Messages => crate::dialect::new_id("msg_"),
             _ => crate::dialect::new_id("resp_"),
         },
+        token_ids: None,
     };
     let (upstream_path, bytes, translation) = match conv {
         Some(mut conv) if translate => {
@@ -457,7 +463,27 @@ pub async fn handle(
             call.normalized_request = serde_json::to_value(&conv).ok();
             (route.upstream_path(), bytes, None)
         }
-        None => (route.upstream_path(), bytes, None),
+        None => {
+            // Passthrough ids: ask the upstream for token ids and logprobs. The body is no
+            // longer the client's: the record keeps both.
+            let mut body = match state.cfg.token_ids {
+                token_ids::TokenIdsMode::Off => Value::Null,
+                _ => call.request.clone(),
+            };
+            match token_ids::augment(state.cfg.token_ids, route, stream, &mut body) {
+                Some(added) => {
+                    let bytes = Bytes::from(body.to_string());
+                    graft_recorder::redact_json(&mut body);
+                    call.upstream_request = Some(body);
+                    if route == Route::ChatCompletions {
+                        call.upstream_dialect = Some(DialectKind::ChatCompletions);
+                    }
+                    call.token_ids = Some(added);
+                    (route.upstream_path(), bytes, None)
+                }
+                None => (route.upstream_path(), bytes, None),
+            }
+        }
     };
     let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, translated = translation.is_some());
     async move {
@@ -578,11 +604,18 @@ async fn whole(
     let result = match body {
         Err(e) => Err(e),
         Ok(bytes) if status.is_success() => match serde_json::from_slice::<Value>(&bytes) {
-            Ok(v) => {
+            Ok(mut v) => {
                 o.finish_reason = v
                     .pointer("/choices/0/finish_reason")
                     .and_then(Value::as_str)
                     .map(str::to_string);
+                let mut capture = Capture::default();
+                capture.push(&v);
+                o.tokens = finish_capture(call, capture);
+                let bytes = match call.token_ids {
+                    Some(added) if token_ids::strip(&mut v, added) => Bytes::from(v.to_string()),
+                    _ => bytes,
+                };
                 o.response = Some(v);
                 Ok(bytes)
             }
@@ -623,6 +656,17 @@ async fn whole(
         }
         Err(e) => Err(call.fail(o, e).await),
     }
+}
+
+/// The record's token fields from what was captured; a reason not to trust them is logged.
+fn finish_capture(call: &Call, capture: Capture) -> Recorded {
+    let (recorded, note) = capture.finish();
+    if let Some(note) = note {
+        warn!(call_id = %call.call_id, "passthrough token ids: {note}");
+    } else if call.token_ids.is_some() && recorded.prompt_token_ids.is_none() {
+        debug!(call_id = %call.call_id, "passthrough token ids were asked for but none came; the record is text-only");
+    }
+    recorded
 }
 
 /// Reads an upstream SSE body as whole events, watching the client side for disconnects.
@@ -871,8 +915,9 @@ async fn pump(call: Call, body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant
     };
     let mut last: Vec<Bytes> = vec![];
     let mut client_gone = false;
+    let mut capture = Capture::default();
     loop {
-        let ev = match up.next(&tx).await {
+        let mut ev = match up.next(&tx).await {
             Next::Event(ev) => ev,
             Next::End => break,
             Next::Failed(e) => {
@@ -884,7 +929,7 @@ async fn pump(call: Call, body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant
                 break;
             }
         };
-        let parsed = match ev.data.as_deref() {
+        let mut parsed = match ev.data.as_deref() {
             Some(d) if !ev.is_done() => match up.json(d) {
                 Ok(v) => Some(v),
                 Err(e) => {
@@ -894,7 +939,7 @@ async fn pump(call: Call, body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant
             },
             _ => None,
         };
-        if let Some(v) = &parsed {
+        if let Some(v) = &mut parsed {
             let err = v.get("error").filter(|e| !e.is_null());
             let ty = v.get("type").and_then(Value::as_str);
             if err.is_some() || ty == Some("error") {
@@ -905,6 +950,13 @@ async fn pump(call: Call, body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant
             } else {
                 if o.ttft.is_none() {
                     o.ttft = Some(call.t0.elapsed());
+                }
+                capture.push(v);
+                if let Some(added) = call.token_ids
+                    && token_ids::strip(v, added)
+                {
+                    // The client gets the chunk without what graft asked for.
+                    ev.raw = Bytes::from(format!("data: {v}\n\n"));
                 }
                 tee.push(v);
             }
@@ -938,6 +990,7 @@ async fn pump(call: Call, body: Incoming, tx: mpsc::Sender<Bytes>, t_up: Instant
     o.upstream_time = t_up.elapsed();
     o.response = tee.finish();
     o.finish_reason = tee.finish_reason(o.response.as_ref());
+    o.tokens = finish_capture(&call, capture);
     close_stream(&call, &o, client_gone, &tx, last).await;
 }
 

@@ -81,7 +81,8 @@ pub struct CallRecord {
     #[serde(default)]
     pub normalized_response: Option<serde_json::Value>,
     /// Since v2. The request graft sent upstream when it differs from `request` (dialect
-    /// translation); `None` on passthrough.
+    /// translation, or token-id fields added for a vLLM/SGLang upstream); `None` when the
+    /// client's body was forwarded unchanged.
     #[serde(default)]
     pub upstream_request: Option<serde_json::Value>,
     /// Since v2. The upstream's dialect (same names as `dialect`); `None` when unknown or
