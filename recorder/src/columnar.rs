@@ -95,6 +95,8 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         Field::new("normalized_response", DataType::Utf8, true),
         Field::new(json.upstream_request, DataType::Utf8, true),
         Field::new("upstream_dialect", DataType::Utf8, true),
+        // Additive, no version of its own: JSON `{"base", "keep", "append"}`; null in exports.
+        Field::new("prompt_token_ids_delta", DataType::Utf8, true),
     ]))
 }
 
@@ -113,6 +115,8 @@ pub(crate) struct RowText {
     pub normalized_request: Option<String>,
     pub normalized_response: Option<String>,
     pub upstream_request: Option<String>,
+    /// `prompt_token_ids_delta` (sealed segments only).
+    pub prompt_token_ids_delta: Option<String>,
 }
 
 fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<RecordBatch> {
@@ -149,6 +153,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut normalized_response = StringBuilder::new();
     let mut upstream_request = StringBuilder::new();
     let mut upstream_dialect = StringBuilder::new();
+    let mut prompt_ids_delta = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -201,6 +206,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         normalized_response.append_option(row.text.normalized_response.as_deref());
         upstream_request.append_option(row.text.upstream_request.as_deref());
         upstream_dialect.append_option(r.upstream_dialect.as_deref());
+        prompt_ids_delta.append_option(row.text.prompt_token_ids_delta.as_deref());
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -236,6 +242,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(normalized_response.finish()),
         Arc::new(upstream_request.finish()),
         Arc::new(upstream_dialect.finish()),
+        Arc::new(prompt_ids_delta.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -415,6 +422,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
         let normalized_response = c.string("normalized_response")?;
         let upstream_request = c.string(json.upstream_request)?;
         let upstream_dialect = c.string("upstream_dialect")?;
+        let prompt_ids_delta = c.string("prompt_token_ids_delta")?;
 
         for row in 0..batch.num_rows() {
             let json_value = |col: Option<&StringArray>, column: &'static str| {
@@ -431,6 +439,16 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
             };
             let response = json_value(response, "response")?;
             let normalized_response = json_value(normalized_response, "normalized_response")?;
+            let prompt_token_ids_delta = opt_str(prompt_ids_delta, row)
+                .map(|text| {
+                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
+                        path: path.to_owned(),
+                        column: "prompt_token_ids_delta",
+                        row,
+                        source,
+                    })
+                })
+                .transpose()?;
             let usage = Usage {
                 prompt_tokens: opt_prim(usage_prompt, row),
                 completion_tokens: opt_prim(usage_completion, row),
@@ -471,6 +489,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
                 normalized_response,
                 upstream_request_delta: None,
                 upstream_dialect: opt_str(upstream_dialect, row),
+                prompt_token_ids_delta,
             };
             out.push(ReadRow {
                 rec,

@@ -251,6 +251,69 @@ pub fn decode(base: Option<&Value>, delta: &RequestDelta) -> Result<Value, Strin
     Ok(Value::Object(out))
 }
 
+/// A call's `prompt_token_ids` stored against an earlier call of the session: the base
+/// call's token sequence (its `prompt_token_ids` followed by its `completion_token_ids`)
+/// cut to its first `keep` ids, followed by `append`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenIdsDelta {
+    /// `call_id` of the base call.
+    pub base: String,
+    /// Ids of the base call's sequence kept.
+    pub keep: u64,
+    /// Ids that follow them.
+    #[serde(default)]
+    pub append: Vec<u32>,
+}
+
+/// The token sequence a later call's prompt may extend: `prompt ++ completion`, `None`
+/// when the call has no prompt ids.
+pub fn token_sequence(prompt: Option<&[u32]>, completion: Option<&[u32]>) -> Option<Vec<u32>> {
+    let prompt = prompt?;
+    let mut out = Vec::with_capacity(prompt.len() + completion.map_or(0, <[u32]>::len));
+    out.extend_from_slice(prompt);
+    out.extend_from_slice(completion.unwrap_or_default());
+    Some(out)
+}
+
+/// Encodes `ids` against whichever of `bases` (call_id, that call's token sequence) shares
+/// the longest common prefix with it; `None` (store whole) when none shares any.
+pub fn encode_ids<'a>(
+    ids: &[u32],
+    bases: impl Iterator<Item = (&'a str, Option<&'a [u32]>)>,
+) -> Option<TokenIdsDelta> {
+    let mut best: Option<(&str, usize)> = None;
+    for (call_id, seq) in bases {
+        let Some(seq) = seq else { continue };
+        let k = seq.iter().zip(ids).take_while(|(a, b)| a == b).count();
+        if k > 0 && best.is_none_or(|(_, bk)| k > bk) {
+            best = Some((call_id, k));
+        }
+    }
+    let (base, keep) = best?;
+    Some(TokenIdsDelta {
+        base: base.to_owned(),
+        keep: keep as u64,
+        append: ids.get(keep..).unwrap_or_default().to_vec(),
+    })
+}
+
+/// Applies `delta` to `base` (the base call's token sequence). The error is a reason for
+/// [`crate::RecorderError::BadDelta`].
+pub fn decode_ids(base: &[u32], delta: &TokenIdsDelta) -> Result<Vec<u32>, String> {
+    let keep =
+        usize::try_from(delta.keep).map_err(|_| format!("keep {} is too large", delta.keep))?;
+    let head = base.get(..keep).ok_or_else(|| {
+        format!(
+            "keep {keep} exceeds the {} token ids of the base",
+            base.len()
+        )
+    })?;
+    let mut out = Vec::with_capacity(keep + delta.append.len());
+    out.extend_from_slice(head);
+    out.extend_from_slice(&delta.append);
+    Ok(out)
+}
+
 fn kind(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",

@@ -7,7 +7,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::columnar::{self, DELTA_COLUMNS, FULL_COLUMNS, Row, RowText};
-use crate::delta::{self, RequestDelta};
+use crate::delta::{self, RequestDelta, TokenIdsDelta};
 use crate::error::{RecorderError, Result};
 use crate::record::{CallRecord, Deltas, Requests, StoredRecord};
 use crate::seal;
@@ -118,6 +118,32 @@ fn resolve_one(
     delta::decode(base, delta).map_err(|reason| bad(delta.base.as_deref().unwrap_or(""), reason))
 }
 
+/// Resolves `rec`'s prompt token ids delta against its base call's token sequence.
+fn resolve_ids(
+    rec: &StoredRecord,
+    d: &TokenIdsDelta,
+    resolved: &HashMap<String, Requests>,
+) -> Result<Vec<u32>> {
+    let call = resolved
+        .get(&d.base)
+        .ok_or_else(|| RecorderError::MissingBase {
+            call_id: rec.call_id.clone(),
+            session_id: rec.session_id.clone(),
+            seq: rec.seq,
+            base: d.base.clone(),
+        })?;
+    let bad = |reason: String| RecorderError::BadDelta {
+        call_id: rec.call_id.clone(),
+        base: d.base.clone(),
+        reason: format!("prompt_token_ids: {reason}"),
+    };
+    let base = call
+        .token_ids
+        .as_deref()
+        .ok_or_else(|| bad("the base call has no prompt_token_ids".to_owned()))?;
+    delta::decode_ids(base, d).map_err(bad)
+}
+
 /// Resolves deltas into full values. Input in any order; output sorted by
 /// (session_id, seq).
 fn resolve(mut stored: Vec<StoredRecord>) -> Result<Vec<CallRecord>> {
@@ -144,7 +170,17 @@ fn resolve(mut stored: Vec<StoredRecord>) -> Result<Vec<CallRecord>> {
             request: std::mem::replace(&mut rec.request_delta, delta::encode(None, &Value::Null)),
             normalized_request: rec.normalized_request_delta.take(),
             upstream_request: rec.upstream_request_delta.take(),
+            prompt_token_ids: rec.prompt_token_ids_delta.take(),
         };
+        let prompt_ids = deltas
+            .prompt_token_ids
+            .as_ref()
+            .map(|d| resolve_ids(&rec, d, &resolved))
+            .transpose()?;
+        let token_ids = delta::token_sequence(
+            prompt_ids.as_deref().or(rec.prompt_token_ids.as_deref()),
+            rec.completion_token_ids.as_deref(),
+        );
         let full = Requests {
             request: resolve_one(&rec, "request", &deltas.request, &resolved, |r| {
                 Some(&r.request)
@@ -167,9 +203,10 @@ fn resolve(mut stored: Vec<StoredRecord>) -> Result<Vec<CallRecord>> {
                     })
                 })
                 .transpose()?,
+            token_ids,
         };
         resolved.insert(rec.call_id.clone(), full.clone());
-        out.push(rec.into_call(full));
+        out.push(rec.into_call(full, prompt_ids));
     }
     Ok(out)
 }
@@ -405,11 +442,13 @@ pub fn export_parquet(records: &[CallRecord], out: &Path) -> Result<()> {
             normalized_request: rec.normalized_request.as_ref().map(encode).transpose()?,
             normalized_response: rec.normalized_response.as_ref().map(encode).transpose()?,
             upstream_request: rec.upstream_request.as_ref().map(encode).transpose()?,
+            prompt_token_ids_delta: None,
         };
         let placeholder = Deltas {
             request: delta::encode(None, &Value::Null),
             normalized_request: None,
             upstream_request: None,
+            prompt_token_ids: None,
         };
         let (s, _) = StoredRecord::from_call(rec, placeholder);
         stored.push((s, text));
@@ -444,8 +483,9 @@ pub fn read_export_parquet(path: &Path) -> Result<Vec<CallRecord>> {
                     .as_deref()
                     .map(|t| parse(t, FULL_COLUMNS.upstream_request))
                     .transpose()?,
+                token_ids: None,
             };
-            Ok(row.rec.into_call(full))
+            Ok(row.rec.into_call(full, None))
         })
         .collect()
 }

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::delta::RequestDelta;
+use crate::delta::{self, RequestDelta, TokenIdsDelta};
 use crate::redact::redact_json;
 
 /// Version of the record schema written by this build. Changes are additive only:
@@ -117,6 +117,9 @@ pub(crate) struct Requests {
     pub request: serde_json::Value,
     pub normalized_request: Option<serde_json::Value>,
     pub upstream_request: Option<serde_json::Value>,
+    /// The call's token sequence (`prompt_token_ids ++ completion_token_ids`), what a later
+    /// call's prompt ids are encoded against; `None` without prompt ids.
+    pub token_ids: Option<Vec<u32>>,
 }
 
 /// A record's growing values as stored: each a delta against the same value of an earlier
@@ -126,6 +129,8 @@ pub(crate) struct Deltas {
     pub request: RequestDelta,
     pub normalized_request: Option<RequestDelta>,
     pub upstream_request: Option<RequestDelta>,
+    /// `prompt_token_ids` against an earlier call's token sequence; `None`: stored whole.
+    pub prompt_token_ids: Option<TokenIdsDelta>,
 }
 
 /// A record as it lies on disk (WAL payload and parquet row): the request, normalized
@@ -184,6 +189,10 @@ pub(crate) struct StoredRecord {
     pub upstream_request_delta: Option<RequestDelta>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upstream_dialect: Option<String>,
+    /// Additive (no schema version of its own): `prompt_token_ids` as a delta against an
+    /// earlier call of the session; `prompt_token_ids` is then `None`. Absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids_delta: Option<TokenIdsDelta>,
 }
 
 impl StoredRecord {
@@ -222,6 +231,13 @@ impl StoredRecord {
             upstream_request,
             upstream_dialect,
         } = rec;
+        let token_ids =
+            delta::token_sequence(prompt_token_ids.as_deref(), completion_token_ids.as_deref());
+        let prompt_token_ids = if deltas.prompt_token_ids.is_some() {
+            None
+        } else {
+            prompt_token_ids
+        };
         let stored = Self {
             schema_version,
             call_id,
@@ -253,17 +269,20 @@ impl StoredRecord {
             normalized_response,
             upstream_request_delta: deltas.upstream_request,
             upstream_dialect,
+            prompt_token_ids_delta: deltas.prompt_token_ids,
         };
         let requests = Requests {
             request,
             normalized_request,
             upstream_request,
+            token_ids,
         };
         (stored, requests)
     }
 
-    /// Rebuilds the full record once its deltas have been resolved.
-    pub(crate) fn into_call(self, full: Requests) -> CallRecord {
+    /// Rebuilds the full record once its deltas have been resolved (`prompt_ids`: the full
+    /// prompt ids when they were stored as a delta).
+    pub(crate) fn into_call(self, full: Requests, prompt_ids: Option<Vec<u32>>) -> CallRecord {
         CallRecord {
             schema_version: self.schema_version,
             call_id: self.call_id,
@@ -282,7 +301,7 @@ impl StoredRecord {
             status: self.status,
             outcome: self.outcome,
             error: self.error,
-            prompt_token_ids: self.prompt_token_ids,
+            prompt_token_ids: prompt_ids.or(self.prompt_token_ids),
             completion_token_ids: self.completion_token_ids,
             completion_logprobs: self.completion_logprobs,
             finish_reason: self.finish_reason,

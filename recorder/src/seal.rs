@@ -140,6 +140,7 @@ fn write_segment_parquet(dir: &Path, segment: u64, records: &[StoredRecord]) -> 
             normalized_request: opt_text(id, r.normalized_request_delta.as_ref())?,
             normalized_response: opt_text(id, r.normalized_response.as_ref())?,
             upstream_request: opt_text(id, r.upstream_request_delta.as_ref())?,
+            prompt_token_ids_delta: opt_text(id, r.prompt_token_ids_delta.as_ref())?,
         });
     }
     let mut by_day: BTreeMap<String, Vec<Row<'_>>> = BTreeMap::new();

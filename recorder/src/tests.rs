@@ -794,6 +794,7 @@ fn a_delta_against_a_base_without_that_value_is_an_error_naming_it() {
         request: delta::encode(None, &first.request),
         normalized_request: None,
         upstream_request: None,
+        prompt_token_ids: None,
     };
     let base = json!({"model": "qwen", "messages": []});
     let bad = crate::record::Deltas {
@@ -803,6 +804,7 @@ fn a_delta_against_a_base_without_that_value_is_an_error_naming_it() {
             second.normalized_request.as_ref().unwrap(),
         )),
         upstream_request: None,
+        prompt_token_ids: None,
     };
     let mut buf = Vec::new();
     for (r, d) in [(first, none), (second, bad)] {
@@ -816,4 +818,160 @@ fn a_delta_against_a_base_without_that_value_is_an_error_naming_it() {
         err.contains("s-0001") && err.contains("normalized_request"),
         "{err}"
     );
+}
+
+/// Stored prompt ids of `stored` (whole or appended), and how many were stored as deltas.
+fn stored_prompt_ids(stored: &[crate::record::StoredRecord]) -> (usize, usize) {
+    let mut ids = 0;
+    let mut deltas = 0;
+    for r in stored {
+        ids += r.prompt_token_ids.as_ref().map_or(0, Vec::len);
+        if let Some(d) = &r.prompt_token_ids_delta {
+            assert!(r.prompt_token_ids.is_none(), "{}", r.call_id);
+            ids += d.append.len();
+            deltas += 1;
+        }
+    }
+    (ids, deltas)
+}
+
+#[tokio::test]
+async fn fifty_turn_session_stores_prompt_token_ids_linearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let mut prompt: Vec<u32> = (0..2_000).collect();
+    let mut new_tokens = prompt.len();
+    let mut input = Vec::new();
+    for turn in 0..50u32 {
+        let mut r = call("ids", turn as usize, vec![]);
+        let completion: Vec<u32> = (0..60).map(|i| 100_000 + turn * 100 + i).collect();
+        r.prompt_token_ids = Some(prompt.clone());
+        r.completion_token_ids = Some(completion.clone());
+        input.push(r.clone());
+        rec.record(r).await.unwrap();
+        // Next prompt: this one, its completion, then a new user turn. Every 7th turn the
+        // completion's last 5 ids are re-tokenized differently (longest common prefix).
+        prompt.extend_from_slice(&completion);
+        if turn % 7 == 3 {
+            prompt.truncate(prompt.len() - 5);
+            prompt.extend(200_000 + turn * 10..200_000 + turn * 10 + 5);
+            new_tokens += 5;
+        }
+        let user: Vec<u32> = (0..40).map(|i| 300_000 + turn * 100 + i).collect();
+        prompt.extend_from_slice(&user);
+        if turn < 49 {
+            new_tokens += 60 + 40;
+        }
+    }
+    let want = expected(input);
+
+    let stored = crate::reader::read_stored(dir.path()).unwrap();
+    let (ids, deltas) = stored_prompt_ids(&stored);
+    assert_eq!(deltas, 49);
+    assert!(ids < 3 * new_tokens, "{ids} stored vs {new_tokens} new");
+    let full: usize = want
+        .iter()
+        .map(|r| r.prompt_token_ids.as_ref().unwrap().len())
+        .sum();
+    assert!(full > 20 * ids, "full {full} vs stored {ids}");
+    let wal_bytes: u64 = wal_files(dir.path())
+        .iter()
+        .map(|p| std::fs::metadata(p).unwrap().len())
+        .sum();
+    // ~7 bytes of JSON per id; the full prompts would be > 1.7M ids.
+    assert!(wal_bytes < 1_000_000, "WAL is {wal_bytes} bytes");
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from the WAL");
+
+    rec.seal_now().await.unwrap();
+    assert!(wal_files(dir.path()).is_empty());
+    let stored = crate::reader::read_stored(dir.path()).unwrap();
+    assert_eq!(
+        stored_prompt_ids(&stored),
+        (ids, deltas),
+        "sealed as stored"
+    );
+    assert_eq!(read_records(dir.path()).unwrap(), want, "from parquet");
+
+    let out = dir.path().join("export/ids.parquet");
+    export_parquet(&want, &out).unwrap();
+    let back = read_export_parquet(&out).unwrap();
+    assert_eq!(back[49].prompt_token_ids, want[49].prompt_token_ids);
+    rec.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unrelated_prompt_is_stored_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    let mut a = call("u", 0, vec![]);
+    a.prompt_token_ids = Some((1..100).collect());
+    let mut b = call("u", 1, vec![]);
+    b.prompt_token_ids = Some((500..600).collect());
+    let mut c = call("u", 2, vec![]);
+    c.prompt_token_ids = None;
+    let mut d = call("u", 3, vec![]);
+    d.prompt_token_ids = Some((1..50).chain(700..710).collect());
+    let input = vec![a, b, c, d];
+    for r in &input {
+        rec.record(r.clone()).await.unwrap();
+    }
+    let check = |stored: Vec<crate::record::StoredRecord>| {
+        let mut stored = stored;
+        stored.sort_by_key(|r| r.seq);
+        assert!(stored[0].prompt_token_ids_delta.is_none());
+        assert!(stored[1].prompt_token_ids_delta.is_none());
+        assert_eq!(stored[1].prompt_token_ids, input[1].prompt_token_ids);
+        assert!(stored[2].prompt_token_ids.is_none() && stored[2].prompt_token_ids_delta.is_none());
+        // Against the first call (longest common prefix), not the most recent one.
+        let delta = stored[3].prompt_token_ids_delta.clone().unwrap();
+        assert_eq!((delta.base.as_str(), delta.keep), ("u-0000", 49));
+        assert_eq!(delta.append, (700..710).collect::<Vec<u32>>());
+    };
+    check(crate::reader::read_stored(dir.path()).unwrap());
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+    rec.seal_now().await.unwrap();
+    check(crate::reader::read_stored(dir.path()).unwrap());
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+    rec.shutdown().await.unwrap();
+}
+
+#[test]
+fn a_prompt_ids_delta_with_a_missing_base_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = call("m", 0, vec![]);
+    r.seq = 1;
+    let deltas = crate::record::Deltas {
+        request: delta::encode(None, &r.request),
+        normalized_request: None,
+        upstream_request: None,
+        prompt_token_ids: Some(delta::TokenIdsDelta {
+            base: "gone-call".to_owned(),
+            keep: 2,
+            append: vec![7],
+        }),
+    };
+    r.normalized_request = None;
+    r.upstream_request = None;
+    let (stored, _) = crate::record::StoredRecord::from_call(r, deltas);
+    let mut buf = Vec::new();
+    crate::wal::append_frame(&serde_json::to_vec(&stored).unwrap(), &mut buf);
+    std::fs::create_dir_all(dir.path().join("wal")).unwrap();
+    std::fs::write(dir.path().join("wal/00000001.wal"), buf).unwrap();
+    let err = read_records(dir.path()).unwrap_err().to_string();
+    assert!(err.contains("gone-call") && err.contains("m-0000"), "{err}");
+
+    // A base whose sequence is shorter than `keep` is damaged data, not a panic.
+    let ok = delta::decode_ids(
+        &[1, 2],
+        &delta::TokenIdsDelta {
+            base: "b".to_owned(),
+            keep: 3,
+            append: vec![],
+        },
+    );
+    assert!(ok.is_err());
 }

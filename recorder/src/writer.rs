@@ -280,7 +280,8 @@ struct OpenSegment {
 #[derive(Default)]
 struct SessionBases {
     last_seq: u64,
-    /// Most recent first: (call_id, its full request, normalized and upstream request).
+    /// Most recent first: (call_id, its full request, normalized and upstream request, and
+    /// token sequence).
     recent: VecDeque<(String, Requests)>,
 }
 
@@ -343,6 +344,12 @@ impl WalState {
                 best_delta(
                     v,
                     bases().map(|(id, full)| (id.as_str(), full.upstream_request.as_ref())),
+                )
+            }),
+            prompt_token_ids: rec.prompt_token_ids.as_deref().and_then(|ids| {
+                delta::encode_ids(
+                    ids,
+                    bases().map(|(id, full)| (id.as_str(), full.token_ids.as_deref())),
                 )
             }),
         }
