@@ -213,12 +213,24 @@ async fn write_fixture(dir: &Path, records: &[CallRecord], events: &[SessionEven
     rec.halt().await;
 }
 
+/// The generator of the checked-in fixture for the current schema version still produces
+/// data that reads back as that fixture does. With `GRAFT_WRITE_FIXTURE=DIR` it also writes a
+/// new fixture dir there (for a new schema version).
 #[tokio::test]
-#[ignore = "writes a fixture dir; run by hand for a new schema version"]
 async fn write_fixture_dir() {
-    let out = PathBuf::from(std::env::var("GRAFT_WRITE_FIXTURE").unwrap());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = match std::env::var_os("GRAFT_WRITE_FIXTURE") {
+        Some(dir) => PathBuf::from(dir),
+        None => tmp.path().join("fixture"),
+    };
     assert!(!out.exists(), "{} exists", out.display());
     write_fixture(&out, &fixture_records(SCHEMA_VERSION), &v1_events()).await;
+    let written = read_records(&out).unwrap();
+    let checked_in = read_records(&fixture_dir(SCHEMA_VERSION)).unwrap();
+    assert_eq!(
+        written, checked_in,
+        "the fixture generator drifted from tests/fixtures/v{SCHEMA_VERSION}"
+    );
 }
 
 fn fixture_dir(version: u32) -> PathBuf {
