@@ -4,6 +4,7 @@
 //! Parquet files; no async, no HTTP.
 
 pub mod error;
+pub mod exact;
 pub mod merge;
 pub mod parser;
 pub mod retokenize;

@@ -404,6 +404,12 @@ impl Tokenizer {
         self.inner.decode(ids, false).map_err(|e| self.err(e))
     }
 
+    /// The text of `ids` as a client sees it: special tokens (`<|im_end|>`) skipped, added
+    /// tokens that are not special (Qwen3's `<think>`, `<tool_call>`) kept.
+    pub fn decode_visible(&self, ids: &[u32]) -> Result<String, TemplateError> {
+        self.inner.decode(ids, true).map_err(|e| self.err(e))
+    }
+
     /// The id of a token (e.g. `<|im_end|>`), if the vocabulary or added tokens have it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
