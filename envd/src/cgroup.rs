@@ -1,0 +1,305 @@
+//! cgroup limits and process accounting for the local backend.
+//!
+//! v1 (separate hierarchies, as on this host): a sandbox gets
+//! `{memory,cpu,pids}/graft-envd/<sandbox>/` with its limits, and every exec a child
+//! `pids/graft-envd/<sandbox>/<job>/` so the job's processes can be listed and killed.
+//! v2 (unified): `graft-envd/<sandbox>/` carries the limits and every exec runs in a leaf
+//! `graft-envd/<sandbox>/<job>/`. A process joins by writing its own pid into the
+//! `cgroup.procs` files (`join_files`) before it execs bubblewrap, so nothing it starts is
+//! ever outside.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use crate::model::Limits;
+
+const GROUP: &str = "graft-envd";
+
+#[derive(Debug, Clone)]
+pub enum Cgroups {
+    V1 { root: PathBuf },
+    V2 { root: PathBuf },
+    /// No writable cgroup hierarchy (not root, or none mounted): no limits.
+    None { why: String },
+}
+
+fn write(path: &Path, value: &str) -> Result<(), String> {
+    std::fs::write(path, value).map_err(|e| format!("cannot write '{value}' to {}: {e}", path.display()))
+}
+
+fn mkdir(path: &Path) -> Result<(), String> {
+    match std::fs::create_dir(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(format!("cannot create cgroup {}: {e}", path.display())),
+    }
+}
+
+fn chown(path: &Path, uid: Option<(u32, u32)>) -> Result<(), String> {
+    if let Some((u, g)) = uid {
+        std::os::unix::fs::chown(path, Some(u), Some(g))
+            .map_err(|e| format!("cannot chown {}: {e}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Pids listed in a `cgroup.procs` file (empty when it is gone).
+pub fn procs(file: &Path) -> Vec<i32> {
+    std::fs::read_to_string(file)
+        .map(|s| s.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+impl Cgroups {
+    /// Finds a writable hierarchy under `root` (normally /sys/fs/cgroup).
+    pub fn detect(root: &Path) -> Cgroups {
+        let v2 = root.join("cgroup.controllers");
+        if v2.is_file() {
+            let group = root.join(GROUP);
+            return match mkdir(&group).and_then(|()| {
+                write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")
+                    .or(Ok::<(), String>(()))?;
+                write(&group.join("cgroup.subtree_control"), "+memory +pids +cpu")
+            }) {
+                Ok(()) => Cgroups::V2 {
+                    root: root.to_owned(),
+                },
+                Err(why) => Cgroups::None { why },
+            };
+        }
+        for c in ["memory", "pids", "cpu"] {
+            let dir = root.join(c);
+            if !dir.join("cgroup.procs").is_file() {
+                return Cgroups::None {
+                    why: format!("no cgroup v1 '{c}' controller at {}", dir.display()),
+                };
+            }
+            if let Err(why) = mkdir(&dir.join(GROUP)) {
+                return Cgroups::None { why };
+            }
+        }
+        Cgroups::V1 {
+            root: root.to_owned(),
+        }
+    }
+
+    pub fn enforced(&self) -> bool {
+        !matches!(self, Cgroups::None { .. })
+    }
+
+    /// Creates the sandbox's cgroups with its limits.
+    pub fn create_sandbox(&self, sb: &str, limits: &Limits) -> Result<(), String> {
+        let mem = (limits.memory_mb.saturating_mul(1 << 20)).to_string();
+        let period: u64 = 100_000;
+        let quota = ((limits.cpus * period as f64) as u64).max(1000);
+        match self {
+            Cgroups::V1 { root } => {
+                let m = root.join("memory").join(GROUP).join(sb);
+                mkdir(&m)?;
+                write(&m.join("memory.limit_in_bytes"), &mem)?;
+                // Without swap accounting the file is absent; with it, swap is capped too.
+                let _ = write(&m.join("memory.memsw.limit_in_bytes"), &mem);
+                let p = root.join("pids").join(GROUP).join(sb);
+                mkdir(&p)?;
+                write(&p.join("pids.max"), &limits.pids.to_string())?;
+                let c = root.join("cpu").join(GROUP).join(sb);
+                mkdir(&c)?;
+                write(&c.join("cpu.cfs_period_us"), &period.to_string())?;
+                write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
+                Ok(())
+            }
+            Cgroups::V2 { root } => {
+                let d = root.join(GROUP).join(sb);
+                mkdir(&d)?;
+                write(&d.join("memory.max"), &mem)?;
+                let _ = write(&d.join("memory.swap.max"), "0");
+                write(&d.join("pids.max"), &limits.pids.to_string())?;
+                write(&d.join("cpu.max"), &format!("{quota} {period}"))?;
+                write(&d.join("cgroup.subtree_control"), "+memory +pids +cpu")?;
+                Ok(())
+            }
+            Cgroups::None { .. } => Ok(()),
+        }
+    }
+
+    /// The job's own cgroup: created, its `cgroup.procs` owned by `owner`. Returns the
+    /// `cgroup.procs` files a process writes its pid into to join the sandbox and the job.
+    pub fn create_job(
+        &self,
+        sb: &str,
+        job: &str,
+        owner: Option<(u32, u32)>,
+    ) -> Result<Vec<PathBuf>, String> {
+        match self {
+            Cgroups::V1 { root } => {
+                let m = root.join("memory").join(GROUP).join(sb).join("cgroup.procs");
+                let c = root.join("cpu").join(GROUP).join(sb).join("cgroup.procs");
+                let j = root.join("pids").join(GROUP).join(sb).join(job);
+                mkdir(&j)?;
+                let p = j.join("cgroup.procs");
+                for f in [&m, &c, &p] {
+                    chown(f, owner)?;
+                }
+                Ok(vec![m, c, p])
+            }
+            Cgroups::V2 { root } => {
+                let j = root.join(GROUP).join(sb).join(job);
+                mkdir(&j)?;
+                let p = j.join("cgroup.procs");
+                chown(&p, owner)?;
+                Ok(vec![p])
+            }
+            Cgroups::None { .. } => Ok(vec![]),
+        }
+    }
+
+    fn job_procs_file(&self, sb: &str, job: &str) -> Option<PathBuf> {
+        match self {
+            Cgroups::V1 { root } => Some(
+                root.join("pids")
+                    .join(GROUP)
+                    .join(sb)
+                    .join(job)
+                    .join("cgroup.procs"),
+            ),
+            Cgroups::V2 { root } => Some(root.join(GROUP).join(sb).join(job).join("cgroup.procs")),
+            Cgroups::None { .. } => None,
+        }
+    }
+
+    /// Host pids in the job's cgroup.
+    pub fn job_pids(&self, sb: &str, job: &str) -> Vec<i32> {
+        self.job_procs_file(sb, job)
+            .map(|f| procs(&f))
+            .unwrap_or_default()
+    }
+
+    /// SIGKILLs everything in the job's cgroup until it is empty, then removes it. Returns
+    /// how many processes were killed, or an error naming the survivors.
+    pub async fn kill_job(&self, sb: &str, job: &str) -> Result<usize, String> {
+        let Some(file) = self.job_procs_file(sb, job) else {
+            return Ok(0);
+        };
+        let dir = file.parent().map(Path::to_path_buf).unwrap_or_default();
+        let killed = kill_all(&file).await?;
+        remove_dir_retry(&dir).await?;
+        Ok(killed)
+    }
+
+    /// Processes alive in the sandbox (its pids cgroup, children included).
+    pub fn sandbox_processes(&self, sb: &str) -> Option<u64> {
+        let f = match self {
+            Cgroups::V1 { root } => root.join("pids").join(GROUP).join(sb).join("pids.current"),
+            Cgroups::V2 { root } => root.join(GROUP).join(sb).join("pids.current"),
+            Cgroups::None { .. } => return None,
+        };
+        std::fs::read_to_string(f).ok()?.trim().parse().ok()
+    }
+
+    /// How many times the OOM killer has killed in the sandbox so far.
+    pub fn oom_kills(&self, sb: &str) -> u64 {
+        let (f, key) = match self {
+            Cgroups::V1 { root } => (
+                root.join("memory").join(GROUP).join(sb).join("memory.oom_control"),
+                "oom_kill",
+            ),
+            Cgroups::V2 { root } => (root.join(GROUP).join(sb).join("memory.events"), "oom_kill"),
+            Cgroups::None { .. } => return 0,
+        };
+        std::fs::read_to_string(f)
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    let mut it = l.split_whitespace();
+                    (it.next() == Some(key)).then(|| it.next()?.parse().ok())?
+                })
+            })
+            .unwrap_or(0)
+    }
+
+    /// Kills whatever is left in the sandbox's cgroups and removes them.
+    pub async fn remove_sandbox(&self, sb: &str) -> Result<(), String> {
+        let dirs: Vec<PathBuf> = match self {
+            Cgroups::V1 { root } => ["pids", "memory", "cpu"]
+                .iter()
+                .map(|c| root.join(c).join(GROUP).join(sb))
+                .collect(),
+            Cgroups::V2 { root } => vec![root.join(GROUP).join(sb)],
+            Cgroups::None { .. } => return Ok(()),
+        };
+        for d in dirs {
+            if !d.exists() {
+                continue;
+            }
+            // Job cgroups first (children must go before the parent).
+            if let Ok(rd) = std::fs::read_dir(&d) {
+                for e in rd.flatten() {
+                    let p = e.path();
+                    if p.is_dir() {
+                        kill_all(&p.join("cgroup.procs")).await?;
+                        remove_dir_retry(&p).await?;
+                    }
+                }
+            }
+            kill_all(&d.join("cgroup.procs")).await?;
+            remove_dir_retry(&d).await?;
+        }
+        Ok(())
+    }
+
+    /// Names of the sandbox cgroups left by an earlier run.
+    pub fn leftovers(&self) -> Vec<String> {
+        let dir = match self {
+            Cgroups::V1 { root } => root.join("pids").join(GROUP),
+            Cgroups::V2 { root } => root.join(GROUP),
+            Cgroups::None { .. } => return vec![],
+        };
+        std::fs::read_dir(dir)
+            .map(|rd| {
+                rd.flatten()
+                    .filter(|e| e.path().is_dir())
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+/// SIGKILLs every pid in a `cgroup.procs` file until it reads empty (a process may fork
+/// between the read and the kill; the loop catches the child on the next round).
+async fn kill_all(file: &Path) -> Result<usize, String> {
+    let mut killed = 0;
+    for _ in 0..200 {
+        let pids = procs(file);
+        if pids.is_empty() {
+            return Ok(killed);
+        }
+        for p in pids {
+            if let Some(pid) = rustix::process::Pid::from_raw(p)
+                && rustix::process::kill_process(pid, rustix::process::Signal::KILL).is_ok()
+            {
+                killed += 1;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!(
+        "processes {:?} in {} survived SIGKILL for 2 s",
+        procs(file),
+        file.display()
+    ))
+}
+
+async fn remove_dir_retry(dir: &Path) -> Result<(), String> {
+    let mut last = String::new();
+    for _ in 0..100 {
+        match std::fs::remove_dir(dir) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            // EBUSY while the kernel finishes tearing down the last exited task.
+            Err(e) => last = e.to_string(),
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    Err(format!("cannot remove cgroup {}: {last}", dir.display()))
+}

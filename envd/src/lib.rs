@@ -1,0 +1,20 @@
+//! envd: graft's sandbox service. An HTTP API (create, exec, files, apply_patch, TTL +
+//! heartbeat) over sandboxes; the local backend runs them with bubblewrap and cgroups;
+//! `envd-agent` is the first process of every exec inside a sandbox. envd knows nothing of
+//! the gateway's internals: a sandbox reaches the gateway over HTTP through a forwarded
+//! loopback port, and a gateway session is only a URL and a key to it.
+
+pub mod agent;
+pub mod cgroup;
+pub mod config;
+pub mod error;
+pub mod files;
+pub mod local;
+pub mod model;
+pub mod openapi;
+pub mod server;
+pub mod service;
+
+pub use config::{AgentCommand, DefaultLimits, EnvdConfig};
+pub use error::{EnvdError, StartError};
+pub use server::Envd;

@@ -1,0 +1,622 @@
+//! The local backend: a sandbox is a directory under the data dir with a private writable
+//! workspace; every exec runs under bubblewrap in fresh PID, mount, IPC, UTS, user, cgroup
+//! and network namespaces, inside the sandbox's cgroups, as an unprivileged host user.
+//!
+//! ```text
+//! <data>/bin/envd-agent                 the agent, bind-mounted read-only at /.graft/envd-agent
+//! <data>/sandboxes/<id>/workspace/      bind-mounted writable at /workspace
+//! <data>/sandboxes/<id>/run/gateway.sock  host side of the gateway forward (/.graft/run)
+//! ```
+//!
+//! One exec, from the host's side:
+//! `sh` (as the sandbox user) writes its pid into the sandbox's and the job's
+//! `cgroup.procs`, then execs `bwrap` → bwrap's init (pid 1 inside) → `envd-agent`
+//! (opens the gateway forward, runs the command) → the command. The root is a read-only
+//! view of the host's `/usr`, `/etc`, ... (or of a given rootfs), with private `/tmp`,
+//! `/proc`, `/dev`. When the command ends, the agent exits, bwrap's init exits and the
+//! kernel kills whatever is left in the PID namespace. On timeout envd sends SIGTERM to
+//! the command's processes, waits the grace period, then SIGKILLs bwrap's process group
+//! (its init dies with it: `--die-with-parent`) and sweeps the job's cgroup until empty.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::sync::{broadcast, watch};
+use tracing::{debug, info, warn};
+
+use crate::cgroup::Cgroups;
+use crate::config::EnvdConfig;
+use crate::error::{EnvdError, StartError};
+use crate::model::{JobInfo, Limits};
+
+/// Where things appear inside a sandbox.
+pub const WORKSPACE: &str = "/workspace";
+const AGENT_IN: &str = "/.graft/envd-agent";
+const RUN_IN: &str = "/.graft/run";
+const PATH_IN: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+
+/// Writes the shell's own pid into each `cgroup.procs` given before `--`, then execs the
+/// rest: joining happens before bubblewrap starts, so every process of the exec is inside.
+const JOIN: &str = r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@""#;
+
+/// Host top-level entries shown read-only inside a sandbox that has no rootfs of its own.
+const HOST_VIEW: &[&str] = &[
+    "usr", "bin", "sbin", "lib", "lib32", "lib64", "libx32", "etc", "opt",
+];
+/// Entries of a given rootfs that are replaced by the sandbox's own.
+const ROOTFS_SKIP: &[&str] = &["proc", "sys", "dev", "tmp", "workspace", "run", ".graft"];
+
+/// Output of a running job, as it is produced (for streaming).
+#[derive(Debug, Clone)]
+pub enum OutputEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
+}
+
+/// What an exec runs, checked by the API layer.
+#[derive(Debug, Clone)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    /// Absolute path inside the sandbox.
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
+    pub stdin: Option<Vec<u8>>,
+    pub max_output_bytes: usize,
+}
+
+/// The parts of a sandbox the backend needs.
+#[derive(Debug, Clone)]
+pub struct SandboxPaths {
+    pub id: String,
+    pub dir: PathBuf,
+    pub workspace: PathBuf,
+    pub rootfs: Option<PathBuf>,
+    pub forward: bool,
+}
+
+impl SandboxPaths {
+    pub fn new(data_dir: &Path, id: &str, rootfs: Option<PathBuf>, forward: bool) -> Self {
+        let dir = data_dir.join("sandboxes").join(id);
+        SandboxPaths {
+            id: id.to_owned(),
+            workspace: dir.join("workspace"),
+            dir,
+            rootfs,
+            forward,
+        }
+    }
+}
+
+pub struct LocalBackend {
+    cfg: Arc<EnvdConfig>,
+    pub cgroups: Cgroups,
+    agent: PathBuf,
+    bwrap: PathBuf,
+    /// (uid, gid) the sandboxed processes run as; `None` when envd is not root.
+    pub owner: Option<(u32, u32)>,
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn set_mode(path: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
+}
+
+fn which(prog: &Path) -> Option<PathBuf> {
+    if prog.components().count() > 1 {
+        return prog.is_file().then(|| prog.to_owned());
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(prog))
+        .find(|p| p.is_file())
+}
+
+/// Parent pid of a host process, from `/proc/<pid>/stat`.
+fn ppid(pid: i32) -> Option<i32> {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &s[s.rfind(')')? + 1..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn signal(pid: i32, sig: rustix::process::Signal) {
+    if let Some(p) = rustix::process::Pid::from_raw(pid) {
+        let _ = rustix::process::kill_process(p, sig);
+    }
+}
+
+fn signal_group(pgid: i32, sig: rustix::process::Signal) {
+    if let Some(p) = rustix::process::Pid::from_raw(pgid) {
+        let _ = rustix::process::kill_process_group(p, sig);
+    }
+}
+
+impl LocalBackend {
+    /// Checks bubblewrap, prepares the data dir (traversable by the sandbox user, the agent
+    /// copied in), detects cgroups and removes sandboxes an earlier run left behind.
+    pub async fn new(cfg: Arc<EnvdConfig>) -> Result<Self, StartError> {
+        let bwrap = which(&cfg.bwrap).ok_or_else(|| {
+            StartError::Config(format!(
+                "bubblewrap ('{}') was not found; install it (Debian/Ubuntu: apt-get install bubblewrap; scripts/setup-test-env.sh does) or pass --bwrap PATH",
+                cfg.bwrap.display()
+            ))
+        })?;
+        let is_root = rustix::process::geteuid().is_root();
+        let owner = is_root.then_some((cfg.sandbox_uid, cfg.sandbox_gid));
+        let data = &cfg.data_dir;
+        let dd = |message: String| StartError::DataDir {
+            dir: data.display().to_string(),
+            message,
+        };
+        std::fs::create_dir_all(data.join("sandboxes"))
+            .map_err(|e| dd(format!("cannot create it: {e}")))?;
+        let data = std::fs::canonicalize(data).map_err(|e| dd(format!("cannot resolve it: {e}")))?;
+        if is_root {
+            // The sandbox user must be able to reach the workspace to bind-mount it: every
+            // ancestor needs search permission for others.
+            for dir in [data.clone(), data.join("sandboxes")] {
+                set_mode(&dir, 0o711).map_err(|e| dd(format!("cannot chmod {}: {e}", dir.display())))?;
+            }
+            for anc in data.ancestors().skip(1) {
+                use std::os::unix::fs::PermissionsExt;
+                let mode = std::fs::metadata(anc)
+                    .map(|m| m.permissions().mode())
+                    .unwrap_or(0);
+                if mode & 0o001 == 0 {
+                    return Err(dd(format!(
+                        "its ancestor {} (mode {:o}) is not searchable by the sandbox user {}; `chmod o+x {}` or choose a --data-dir below a searchable directory",
+                        anc.display(),
+                        mode & 0o7777,
+                        cfg.sandbox_uid,
+                        anc.display()
+                    )));
+                }
+            }
+        }
+        // The agent binary lives in the data dir so the sandbox user can always read it.
+        let bin = data.join("bin");
+        std::fs::create_dir_all(&bin).map_err(|e| dd(format!("cannot create {}: {e}", bin.display())))?;
+        let agent = bin.join("envd-agent");
+        let tmp = bin.join(format!(".envd-agent.{}", uuid::Uuid::new_v4().simple()));
+        std::fs::hard_link(&cfg.agent.exe, &tmp)
+            .or_else(|_| std::fs::copy(&cfg.agent.exe, &tmp).map(|_| ()))
+            .and_then(|()| set_mode(&tmp, 0o755))
+            .and_then(|()| std::fs::rename(&tmp, &agent))
+            .map_err(|e| {
+                let _ = std::fs::remove_file(&tmp);
+                dd(format!(
+                    "cannot put the agent {} at {}: {e}",
+                    cfg.agent.exe.display(),
+                    agent.display()
+                ))
+            })?;
+        let cgroups = if is_root {
+            Cgroups::detect(Path::new("/sys/fs/cgroup"))
+        } else {
+            Cgroups::None {
+                why: "envd does not run as root".to_owned(),
+            }
+        };
+        if let Cgroups::None { why } = &cgroups {
+            warn!(%why, "no cgroup limits: sandboxes get no memory, pids or cpu limits");
+        }
+        let mut cfg2 = (*cfg).clone();
+        cfg2.data_dir = data.clone();
+        let backend = LocalBackend {
+            cfg: Arc::new(cfg2),
+            cgroups,
+            agent,
+            bwrap,
+            owner,
+        };
+        backend.remove_leftovers().await;
+        Ok(backend)
+    }
+
+    pub fn data_dir(&self) -> &Path {
+        &self.cfg.data_dir
+    }
+
+    /// Sandboxes of an earlier run cannot be resumed (their jobs died with it): kill what
+    /// is left in their cgroups and remove their directories.
+    async fn remove_leftovers(&self) {
+        let mut ids = self.cgroups.leftovers();
+        if let Ok(rd) = std::fs::read_dir(self.cfg.data_dir.join("sandboxes")) {
+            ids.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+        }
+        ids.sort();
+        ids.dedup();
+        for id in ids {
+            info!(sandbox = %id, "removing a sandbox left by an earlier run");
+            if let Err(e) = self.cgroups.remove_sandbox(&id).await {
+                warn!(sandbox = %id, error = %e, "could not remove its cgroups");
+            }
+            let _ = std::fs::remove_dir_all(self.cfg.data_dir.join("sandboxes").join(&id));
+        }
+    }
+
+    pub fn paths(&self, id: &str, rootfs: Option<PathBuf>, forward: bool) -> SandboxPaths {
+        SandboxPaths::new(&self.cfg.data_dir, id, rootfs, forward)
+    }
+
+    /// Creates the sandbox's directories and cgroups, and the host side of its gateway
+    /// forward (returned as a task to abort on delete).
+    pub async fn create(
+        &self,
+        p: &SandboxPaths,
+        limits: &Limits,
+    ) -> Result<Option<tokio::task::JoinHandle<()>>, EnvdError> {
+        let io = |what: String| move |e| EnvdError::io(what, e);
+        std::fs::create_dir(&p.dir).map_err(io(format!("cannot create {}", p.dir.display())))?;
+        set_mode(&p.dir, 0o711).map_err(io(format!("cannot chmod {}", p.dir.display())))?;
+        std::fs::create_dir(&p.workspace)
+            .map_err(io(format!("cannot create {}", p.workspace.display())))?;
+        set_mode(&p.workspace, 0o755).map_err(io(format!("cannot chmod {}", p.workspace.display())))?;
+        if let Some((u, g)) = self.owner {
+            std::os::unix::fs::chown(&p.workspace, Some(u), Some(g))
+                .map_err(io(format!("cannot chown {}", p.workspace.display())))?;
+        }
+        self.cgroups
+            .create_sandbox(&p.id, limits)
+            .map_err(EnvdError::Backend)?;
+        if !p.forward {
+            return Ok(None);
+        }
+        let Some(gateway) = self.cfg.gateway else {
+            return Ok(None);
+        };
+        let run = p.dir.join("run");
+        std::fs::create_dir(&run).map_err(io(format!("cannot create {}", run.display())))?;
+        set_mode(&run, 0o755).map_err(io(format!("cannot chmod {}", run.display())))?;
+        let sock = run.join("gateway.sock");
+        let listener = tokio::net::UnixListener::bind(&sock)
+            .map_err(io(format!("cannot listen on {}", sock.display())))?;
+        set_mode(&sock, 0o666).map_err(io(format!("cannot chmod {}", sock.display())))?;
+        let id = p.id.clone();
+        Ok(Some(tokio::spawn(async move {
+            loop {
+                let Ok((mut inside, _)) = listener.accept().await else {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    continue;
+                };
+                let id = id.clone();
+                tokio::spawn(async move {
+                    match tokio::net::TcpStream::connect(gateway).await {
+                        Ok(mut out) => {
+                            let _ = tokio::io::copy_bidirectional(&mut inside, &mut out).await;
+                        }
+                        Err(e) => {
+                            warn!(sandbox = %id, %gateway, error = %e, "the gateway is unreachable for the sandbox's forward");
+                        }
+                    }
+                });
+            }
+        })))
+    }
+
+    /// Kills what is left and removes the sandbox's cgroups and directory.
+    pub async fn delete(&self, p: &SandboxPaths) -> Result<(), EnvdError> {
+        let cg = self.cgroups.remove_sandbox(&p.id).await;
+        let dir = match std::fs::remove_dir_all(&p.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(EnvdError::io(
+                format!("cannot remove {}", p.dir.display()),
+                e,
+            )),
+            _ => Ok(()),
+        };
+        cg.map_err(EnvdError::Backend)?;
+        dir
+    }
+
+    /// Processes alive in the sandbox now.
+    pub fn processes(&self, id: &str) -> Option<u64> {
+        self.cgroups.sandbox_processes(id)
+    }
+
+    fn bwrap_args(&self, p: &SandboxPaths, spec: &ExecSpec) -> Vec<OsString> {
+        let mut a: Vec<OsString> = Vec::with_capacity(64);
+        let mut push = |v: &[&str]| a.extend(v.iter().map(OsString::from));
+        push(&[
+            "--unshare-all",
+            "--die-with-parent",
+            "--new-session",
+            "--hostname",
+            "sandbox",
+        ]);
+        let (root, names): (PathBuf, Vec<String>) = match &p.rootfs {
+            Some(r) => (
+                r.clone(),
+                std::fs::read_dir(r)
+                    .map(|rd| {
+                        rd.flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .filter(|n| !ROOTFS_SKIP.contains(&n.as_str()))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            ),
+            None => (
+                PathBuf::from("/"),
+                HOST_VIEW.iter().map(|s| s.to_string()).collect(),
+            ),
+        };
+        for name in names {
+            let src = root.join(&name);
+            let dst = format!("/{name}");
+            match std::fs::symlink_metadata(&src) {
+                Ok(m) if m.file_type().is_symlink() => {
+                    if let Ok(target) = std::fs::read_link(&src) {
+                        a.push("--symlink".into());
+                        a.push(target.into());
+                        a.push(dst.into());
+                    }
+                }
+                Ok(_) => {
+                    a.push("--ro-bind".into());
+                    a.push(src.into());
+                    a.push(dst.into());
+                }
+                Err(_) => {}
+            }
+        }
+        let mut push = |v: &[&str]| a.extend(v.iter().map(OsString::from));
+        push(&["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp"]);
+        a.push("--bind".into());
+        a.push(p.workspace.clone().into());
+        a.push(WORKSPACE.into());
+        a.push("--ro-bind".into());
+        a.push(self.agent.clone().into());
+        a.push(AGENT_IN.into());
+        let forward = p.forward && self.cfg.gateway.is_some();
+        if forward {
+            a.push("--ro-bind".into());
+            a.push(p.dir.join("run").into());
+            a.push(RUN_IN.into());
+        }
+        a.push("--remount-ro".into());
+        a.push("/".into());
+        a.push("--chdir".into());
+        a.push(spec.cwd.clone().into());
+        a.push("--".into());
+        a.push(AGENT_IN.into());
+        a.extend(self.cfg.agent.args.iter().map(OsString::from));
+        if forward {
+            a.push("--forward".into());
+            a.push(
+                format!(
+                    "127.0.0.1:{}={RUN_IN}/gateway.sock",
+                    self.cfg.sandbox_gateway_port
+                )
+                .into(),
+            );
+        }
+        a.push("--".into());
+        a.extend(spec.argv.iter().map(OsString::from));
+        a
+    }
+
+    /// Runs one exec to its end (or its timeout, or `kill`), streaming its output to
+    /// `events`. Never fails: a failure to start is a job in state `failed`.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn run(
+        &self,
+        p: &SandboxPaths,
+        job_id: &str,
+        spec: ExecSpec,
+        base: JobInfo,
+        events: broadcast::Sender<OutputEvent>,
+        mut kill: watch::Receiver<bool>,
+    ) -> JobInfo {
+        let started = Instant::now();
+        let mut info = base;
+        let fail = |mut info: JobInfo, msg: String| {
+            info.state = "failed";
+            info.error = Some(msg);
+            info.finished_at_ms = Some(now_ms());
+            info.duration_ms = Some(started.elapsed().as_millis() as u64);
+            info
+        };
+        let join = match self.cgroups.create_job(&p.id, job_id, self.owner) {
+            Ok(j) => j,
+            Err(e) => return fail(info, format!("cannot prepare the job's cgroup: {e}")),
+        };
+        let oom_before = self.cgroups.oom_kills(&p.id);
+        let mut env: BTreeMap<String, String> = BTreeMap::new();
+        env.insert("PATH".into(), PATH_IN.into());
+        env.insert("HOME".into(), WORKSPACE.into());
+        env.insert("LANG".into(), "C.UTF-8".into());
+        env.insert("GRAFT_SANDBOX_ID".into(), p.id.clone());
+        env.extend(spec.env.clone());
+        let mut cmd = tokio::process::Command::new("/bin/sh");
+        cmd.arg("-c")
+            .arg(JOIN)
+            .arg("envd-join")
+            .args(&join)
+            .arg("--")
+            .arg(&self.bwrap)
+            .args(self.bwrap_args(p, &spec))
+            .env_clear()
+            .envs(&env)
+            .current_dir("/")
+            .process_group(0)
+            .kill_on_drop(true)
+            .stdin(if spec.stdin.is_some() {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some((u, g)) = self.owner {
+            cmd.uid(u).gid(g);
+        }
+        let mut child = match cmd.spawn() {
+            Ok(c) => c,
+            Err(e) => {
+                let _ = self.cgroups.kill_job(&p.id, job_id).await;
+                return fail(info, format!("cannot start bubblewrap: {e}"));
+            }
+        };
+        let outer = child.id().map(|p| p as i32).unwrap_or(0);
+        if let (Some(mut w), Some(data)) = (child.stdin.take(), spec.stdin.clone()) {
+            tokio::spawn(async move {
+                let _ = w.write_all(&data).await;
+                let _ = w.shutdown().await;
+            });
+        }
+        let cap = spec.max_output_bytes;
+        let out = child
+            .stdout
+            .take()
+            .map(|r| tokio::spawn(pump(r, cap, events.clone(), true)));
+        let err = child
+            .stderr
+            .take()
+            .map(|r| tokio::spawn(pump(r, cap, events.clone(), false)));
+        drop(events);
+        let mut timed_out = false;
+        let mut killed = false;
+        let status = tokio::select! {
+            s = child.wait() => s.ok(),
+            _ = tokio::time::sleep(spec.timeout) => { timed_out = true; None },
+            _ = kill.wait_for(|k| *k) => { killed = true; None },
+        };
+        let status = match status {
+            Some(s) => Some(s),
+            None => {
+                let grace = if killed {
+                    Duration::ZERO
+                } else {
+                    self.cfg.kill_grace
+                };
+                self.terminate(&p.id, job_id, outer, grace, &mut child).await
+            }
+        };
+        // Everything still in the job's cgroup (nothing, normally: the PID namespace died
+        // with bwrap's init) is killed before the job is reported finished.
+        let swept = self.cgroups.kill_job(&p.id, job_id).await;
+        let collect = |h: Option<tokio::task::JoinHandle<(Vec<u8>, u64)>>| async move {
+            match h {
+                Some(h) => tokio::time::timeout(Duration::from_secs(5), h)
+                    .await
+                    .ok()
+                    .and_then(|r| r.ok())
+                    .unwrap_or_default(),
+                None => (Vec::new(), 0),
+            }
+        };
+        let (stdout, stdout_total) = collect(out).await;
+        let (stderr, stderr_total) = collect(err).await;
+        let oom = self.cgroups.oom_kills(&p.id) > oom_before;
+        info.exit_code = status.map(|s| {
+            use std::os::unix::process::ExitStatusExt;
+            match (s.code(), s.signal()) {
+                (Some(c), _) => i64::from(c),
+                (None, Some(sig)) => 128 + i64::from(sig),
+                _ => -1,
+            }
+        });
+        info.stdout_truncated = stdout_total > stdout.len() as u64;
+        info.stderr_truncated = stderr_total > stderr.len() as u64;
+        info.stdout = String::from_utf8_lossy(&stdout).into_owned();
+        info.stderr = String::from_utf8_lossy(&stderr).into_owned();
+        info.stdout_bytes = stdout_total;
+        info.stderr_bytes = stderr_total;
+        info.timed_out = timed_out;
+        info.oom_killed = oom;
+        info.state = if timed_out {
+            "timed_out"
+        } else if killed {
+            "killed"
+        } else {
+            "exited"
+        };
+        match swept {
+            Ok(0) => {}
+            Ok(n) => debug!(sandbox = %p.id, job = %job_id, n, "killed processes left after the job"),
+            Err(e) => {
+                warn!(sandbox = %p.id, job = %job_id, error = %e, "processes survived the job");
+                info.error = Some(e);
+            }
+        }
+        info.finished_at_ms = Some(now_ms());
+        info.duration_ms = Some(started.elapsed().as_millis() as u64);
+        info
+    }
+
+    /// SIGTERM to the command's processes (not bubblewrap's two, not the agent: their
+    /// death would end the PID namespace at once), `grace`, then SIGKILL to bwrap's
+    /// process group, which takes the namespace and everything in it down.
+    async fn terminate(
+        &self,
+        sb: &str,
+        job: &str,
+        outer: i32,
+        grace: Duration,
+        child: &mut tokio::process::Child,
+    ) -> Option<std::process::ExitStatus> {
+        if !grace.is_zero() && self.cgroups.enforced() {
+            let pids = self.cgroups.job_pids(sb, job);
+            let init = pids.iter().copied().find(|&p| ppid(p) == Some(outer));
+            let agent = init.and_then(|i| pids.iter().copied().find(|&p| ppid(p) == Some(i)));
+            for &pid in &pids {
+                if pid != outer && Some(pid) != init && Some(pid) != agent {
+                    signal(pid, rustix::process::Signal::TERM);
+                }
+            }
+            if let Ok(s) = tokio::time::timeout(grace, child.wait()).await {
+                return s.ok();
+            }
+        }
+        signal_group(outer, rustix::process::Signal::KILL);
+        signal(outer, rustix::process::Signal::KILL);
+        tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .ok()
+            .and_then(|s| s.ok())
+    }
+}
+
+/// Reads a pipe to its end, keeping the first `cap` bytes (streamed as they come) and
+/// counting the rest.
+async fn pump(
+    mut r: impl tokio::io::AsyncRead + Unpin,
+    cap: usize,
+    events: broadcast::Sender<OutputEvent>,
+    stdout: bool,
+) -> (Vec<u8>, u64) {
+    let mut kept = Vec::new();
+    let mut total: u64 = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match r.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        total += n as u64;
+        if kept.len() < cap {
+            let take = n.min(cap - kept.len());
+            kept.extend_from_slice(&buf[..take]);
+            let chunk = Bytes::copy_from_slice(&buf[..take]);
+            let _ = events.send(if stdout {
+                OutputEvent::Stdout(chunk)
+            } else {
+                OutputEvent::Stderr(chunk)
+            });
+        }
+    }
+    (kept, total)
+}

@@ -1,0 +1,604 @@
+//! The service behind the HTTP API: the sandbox registry, jobs with idempotency keys, TTL
+//! and heartbeat reaping. Backend-independent except for the calls into [`LocalBackend`].
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio::sync::{broadcast, watch};
+use tracing::{info, warn};
+
+use crate::config::EnvdConfig;
+use crate::error::EnvdError;
+use crate::files::{Owner, Workspace, clean_path};
+use crate::local::{ExecSpec, LocalBackend, OutputEvent, SandboxPaths, WORKSPACE};
+use crate::model::{
+    CreateSandbox, ExecRequest, GatewaySession, JobInfo, Limits, NetworkPolicy, SandboxInfo,
+};
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// One exec, running or finished.
+pub struct Job {
+    pub id: String,
+    pub request: ExecRequest,
+    started_at_ms: u64,
+    sandbox_id: String,
+    result: watch::Sender<Option<JobInfo>>,
+    /// Taken (dropped) when the job ends, which closes the output stream.
+    events: Mutex<Option<broadcast::Sender<OutputEvent>>>,
+    kill: watch::Sender<bool>,
+}
+
+impl Job {
+    pub fn info(&self) -> JobInfo {
+        match &*self.result.borrow() {
+            Some(i) => i.clone(),
+            None => JobInfo {
+                job_id: self.id.clone(),
+                sandbox_id: self.sandbox_id.clone(),
+                state: "running",
+                exit_code: None,
+                stdout: String::new(),
+                stderr: String::new(),
+                stdout_bytes: 0,
+                stderr_bytes: 0,
+                stdout_truncated: false,
+                stderr_truncated: false,
+                max_output_bytes: self.request.max_output_bytes.unwrap_or(0),
+                timed_out: false,
+                oom_killed: false,
+                error: None,
+                started_at_ms: self.started_at_ms,
+                finished_at_ms: None,
+                duration_ms: None,
+                idempotency_key: self.request.idempotency_key.clone(),
+            },
+        }
+    }
+
+    pub fn finished(&self) -> bool {
+        self.result.borrow().is_some()
+    }
+
+    /// Waits until the job ends or `timeout` passes; returns its state then.
+    pub async fn wait(&self, timeout: Option<Duration>) -> JobInfo {
+        let mut rx = self.result.subscribe();
+        let done = rx.wait_for(|r| r.is_some());
+        match timeout {
+            Some(t) => {
+                let _ = tokio::time::timeout(t, done).await;
+            }
+            None => {
+                let _ = done.await;
+            }
+        }
+        self.info()
+    }
+
+    /// The live output (None when the job has already ended) and the result channel.
+    pub fn subscribe(
+        &self,
+    ) -> (
+        Option<broadcast::Receiver<OutputEvent>>,
+        watch::Receiver<Option<JobInfo>>,
+    ) {
+        (
+            lock(&self.events).as_ref().map(|s| s.subscribe()),
+            self.result.subscribe(),
+        )
+    }
+
+    pub fn kill(&self) {
+        let _ = self.kill.send(true);
+    }
+}
+
+#[derive(Default)]
+struct Jobs {
+    by_id: HashMap<String, Arc<Job>>,
+    by_key: HashMap<String, String>,
+    order: Vec<String>,
+}
+
+pub struct Sandbox {
+    pub id: String,
+    paths: SandboxPaths,
+    limits: Limits,
+    env: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
+    network: NetworkPolicy,
+    gateway_url: Option<String>,
+    created_at_ms: u64,
+    ttl: Duration,
+    touched: Mutex<(Instant, u64)>,
+    jobs: Mutex<Jobs>,
+    deleting: AtomicBool,
+    forward: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    workspace: Workspace,
+}
+
+impl Sandbox {
+    pub fn touch(&self) {
+        *lock(&self.touched) = (Instant::now(), now_ms());
+    }
+
+    fn running_jobs(&self) -> Vec<Arc<Job>> {
+        lock(&self.jobs)
+            .by_id
+            .values()
+            .filter(|j| !j.finished())
+            .cloned()
+            .collect()
+    }
+
+    fn expired(&self, now: Instant) -> bool {
+        let (t, _) = *lock(&self.touched);
+        now.duration_since(t) > self.ttl && self.running_jobs().is_empty()
+    }
+
+    pub fn workspace(&self) -> &Workspace {
+        &self.workspace
+    }
+
+    pub fn job(&self, id: &str) -> Result<Arc<Job>, EnvdError> {
+        lock(&self.jobs)
+            .by_id
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EnvdError::JobNotFound {
+                sandbox: self.id.clone(),
+                job: id.to_owned(),
+            })
+    }
+
+    pub fn jobs(&self) -> Vec<JobInfo> {
+        let j = lock(&self.jobs);
+        j.order
+            .iter()
+            .filter_map(|id| j.by_id.get(id))
+            .map(|j| j.info())
+            .collect()
+    }
+}
+
+pub struct Service {
+    pub cfg: Arc<EnvdConfig>,
+    pub backend: LocalBackend,
+    sandboxes: Mutex<Registry>,
+}
+
+#[derive(Default)]
+struct Registry {
+    live: HashMap<String, Arc<Sandbox>>,
+    /// Ids reserved by a create in progress.
+    creating: std::collections::HashSet<String>,
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 64
+        && id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+}
+
+fn check_env(env: &BTreeMap<String, String>, field: &str) -> Result<(), EnvdError> {
+    for (k, v) in env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(EnvdError::BadRequest(format!(
+                "{field}: '{k}' is not a valid environment variable (names are non-empty, without '=' or NUL; values without NUL)"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The harness variables for a gateway session, as the sandbox sees the gateway.
+fn session_env(gw: &str, s: &GatewaySession) -> BTreeMap<String, String> {
+    let base = format!("{gw}/s/{}", s.session_id);
+    let key = s.api_key.clone().unwrap_or_else(|| "graft".to_owned());
+    let mut e = BTreeMap::new();
+    e.insert("OPENAI_BASE_URL".into(), format!("{base}/v1"));
+    e.insert("OPENAI_API_BASE".into(), format!("{base}/v1"));
+    e.insert("OPENAI_API_KEY".into(), key.clone());
+    e.insert("ANTHROPIC_BASE_URL".into(), base.clone());
+    e.insert("ANTHROPIC_API_KEY".into(), key);
+    e.insert("GRAFT_SESSION_ID".into(), s.session_id.clone());
+    if let Some(m) = &s.model {
+        e.insert("GRAFT_MODEL".into(), m.clone());
+    }
+    e
+}
+
+impl Service {
+    pub fn new(cfg: Arc<EnvdConfig>, backend: LocalBackend) -> Self {
+        Service {
+            cfg,
+            backend,
+            sandboxes: Mutex::new(Registry::default()),
+        }
+    }
+
+    pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, EnvdError> {
+        let sb = lock(&self.sandboxes)
+            .live
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EnvdError::SandboxNotFound(id.to_owned()))?;
+        if sb.deleting.load(Ordering::SeqCst) {
+            return Err(EnvdError::SandboxDeleting(id.to_owned()));
+        }
+        Ok(sb)
+    }
+
+    pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
+        let (_, touched_ms) = *lock(&sb.touched);
+        SandboxInfo {
+            id: sb.id.clone(),
+            state: if sb.deleting.load(Ordering::SeqCst) {
+                "deleting"
+            } else {
+                "ready"
+            },
+            backend: "local",
+            created_at_ms: sb.created_at_ms,
+            expires_at_ms: touched_ms + sb.ttl.as_millis() as u64,
+            ttl_secs: sb.ttl.as_secs(),
+            limits: sb.limits.clone(),
+            limits_enforced: self.backend.cgroups.enforced(),
+            network: sb.network,
+            gateway_url: sb.gateway_url.clone(),
+            workspace: WORKSPACE,
+            env: sb.env.clone(),
+            labels: sb.labels.clone(),
+            processes: self.backend.processes(&sb.id),
+            jobs_running: sb.running_jobs().len(),
+        }
+    }
+
+    pub fn list(&self) -> Vec<SandboxInfo> {
+        let mut all: Vec<Arc<Sandbox>> = lock(&self.sandboxes).live.values().cloned().collect();
+        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
+        all.iter().map(|s| self.info(s)).collect()
+    }
+
+    pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, EnvdError> {
+        if let Some(image) = &req.image {
+            return Err(EnvdError::BadRequest(format!(
+                "image '{image}': the local backend runs a rootfs directory, not an image; unpack it (e.g. `docker export` into a directory) and pass `rootfs`, or leave both out for the host's read-only view"
+            )));
+        }
+        let id = match req.id {
+            Some(id) if !valid_id(&id) => {
+                return Err(EnvdError::BadRequest(format!(
+                    "id '{id}': use 1 to 64 characters of A-Z, a-z, 0-9, '-' and '_'"
+                )));
+            }
+            Some(id) => id,
+            None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let rootfs = match req.rootfs {
+            Some(r) => {
+                let p = PathBuf::from(&r);
+                if !p.is_absolute() || !p.is_dir() {
+                    return Err(EnvdError::BadRequest(format!(
+                        "rootfs '{r}' is not an absolute path to a directory on the envd host"
+                    )));
+                }
+                Some(p)
+            }
+            None => None,
+        };
+        let d = self.cfg.defaults;
+        let limits = Limits {
+            cpus: req.cpus.unwrap_or(d.cpus),
+            memory_mb: req.memory_mb.unwrap_or(d.memory_mb),
+            pids: req.pids.unwrap_or(d.pids),
+        };
+        if !(limits.cpus > 0.0 && limits.cpus <= 1024.0) {
+            return Err(EnvdError::BadRequest(format!(
+                "cpus {} is out of range; give a number of CPUs above 0 (e.g. 0.5, 2)",
+                limits.cpus
+            )));
+        }
+        if limits.memory_mb < 16 {
+            return Err(EnvdError::BadRequest(format!(
+                "memory_mb {} is too small; a sandbox needs at least 16 MiB",
+                limits.memory_mb
+            )));
+        }
+        if limits.pids < 8 {
+            return Err(EnvdError::BadRequest(format!(
+                "pids {} is too small; a sandbox needs at least 8 (bubblewrap, the agent, a shell)",
+                limits.pids
+            )));
+        }
+        let ttl = Duration::from_secs(req.ttl_secs.unwrap_or(self.cfg.default_ttl.as_secs()));
+        if ttl.is_zero() || ttl > self.cfg.max_ttl {
+            return Err(EnvdError::BadRequest(format!(
+                "ttl_secs {} is out of range 1..={}",
+                ttl.as_secs(),
+                self.cfg.max_ttl.as_secs()
+            )));
+        }
+        check_env(&req.env, "env")?;
+        let network = match req.network {
+            Some(n) => n,
+            None if self.cfg.gateway.is_some() => NetworkPolicy::Gateway,
+            None => NetworkPolicy::None,
+        };
+        if network == NetworkPolicy::Gateway && self.cfg.gateway.is_none() {
+            return Err(EnvdError::BadRequest(
+                "network 'gateway': envd was started without --gateway, so no sandbox can reach a gateway; restart it with --gateway HOST:PORT or ask for network 'none'".to_owned(),
+            ));
+        }
+        let gateway_url = (network == NetworkPolicy::Gateway)
+            .then(|| format!("http://127.0.0.1:{}", self.cfg.sandbox_gateway_port));
+        let mut env = BTreeMap::new();
+        if let Some(gw) = &gateway_url {
+            env.insert("GRAFT_GATEWAY_URL".to_owned(), gw.clone());
+        }
+        if let Some(s) = &req.gateway_session {
+            let Some(gw) = &gateway_url else {
+                return Err(EnvdError::BadRequest(
+                    "gateway_session needs network 'gateway' (the harness must reach the gateway)".to_owned(),
+                ));
+            };
+            if !valid_id(&s.session_id) {
+                return Err(EnvdError::BadRequest(format!(
+                    "gateway_session.session_id '{}' is not a session id",
+                    s.session_id
+                )));
+            }
+            env.extend(session_env(gw, s));
+        }
+        env.extend(req.env);
+
+        let paths = self.backend.paths(&id, rootfs, network == NetworkPolicy::Gateway);
+        {
+            let mut reg = lock(&self.sandboxes);
+            if reg.live.contains_key(&id) || reg.creating.contains(&id) || paths.dir.exists() {
+                return Err(EnvdError::SandboxExists(id));
+            }
+            // Reserve the id while the backend works.
+            reg.creating.insert(id.clone());
+        }
+        let created = async {
+            let forward = self.backend.create(&paths, &limits).await?;
+            let owner = self.backend.owner.map(|(uid, gid)| Owner { uid, gid });
+            let workspace = Workspace::open(&paths.workspace, owner)?;
+            Ok::<_, EnvdError>((forward, workspace))
+        }
+        .await;
+        let (forward, workspace) = match created {
+            Ok(x) => x,
+            Err(e) => {
+                let _ = self.backend.delete(&paths).await;
+                lock(&self.sandboxes).creating.remove(&id);
+                return Err(e);
+            }
+        };
+        let sb = Arc::new(Sandbox {
+            id: id.clone(),
+            paths,
+            limits,
+            env,
+            labels: req.labels,
+            network,
+            gateway_url,
+            created_at_ms: now_ms(),
+            ttl,
+            touched: Mutex::new((Instant::now(), now_ms())),
+            jobs: Mutex::new(Jobs::default()),
+            deleting: AtomicBool::new(false),
+            forward: Mutex::new(forward),
+            workspace,
+        });
+        {
+            let mut reg = lock(&self.sandboxes);
+            reg.creating.remove(&id);
+            reg.live.insert(id.clone(), sb.clone());
+        }
+        info!(sandbox = %id, "sandbox created");
+        Ok(self.info(&sb))
+    }
+
+    /// Kills the sandbox's jobs, then removes it. Later requests for it get 404.
+    pub async fn delete(&self, id: &str, why: &str) -> Result<(), EnvdError> {
+        let sb = self.get(id)?;
+        if sb.deleting.swap(true, Ordering::SeqCst) {
+            return Err(EnvdError::SandboxDeleting(id.to_owned()));
+        }
+        let running = sb.running_jobs();
+        for j in &running {
+            j.kill();
+        }
+        for j in &running {
+            j.wait(Some(Duration::from_secs(30))).await;
+        }
+        if let Some(f) = lock(&sb.forward).take() {
+            f.abort();
+        }
+        let r = self.backend.delete(&sb.paths).await;
+        lock(&self.sandboxes).live.remove(id);
+        info!(sandbox = %id, reason = why, "sandbox deleted");
+        r
+    }
+
+    /// Validates an exec request into what the backend runs.
+    fn spec(&self, sb: &Sandbox, req: &ExecRequest) -> Result<ExecSpec, EnvdError> {
+        let argv = match (&req.command, &req.argv) {
+            (Some(c), None) => vec!["/bin/sh".to_owned(), "-c".to_owned(), c.clone()],
+            (None, Some(a)) if !a.is_empty() => a.clone(),
+            (None, Some(_)) => {
+                return Err(EnvdError::BadRequest("argv is empty; name a program".to_owned()));
+            }
+            (Some(_), Some(_)) => {
+                return Err(EnvdError::BadRequest(
+                    "give either `command` (a shell line) or `argv`, not both".to_owned(),
+                ));
+            }
+            (None, None) => {
+                return Err(EnvdError::BadRequest(
+                    "nothing to run: give `command` (a shell line, run with /bin/sh -c) or `argv`".to_owned(),
+                ));
+            }
+        };
+        if argv.iter().any(|a| a.contains('\0')) {
+            return Err(EnvdError::BadRequest("the command contains a NUL byte".to_owned()));
+        }
+        check_env(&req.env, "env")?;
+        let timeout = match req.timeout_secs {
+            None => self.cfg.default_exec_timeout,
+            Some(t) if t > 0.0 && t <= self.cfg.max_exec_timeout.as_secs_f64() => {
+                Duration::from_secs_f64(t)
+            }
+            Some(t) => {
+                return Err(EnvdError::BadRequest(format!(
+                    "timeout_secs {t} is out of range (0, {}]",
+                    self.cfg.max_exec_timeout.as_secs()
+                )));
+            }
+        };
+        let max_output_bytes = match req.max_output_bytes {
+            None => self.cfg.max_output_bytes,
+            Some(n) if n <= self.cfg.max_output_bytes => n,
+            Some(n) => {
+                return Err(EnvdError::BadRequest(format!(
+                    "max_output_bytes {n} is above the server's cap of {}; ask for less or restart envd with a larger --max-output-bytes",
+                    self.cfg.max_output_bytes
+                )));
+            }
+        };
+        let cwd = match req.cwd.as_deref() {
+            None | Some("") => WORKSPACE.to_owned(),
+            Some(c) if c.starts_with('/') => c.to_owned(),
+            Some(c) => {
+                let rel = clean_path(c)?;
+                if !sb.workspace.is_dir(&rel)? {
+                    return Err(EnvdError::BadRequest(format!(
+                        "cwd '{c}' is not a directory in the workspace; create it first (e.g. PUT a file below it, or exec `mkdir -p`)"
+                    )));
+                }
+                format!("{WORKSPACE}/{}", rel.display())
+            }
+        };
+        let mut env = sb.env.clone();
+        env.extend(req.env.clone());
+        Ok(ExecSpec {
+            argv,
+            cwd,
+            env,
+            timeout,
+            stdin: req.stdin.clone().map(String::into_bytes),
+            max_output_bytes,
+        })
+    }
+
+    /// Starts an exec as a job (or, for a reused idempotency key, returns the first one).
+    /// The second value says whether this call started it.
+    pub fn start_job(
+        self: &Arc<Self>,
+        sb: &Arc<Sandbox>,
+        mut req: ExecRequest,
+    ) -> Result<(Arc<Job>, bool), EnvdError> {
+        sb.touch();
+        let spec = self.spec(sb, &req)?;
+        req.max_output_bytes = Some(spec.max_output_bytes);
+        let mut jobs = lock(&sb.jobs);
+        if let Some(key) = &req.idempotency_key
+            && let Some(job_id) = jobs.by_key.get(key)
+            && let Some(job) = jobs.by_id.get(job_id)
+        {
+            if !same_command(&job.request, &req) {
+                return Err(EnvdError::IdempotencyConflict {
+                    key: key.clone(),
+                    sandbox: sb.id.clone(),
+                    job: job.id.clone(),
+                });
+            }
+            return Ok((job.clone(), false));
+        }
+        let id = format!("job-{}", uuid::Uuid::new_v4().simple());
+        let (events, _) = broadcast::channel(1024);
+        let (kill, kill_rx) = watch::channel(false);
+        let job = Arc::new(Job {
+            id: id.clone(),
+            request: req.clone(),
+            started_at_ms: now_ms(),
+            sandbox_id: sb.id.clone(),
+            result: watch::channel(None).0,
+            events: Mutex::new(Some(events.clone())),
+            kill,
+        });
+        if let Some(key) = &req.idempotency_key {
+            jobs.by_key.insert(key.clone(), id.clone());
+        }
+        jobs.by_id.insert(id.clone(), job.clone());
+        jobs.order.push(id.clone());
+        drop(jobs);
+        let svc = self.clone();
+        let sb2 = sb.clone();
+        let job2 = job.clone();
+        tokio::spawn(async move {
+            let base = job2.info();
+            let info = svc
+                .backend
+                .run(&sb2.paths, &job2.id, spec, base, events, kill_rx)
+                .await;
+            if let Some(e) = &info.error {
+                warn!(sandbox = %sb2.id, job = %job2.id, error = %e, "job ended with an error");
+            }
+            job2.result.send_replace(Some(info));
+            lock(&job2.events).take();
+            sb2.touch();
+        });
+        Ok((job, true))
+    }
+
+    /// Deletes sandboxes whose TTL ran out since their last request or heartbeat.
+    pub async fn reap(&self) {
+        let now = Instant::now();
+        let expired: Vec<String> = lock(&self.sandboxes)
+            .live
+            .values()
+            .filter(|s| !s.deleting.load(Ordering::SeqCst) && s.expired(now))
+            .map(|s| s.id.clone())
+            .collect();
+        for id in expired {
+            if let Err(e) = self.delete(&id, "ttl expired").await {
+                warn!(sandbox = %id, error = %e, "could not reap the sandbox");
+            }
+        }
+    }
+
+    /// Deletes every sandbox (envd is shutting down).
+    pub async fn delete_all(&self) {
+        let ids: Vec<String> = lock(&self.sandboxes).live.keys().cloned().collect();
+        for id in ids {
+            let _ = self.delete(&id, "envd shutting down").await;
+        }
+    }
+}
+
+/// Whether two requests ask for the same command (what an idempotency key protects).
+fn same_command(a: &ExecRequest, b: &ExecRequest) -> bool {
+    a.command == b.command
+        && a.argv == b.argv
+        && a.cwd == b.cwd
+        && a.env == b.env
+        && a.timeout_secs == b.timeout_secs
+        && a.stdin == b.stdin
+}
