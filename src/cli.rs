@@ -37,6 +37,8 @@ pub enum Command {
     Harness(crate::harness::HarnessCommand),
     /// A scripted OpenAI-compatible upstream that plays the model's text (tests, demo, benchmarks).
     ScriptedUpstream(crate::scripted::ScriptedArgs),
+    /// The sandbox service: sandboxes for harnesses (create, exec, files, apply_patch) over HTTP.
+    Envd(crate::envd::EnvdArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -62,6 +64,19 @@ pub struct GatewayArgs {
     /// sync: a response ends only after its record is fsynced; async: fsync within a bounded delay.
     #[arg(long, value_enum)]
     pub durability: Option<Durability>,
+    /// passthrough: forward request bodies to an OpenAI-compatible upstream; exact: render and
+    /// tokenize prompts with the model's own template and call SGLang's /generate with token ids.
+    #[arg(long, value_enum)]
+    pub mode: Option<GatewayMode>,
+    /// The model's HF directory (tokenizer + chat template), for exact mode (`exact.model_dir`).
+    #[arg(long)]
+    pub model_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum GatewayMode {
+    Passthrough,
+    Exact,
 }
 
 #[derive(Debug, Subcommand)]
@@ -102,6 +117,7 @@ pub fn main() -> ExitCode {
             Command::ScriptedUpstream(args) => crate::scripted::run(args).await,
             Command::Harness(cmd) => crate::harness::run(cmd),
             Command::Reconstruct(args) => crate::reconstruct::run(args),
+            Command::Envd(args) => crate::envd::run(args).await,
         }
     });
     match result {
@@ -127,6 +143,11 @@ pub fn gateway_config(args: &GatewayArgs) -> anyhow::Result<GatewayConfig> {
             Durability::Sync => DurabilityMode::Sync,
             Durability::Async => DurabilityMode::Async,
         }),
+        mode: args.mode.map(|m| match m {
+            GatewayMode::Passthrough => graft_gateway::config::Mode::Passthrough,
+            GatewayMode::Exact => graft_gateway::config::Mode::Exact,
+        }),
+        model_dir: args.model_dir.clone(),
     };
     Ok(GatewayConfig::resolve(file, overrides)?)
 }

@@ -75,6 +75,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             upstream: Some(upstream_url),
             data_dir: Some(args.data_dir.clone()),
             durability: None,
+            ..Default::default()
         },
     )?;
     let gw = Gateway::bind(cfg).await?;

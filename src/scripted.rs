@@ -36,6 +36,8 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+mod sglang;
+
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScriptedArgs {
     /// Address to listen on (port 0 picks a free port).
@@ -84,6 +86,7 @@ pub async fn run(args: ScriptedArgs) -> anyhow::Result<()> {
         chunk_delay: Duration::from_millis(args.chunk_delay_ms),
         models: args.models.clone(),
         next_id: AtomicU64::new(1),
+        sglang: sglang::Backend::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
@@ -140,6 +143,8 @@ struct State {
     chunk_delay: Duration,
     models: Vec<String>,
     next_id: AtomicU64,
+    /// The SGLang-native side's state (weight version, pause).
+    sglang: sglang::Backend,
 }
 
 impl State {
@@ -198,6 +203,9 @@ pub struct Reply {
     /// Overrides the finish reason (default: `tool_calls` when there are tool calls, else `stop`).
     #[serde(default)]
     pub finish_reason: Option<String>,
+    /// Reasoning the model writes first, in `<think>` (SGLang `/generate` answers only).
+    #[serde(default)]
+    pub reasoning: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -458,6 +466,47 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
         }
     }
     let path = req.uri().path().to_owned();
+    if sglang::is_route(&path) {
+        let method = req.method().clone();
+        let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+            .collect()
+            .await
+        {
+            Ok(c) => c.to_bytes(),
+            Err(e) => {
+                return Ok(error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("cannot read the request body: {e}"),
+                    "invalid_request_error",
+                    None,
+                ));
+            }
+        };
+        let body: Value = if body.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return Ok(error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the request body is not valid JSON: {e}"),
+                        "invalid_request_error",
+                        None,
+                    ));
+                }
+            }
+        };
+        if let Some(resp) = sglang::route(&state, &method, &path, &body).await {
+            return Ok(resp);
+        }
+        return Ok(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("method {method} is not allowed on {path}"),
+            "invalid_request_error",
+            None,
+        ));
+    }
     let dialect = match (req.method(), path.as_str()) {
         (&Method::GET, "/v1/models") => return Ok(models(&state)),
         (&Method::POST, "/v1/chat/completions") => Dialect::Chat,

@@ -76,6 +76,44 @@ pub struct FileConfig {
     pub sessions: SessionsSection,
     #[serde(default)]
     pub limits: LimitsSection,
+    #[serde(default)]
+    pub exact: ExactSection,
+}
+
+/// How calls reach the model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// Request bodies forwarded to an OpenAI-compatible upstream (text in, text out).
+    #[default]
+    Passthrough,
+    /// graft renders and tokenizes the prompt itself and calls SGLang's `/generate` with
+    /// token ids: the record holds exactly the ids the policy saw and sampled.
+    Exact,
+}
+
+/// `[exact]`: what exact mode needs to own the tokens.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExactSection {
+    /// The model's HF directory (`tokenizer.json`, `tokenizer_config.json` or
+    /// `chat_template.jinja`): the same files the backend serves.
+    pub model_dir: Option<PathBuf>,
+    /// SGLang-native backends (`http://host:30000`, no `/v1`). A session stays on the one its
+    /// first call went to. Default: `upstream.url` without its `/v1`.
+    #[serde(default)]
+    pub backends: Vec<String>,
+    /// How the model writes tool calls: `hermes` (Qwen2.5/Qwen3, default), `qwen3_coder`, `none`.
+    pub tool_call_format: Option<graft_reconstruct::parser::ToolCallFormat>,
+    /// How the model writes reasoning: `think` (default) or `none`.
+    pub reasoning_format: Option<graft_reconstruct::parser::ReasoningFormat>,
+    /// `max_new_tokens` when the request sets no limit (default 8192).
+    pub max_new_tokens: Option<u64>,
+    /// Earlier calls kept per session for prefix reuse (default 4).
+    pub history_per_session: Option<usize>,
+    /// Extra chat-template variables, e.g. `{ enable_thinking = false }`.
+    #[serde(default)]
+    pub template_kwargs: toml::Table,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -114,6 +152,8 @@ pub struct UpstreamSection {
     /// the upstream for token ids and logprobs on Chat Completions and Completions calls and
     /// records them (see `token_ids.rs`).
     pub token_ids: Option<crate::token_ids::TokenIdsMode>,
+    /// `passthrough` (default) or `exact` (see `[exact]`).
+    pub mode: Option<Mode>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -201,6 +241,21 @@ pub struct GatewayConfig {
     pub burst: u32,
     pub max_concurrent_upstream: usize,
     pub upstream_queue_timeout: Duration,
+    pub mode: Mode,
+    /// Set in exact mode.
+    pub exact: Option<ExactConfig>,
+}
+
+/// Exact mode's resolved settings.
+#[derive(Debug, Clone)]
+pub struct ExactConfig {
+    pub model_dir: PathBuf,
+    pub backends: Vec<String>,
+    pub tool_call_format: graft_reconstruct::parser::ToolCallFormat,
+    pub reasoning_format: graft_reconstruct::parser::ReasoningFormat,
+    pub max_new_tokens: u64,
+    pub history_per_session: usize,
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Runtime knobs given as CLI flags; they win over the file.
@@ -210,6 +265,9 @@ pub struct Overrides {
     pub upstream: Option<String>,
     pub data_dir: Option<PathBuf>,
     pub durability: Option<DurabilityMode>,
+    pub mode: Option<Mode>,
+    /// `exact.model_dir`.
+    pub model_dir: Option<PathBuf>,
 }
 
 impl FileConfig {
@@ -254,6 +312,15 @@ impl GatewayConfig {
             .enumerate()
             .map(|(i, k)| k.resolve(&format!("auth.client_keys[{i}]")))
             .collect::<Result<Vec<_>, _>>()?;
+        let mode = o.mode.or(file.upstream.mode).unwrap_or_default();
+        let exact = match mode {
+            Mode::Passthrough => None,
+            Mode::Exact => Some(resolve_exact(
+                &file.exact,
+                o.model_dir.clone(),
+                &upstream_url,
+            )?),
+        };
         let l = &file.limits;
         let r = &file.recorder;
         let cfg = GatewayConfig {
@@ -313,6 +380,8 @@ impl GatewayConfig {
             upstream_queue_timeout: Duration::from_millis(
                 l.upstream_queue_timeout_ms.unwrap_or(30_000),
             ),
+            mode,
+            exact,
         };
         if cfg.max_concurrent_upstream == 0 {
             return Err(ConfigError::Invalid {
@@ -334,6 +403,60 @@ impl GatewayConfig {
         }
         Ok(cfg)
     }
+}
+
+fn resolve_exact(
+    e: &ExactSection,
+    model_dir: Option<PathBuf>,
+    upstream_url: &str,
+) -> Result<ExactConfig, ConfigError> {
+    let model_dir = model_dir
+        .or(e.model_dir.clone())
+        .ok_or_else(|| ConfigError::Invalid {
+            key: "exact.model_dir".into(),
+            message: "exact mode renders and tokenizes prompts itself: give the model's HF directory with --model-dir DIR or exact.model_dir".into(),
+        })?;
+    let backends: Vec<String> = if e.backends.is_empty() {
+        vec![upstream_url.trim_end_matches("/v1").to_string()]
+    } else {
+        e.backends
+            .iter()
+            .map(|b| {
+                let b = b.trim_end_matches('/');
+                if !(b.starts_with("http://") || b.starts_with("https://")) {
+                    return Err(ConfigError::Invalid {
+                        key: "exact.backends".into(),
+                        message: format!("'{b}' is not an http:// or https:// URL"),
+                    });
+                }
+                Ok(b.trim_end_matches("/v1").to_string())
+            })
+            .collect::<Result<_, _>>()?
+    };
+    let template_kwargs = serde_json::to_value(&e.template_kwargs)
+        .ok()
+        .and_then(|v| v.as_object().cloned())
+        .unwrap_or_default();
+    let history_per_session = e.history_per_session.unwrap_or(4);
+    if history_per_session == 0 {
+        return Err(ConfigError::Invalid {
+            key: "exact.history_per_session".into(),
+            message: "must be at least 1 (prefix reuse needs the previous call)".into(),
+        });
+    }
+    Ok(ExactConfig {
+        model_dir,
+        backends,
+        tool_call_format: e
+            .tool_call_format
+            .unwrap_or(graft_reconstruct::parser::ToolCallFormat::Hermes),
+        reasoning_format: e
+            .reasoning_format
+            .unwrap_or(graft_reconstruct::parser::ReasoningFormat::Think),
+        max_new_tokens: e.max_new_tokens.unwrap_or(8192),
+        history_per_session,
+        template_kwargs,
+    })
 }
 
 /// Upstream base URLs are written like OpenAI's `base_url`: `http://host:port/v1`. A URL with

@@ -27,6 +27,12 @@ pub struct RouteLabel {
     pub route: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PromptLabel {
+    /// `reused` (the session's earlier tokens kept, only new messages tokenized) or `full`.
+    pub kind: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub requests: Family<RequestLabels, Counter>,
@@ -40,6 +46,8 @@ pub struct Metrics {
     pub queue_depth: Gauge,
     pub upstream_inflight: Gauge,
     pub records_written: Counter,
+    /// Exact mode: time to render and tokenize a prompt, by how it was built.
+    pub exact_prompt: Family<PromptLabel, Histogram>,
 }
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -67,6 +75,14 @@ impl Metrics {
         let queue_depth = Gauge::default();
         let upstream_inflight = Gauge::default();
         let records_written = Counter::default();
+        let exact_prompt = Family::<PromptLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(latency_buckets())
+        });
+        registry.register(
+            "exact_prompt_seconds",
+            "Exact mode: rendering and tokenizing one prompt (kind=reused: earlier tokens kept; kind=full: whole conversation)",
+            exact_prompt.clone(),
+        );
         registry.register(
             "requests",
             "Requests answered, by route and HTTP status",
@@ -135,7 +151,16 @@ impl Metrics {
             queue_depth,
             upstream_inflight,
             records_written,
+            exact_prompt,
         })
+    }
+
+    pub fn observe_exact_prompt(&self, reused: bool, d: Duration) {
+        self.exact_prompt
+            .get_or_create(&PromptLabel {
+                kind: if reused { "reused" } else { "full" },
+            })
+            .observe(d.as_secs_f64());
     }
 
     pub fn observe_fsync(&self, d: Duration, records: usize) {

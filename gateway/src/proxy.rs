@@ -217,7 +217,11 @@ pub(crate) struct Call {
     pub(crate) normalized_request: Option<Value>,
     /// What graft sent upstream when it translated the request.
     pub(crate) upstream_request: Option<Value>,
-    pub(crate) upstream_dialect: Option<DialectKind>,
+    /// The wire graft spoke upstream when it was not the client's (`chat_completions`,
+    /// `sglang_generate`).
+    pub(crate) upstream_dialect: Option<&'static str>,
+    /// The backend the call went to, when not `upstream.url` (exact mode).
+    pub(crate) backend: Option<String>,
     /// The id graft gives the answer in the client's dialect (`resp_…`, `msg_…`).
     pub(crate) response_id: String,
     /// What graft added to the forwarded request to get token ids (`upstream.token_ids`).
@@ -235,8 +239,10 @@ pub(crate) struct Outcome {
     pub(crate) finish_reason: Option<String>,
     pub(crate) ttft: Option<Duration>,
     pub(crate) upstream_time: Duration,
-    /// Token ids and logprobs the upstream returned (passthrough ids).
+    /// Token ids and logprobs the upstream returned (passthrough ids, exact mode).
     pub(crate) tokens: Recorded,
+    /// The backend's `weight_version` (exact mode).
+    pub(crate) weight_version: Option<String>,
 }
 
 impl Call {
@@ -266,14 +272,17 @@ impl Call {
             dialect: self.route.label().to_string(),
             endpoint: self.route.endpoint().to_string(),
             model: self.model.clone(),
-            upstream: self.state.upstream.base_url().to_string(),
+            upstream: self
+                .backend
+                .clone()
+                .unwrap_or_else(|| self.state.upstream.base_url().to_string()),
             stream: self.stream,
             request,
             response: o.response.clone(),
             normalized_request: self.normalized_request.clone(),
             normalized_response: o.normalized_response.clone(),
             upstream_request: self.upstream_request.clone(),
-            upstream_dialect: self.upstream_dialect.map(|d| d.label().to_string()),
+            upstream_dialect: self.upstream_dialect.map(str::to_string),
             status: o.status,
             outcome,
             error,
@@ -281,7 +290,7 @@ impl Call {
             completion_token_ids: o.tokens.completion_token_ids.clone(),
             completion_logprobs: o.tokens.completion_logprobs.clone(),
             finish_reason: o.finish_reason.clone(),
-            weight_version: None,
+            weight_version: o.weight_version.clone(),
             usage,
             ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
             latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
@@ -404,6 +413,9 @@ pub async fn handle(
     }
     let bytes = read_body(body, state.cfg.max_body_bytes, state.cfg.body_timeout).await?;
     let request = parse_request(route, &bytes)?;
+    if state.exact.is_some() {
+        return crate::exact::handle(state, route, session, headers, request, t0).await;
+    }
     let stream = request
         .get("stream")
         .and_then(Value::as_bool)
@@ -440,6 +452,7 @@ pub async fn handle(
         normalized_request: None,
         upstream_request: None,
         upstream_dialect: None,
+        backend: None,
         response_id: match route {
             Route::Messages => crate::dialect::new_id("msg_"),
             _ => crate::dialect::new_id("resp_"),
@@ -456,7 +469,7 @@ pub async fn handle(
             call.normalized_request = serde_json::to_value(&conv).ok();
             let body = Bytes::from(chat_req.to_string());
             call.upstream_request = Some(chat_req);
-            call.upstream_dialect = Some(DialectKind::ChatCompletions);
+            call.upstream_dialect = Some(DialectKind::ChatCompletions.label());
             (Route::ChatCompletions.upstream_path(), body, Some(conv))
         }
         Some(conv) => {
@@ -476,7 +489,7 @@ pub async fn handle(
                     graft_recorder::redact_json(&mut body);
                     call.upstream_request = Some(body);
                     if route == Route::ChatCompletions {
-                        call.upstream_dialect = Some(DialectKind::ChatCompletions);
+                        call.upstream_dialect = Some(DialectKind::ChatCompletions.label());
                     }
                     call.token_ids = Some(added);
                     (route.upstream_path(), bytes, None)

@@ -35,6 +35,8 @@ pub struct State {
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub upstream: Upstream,
+    /// Set in exact mode.
+    pub exact: Option<crate::exact::Exact>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -51,6 +53,8 @@ pub enum StartError {
     },
     #[error("TLS set-up failed: {0}")]
     Tls(String),
+    #[error("{0}")]
+    Exact(String),
     #[error(transparent)]
     Gateway(#[from] GatewayError),
 }
@@ -96,6 +100,18 @@ impl Gateway {
             cfg.upstream_connect_timeout,
             cfg.upstream_ca_file.as_deref(),
         )?);
+        let exact = match &cfg.exact {
+            Some(e) => Some(
+                crate::exact::Exact::new(
+                    e,
+                    cfg.upstream_timeout,
+                    cfg.upstream_connect_timeout,
+                    cfg.upstream_ca_file.as_deref(),
+                )
+                .map_err(|e| StartError::Exact(e.to_string()))?,
+            ),
+            None => None,
+        };
         let limits = Limits::new(
             cfg.global_rps,
             cfg.session_rps,
@@ -120,6 +136,7 @@ impl Gateway {
             limits,
             metrics,
             upstream,
+            exact,
         });
         Ok(Gateway {
             state,
@@ -374,6 +391,9 @@ async fn dispatch(
     if path == "/graft/sessions" || path.starts_with("/graft/sessions/") {
         return ("sessions", admin(state, req, &path).await);
     }
+    if path.starts_with("/graft/backend/") {
+        return ("backend", backend_admin(state, req, &path).await);
+    }
     let (url_session, rest) = match path.strip_prefix("/s/") {
         Some(r) => match r.split_once('/') {
             Some((s, rest)) => (Some(s.to_string()), format!("/{rest}")),
@@ -544,6 +564,73 @@ fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
     r
 }
 
+/// Refuses a request to an admin route without the admin key (when one is configured).
+fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), GatewayError> {
+    if let Some(admin) = &state.cfg.admin_key {
+        match bearer(headers) {
+            None => {
+                return Err(GatewayError::Unauthorized(format!(
+                    "{what} needs the admin key: send 'Authorization: Bearer <auth.admin_key>'"
+                )));
+            }
+            Some(k) if k != admin => {
+                return Err(GatewayError::Unauthorized(format!(
+                    "'{}' is not the admin key",
+                    mask(k)
+                )));
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
+}
+
+/// Exact mode's backend control, for weight updates: `POST /graft/backend/pause` holds new
+/// calls and returns once the calls in flight are done; `POST /graft/backend/resume` lets
+/// them go; `GET /graft/backend` says which backends there are and whether calls are held.
+async fn backend_admin(
+    state: &State,
+    req: Request<Incoming>,
+    path: &str,
+) -> Result<Response<GBody>, GatewayError> {
+    check_admin(state, req.headers(), "the backend API")?;
+    let Some(ex) = &state.exact else {
+        return Err(GatewayError::field(
+            "mode",
+            "/graft/backend/* is for exact mode (the gateway calls the backend itself); this gateway runs in passthrough mode",
+        ));
+    };
+    match (req.method().clone(), path) {
+        (Method::POST, "/graft/backend/pause") => {
+            let waited = ex.pause().await;
+            info!(
+                waited_ms = waited.as_millis() as u64,
+                "exact mode paused: new calls wait"
+            );
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"paused": true, "drained_in_ms": waited.as_secs_f64() * 1e3}),
+            ))
+        }
+        (Method::POST, "/graft/backend/resume") => {
+            let was = ex.resume().await;
+            info!(was_paused = was, "exact mode resumed");
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"paused": false, "was_paused": was}),
+            ))
+        }
+        (Method::GET, "/graft/backend/status") => Ok(json_response(
+            StatusCode::OK,
+            &json!({"paused": ex.is_paused().await, "backends": ex.backends()}),
+        )),
+        (m, _) => Err(GatewayError::NotFound {
+            method: m.to_string(),
+            path: path.to_string(),
+        }),
+    }
+}
+
 /// The session API under `/graft/sessions`, behind the admin key when one is configured.
 async fn admin(
     state: &State,
@@ -647,6 +734,9 @@ async fn admin(
         (Method::POST, [id, "close"]) => {
             let s = state.sessions.close(id).await?;
             state.recorder.forget_session(id);
+            if let Some(ex) = &state.exact {
+                ex.forget(id);
+            }
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (m, _) => Err(GatewayError::NotFound {

@@ -70,51 +70,7 @@ impl OpenAiCompatible {
         connect_timeout: Duration,
         ca_file: Option<&Path>,
     ) -> Result<Self, GatewayError> {
-        let mut http = HttpConnector::new();
-        http.enforce_http(false);
-        http.set_nodelay(true);
-        http.set_connect_timeout(Some(connect_timeout));
-        let tls_err =
-            |e: String| GatewayError::Internal(format!("TLS set-up for the upstream failed: {e}"));
-        let builder = hyper_rustls::HttpsConnectorBuilder::new();
-        let builder = match ca_file {
-            None => builder
-                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-                .map_err(|e| tls_err(e.to_string()))?,
-            Some(path) => {
-                use rustls::pki_types::CertificateDer;
-                use rustls::pki_types::pem::PemObject;
-                let mut roots = rustls::RootCertStore::empty();
-                let certs = CertificateDer::pem_file_iter(path)
-                    .and_then(|it| it.collect::<Result<Vec<_>, _>>())
-                    .map_err(|e| {
-                        tls_err(format!(
-                            "cannot read upstream.ca_file {}: {e}",
-                            path.display()
-                        ))
-                    })?;
-                let (added, _) = roots.add_parsable_certificates(certs);
-                if added == 0 {
-                    return Err(tls_err(format!(
-                        "upstream.ca_file {} holds no usable certificate",
-                        path.display()
-                    )));
-                }
-                let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
-                    rustls::crypto::ring::default_provider(),
-                ))
-                .with_safe_default_protocol_versions()
-                .map_err(|e| tls_err(e.to_string()))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-                builder.with_tls_config(cfg)
-            }
-        };
-        let https = builder.https_or_http().enable_http1().wrap_connector(http);
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(90))
-            .pool_max_idle_per_host(4096)
-            .build(https);
+        let client = http_client(connect_timeout, ca_file)?;
         let api_key = match api_key {
             Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
                 GatewayError::Internal(
@@ -173,6 +129,61 @@ impl OpenAiCompatible {
             }),
         }
     }
+}
+
+/// The HTTP(S) client graft talks to backends with: HTTP/1, no Nagle, a connect timeout,
+/// public roots or the CAs of `ca_file`.
+pub(crate) type HttpClient = Client<HttpsConnector<HttpConnector>, Full<Bytes>>;
+
+pub(crate) fn http_client(
+    connect_timeout: Duration,
+    ca_file: Option<&Path>,
+) -> Result<HttpClient, GatewayError> {
+    let mut http = HttpConnector::new();
+    http.enforce_http(false);
+    http.set_nodelay(true);
+    http.set_connect_timeout(Some(connect_timeout));
+    let tls_err =
+        |e: String| GatewayError::Internal(format!("TLS set-up for the upstream failed: {e}"));
+    let builder = hyper_rustls::HttpsConnectorBuilder::new();
+    let builder = match ca_file {
+        None => builder
+            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+            .map_err(|e| tls_err(e.to_string()))?,
+        Some(path) => {
+            use rustls::pki_types::CertificateDer;
+            use rustls::pki_types::pem::PemObject;
+            let mut roots = rustls::RootCertStore::empty();
+            let certs = CertificateDer::pem_file_iter(path)
+                .and_then(|it| it.collect::<Result<Vec<_>, _>>())
+                .map_err(|e| {
+                    tls_err(format!(
+                        "cannot read upstream.ca_file {}: {e}",
+                        path.display()
+                    ))
+                })?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(tls_err(format!(
+                    "upstream.ca_file {} holds no usable certificate",
+                    path.display()
+                )));
+            }
+            let cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+                rustls::crypto::ring::default_provider(),
+            ))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| tls_err(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+            builder.with_tls_config(cfg)
+        }
+    };
+    let https = builder.https_or_http().enable_http1().wrap_connector(http);
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(90))
+        .pool_max_idle_per_host(4096)
+        .build(https))
 }
 
 /// An error and its sources on one line ("client error (Connect): tcp connect error: Connection refused").

@@ -103,3 +103,45 @@ pub async fn get(url: &str, headers: &[(&str, &str)]) -> Resp {
         .await
         .unwrap_or_else(|e| panic!("GET {url} failed: {e}"))
 }
+
+/// POSTs JSON and returns as soon as the response head arrives; read the body with
+/// [`next_sse_data`] to see events as they are sent.
+pub async fn post_stream(url: &str, body: &Value) -> hyper::Response<hyper::body::Incoming> {
+    let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+    let req = http::Request::builder()
+        .method("POST")
+        .uri(url)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    client
+        .request(req)
+        .await
+        .unwrap_or_else(|e| panic!("POST {url} failed: {e:?}"))
+}
+
+/// The next `data:` payload of an SSE body being read (`buf` keeps what arrived past it);
+/// `None` at the end of the body.
+pub async fn next_sse_data(body: &mut hyper::body::Incoming, buf: &mut String) -> Option<String> {
+    loop {
+        if let Some(at) = buf.find("\n\n") {
+            let ev: String = buf.drain(..at + 2).collect();
+            let data: Vec<&str> = ev
+                .lines()
+                .filter_map(|l| l.strip_prefix("data: "))
+                .collect();
+            if data.is_empty() {
+                continue;
+            }
+            return Some(data.join("\n"));
+        }
+        match body.frame().await {
+            Some(Ok(f)) => {
+                if let Ok(d) = f.into_data() {
+                    buf.push_str(&String::from_utf8_lossy(&d));
+                }
+            }
+            _ => return None,
+        }
+    }
+}

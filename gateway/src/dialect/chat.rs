@@ -774,3 +774,138 @@ mod tests {
         assert!(e.to_string().contains("messages[0].content[0].type"), "{e}");
     }
 }
+
+// -------------------------------------------------------------------------------------
+// Answers in Chat Completions form (exact mode answers Chat clients itself)
+
+fn finish_str(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop | Finish::Error => "stop",
+        Finish::Length => "length",
+        Finish::ToolCalls => "tool_calls",
+        Finish::ContentFilter => "content_filter",
+    }
+}
+
+fn usage_value(u: &TokenUsage) -> Value {
+    json!({
+        "prompt_tokens": u.input_tokens,
+        "completion_tokens": u.output_tokens,
+        "total_tokens": u.input_tokens + u.output_tokens,
+        "prompt_tokens_details": {"cached_tokens": u.cached_tokens},
+        "completion_tokens_details": {"reasoning_tokens": u.reasoning_tokens},
+    })
+}
+
+/// A whole answer as a `chat.completion` object; reasoning goes in `reasoning_content` as
+/// SGLang and vLLM write it.
+pub fn render_answer(answer: &Answer, id: &str) -> Value {
+    let mut msg = Map::new();
+    msg.insert("role".into(), json!("assistant"));
+    msg.insert(
+        "content".into(),
+        if answer.text.is_empty() && !answer.tool_calls.is_empty() {
+            Value::Null
+        } else {
+            json!(answer.text)
+        },
+    );
+    if let Some(r) = &answer.reasoning {
+        msg.insert("reasoning_content".into(), json!(r));
+    }
+    if !answer.tool_calls.is_empty() {
+        msg.insert(
+            "tool_calls".into(),
+            Value::Array(
+                answer
+                    .tool_calls
+                    .iter()
+                    .map(|t| json!({"id": t.id, "type": "function", "function": {"name": t.name, "arguments": t.arguments}}))
+                    .collect(),
+            ),
+        );
+    }
+    let mut v = json!({
+        "id": id,
+        "object": "chat.completion",
+        "created": answer.created,
+        "model": answer.model,
+        "choices": [{"index": 0, "message": msg, "logprobs": null, "finish_reason": finish_str(answer.finish)}],
+    });
+    if let Some(u) = &answer.usage {
+        v["usage"] = usage_value(u);
+    }
+    v
+}
+
+/// Chat Completions SSE, as OpenAI streams it: a first chunk with the role, content and
+/// reasoning deltas, each tool call's header then its arguments, a chunk with the finish
+/// reason, a usage chunk with `choices: []` when the client asked for
+/// `stream_options.include_usage`, then `[DONE]`.
+pub struct ChatStream {
+    id: String,
+    model: String,
+    created: i64,
+    include_usage: bool,
+}
+
+pub fn stream(model: &str, id: &str, created: i64, include_usage: bool) -> ChatStream {
+    ChatStream {
+        id: id.to_string(),
+        model: model.to_string(),
+        created,
+        include_usage,
+    }
+}
+
+impl ChatStream {
+    fn chunk(&self, delta: Value, finish: Option<&str>) -> bytes::Bytes {
+        let mut c = json!({
+            "id": self.id,
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+        });
+        if self.include_usage {
+            c["usage"] = Value::Null;
+        }
+        bytes::Bytes::from(format!("data: {c}\n\n"))
+    }
+}
+
+impl super::StreamEmitter for ChatStream {
+    fn start(&mut self) -> Vec<bytes::Bytes> {
+        vec![self.chunk(json!({"role": "assistant", "content": ""}), None)]
+    }
+
+    fn push(&mut self, delta: &Delta) -> Vec<bytes::Bytes> {
+        let d = match delta {
+            Delta::Text(t) => json!({"content": t}),
+            Delta::Reasoning(r) => json!({"reasoning_content": r}),
+            Delta::ToolCallStart { index, id, name } => json!({"tool_calls": [
+                {"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
+            Delta::ToolCallArgs { index, arguments } => json!({"tool_calls": [
+                {"index": index, "function": {"arguments": arguments}}]}),
+        };
+        vec![self.chunk(d, None)]
+    }
+
+    fn finish(&mut self, answer: &Answer) -> Vec<bytes::Bytes> {
+        let mut out = vec![self.chunk(json!({}), Some(finish_str(answer.finish)))];
+        if self.include_usage {
+            let u = answer.usage.unwrap_or_default();
+            let c = json!({
+                "id": self.id,
+                "object": "chat.completion.chunk",
+                "created": self.created,
+                "model": self.model,
+                "choices": [],
+                "usage": usage_value(&u),
+            });
+            out.push(bytes::Bytes::from(format!("data: {c}\n\n")));
+        }
+        out.push(bytes::Bytes::from_static(b"data: [DONE]\n\n"));
+        out
+    }
+}

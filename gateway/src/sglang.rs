@@ -1,0 +1,243 @@
+//! SGLang's native generation API, the backend wire of exact mode (token ids in, token ids
+//! and logprobs out). `graft serve` speaks the same wire.
+//!
+//! `POST /generate` with `{"input_ids": [...], "sampling_params": {...}, "return_logprob":
+//! true, "logprob_start_len": -1, "stream": bool}` answers `{"text", "output_ids",
+//! "meta_info": {"id", "finish_reason": {"type": "stop"|"length"|"abort", "matched"?,
+//! "length"?, "message"?}, "prompt_tokens", "completion_tokens", "cached_tokens",
+//! "output_token_logprobs": [[logprob, id, text|null], ...], "weight_version"}}`. Streamed, it
+//! sends `data: {...}` events of the same shape and `data: [DONE]`; by default each event
+//! holds everything so far (`output_ids`, logprobs), with `--incremental-streaming-output`
+//! only the new part. [`Progress`] accepts both: an event whose `output_ids` are as many as
+//! `meta_info.completion_tokens` is cumulative.
+
+use serde_json::{Map, Value, json};
+
+use crate::dialect::{Finish, Sampling};
+
+/// The sampling parameters of a request, in SGLang's names. `max_new_tokens` is always set
+/// (SGLang's own default is 128).
+pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
+    let mut p = Map::new();
+    let mut put = |k: &str, v: Option<Value>| {
+        if let Some(v) = v {
+            p.insert(k.into(), v);
+        }
+    };
+    put("temperature", s.temperature.map(|v| json!(v)));
+    put("top_p", s.top_p.map(|v| json!(v)));
+    put("top_k", s.top_k.map(|v| json!(v)));
+    put(
+        "max_new_tokens",
+        Some(json!(s.max_tokens.unwrap_or(default_max_new_tokens))),
+    );
+    put("stop", (!s.stop.is_empty()).then(|| json!(s.stop)));
+    put("sampling_seed", s.seed.map(|v| json!(v)));
+    put("presence_penalty", s.presence_penalty.map(|v| json!(v)));
+    put("frequency_penalty", s.frequency_penalty.map(|v| json!(v)));
+    // Output ids must hold everything sampled, the stop string included.
+    p.insert("no_stop_trim".into(), json!(true));
+    p.insert("skip_special_tokens".into(), json!(false));
+    Value::Object(p)
+}
+
+/// The `/generate` body.
+pub fn generate_body(input_ids: &[u32], sampling_params: Value, stream: bool) -> Value {
+    json!({
+        "input_ids": input_ids,
+        "sampling_params": sampling_params,
+        "return_logprob": true,
+        "logprob_start_len": -1,
+        "stream": stream,
+    })
+}
+
+/// How generation ended, from `meta_info.finish_reason`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FinishReason {
+    Stop,
+    Length,
+    /// The backend aborted the request (`message` says why).
+    Abort(String),
+}
+
+impl FinishReason {
+    pub fn parse(v: &Value) -> Option<FinishReason> {
+        match v.get("type").and_then(Value::as_str)? {
+            "stop" => Some(FinishReason::Stop),
+            "length" => Some(FinishReason::Length),
+            "abort" => Some(FinishReason::Abort(
+                v.get("message")
+                    .and_then(Value::as_str)
+                    .unwrap_or("aborted")
+                    .to_string(),
+            )),
+            _ => None,
+        }
+    }
+
+    pub fn finish(&self) -> Finish {
+        match self {
+            FinishReason::Stop => Finish::Stop,
+            FinishReason::Length => Finish::Length,
+            FinishReason::Abort(_) => Finish::Error,
+        }
+    }
+}
+
+/// Everything a generation brought so far.
+#[derive(Debug, Default, Clone)]
+pub struct Progress {
+    pub output_ids: Vec<u32>,
+    pub logprobs: Vec<f32>,
+    pub finish: Option<FinishReason>,
+    pub prompt_tokens: Option<u64>,
+    pub cached_tokens: Option<u64>,
+    pub weight_version: Option<String>,
+    pub id: Option<String>,
+}
+
+impl Progress {
+    /// Takes one answer (or streamed event); returns the ids that are new.
+    pub fn push(&mut self, v: &Value) -> Result<Vec<u32>, String> {
+        let ids = v
+            .get("output_ids")
+            .and_then(Value::as_array)
+            .ok_or("the answer has no 'output_ids' array")?;
+        let ids: Vec<u32> = ids
+            .iter()
+            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+            .collect::<Option<_>>()
+            .ok_or("'output_ids' holds something that is not a token id")?;
+        let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
+        let total = meta.get("completion_tokens").and_then(Value::as_u64);
+        let logprobs: Vec<f32> = meta
+            .get("output_token_logprobs")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .map(|e| {
+                        e.get(0)
+                            .and_then(Value::as_f64)
+                            .map_or(f32::NAN, |x| x as f32)
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let cumulative = match total {
+            Some(t) => ids.len() as u64 == t && ids.starts_with(&self.output_ids),
+            None => ids.starts_with(&self.output_ids) && ids.len() >= self.output_ids.len(),
+        };
+        let new = if cumulative {
+            let new = ids[self.output_ids.len()..].to_vec();
+            self.output_ids = ids;
+            if logprobs.len() >= self.logprobs.len() {
+                self.logprobs = logprobs;
+            }
+            new
+        } else {
+            self.output_ids.extend_from_slice(&ids);
+            self.logprobs.extend(logprobs);
+            ids
+        };
+        if let Some(f) = meta.get("finish_reason").filter(|f| !f.is_null()) {
+            self.finish =
+                Some(FinishReason::parse(f).ok_or_else(|| format!("unknown finish_reason {f}"))?);
+        }
+        if let Some(p) = meta.get("prompt_tokens").and_then(Value::as_u64) {
+            self.prompt_tokens = Some(p);
+        }
+        if let Some(c) = meta.get("cached_tokens").and_then(Value::as_u64) {
+            self.cached_tokens = Some(c);
+        }
+        if let Some(w) = meta.get("weight_version").filter(|w| !w.is_null()) {
+            self.weight_version = Some(match w {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            });
+        }
+        if let Some(id) = meta.get("id").and_then(Value::as_str) {
+            self.id = Some(id.to_string());
+        }
+        Ok(new)
+    }
+
+    /// Logprobs aligned to the output ids, or `None` when the backend sent another count.
+    pub fn aligned_logprobs(&self) -> Option<Vec<f32>> {
+        (self.logprobs.len() == self.output_ids.len()).then(|| self.logprobs.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ev(ids: &[u32], lps: &[f32], total: usize, finish: Option<Value>) -> Value {
+        json!({"text": "", "output_ids": ids, "meta_info": {
+            "id": "r1", "completion_tokens": total, "prompt_tokens": 7, "weight_version": "v3",
+            "output_token_logprobs": lps.iter().zip(ids).map(|(l, i)| json!([l, i, null])).collect::<Vec<_>>(),
+            "finish_reason": finish}})
+    }
+
+    #[test]
+    fn cumulative_and_incremental_streams_give_the_same_ids() {
+        let mut a = Progress::default();
+        assert_eq!(a.push(&ev(&[5], &[-0.5], 1, None)).unwrap(), vec![5]);
+        assert_eq!(
+            a.push(&ev(&[5, 5], &[-0.5, -0.25], 2, None)).unwrap(),
+            vec![5]
+        );
+        let fin = json!({"type": "stop", "matched": 9});
+        assert_eq!(
+            a.push(&ev(&[5, 5, 9], &[-0.5, -0.25, -1.0], 3, Some(fin.clone())))
+                .unwrap(),
+            vec![9]
+        );
+        let mut b = Progress::default();
+        b.push(&ev(&[5], &[-0.5], 1, None)).unwrap();
+        // Incremental: only the new id, though it equals the previous one.
+        assert_eq!(b.push(&ev(&[5], &[-0.25], 2, None)).unwrap(), vec![5]);
+        b.push(&ev(&[9], &[-1.0], 3, Some(fin))).unwrap();
+        assert_eq!(a.output_ids, b.output_ids);
+        assert_eq!(a.aligned_logprobs(), b.aligned_logprobs());
+        assert_eq!(a.finish, Some(FinishReason::Stop));
+        assert_eq!(a.weight_version.as_deref(), Some("v3"));
+        assert_eq!(a.prompt_tokens, Some(7));
+    }
+
+    #[test]
+    fn bad_answers_are_named() {
+        let mut p = Progress::default();
+        assert!(
+            p.push(&json!({"text": "x"}))
+                .unwrap_err()
+                .contains("output_ids")
+        );
+        assert!(
+            p.push(&json!({"output_ids": [-1]}))
+                .unwrap_err()
+                .contains("token id")
+        );
+        let e = p
+            .push(&json!({"output_ids": [], "meta_info": {"finish_reason": {"type": "odd"}}}))
+            .unwrap_err();
+        assert!(e.contains("finish_reason"), "{e}");
+    }
+
+    #[test]
+    fn sampling_maps_to_sglang_names() {
+        let s = Sampling {
+            temperature: Some(0.7),
+            max_tokens: None,
+            stop: vec!["END".into()],
+            seed: Some(3),
+            ..Default::default()
+        };
+        let p = sampling_params(&s, 512);
+        assert_eq!(p["max_new_tokens"], 512);
+        assert_eq!(p["temperature"], 0.7);
+        assert_eq!(p["stop"], json!(["END"]));
+        assert_eq!(p["sampling_seed"], 3);
+        assert!(p.get("top_k").is_none());
+    }
+}

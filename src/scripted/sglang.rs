@@ -1,0 +1,329 @@
+//! The scripted upstream's SGLang-native side (with `--tokenizer`): `POST /generate` with
+//! `input_ids` answers in SGLang's shape (`text`, `output_ids`, `meta_info` with
+//! `finish_reason`, `prompt_tokens`, `completion_tokens`, `cached_tokens`,
+//! `output_token_logprobs`, `weight_version`), whole or streamed as SGLang streams by
+//! default (each `data:` event holds everything so far, then `data: [DONE]`). The reply is
+//! the model's raw output for the script's answer in Qwen3's form (`<think>` reasoning,
+//! content, Hermes `<tool_call>` blocks, `<|im_end|>`), tokenized with the real tokenizer;
+//! each token's logprob is [`scripted_logprob`]. Rules are matched against the prompt decoded
+//! back into ChatML turns (a `user` turn that holds `<tool_response>` counts as `tool`).
+//!
+//! Also served, for weight pushes: `/pause_generation` (new generations wait),
+//! `/continue_generation`, `/flush_cache`, `/update_weights_from_disk` (takes
+//! `weight_version`), `/get_model_info`, `/health`.
+
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::{
+    Meta, Prompt, Reply, RespBody, SseBody, State, chat_pieces, json_response, scripted_logprob,
+    sse_response,
+};
+use http::{Response, StatusCode};
+
+/// Tokens per streamed event.
+const TOKENS_PER_EVENT: usize = 2;
+
+/// What the SGLang side keeps between requests.
+pub struct Backend {
+    weight_version: Mutex<String>,
+    paused: watch::Sender<bool>,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Backend {
+            weight_version: Mutex::new("default".to_string()),
+            paused: watch::Sender::new(false),
+        }
+    }
+}
+
+impl Backend {
+    fn weight_version(&self) -> String {
+        self.weight_version
+            .lock()
+            .map(|v| v.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// SGLang's error shape.
+fn error(status: StatusCode, message: &str) -> Response<RespBody> {
+    json_response(
+        status,
+        &json!({"object": "error", "message": message, "type": "BadRequestError", "param": null, "code": status.as_u16()}),
+    )
+}
+
+/// Whether `path` is one of the SGLang-native routes.
+pub fn is_route(path: &str) -> bool {
+    matches!(
+        path,
+        "/health"
+            | "/get_model_info"
+            | "/pause_generation"
+            | "/continue_generation"
+            | "/flush_cache"
+            | "/update_weights_from_disk"
+            | "/generate"
+    )
+}
+
+/// The SGLang routes; `None` when the method is not the route's.
+pub async fn route(
+    state: &State,
+    method: &http::Method,
+    path: &str,
+    body: &Value,
+) -> Option<Response<RespBody>> {
+    let b = &state.sglang;
+    let resp = match (method.as_str(), path) {
+        ("GET", "/health") => json_response(StatusCode::OK, &json!({})),
+        ("GET", "/get_model_info") => json_response(
+            StatusCode::OK,
+            &json!({"model_path": "scripted", "tokenizer_path": "scripted", "is_generation": true, "weight_version": b.weight_version()}),
+        ),
+        ("POST", "/pause_generation") => {
+            b.paused.send_replace(true);
+            json_response(StatusCode::OK, &json!({"message": "Generation paused"}))
+        }
+        ("POST", "/continue_generation") => {
+            b.paused.send_replace(false);
+            json_response(StatusCode::OK, &json!({"message": "Generation continued"}))
+        }
+        ("POST", "/flush_cache") => {
+            json_response(StatusCode::OK, &json!({"message": "Cache flushed"}))
+        }
+        ("POST", "/update_weights_from_disk") => {
+            let Some(path) = body.get("model_path").and_then(Value::as_str) else {
+                return Some(error(StatusCode::BAD_REQUEST, "'model_path' is required"));
+            };
+            if let Some(v) = body.get("weight_version").and_then(Value::as_str)
+                && let Ok(mut w) = b.weight_version.lock()
+            {
+                *w = v.to_string();
+            }
+            json_response(
+                StatusCode::OK,
+                &json!({"success": true, "message": format!("Succeeded to update model weights from {path}."), "num_paused_requests": 0}),
+            )
+        }
+        ("POST", "/generate") => generate(state, body).await,
+        _ => return None,
+    };
+    Some(resp)
+}
+
+/// The prompt decoded into ChatML turns, as the script sees it.
+fn prompt_of(text: &str) -> Prompt {
+    let mut turns: Vec<(String, String)> = vec![];
+    for block in text.split("<|im_start|>").skip(1) {
+        let block = block.split("<|im_end|>").next().unwrap_or_default();
+        let (role, body) = block.split_once('\n').unwrap_or((block, ""));
+        let role = if role == "user" && body.trim_start().starts_with("<tool_response>") {
+            "tool"
+        } else {
+            role
+        };
+        turns.push((role.to_string(), body.to_string()));
+    }
+    // The last turn is the generation prompt (`assistant`, maybe an empty think block).
+    if turns.last().is_some_and(|(r, _)| r == "assistant") {
+        turns.pop();
+    }
+    let last = turns.last().cloned().unwrap_or_default();
+    let last_user = turns
+        .iter()
+        .rev()
+        .find(|(r, _)| r == "user")
+        .map(|(_, t)| t.clone())
+        .unwrap_or_default();
+    Prompt {
+        model: "scripted".into(),
+        last_text: last.1,
+        last_role: Some(last.0),
+        last_user_text: last_user,
+        message_count: turns.iter().filter(|(r, _)| r != "system").count(),
+        has_tools: text.contains("<tools>"),
+        ..Prompt::default()
+    }
+}
+
+/// The model's raw output for a reply: reasoning in `<think>`, then what the chat stream's
+/// pieces stand for (content, Hermes tool calls, the end-of-turn token).
+fn raw_output(reply: &Reply, eos: &str) -> String {
+    let meta = Meta {
+        id: 0,
+        created: 0,
+        model: String::new(),
+    };
+    let mut out = String::new();
+    if let Some(r) = &reply.reasoning {
+        out.push_str(&format!("<think>\n{r}\n</think>\n\n"));
+    }
+    for p in chat_pieces(&meta, reply, eos) {
+        out.push_str(&p.text);
+    }
+    out
+}
+
+async fn generate(state: &State, body: &Value) -> Response<RespBody> {
+    let Some(model) = &state.model else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "/generate needs the scripted upstream started with --tokenizer DIR",
+        );
+    };
+    let input_ids: Option<Vec<u32>> =
+        body.get("input_ids")
+            .and_then(Value::as_array)
+            .and_then(|a| {
+                a.iter()
+                    .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
+                    .collect()
+            });
+    let input_ids = match (input_ids, body.get("text").and_then(Value::as_str)) {
+        (Some(ids), _) => ids,
+        (None, Some(text)) => match model.tokenizer.encode(text) {
+            Ok(ids) => ids,
+            Err(e) => {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    &format!("cannot tokenize 'text': {e}"),
+                );
+            }
+        },
+        (None, None) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "either 'input_ids' (a list of token ids) or 'text' is required",
+            );
+        }
+    };
+    if input_ids.is_empty() {
+        return error(StatusCode::BAD_REQUEST, "'input_ids' is empty");
+    }
+    // Paused: wait for /continue_generation, as SGLang holds new requests.
+    let mut paused = state.sglang.paused.subscribe();
+    let _ = paused.wait_for(|p| !*p).await;
+
+    let prompt_text = match model.tokenizer.decode(&input_ids) {
+        Ok(t) => t,
+        Err(e) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                &format!("cannot decode 'input_ids': {e}"),
+            );
+        }
+    };
+    let prompt = prompt_of(&prompt_text);
+    let echo;
+    let reply = match state.script.reply_for(&prompt) {
+        Some(r) => r,
+        None => {
+            echo = Reply {
+                content: Some(format!("You said: {}", prompt.last_user_text)),
+                ..Reply::default()
+            };
+            &echo
+        }
+    };
+    let text = raw_output(reply, &model.eos);
+    let mut output = match model.tokenizer.encode(&text) {
+        Ok(ids) => ids,
+        Err(e) => {
+            return error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("cannot tokenize the reply: {e}"),
+            );
+        }
+    };
+    let max_new = body
+        .pointer("/sampling_params/max_new_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(128) as usize;
+    let eos_id = model.tokenizer.token_id(&model.eos);
+    let finish = if output.len() > max_new {
+        output.truncate(max_new);
+        json!({"type": "length", "length": max_new})
+    } else {
+        json!({"type": "stop", "matched": eos_id})
+    };
+    let rid = format!("{:032x}", state.next_id());
+    let weight_version = state.sglang.weight_version();
+    let event = |n: usize, last: bool| -> Value {
+        let ids = &output[..n];
+        let text = model.tokenizer.decode_visible(ids).unwrap_or_default();
+        let logprobs: Vec<Value> = ids
+            .iter()
+            .map(|&id| json!([scripted_logprob(id), id, null]))
+            .collect();
+        json!({
+            "text": text,
+            "output_ids": ids,
+            "meta_info": {
+                "id": rid,
+                "finish_reason": if last { finish.clone() } else { Value::Null },
+                "prompt_tokens": input_ids.len(),
+                "completion_tokens": n,
+                "cached_tokens": 0,
+                "output_token_logprobs": logprobs,
+                "weight_version": weight_version,
+                "e2e_latency": 0.0,
+            },
+        })
+    };
+    if body.get("stream").and_then(Value::as_bool) != Some(true) {
+        return json_response(StatusCode::OK, &event(output.len(), true));
+    }
+    let mut events = vec![];
+    let mut n = 0;
+    while n < output.len() {
+        n = (n + TOKENS_PER_EVENT).min(output.len());
+        events.push(super::sse(&event(n, n == output.len())));
+    }
+    if output.is_empty() {
+        events.push(super::sse(&event(0, true)));
+    }
+    events.push(bytes::Bytes::from_static(super::DONE));
+    sse_response(SseBody::new(events, state.chunk_delay, None))
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn prompt_turns_are_read_back_from_chatml() {
+        let p = prompt_of(
+            "<|im_start|>system\nS<tools>x</tools><|im_end|>\n<|im_start|>user\ngraft-task<|im_end|>\n<|im_start|>assistant\nok<|im_end|>\n<|im_start|>user\n<tool_response>\ndone\n</tool_response><|im_end|>\n<|im_start|>assistant\n",
+        );
+        assert_eq!(p.last_role.as_deref(), Some("tool"));
+        assert!(p.last_text.contains("done"));
+        assert_eq!(p.last_user_text, "graft-task");
+        assert!(p.has_tools);
+        assert_eq!(p.message_count, 3);
+    }
+
+    #[test]
+    fn raw_output_has_reasoning_content_and_tool_call() {
+        let reply = Reply {
+            content: Some("Checking.".into()),
+            reasoning: Some("I should look.".into()),
+            tool_calls: vec![super::super::ScriptToolCall {
+                name: "bash".into(),
+                arguments: json!({"command": "ls"}),
+            }],
+            finish_reason: None,
+        };
+        let out = raw_output(&reply, "<|im_end|>");
+        assert_eq!(
+            out,
+            "<think>\nI should look.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call><|im_end|>"
+        );
+    }
+}

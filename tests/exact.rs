@@ -1,0 +1,636 @@
+//! Exact mode (`graft gateway --mode exact`): the gateway renders and tokenizes prompts with
+//! the real Qwen3 chat template and tokenizer, calls the scripted upstream's SGLang-native
+//! `/generate` with `input_ids` (it tokenizes its scripted replies with the same tokenizer
+//! and reports per-token logprobs), and answers each client in its own dialect. The records
+//! must hold exactly the ids the backend produced, a session's later prompts must contain the
+//! earlier sampled ids verbatim even though Qwen3 rewrites history (it drops old `<think>`
+//! blocks), and `graft reconstruct` must merge each session into one sample with no drift.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::{Proc, Stack, TestEnv, http};
+use graft_reconstruct::exact::PromptBuilder;
+use graft_reconstruct::retokenize::Model;
+use graft_reconstruct::sample::read_samples_parquet;
+use graft_reconstruct::template::Tokenizer;
+use serde_json::{Value, json};
+
+/// The scripted model's logprob for a token (`src/scripted.rs`).
+fn logprob(id: u32) -> f32 {
+    (-f64::from(id % 97) / 100.0) as f32
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of logprobs: {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+fn tools() -> Value {
+    json!([{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}])
+}
+
+const SCRIPT: &str = r#"{"rules": [
+  {"role": "tool", "reply": {"reasoning": "The listing is in.", "content": "The directory holds a.txt and b.txt."}},
+  {"match": "list the files", "reply": {"reasoning": "I need to look at the directory.", "content": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}},
+  {"match": "and count them", "reply": {"reasoning": "Two files were listed.", "content": "There are 2 files."}},
+  {"match": "tell a long story", "reply": {"content": "Once upon a time there was a gateway that recorded every single token the policy sampled, and the researchers who trained on them never again wondered what the model had really seen."}}
+]}"#;
+
+/// What the scripted Qwen3 "generated" for a turn: `<think>` reasoning, content, Hermes tool
+/// calls, `<|im_end|>`.
+fn generated(reasoning: &str, content: &str, calls: &[(&str, &str)]) -> String {
+    let mut out = format!("<think>\n{reasoning}\n</think>\n\n{content}");
+    for (name, args) in calls {
+        out.push_str(&format!(
+            "\n<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {args}}}\n</tool_call>"
+        ));
+    }
+    out + "<|im_end|>"
+}
+
+struct Setup {
+    gateway: Proc,
+    upstream: Proc,
+    data: PathBuf,
+    qwen3: PathBuf,
+    dir: tempfile::TempDir,
+}
+
+fn start(script: &str, upstream_args: &[&str], gateway_args: &[&str]) -> Setup {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, script).unwrap();
+    let q = qwen3.to_str().unwrap();
+    let mut up = vec!["--script", script_path.to_str().unwrap(), "--tokenizer", q];
+    up.extend_from_slice(upstream_args);
+    let upstream = Proc::scripted_upstream(&up);
+    let mut gw = vec!["--mode", "exact", "--model-dir", q];
+    gw.extend_from_slice(gateway_args);
+    let gateway = Proc::gateway_with(&upstream.url, &data, &gw, &[]);
+    Setup {
+        gateway,
+        upstream,
+        data,
+        qwen3,
+        dir,
+    }
+}
+
+async fn open_session(gw: &str) -> (String, String) {
+    let s = http::post_json(
+        &format!("{gw}/graft/sessions"),
+        &[],
+        &json!({"group_id": "g"}),
+    )
+    .await
+    .json();
+    (
+        s["session_id"].as_str().unwrap().to_string(),
+        s["base_url"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Rebuilds the assistant message (content, reasoning, tool calls) from chat chunks.
+fn assemble(chunks: &[Value]) -> Value {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut calls: Vec<Value> = vec![];
+    for c in chunks {
+        for ch in c["choices"].as_array().unwrap() {
+            let d = &ch["delta"];
+            content.push_str(d["content"].as_str().unwrap_or_default());
+            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or_default());
+            for tc in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = tc["index"].as_u64().unwrap() as usize;
+                if i == calls.len() {
+                    calls.push(json!({"id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}));
+                }
+                let prev = calls[i]["function"]["arguments"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                calls[i]["function"]["arguments"] =
+                    json!(prev + tc["function"]["arguments"].as_str().unwrap_or_default());
+            }
+        }
+    }
+    let mut m = json!({"role": "assistant", "content": content, "reasoning_content": reasoning});
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
+
+/// One three-call session: a tool call, the answer to its result, then a second user turn
+/// (where Qwen3's template drops the earlier `<think>` blocks). The client echoes each answer
+/// back WITHOUT its reasoning, as most clients do. Returns the session id.
+async fn session(gw: &str, stream: bool) -> String {
+    let (sid, base) = open_session(gw).await;
+    let mut messages = vec![
+        json!({"role": "system", "content": "You run shell commands."}),
+        json!({"role": "user", "content": "list the files please"}),
+    ];
+    let expect = [
+        ("I need to look at the directory.", "Let me look.", true),
+        (
+            "The listing is in.",
+            "The directory holds a.txt and b.txt.",
+            false,
+        ),
+        ("Two files were listed.", "There are 2 files.", false),
+    ];
+    for (turn, (reasoning, content, tool)) in expect.iter().enumerate() {
+        let mut body = json!({"model": "qwen3", "tools": tools(), "messages": messages});
+        if stream {
+            body["stream"] = json!(true);
+            body["stream_options"] = json!({"include_usage": true});
+        }
+        let r = http::post_json(&format!("{base}/chat/completions"), &[], &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let msg = if stream {
+            let data = r.sse_data();
+            assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+            let chunks: Vec<Value> = data[..data.len() - 1]
+                .iter()
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect();
+            assert!(chunks.len() > 4, "streamed in several chunks: {chunks:#?}");
+            let usage = &chunks.last().unwrap()["usage"];
+            assert!(usage["completion_tokens"].as_u64().unwrap() > 5, "{usage}");
+            assemble(&chunks)
+        } else {
+            let v = r.json();
+            assert_eq!(v["object"], "chat.completion");
+            v["choices"][0]["message"].clone()
+        };
+        assert_eq!(msg["content"], *content, "turn {turn}: {msg}");
+        assert_eq!(msg["reasoning_content"], *reasoning, "turn {turn}: {msg}");
+        let mut echo = msg.clone();
+        echo.as_object_mut().unwrap().remove("reasoning_content");
+        messages.push(echo);
+        if *tool {
+            let call = &msg["tool_calls"][0];
+            assert_eq!(call["function"]["name"], "bash", "{msg}");
+            assert_eq!(
+                serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap())
+                    .unwrap(),
+                json!({"command": "ls -la"})
+            );
+            messages.push(
+                json!({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt"}),
+            );
+        } else if turn == 1 {
+            messages.push(json!({"role": "user", "content": "and count them"}));
+        }
+    }
+    sid
+}
+
+fn reconstruct(data: &Path, qwen3: &Path, out: &Path) -> Value {
+    let text = common::graft(&[
+        "reconstruct",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--tokenizer",
+        qwen3.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    serde_json::from_str(text.lines().last().unwrap()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+/// Checks a session's records (seq order) against what the backend produced, and that each
+/// prompt holds the previous prompt and completion verbatim. Returns the records.
+fn check_session_records(records: &[Value], sid: &str, tok: &Tokenizer) -> Vec<Value> {
+    let mut recs: Vec<Value> = records
+        .iter()
+        .filter(|r| r["session_id"] == sid)
+        .cloned()
+        .collect();
+    recs.sort_by_key(|r| r["seq"].as_u64().unwrap());
+    for r in &recs {
+        assert_eq!(r["outcome"], "ok", "{r:#}");
+        assert_eq!(r["upstream_dialect"], "sglang_generate", "{r:#}");
+        assert_eq!(r["weight_version"], "default", "{r:#}");
+        assert_eq!(r["finish_reason"], "stop", "{r:#}");
+        let up = &r["upstream_request"];
+        assert_eq!(up["return_logprob"], true, "{up}");
+        assert!(
+            up.get("input_ids").is_none(),
+            "ids live in prompt_token_ids: {up}"
+        );
+        let completion = ids(&r["completion_token_ids"]);
+        let lps = f32s(&r["completion_logprobs"]);
+        assert_eq!(
+            lps,
+            completion.iter().map(|&i| logprob(i)).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            r["usage"]["completion_tokens"].as_u64(),
+            Some(completion.len() as u64)
+        );
+        assert!(
+            tok.decode(&completion).unwrap().starts_with("<think>\n"),
+            "{r:#}"
+        );
+    }
+    for w in recs.windows(2) {
+        let mut sampled = ids(&w[0]["prompt_token_ids"]);
+        sampled.extend(ids(&w[0]["completion_token_ids"]));
+        let next = ids(&w[1]["prompt_token_ids"]);
+        assert!(
+            next.starts_with(&sampled),
+            "call {} does not start with call {}'s prompt + completion",
+            w[1]["seq"],
+            w[0]["seq"]
+        );
+        assert_eq!(
+            w[1]["upstream_request"]["graft_prompt"]["reused_tokens"].as_u64(),
+            Some(sampled.len() as u64)
+        );
+    }
+    recs
+}
+
+/// The trained tokens of each sample are exactly the sampled ones, with their logprobs.
+fn check_samples(out: &Path, records: &[Value]) {
+    for x in read_samples_parquet(out).unwrap() {
+        let mut recs: Vec<&Value> = records
+            .iter()
+            .filter(|r| r["session_id"] == x.session_id)
+            .collect();
+        recs.sort_by_key(|r| r["seq"].as_u64().unwrap());
+        let mut want_ids = vec![];
+        let mut want_lps = vec![];
+        for r in &recs {
+            want_ids.extend(ids(&r["completion_token_ids"]));
+            want_lps.extend(f32s(&r["completion_logprobs"]));
+        }
+        let (got_ids, got_lps): (Vec<u32>, Vec<f32>) = x
+            .tokens
+            .iter()
+            .zip(&x.loss_mask)
+            .zip(&x.logprobs)
+            .filter(|((_, m), _)| **m == 1)
+            .map(|((t, _), l)| (*t, *l))
+            .unzip();
+        assert_eq!(got_ids, want_ids, "session {}", x.session_id);
+        assert_eq!(got_lps, want_lps, "session {}", x.session_id);
+        assert_eq!(x.fork_reason, None, "session {}", x.session_id);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_chat_sessions_keep_sampled_tokens_through_qwen3_history_rewrites() {
+    let s = start(SCRIPT, &[], &[]);
+    let gw = s.gateway.url.clone();
+    let json_sid = session(&gw, false).await;
+    let sse_sid = session(&gw, true).await;
+
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let records = common::records_show(&s.data);
+    for sid in [&json_sid, &sse_sid] {
+        let recs = check_session_records(&records, sid, &tok);
+        assert_eq!(recs.len(), 3, "{records:#?}");
+        // The backend produced exactly the scripted model's output, think blocks included.
+        let texts: Vec<String> = recs
+            .iter()
+            .map(|r| tok.decode(&ids(&r["completion_token_ids"])).unwrap())
+            .collect();
+        assert_eq!(
+            texts[0],
+            generated(
+                "I need to look at the directory.",
+                "Let me look.",
+                &[("bash", r#"{"command":"ls -la"}"#)]
+            )
+        );
+        assert_eq!(
+            texts[2],
+            generated("Two files were listed.", "There are 2 files.", &[])
+        );
+        // Without reuse the third prompt would drift: Qwen3's own rendering of the
+        // conversation drops the earlier `<think>` blocks the model sampled.
+        let builder = PromptBuilder::new(Model::from_dir(&s.qwen3).unwrap());
+        let msgs = graft_reconstruct::exact::template_messages(
+            recs[2]["request"]["messages"].as_array().unwrap(),
+        );
+        let full = builder
+            .full(&msgs, Some(tools().as_array().unwrap()))
+            .unwrap();
+        let mut sampled = ids(&recs[1]["prompt_token_ids"]);
+        sampled.extend(ids(&recs[1]["completion_token_ids"]));
+        assert!(
+            !full.ids.starts_with(&sampled),
+            "the template rewrites history"
+        );
+        assert!(ids(&recs[2]["prompt_token_ids"]).starts_with(&sampled));
+    }
+    drop(s.gateway);
+    drop(s.upstream);
+
+    let out = s.dir.path().join("samples.parquet");
+    let summary = reconstruct(&s.data, &s.qwen3, &out);
+    assert_eq!(summary["exact_calls"], 6, "{summary}");
+    assert_eq!(summary["retokenized_calls"], 0, "{summary}");
+    assert_eq!(summary["samples"], 2, "one sample per session: {summary}");
+    assert_eq!(summary["drift_events"], 0, "{summary}");
+    check_samples(&out, &common::records_show(&s.data));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exact_streaming_sends_tokens_while_the_backend_is_still_generating() {
+    // 300 ms between the backend's events: the answer takes several seconds to generate.
+    let s = start(SCRIPT, &["--chunk-delay-ms", "300"], &[]);
+    let (sid, base) = open_session(&s.gateway.url).await;
+    let body = json!({"model": "qwen3", "stream": true,
+        "messages": [{"role": "user", "content": "tell a long story"}]});
+    let resp = http::post_stream(&format!("{base}/chat/completions"), &body).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let mut text = String::new();
+    // Read until the first piece of content.
+    while text.is_empty() {
+        let d = http::next_sse_data(&mut body, &mut buf)
+            .await
+            .expect("stream ended early");
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    // The backend has not finished: the gateway's call to it is still open and nothing is
+    // recorded yet.
+    let metrics = http::get(&format!("{}/metrics", s.gateway.url), &[])
+        .await
+        .text();
+    assert!(
+        metrics.lines().any(|l| l == "graft_upstream_inflight 1"),
+        "the backend call should still be in flight:\n{metrics}"
+    );
+    assert!(common::records_show(&s.data).is_empty());
+    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
+        if d == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    assert!(
+        text.starts_with("Once upon a time") && text.ends_with("really seen."),
+        "{text}"
+    );
+    let recs = common::records_show(&s.data);
+    let rec = recs.iter().find(|r| r["session_id"] == sid).unwrap();
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    assert_eq!(
+        tok.decode(&ids(&rec["completion_token_ids"])).unwrap(),
+        format!("{text}<|im_end|>")
+    );
+    assert!(rec["ttft_ms"].as_f64().unwrap() < rec["latency_ms"].as_f64().unwrap());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_holds_new_calls_until_resume_and_waits_for_calls_in_flight() {
+    let s = start(SCRIPT, &["--chunk-delay-ms", "100"], &[]);
+    let gw = s.gateway.url.clone();
+    let (sid, base) = open_session(&gw).await;
+    let story = json!({"model": "qwen3", "stream": true,
+        "messages": [{"role": "user", "content": "tell a long story"}]});
+    // A call in flight: pause must wait for it to finish, not abort it.
+    let resp = http::post_stream(&format!("{base}/chat/completions"), &story).await;
+    let mut inflight = resp.into_body();
+    let mut buf = String::new();
+    http::next_sse_data(&mut inflight, &mut buf).await.unwrap();
+    let reader = tokio::spawn(async move {
+        let mut n = 0;
+        while let Some(d) = http::next_sse_data(&mut inflight, &mut buf).await {
+            n += 1;
+            if d == "[DONE]" {
+                return n;
+            }
+        }
+        panic!("the stream in flight ended without [DONE]");
+    });
+    let paused = http::post_json(&format!("{gw}/graft/backend/pause"), &[], &json!({})).await;
+    assert_eq!(paused.status, 200, "{}", paused.text());
+    assert!(reader.is_finished() || reader.await.is_ok());
+    // The call in flight completed and was recorded before pause returned.
+    let recs = common::records_show(&s.data);
+    assert_eq!(recs.iter().filter(|r| r["session_id"] == sid).count(), 1);
+    assert_eq!(recs[0]["outcome"], "ok");
+
+    // While paused a new call waits.
+    let url = format!("{base}/chat/completions");
+    let held = tokio::spawn(async move {
+        http::post_json(
+            &url,
+            &[],
+            &json!({"model": "qwen3",
+            "messages": [{"role": "user", "content": "hello"}]}),
+        )
+        .await
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    assert!(
+        !held.is_finished(),
+        "a call went through while the gateway was paused"
+    );
+    let status = http::get(&format!("{gw}/graft/backend/status"), &[])
+        .await
+        .json();
+    assert_eq!(status["paused"], true, "{status}");
+    let resumed = http::post_json(&format!("{gw}/graft/backend/resume"), &[], &json!({})).await;
+    assert_eq!(resumed.json()["was_paused"], true);
+    let r = held.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.json()["choices"][0]["message"]["content"],
+        "You said: hello"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let q = qwen3.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let a = Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", q]);
+    let b = Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", q]);
+    let config = dir.path().join("graft.toml");
+    std::fs::write(
+        &config,
+        format!("[exact]\nbackends = [\"{}\", \"{}\"]\n", a.url, b.url),
+    )
+    .unwrap();
+    let data = dir.path().join("data");
+    let gw = Proc::gateway_with(
+        &a.url,
+        &data,
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let mut sids = vec![];
+    for _ in 0..2 {
+        let (sid, base) = open_session(&gw.url).await;
+        for text in ["hello", "again"] {
+            let r = http::post_json(
+                &format!("{base}/chat/completions"),
+                &[],
+                &json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]}),
+            )
+            .await;
+            assert_eq!(r.status, 200, "{}", r.text());
+        }
+        sids.push(sid);
+    }
+    let recs = common::records_show(&data);
+    let backend_of = |sid: &str| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r["session_id"] == sid)
+            .map(|r| r["upstream"].as_str().unwrap().to_string())
+            .collect()
+    };
+    let (x, y) = (backend_of(&sids[0]), backend_of(&sids[1]));
+    assert_eq!(x.len(), 2);
+    assert!(
+        x.iter().all(|u| *u == x[0]) && y.iter().all(|u| *u == y[0]),
+        "{x:?} {y:?}"
+    );
+    assert_ne!(
+        x[0], y[0],
+        "two sessions share one backend while the other is idle"
+    );
+
+    // /v1/completions has no conversation to render: refused with a message that says so.
+    let r = http::post_json(
+        &format!("{}/v1/completions", gw.url),
+        &[],
+        &json!({"model": "qwen3", "prompt": "hi"}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("exact mode"),
+        "{}",
+        r.text()
+    );
+    // A backend that is down: a 502 in the client's dialect, recorded; the gateway stays up.
+    drop(b);
+    drop(a);
+    let r = http::post_json(
+        &format!("{}/v1/messages", gw.url),
+        &[("anthropic-version", "2023-06-01")],
+        &json!({"model": "qwen3", "max_tokens": 50, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert_eq!(
+        r.json()["type"],
+        "error",
+        "Anthropic's error shape: {}",
+        r.text()
+    );
+    let health = http::get(&format!("{}/healthz", gw.url), &[]).await;
+    assert_eq!(health.status, 200);
+}
+
+#[test]
+fn mini_swe_agent_in_exact_mode_merges_into_one_sample_with_think_every_turn() {
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let q = q.to_str().unwrap();
+    let stack = Stack::start_with(&["--tokenizer", q], &["--mode", "exact", "--model-dir", q]);
+    stack.open_session("mini-exact");
+    let out = env.py_client(
+        "mini_swe_agent.py",
+        &[],
+        &stack.target(Some("mini-exact"), None),
+    );
+    assert_eq!(out["result_txt"], "graft-mini-step-one-done\n", "{out:#}");
+    let recs = stack.wait_records("mini-exact", 2);
+    let tok = Tokenizer::from_dir(Path::new(q)).unwrap();
+    let recs = check_session_records(&recs, "mini-exact", &tok);
+    assert_eq!(recs.len(), 2);
+    let out_file = stack.dir.path().join("samples.parquet");
+    let summary = reconstruct(&stack.data_dir, Path::new(q), &out_file);
+    assert_eq!(summary["samples"], 1, "{summary}");
+    assert_eq!(summary["drift_events"], 0, "{summary}");
+    check_samples(&out_file, &recs);
+}
+
+#[test]
+fn codex_in_exact_mode_merges_into_one_sample_with_think_every_turn() {
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let q = q.to_str().unwrap();
+    let stack = Stack::start_with(&["--tokenizer", q], &["--mode", "exact", "--model-dir", q]);
+    let session = stack.open_session("codex-exact");
+    let target = stack.target(Some("codex-exact"), None);
+    let config_text = common::graft(&[
+        "harness",
+        "config",
+        "codex",
+        "--session",
+        session["base_url"].as_str().unwrap(),
+        "--api-key",
+        &target.api_key,
+        "--model",
+        &target.model,
+    ]);
+    let config = stack.dir.path().join("codex-config.toml");
+    std::fs::write(&config, &config_text).unwrap();
+    let out = env.codex_client(&config, &target);
+    assert_eq!(out["result_txt"], "graft-codex-step-done\n", "{out:#}");
+    let recs = stack.wait_records("codex-exact", 2);
+    let tok = Tokenizer::from_dir(Path::new(q)).unwrap();
+    let recs = check_session_records(&recs, "codex-exact", &tok);
+    assert!(recs.len() >= 2);
+    assert!(
+        recs.iter()
+            .all(|r| r["dialect"] == "responses" && r["stream"] == true)
+    );
+    let out_file = stack.dir.path().join("samples.parquet");
+    let summary = reconstruct(&stack.data_dir, Path::new(q), &out_file);
+    assert_eq!(summary["samples"], 1, "{summary}");
+    assert_eq!(summary["drift_events"], 0, "{summary}");
+    check_samples(&out_file, &recs);
+}
