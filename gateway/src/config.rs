@@ -528,6 +528,54 @@ mod tests {
     }
 
     #[test]
+    fn exact_mode_needs_a_model_dir_and_takes_backends() {
+        let f =
+            FileConfig::from_toml("[upstream]\nmode = \"exact\"\n", Path::new("g.toml")).unwrap();
+        let o = Overrides {
+            upstream: Some("http://sglang:30000".into()),
+            ..Default::default()
+        };
+        let err = GatewayConfig::resolve(f, o.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("exact.model_dir") && err.contains("--model-dir"),
+            "{err}"
+        );
+        let f = FileConfig::from_toml(
+            "[upstream]\nmode = \"exact\"\n[exact]\nmodel_dir = \"m\"\ntemplate_kwargs = { enable_thinking = false }\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(f, o.clone()).unwrap();
+        let e = c.exact.unwrap();
+        // The default backend is the upstream without /v1 (SGLang's native routes).
+        assert_eq!(e.backends, vec!["http://sglang:30000".to_string()]);
+        assert_eq!(e.template_kwargs["enable_thinking"], false);
+        assert_eq!(e.max_new_tokens, 8192);
+        let f = FileConfig::from_toml("[exact]\nbackends = [\"sglang:1\"]\n", Path::new("g.toml"))
+            .unwrap();
+        let o2 = Overrides {
+            mode: Some(Mode::Exact),
+            model_dir: Some("m".into()),
+            ..o
+        };
+        let err = GatewayConfig::resolve(f, o2).unwrap_err().to_string();
+        assert!(
+            err.contains("exact.backends") && err.contains("sglang:1"),
+            "{err}"
+        );
+        let err =
+            FileConfig::from_toml("[exact]\ntool_call_format = \"xml\"\n", Path::new("g.toml"))
+                .unwrap_err()
+                .to_string();
+        assert!(
+            err.contains("tool_call_format") || err.contains("xml"),
+            "{err}"
+        );
+    }
+
+    #[test]
     fn token_ids_mode_is_strict() {
         use crate::token_ids::TokenIdsMode;
         let f = FileConfig::from_toml(

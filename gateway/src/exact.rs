@@ -216,6 +216,16 @@ pub(crate) async fn handle(
             ));
         }
     };
+    if let Some(n) = request.get("n").and_then(Value::as_u64)
+        && n > 1
+    {
+        return Err(GatewayError::field(
+            "n",
+            format!(
+                "exact mode samples one choice per call ('n' is {n}); send {n} calls in the same group instead"
+            ),
+        ));
+    }
     let (chat_req, notes) = chat::to_request(&conv);
     let mut conv = conv;
     conv.notes.extend(notes);

@@ -34,6 +34,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use graft_reconstruct::exact::{PromptBuilder, PromptKind, Turn, template_messages};
 use graft_reconstruct::merge::{CallTokens, MergeResult, Summary, merge_session};
 use graft_reconstruct::retokenize::{Model, conversation_calls};
 use graft_reconstruct::sample::{SAMPLE_SCHEMA_VERSION, Sample, write_samples_parquet};
@@ -897,7 +898,10 @@ fn main() {
             println!("{line}");
             let _ = writeln!(out, "{line}\n");
         }
-        Some(dir) => retok(&a, &dir, &mut out),
+        Some(dir) => {
+            retok(&a, &dir, &mut out);
+            exact_prompt(&a, &dir, &mut out);
+        }
     }
     let _ = writeln!(
         out,
@@ -1007,4 +1011,82 @@ fn retok(a: &Args, dir: &Path, out: &mut String) {
             secs(e)
         );
     }
+}
+
+/// Exact mode's per-call prompt cost as the history grows: the session's previous call is
+/// reused (its ids kept, only the new tool result and the generation prompt rendered and
+/// tokenized) versus rendering and tokenizing the whole conversation.
+fn exact_prompt(a: &Args, dir: &Path, out: &mut String) {
+    let builder = PromptBuilder::new(Model::from_dir(dir).unwrap());
+    let mut rng = StdRng::seed_from_u64(a.seed ^ 0x6578_6163_745f_7072);
+    let words = Words::new(&mut rng);
+    let tools = tools();
+    let _ = writeln!(
+        out,
+        "\n### Exact-mode prompt: prefix reuse vs full re-tokenization\n\n\
+         One call of a generated agent session (as above) after N assistant turns: the request \
+         is the previous call's messages, its answer and a new tool result. *reuse* = \
+         `PromptBuilder::prompt` with the previous call as history (what the gateway does: the \
+         previous prompt + completion ids kept verbatim, only the tool result and the \
+         generation prompt rendered after a stand-in history and tokenized); *full* = \
+         `PromptBuilder::full` (render the whole conversation, tokenize it), the baseline. \
+         Median of repeated runs, {:.1} s per side per row, interleaved.\n",
+        a.retok_secs
+    );
+    let _ = writeln!(
+        out,
+        "| history | prompt tokens | reused tokens | reuse ms/call | full ms/call | reuse / full |"
+    );
+    let _ = writeln!(out, "|---|---:|---:|---:|---:|---:|");
+    for turns in [2usize, 8, 32, 64] {
+        let conv = template_messages(&conversation(&words, &mut rng, turns));
+        let (history, answer) = conv.split_at(conv.len() - 1);
+        let (p, c) = builder
+            .model()
+            .exchange(history, Some(&tools), &answer[0])
+            .unwrap();
+        let mut tokens = p;
+        tokens.extend(c);
+        let turn = std::sync::Arc::new(Turn {
+            messages: history.to_vec(),
+            tools: Some(tools.clone()),
+            answer: answer[0].clone(),
+            tokens,
+        });
+        let mut req = conv.clone();
+        req.push(
+            json!({"role": "tool", "tool_call_id": format!("call_{}", turns - 1),
+                        "content": words.text(&mut rng, 25, 400)}),
+        );
+        let reused = builder.prompt(&req, Some(&tools), &[turn.clone()]).unwrap();
+        let PromptKind::Reused { reused: kept } = reused.kind else {
+            panic!("the bench request does not extend its history");
+        };
+        let (mut tr, mut tf) = (Vec::new(), Vec::new());
+        let slice = a.retok_secs / 3.0;
+        for _ in 0..3 {
+            tr.extend(time_loop(slice, 1, || {
+                std::hint::black_box(builder.prompt(&req, Some(&tools), &[turn.clone()]).unwrap());
+            }));
+            tf.extend(time_loop(slice, 1, || {
+                std::hint::black_box(builder.full(&req, Some(&tools)).unwrap());
+            }));
+        }
+        let (r, f) = (median(&mut tr), median(&mut tf));
+        let _ = writeln!(
+            out,
+            "| {turns} turns | {} | {kept} | {:.3} | {:.2} | {:.3}× |",
+            reused.ids.len(),
+            secs(r) * 1e3,
+            secs(f) * 1e3,
+            secs(r) / secs(f),
+        );
+    }
+    let _ = writeln!(
+        out,
+        "\nReuse renders and tokenizes only the new messages; what still grows with the history \
+         is comparing the request's messages with the previous call's and copying its ids. \
+         Full re-tokenization grows with the whole conversation, and over a session it is paid \
+         on every call (quadratic in the session's length)."
+    );
 }
