@@ -1,18 +1,17 @@
 //! `envd-agent`: the first process of every exec inside a local sandbox.
 //!
 //! It runs as the sandbox's user inside the sandbox's namespaces (no network but loopback)
-//! and does two things: opens the gateway forward — a TCP listener on the sandbox's
+//! as pid 1 of the sandbox's PID namespace (bubblewrap's `--as-pid-1`: it reaps every
+//! orphan, and when it exits the kernel kills everything left in the namespace) and does
+//! two things: opens the gateway forward — a TCP listener on the sandbox's
 //! loopback whose connections it relays to a unix socket that envd bind-mounted in and
 //! serves on the host side, connected to graft's gateway — and runs the command, exiting
-//! with its status (`128 + signal` when a signal ended it). When it exits, bubblewrap's
-//! init exits and the kernel kills everything left in the sandbox's PID namespace, so no
-//! process outlives its exec.
+//! with its status (`128 + signal` when a signal ended it). No process outlives its exec.
 //!
 //! Usage: `envd-agent [--forward 127.0.0.1:PORT=/path/to.sock] -- PROGRAM [ARGS...]`
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::PathBuf;
 
 #[derive(Debug, Clone, PartialEq)]
@@ -105,18 +104,34 @@ pub fn run(args: AgentArgs) -> i32 {
     let Some((prog, rest)) = args.argv.split_first() else {
         return 127;
     };
-    match std::process::Command::new(prog).args(rest).status() {
-        Ok(s) => match (s.code(), s.signal()) {
-            (Some(c), _) => c,
-            (None, Some(sig)) => 128 + sig,
-            (None, None) => 1,
-        },
+    let child = match std::process::Command::new(prog).args(rest).spawn() {
+        Ok(c) => c,
         Err(e) => {
             eprintln!("envd-agent: cannot run '{prog}': {e}");
-            if e.kind() == std::io::ErrorKind::NotFound {
+            return if e.kind() == std::io::ErrorKind::NotFound {
                 127
             } else {
                 126
+            };
+        }
+    };
+    let main_pid = child.id() as i32;
+    // As the sandbox's pid 1 the agent is the reaper of every orphan: wait for any child
+    // (so orphans never pile up as zombies against the pids limit) until the command's.
+    loop {
+        match rustix::process::wait(rustix::process::WaitOptions::empty()) {
+            Ok(Some((pid, status))) if pid.as_raw_nonzero().get() == main_pid => {
+                return match (status.exit_status(), status.terminating_signal()) {
+                    (Some(c), _) => c,
+                    (None, Some(sig)) => 128 + sig,
+                    (None, None) => 1,
+                };
+            }
+            Ok(_) => {}
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                eprintln!("envd-agent: waiting for '{prog}' failed: {e}");
+                return 1;
             }
         }
     }
@@ -167,7 +182,10 @@ mod tests {
 
     #[test]
     fn exit_status_and_signals_are_reported() {
-        assert_eq!(run(parse_args(&s(&["--", "sh", "-c", "exit 7"])).unwrap()), 7);
+        assert_eq!(
+            run(parse_args(&s(&["--", "sh", "-c", "exit 7"])).unwrap()),
+            7
+        );
         assert_eq!(
             run(parse_args(&s(&["--", "sh", "-c", "kill -9 $$"])).unwrap()),
             137

@@ -13,18 +13,39 @@ use std::time::Duration;
 
 use crate::model::Limits;
 
-const GROUP: &str = "graft-envd";
+/// The parent of every envd instance's cgroups.
+pub const PARENT: &str = "graft-envd";
+
+/// `graft-envd/<hash of the data dir>`: instances with different data dirs never touch
+/// each other's cgroups (and leftovers of a crashed run are found by the next one).
+pub fn group_for(data_dir: &Path) -> PathBuf {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in data_dir.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    Path::new(PARENT).join(format!("{h:016x}"))
+}
 
 #[derive(Debug, Clone)]
 pub enum Cgroups {
-    V1 { root: PathBuf },
-    V2 { root: PathBuf },
+    V1 {
+        root: PathBuf,
+        group: PathBuf,
+    },
+    V2 {
+        root: PathBuf,
+        group: PathBuf,
+    },
     /// No writable cgroup hierarchy (not root, or none mounted): no limits.
-    None { why: String },
+    None {
+        why: String,
+    },
 }
 
 fn write(path: &Path, value: &str) -> Result<(), String> {
-    std::fs::write(path, value).map_err(|e| format!("cannot write '{value}' to {}: {e}", path.display()))
+    std::fs::write(path, value)
+        .map_err(|e| format!("cannot write '{value}' to {}: {e}", path.display()))
 }
 
 fn mkdir(path: &Path) -> Result<(), String> {
@@ -52,17 +73,21 @@ pub fn procs(file: &Path) -> Vec<i32> {
 
 impl Cgroups {
     /// Finds a writable hierarchy under `root` (normally /sys/fs/cgroup).
-    pub fn detect(root: &Path) -> Cgroups {
+    pub fn detect(root: &Path, group: PathBuf) -> Cgroups {
         let v2 = root.join("cgroup.controllers");
         if v2.is_file() {
-            let group = root.join(GROUP);
-            return match mkdir(&group).and_then(|()| {
-                write(&root.join("cgroup.subtree_control"), "+memory +pids +cpu")
-                    .or(Ok::<(), String>(()))?;
-                write(&group.join("cgroup.subtree_control"), "+memory +pids +cpu")
-            }) {
+            let parent = root.join(PARENT);
+            let mine = root.join(&group);
+            let ctl = "+memory +pids +cpu";
+            let _ = write(&root.join("cgroup.subtree_control"), ctl);
+            let made = mkdir(&parent)
+                .and_then(|()| write(&parent.join("cgroup.subtree_control"), ctl))
+                .and_then(|()| mkdir(&mine))
+                .and_then(|()| write(&mine.join("cgroup.subtree_control"), ctl));
+            return match made {
                 Ok(()) => Cgroups::V2 {
                     root: root.to_owned(),
+                    group,
                 },
                 Err(why) => Cgroups::None { why },
             };
@@ -74,12 +99,13 @@ impl Cgroups {
                     why: format!("no cgroup v1 '{c}' controller at {}", dir.display()),
                 };
             }
-            if let Err(why) = mkdir(&dir.join(GROUP)) {
+            if let Err(why) = mkdir(&dir.join(PARENT)).and_then(|()| mkdir(&dir.join(&group))) {
                 return Cgroups::None { why };
             }
         }
         Cgroups::V1 {
             root: root.to_owned(),
+            group,
         }
     }
 
@@ -93,23 +119,23 @@ impl Cgroups {
         let period: u64 = 100_000;
         let quota = ((limits.cpus * period as f64) as u64).max(1000);
         match self {
-            Cgroups::V1 { root } => {
-                let m = root.join("memory").join(GROUP).join(sb);
+            Cgroups::V1 { root, group } => {
+                let m = root.join("memory").join(group).join(sb);
                 mkdir(&m)?;
                 write(&m.join("memory.limit_in_bytes"), &mem)?;
                 // Without swap accounting the file is absent; with it, swap is capped too.
                 let _ = write(&m.join("memory.memsw.limit_in_bytes"), &mem);
-                let p = root.join("pids").join(GROUP).join(sb);
+                let p = root.join("pids").join(group).join(sb);
                 mkdir(&p)?;
                 write(&p.join("pids.max"), &limits.pids.to_string())?;
-                let c = root.join("cpu").join(GROUP).join(sb);
+                let c = root.join("cpu").join(group).join(sb);
                 mkdir(&c)?;
                 write(&c.join("cpu.cfs_period_us"), &period.to_string())?;
                 write(&c.join("cpu.cfs_quota_us"), &quota.to_string())?;
                 Ok(())
             }
-            Cgroups::V2 { root } => {
-                let d = root.join(GROUP).join(sb);
+            Cgroups::V2 { root, group } => {
+                let d = root.join(group).join(sb);
                 mkdir(&d)?;
                 write(&d.join("memory.max"), &mem)?;
                 let _ = write(&d.join("memory.swap.max"), "0");
@@ -131,10 +157,14 @@ impl Cgroups {
         owner: Option<(u32, u32)>,
     ) -> Result<Vec<PathBuf>, String> {
         match self {
-            Cgroups::V1 { root } => {
-                let m = root.join("memory").join(GROUP).join(sb).join("cgroup.procs");
-                let c = root.join("cpu").join(GROUP).join(sb).join("cgroup.procs");
-                let j = root.join("pids").join(GROUP).join(sb).join(job);
+            Cgroups::V1 { root, group } => {
+                let m = root
+                    .join("memory")
+                    .join(group)
+                    .join(sb)
+                    .join("cgroup.procs");
+                let c = root.join("cpu").join(group).join(sb).join("cgroup.procs");
+                let j = root.join("pids").join(group).join(sb).join(job);
                 mkdir(&j)?;
                 let p = j.join("cgroup.procs");
                 for f in [&m, &c, &p] {
@@ -142,8 +172,8 @@ impl Cgroups {
                 }
                 Ok(vec![m, c, p])
             }
-            Cgroups::V2 { root } => {
-                let j = root.join(GROUP).join(sb).join(job);
+            Cgroups::V2 { root, group } => {
+                let j = root.join(group).join(sb).join(job);
                 mkdir(&j)?;
                 let p = j.join("cgroup.procs");
                 chown(&p, owner)?;
@@ -155,14 +185,16 @@ impl Cgroups {
 
     fn job_procs_file(&self, sb: &str, job: &str) -> Option<PathBuf> {
         match self {
-            Cgroups::V1 { root } => Some(
+            Cgroups::V1 { root, group } => Some(
                 root.join("pids")
-                    .join(GROUP)
+                    .join(group)
                     .join(sb)
                     .join(job)
                     .join("cgroup.procs"),
             ),
-            Cgroups::V2 { root } => Some(root.join(GROUP).join(sb).join(job).join("cgroup.procs")),
+            Cgroups::V2 { root, group } => {
+                Some(root.join(group).join(sb).join(job).join("cgroup.procs"))
+            }
             Cgroups::None { .. } => None,
         }
     }
@@ -189,8 +221,10 @@ impl Cgroups {
     /// Processes alive in the sandbox (its pids cgroup, children included).
     pub fn sandbox_processes(&self, sb: &str) -> Option<u64> {
         let f = match self {
-            Cgroups::V1 { root } => root.join("pids").join(GROUP).join(sb).join("pids.current"),
-            Cgroups::V2 { root } => root.join(GROUP).join(sb).join("pids.current"),
+            Cgroups::V1 { root, group } => {
+                root.join("pids").join(group).join(sb).join("pids.current")
+            }
+            Cgroups::V2 { root, group } => root.join(group).join(sb).join("pids.current"),
             Cgroups::None { .. } => return None,
         };
         std::fs::read_to_string(f).ok()?.trim().parse().ok()
@@ -199,11 +233,16 @@ impl Cgroups {
     /// How many times the OOM killer has killed in the sandbox so far.
     pub fn oom_kills(&self, sb: &str) -> u64 {
         let (f, key) = match self {
-            Cgroups::V1 { root } => (
-                root.join("memory").join(GROUP).join(sb).join("memory.oom_control"),
+            Cgroups::V1 { root, group } => (
+                root.join("memory")
+                    .join(group)
+                    .join(sb)
+                    .join("memory.oom_control"),
                 "oom_kill",
             ),
-            Cgroups::V2 { root } => (root.join(GROUP).join(sb).join("memory.events"), "oom_kill"),
+            Cgroups::V2 { root, group } => {
+                (root.join(group).join(sb).join("memory.events"), "oom_kill")
+            }
             Cgroups::None { .. } => return 0,
         };
         std::fs::read_to_string(f)
@@ -220,11 +259,11 @@ impl Cgroups {
     /// Kills whatever is left in the sandbox's cgroups and removes them.
     pub async fn remove_sandbox(&self, sb: &str) -> Result<(), String> {
         let dirs: Vec<PathBuf> = match self {
-            Cgroups::V1 { root } => ["pids", "memory", "cpu"]
+            Cgroups::V1 { root, group } => ["pids", "memory", "cpu"]
                 .iter()
-                .map(|c| root.join(c).join(GROUP).join(sb))
+                .map(|c| root.join(c).join(group).join(sb))
                 .collect(),
-            Cgroups::V2 { root } => vec![root.join(GROUP).join(sb)],
+            Cgroups::V2 { root, group } => vec![root.join(group).join(sb)],
             Cgroups::None { .. } => return Ok(()),
         };
         for d in dirs {
@@ -250,8 +289,8 @@ impl Cgroups {
     /// Names of the sandbox cgroups left by an earlier run.
     pub fn leftovers(&self) -> Vec<String> {
         let dir = match self {
-            Cgroups::V1 { root } => root.join("pids").join(GROUP),
-            Cgroups::V2 { root } => root.join(GROUP),
+            Cgroups::V1 { root, group } => root.join("pids").join(group),
+            Cgroups::V2 { root, group } => root.join(group),
             Cgroups::None { .. } => return vec![],
         };
         std::fs::read_dir(dir)

@@ -25,7 +25,9 @@ pub enum EnvdError {
     SandboxExists(String),
     #[error("sandbox '{0}' is being deleted; create a new one with POST /sandboxes")]
     SandboxDeleting(String),
-    #[error("job '{job}' does not exist in sandbox '{sandbox}'; GET /sandboxes/{sandbox}/jobs lists them")]
+    #[error(
+        "job '{job}' does not exist in sandbox '{sandbox}'; GET /sandboxes/{sandbox}/jobs lists them"
+    )]
     JobNotFound { sandbox: String, job: String },
     #[error("invalid request: {0}")]
     BadRequest(String),

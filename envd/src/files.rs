@@ -111,9 +111,13 @@ impl Workspace {
             prefix.push(c);
             match self.dir.create_dir(&prefix) {
                 Ok(()) => {
+                    // Opened for reading (cap-std's `open_dir` gives an O_PATH handle,
+                    // which fchown refuses).
+                    let mut o = OpenOptions::new();
+                    o.read(true);
                     let d = self
                         .dir
-                        .open_dir(&prefix)
+                        .open_with(&prefix, &o)
                         .map_err(|e| map_io(&prefix, "cannot open", e))?;
                     self.chown(&d, &prefix)?;
                 }
@@ -135,17 +139,29 @@ impl Workspace {
     /// Writes `data` to `rel` atomically (temp file + rename; a symlink at `rel` is
     /// replaced, never followed). Returns the bytes written.
     pub fn write(&self, rel: &Path, data: &[u8], mode: u32) -> Result<u64, EnvdError> {
-        let Some(name) = rel.file_name() else {
+        if rel.file_name().is_none() {
             return Err(EnvdError::BadRequest(
                 "a file path is required after /files/, e.g. /files/src/main.py".to_owned(),
             ));
         };
         self.make_parents(rel)?;
-        if let Ok(m) = self.dir.symlink_metadata(rel)
-            && m.is_dir()
-        {
+        // A symlink is written through when it stays inside (and refused when it leads
+        // out): resolve it beneath the workspace first.
+        let resolved;
+        let rel = match self.dir.symlink_metadata(rel) {
+            Ok(m) if m.is_symlink() => {
+                resolved = self
+                    .dir
+                    .canonicalize(rel)
+                    .map_err(|e| map_io(rel, "cannot resolve", e))?;
+                resolved.as_path()
+            }
+            Ok(m) if m.is_dir() => return Err(EnvdError::IsDirectory(rel.display().to_string())),
+            _ => rel,
+        };
+        let Some(name) = rel.file_name() else {
             return Err(EnvdError::IsDirectory(rel.display().to_string()));
-        }
+        };
         let tmp_name = format!(
             ".{}.envd-upload-{}",
             name.to_string_lossy(),
@@ -184,9 +200,7 @@ impl Workspace {
             .dir
             .open(rel)
             .map_err(|e| map_io(rel, "cannot open", e))?;
-        let meta = file
-            .metadata()
-            .map_err(|e| map_io(rel, "cannot stat", e))?;
+        let meta = file.metadata().map_err(|e| map_io(rel, "cannot stat", e))?;
         if meta.is_dir() {
             return Err(EnvdError::IsDirectory(rel.display().to_string()));
         }
@@ -358,8 +372,9 @@ mod tests {
         let e = w.write(Path::new("dir/new"), b"x", 0o644).unwrap_err();
         assert!(matches!(e, EnvdError::PathRefused { .. }), "{e}");
         assert!(!outside.path().join("new").exists());
-        // Writing over the symlink itself replaces the link, never its target.
-        w.write(Path::new("abs"), b"mine", 0o644).unwrap();
+        // Writing to a symlink that points out is refused; the target is untouched.
+        let e = w.write(Path::new("abs"), b"mine", 0o644).unwrap_err();
+        assert!(matches!(e, EnvdError::PathRefused { .. }), "{e}");
         assert_eq!(
             std::fs::read(outside.path().join("secret")).unwrap(),
             b"host secret"
@@ -369,5 +384,14 @@ mod tests {
         std::fs::write(t.path().join("real/f"), b"in").unwrap();
         std::os::unix::fs::symlink("real", t.path().join("inside")).unwrap();
         assert_eq!(w.read(Path::new("inside/f"), 10).unwrap(), b"in");
+        // ... also for writing: through the link, to its target inside.
+        std::os::unix::fs::symlink("real/f", t.path().join("link_f")).unwrap();
+        w.write(Path::new("link_f"), b"through", 0o644).unwrap();
+        assert_eq!(std::fs::read(t.path().join("real/f")).unwrap(), b"through");
+        assert!(
+            std::fs::symlink_metadata(t.path().join("link_f"))
+                .unwrap()
+                .is_symlink()
+        );
     }
 }

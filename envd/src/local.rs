@@ -10,13 +10,14 @@
 //!
 //! One exec, from the host's side:
 //! `sh` (as the sandbox user) writes its pid into the sandbox's and the job's
-//! `cgroup.procs`, then execs `bwrap` → bwrap's init (pid 1 inside) → `envd-agent`
-//! (opens the gateway forward, runs the command) → the command. The root is a read-only
+//! `cgroup.procs`, then execs `bwrap` → `envd-agent` (pid 1 inside, `--as-pid-1`: it
+//! reaps orphans, opens the gateway forward, runs the command) → the command. The root is a read-only
 //! view of the host's `/usr`, `/etc`, ... (or of a given rootfs), with private `/tmp`,
-//! `/proc`, `/dev`. When the command ends, the agent exits, bwrap's init exits and the
-//! kernel kills whatever is left in the PID namespace. On timeout envd sends SIGTERM to
-//! the command's processes, waits the grace period, then SIGKILLs bwrap's process group
-//! (its init dies with it: `--die-with-parent`) and sweeps the job's cgroup until empty.
+//! `/proc`, `/dev`. When the command ends, the agent (pid 1) exits and the kernel kills
+//! whatever is left in the PID namespace; the outer bwrap reaps the agent and exits. On
+//! timeout envd sends SIGTERM to the command's processes, waits the grace period, then
+//! SIGKILLs the agent (the namespace goes with it; bwrap's process group after that if
+//! bwrap lingers) and sweeps the job's cgroup until it is empty.
 
 use std::collections::BTreeMap;
 use std::ffi::OsString;
@@ -43,7 +44,8 @@ const PATH_IN: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/
 
 /// Writes the shell's own pid into each `cgroup.procs` given before `--`, then execs the
 /// rest: joining happens before bubblewrap starts, so every process of the exec is inside.
-const JOIN: &str = r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@""#;
+const JOIN: &str =
+    r#"while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@""#;
 
 /// Host top-level entries shown read-only inside a sandbox that has no rootfs of its own.
 const HOST_VIEW: &[&str] = &[
@@ -163,12 +165,14 @@ impl LocalBackend {
         };
         std::fs::create_dir_all(data.join("sandboxes"))
             .map_err(|e| dd(format!("cannot create it: {e}")))?;
-        let data = std::fs::canonicalize(data).map_err(|e| dd(format!("cannot resolve it: {e}")))?;
+        let data =
+            std::fs::canonicalize(data).map_err(|e| dd(format!("cannot resolve it: {e}")))?;
         if is_root {
             // The sandbox user must be able to reach the workspace to bind-mount it: every
             // ancestor needs search permission for others.
             for dir in [data.clone(), data.join("sandboxes")] {
-                set_mode(&dir, 0o711).map_err(|e| dd(format!("cannot chmod {}: {e}", dir.display())))?;
+                set_mode(&dir, 0o711)
+                    .map_err(|e| dd(format!("cannot chmod {}: {e}", dir.display())))?;
             }
             for anc in data.ancestors().skip(1) {
                 use std::os::unix::fs::PermissionsExt;
@@ -188,7 +192,8 @@ impl LocalBackend {
         }
         // The agent binary lives in the data dir so the sandbox user can always read it.
         let bin = data.join("bin");
-        std::fs::create_dir_all(&bin).map_err(|e| dd(format!("cannot create {}: {e}", bin.display())))?;
+        std::fs::create_dir_all(&bin)
+            .map_err(|e| dd(format!("cannot create {}: {e}", bin.display())))?;
         let agent = bin.join("envd-agent");
         let tmp = bin.join(format!(".envd-agent.{}", uuid::Uuid::new_v4().simple()));
         std::fs::hard_link(&cfg.agent.exe, &tmp)
@@ -204,7 +209,7 @@ impl LocalBackend {
                 ))
             })?;
         let cgroups = if is_root {
-            Cgroups::detect(Path::new("/sys/fs/cgroup"))
+            Cgroups::detect(Path::new("/sys/fs/cgroup"), crate::cgroup::group_for(&data))
         } else {
             Cgroups::None {
                 why: "envd does not run as root".to_owned(),
@@ -235,7 +240,10 @@ impl LocalBackend {
     async fn remove_leftovers(&self) {
         let mut ids = self.cgroups.leftovers();
         if let Ok(rd) = std::fs::read_dir(self.cfg.data_dir.join("sandboxes")) {
-            ids.extend(rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()));
+            ids.extend(
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned()),
+            );
         }
         ids.sort();
         ids.dedup();
@@ -264,7 +272,8 @@ impl LocalBackend {
         set_mode(&p.dir, 0o711).map_err(io(format!("cannot chmod {}", p.dir.display())))?;
         std::fs::create_dir(&p.workspace)
             .map_err(io(format!("cannot create {}", p.workspace.display())))?;
-        set_mode(&p.workspace, 0o755).map_err(io(format!("cannot chmod {}", p.workspace.display())))?;
+        set_mode(&p.workspace, 0o755)
+            .map_err(io(format!("cannot chmod {}", p.workspace.display())))?;
         if let Some((u, g)) = self.owner {
             std::os::unix::fs::chown(&p.workspace, Some(u), Some(g))
                 .map_err(io(format!("cannot chown {}", p.workspace.display())))?;
@@ -331,6 +340,7 @@ impl LocalBackend {
         let mut push = |v: &[&str]| a.extend(v.iter().map(OsString::from));
         push(&[
             "--unshare-all",
+            "--as-pid-1",
             "--die-with-parent",
             "--new-session",
             "--hostname",
@@ -502,11 +512,12 @@ impl LocalBackend {
                 } else {
                     self.cfg.kill_grace
                 };
-                self.terminate(&p.id, job_id, outer, grace, &mut child).await
+                self.terminate(&p.id, job_id, outer, grace, &mut child)
+                    .await
             }
         };
         // Everything still in the job's cgroup (nothing, normally: the PID namespace died
-        // with bwrap's init) is killed before the job is reported finished.
+        // with the agent) is killed before the job is reported finished.
         let swept = self.cgroups.kill_job(&p.id, job_id).await;
         let collect = |h: Option<tokio::task::JoinHandle<(Vec<u8>, u64)>>| async move {
             match h {
@@ -546,7 +557,9 @@ impl LocalBackend {
         };
         match swept {
             Ok(0) => {}
-            Ok(n) => debug!(sandbox = %p.id, job = %job_id, n, "killed processes left after the job"),
+            Ok(n) => {
+                debug!(sandbox = %p.id, job = %job_id, n, "killed processes left after the job")
+            }
             Err(e) => {
                 warn!(sandbox = %p.id, job = %job_id, error = %e, "processes survived the job");
                 info.error = Some(e);
@@ -557,9 +570,9 @@ impl LocalBackend {
         info
     }
 
-    /// SIGTERM to the command's processes (not bubblewrap's two, not the agent: their
-    /// death would end the PID namespace at once), `grace`, then SIGKILL to bwrap's
-    /// process group, which takes the namespace and everything in it down.
+    /// SIGTERM to the command's processes (not bwrap, not the agent: the agent's death
+    /// would end the PID namespace at once), `grace`, then SIGKILL to the agent, which
+    /// takes the namespace and everything in it down.
     async fn terminate(
         &self,
         sb: &str,
@@ -570,14 +583,22 @@ impl LocalBackend {
     ) -> Option<std::process::ExitStatus> {
         if !grace.is_zero() && self.cgroups.enforced() {
             let pids = self.cgroups.job_pids(sb, job);
-            let init = pids.iter().copied().find(|&p| ppid(p) == Some(outer));
-            let agent = init.and_then(|i| pids.iter().copied().find(|&p| ppid(p) == Some(i)));
+            let agent = pids.iter().copied().find(|&p| ppid(p) == Some(outer));
             for &pid in &pids {
-                if pid != outer && Some(pid) != init && Some(pid) != agent {
+                if pid != outer && Some(pid) != agent {
                     signal(pid, rustix::process::Signal::TERM);
                 }
             }
             if let Ok(s) = tokio::time::timeout(grace, child.wait()).await {
+                return s.ok();
+            }
+        }
+        // SIGKILL the sandbox's pid 1 (the agent) first: the kernel kills the whole PID
+        // namespace with it and the outer bwrap reaps it and exits (killing the outer one
+        // first would leave the agent's zombie to the host's pid 1).
+        if let Some(pid1) = child_of(outer) {
+            signal(pid1, rustix::process::Signal::KILL);
+            if let Ok(s) = tokio::time::timeout(Duration::from_secs(3), child.wait()).await {
                 return s.ok();
             }
         }
@@ -588,6 +609,18 @@ impl LocalBackend {
             .ok()
             .and_then(|s| s.ok())
     }
+}
+
+/// A child of `parent` (the outer bwrap has exactly one: the sandbox's pid 1), from /proc.
+fn child_of(parent: i32) -> Option<i32> {
+    let children = std::fs::read_to_string(format!("/proc/{parent}/task/{parent}/children")).ok();
+    if let Some(c) = children.and_then(|c| c.split_whitespace().next()?.parse().ok()) {
+        return Some(c);
+    }
+    std::fs::read_dir("/proc").ok()?.flatten().find_map(|e| {
+        let pid: i32 = e.file_name().to_str()?.parse().ok()?;
+        (ppid(pid) == Some(parent)).then_some(pid)
+    })
 }
 
 /// Reads a pipe to its end, keeping the first `cap` bytes (streamed as they come) and

@@ -148,7 +148,10 @@ mod tests {
     fn every_route_is_documented() {
         let d = super::document();
         for (m, p) in super::ROUTES {
-            assert!(d["paths"][p][m].is_object(), "{m} {p} is not in the document");
+            assert!(
+                d["paths"][p][m].is_object(),
+                "{m} {p} is not in the document"
+            );
         }
     }
 }

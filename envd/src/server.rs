@@ -144,7 +144,9 @@ fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
 fn to_json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Body> {
     match serde_json::to_value(v) {
         Ok(v) => json_response(status, &v),
-        Err(e) => error_response(&EnvdError::Backend(format!("cannot encode the answer: {e}"))),
+        Err(e) => error_response(&EnvdError::Backend(format!(
+            "cannot encode the answer: {e}"
+        ))),
     }
 }
 
@@ -166,9 +168,7 @@ fn percent_decode(s: &str) -> Result<String, EnvdError> {
                 .get(i + 1..i + 3)
                 .and_then(|h| std::str::from_utf8(h).ok())
                 .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| {
-                    EnvdError::BadRequest(format!("'{s}' has a bad percent escape"))
-                })?;
+                .ok_or_else(|| EnvdError::BadRequest(format!("'{s}' has a bad percent escape")))?;
             out.push(hex);
             i += 3;
         } else {
@@ -448,9 +448,14 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
                 Method::PUT | Method::POST => {
                     let mode = match query(&req, "mode")? {
                         None => 0o644,
-                        Some(m) => u32::from_str_radix(&m, 8).ok().filter(|m| *m <= 0o7777).ok_or_else(|| {
-                            EnvdError::BadRequest(format!("?mode={m}: give an octal mode such as 644 or 755"))
-                        })?,
+                        Some(m) => u32::from_str_radix(&m, 8)
+                            .ok()
+                            .filter(|m| *m <= 0o7777)
+                            .ok_or_else(|| {
+                                EnvdError::BadRequest(format!(
+                                    "?mode={m}: give an octal mode such as 644 or 755"
+                                ))
+                            })?,
                     };
                     let max = svc.cfg.max_file_bytes;
                     let body = match read_body(req, max).await {
@@ -469,7 +474,8 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
                     ))
                 }
                 Method::DELETE => {
-                    let recursive = query(&req, "recursive")?.is_some_and(|v| v == "true" || v == "1");
+                    let recursive =
+                        query(&req, "recursive")?.is_some_and(|v| v == "true" || v == "1");
                     sb.workspace().remove(&rel, recursive)?;
                     Ok(json_response(
                         StatusCode::OK,
@@ -496,11 +502,7 @@ async fn apply_patch(
     if p.patch.trim().is_empty() {
         return Err(EnvdError::BadRequest("the patch is empty".to_owned()));
     }
-    let mut argv = vec![
-        "git".to_owned(),
-        "apply".to_owned(),
-        "--verbose".to_owned(),
-    ];
+    let mut argv = vec!["git".to_owned(), "apply".to_owned(), "--verbose".to_owned()];
     if p.check {
         argv.push("--check".to_owned());
     }
@@ -546,40 +548,50 @@ fn sse_response(job: Arc<Job>) -> Response<Body> {
         Done,
     }
     let state = (St::First, out, result, job, first);
-    let stream = futures_util::stream::unfold(state, |(st, mut out, mut result, job, first)| async move {
-        match st {
-            St::First => Some((
-                Ok::<_, Infallible>(Frame::data(first.clone())),
-                (St::Out, out, result, job, first),
-            )),
-            St::Out => {
-                if let Some(rx) = out.as_mut() {
-                    match rx.recv().await {
-                        Ok(ev) => {
-                            let (name, data) = match ev {
-                                OutputEvent::Stdout(b) => ("stdout", b),
-                                OutputEvent::Stderr(b) => ("stderr", b),
-                            };
-                            let f = sse_frame(name, &json!({"data": String::from_utf8_lossy(&data)}));
-                            return Some((Ok(Frame::data(f)), (St::Out, out, result, job, first)));
+    let stream =
+        futures_util::stream::unfold(state, |(st, mut out, mut result, job, first)| async move {
+            match st {
+                St::First => Some((
+                    Ok::<_, Infallible>(Frame::data(first.clone())),
+                    (St::Out, out, result, job, first),
+                )),
+                St::Out => {
+                    if let Some(rx) = out.as_mut() {
+                        match rx.recv().await {
+                            Ok(ev) => {
+                                let (name, data) = match ev {
+                                    OutputEvent::Stdout(b) => ("stdout", b),
+                                    OutputEvent::Stderr(b) => ("stderr", b),
+                                };
+                                let f = sse_frame(
+                                    name,
+                                    &json!({"data": String::from_utf8_lossy(&data)}),
+                                );
+                                return Some((
+                                    Ok(Frame::data(f)),
+                                    (St::Out, out, result, job, first),
+                                ));
+                            }
+                            Err(RecvError::Lagged(n)) => {
+                                let f = sse_frame("lagged", &json!({"missed_events": n}));
+                                return Some((
+                                    Ok(Frame::data(f)),
+                                    (St::Out, out, result, job, first),
+                                ));
+                            }
+                            Err(RecvError::Closed) => {}
                         }
-                        Err(RecvError::Lagged(n)) => {
-                            let f = sse_frame("lagged", &json!({"missed_events": n}));
-                            return Some((Ok(Frame::data(f)), (St::Out, out, result, job, first)));
-                        }
-                        Err(RecvError::Closed) => {}
                     }
+                    let _ = result.wait_for(|r| r.is_some()).await;
+                    let info = serde_json::to_value(job.info()).unwrap_or(Value::Null);
+                    Some((
+                        Ok(Frame::data(sse_frame("exit", &info))),
+                        (St::Done, None, result, job, first),
+                    ))
                 }
-                let _ = result.wait_for(|r| r.is_some()).await;
-                let info = serde_json::to_value(job.info()).unwrap_or(Value::Null);
-                Some((
-                    Ok(Frame::data(sse_frame("exit", &info))),
-                    (St::Done, None, result, job, first),
-                ))
+                St::Done => None,
             }
-            St::Done => None,
-        }
-    });
+        });
     let mut r = Response::new(BodyExt::boxed(StreamBody::new(stream)));
     r.headers_mut().insert(
         header::CONTENT_TYPE,

@@ -353,7 +353,8 @@ impl Service {
         if let Some(s) = &req.gateway_session {
             let Some(gw) = &gateway_url else {
                 return Err(EnvdError::BadRequest(
-                    "gateway_session needs network 'gateway' (the harness must reach the gateway)".to_owned(),
+                    "gateway_session needs network 'gateway' (the harness must reach the gateway)"
+                        .to_owned(),
                 ));
             };
             if !valid_id(&s.session_id) {
@@ -366,7 +367,9 @@ impl Service {
         }
         env.extend(req.env);
 
-        let paths = self.backend.paths(&id, rootfs, network == NetworkPolicy::Gateway);
+        let paths = self
+            .backend
+            .paths(&id, rootfs, network == NetworkPolicy::Gateway);
         {
             let mut reg = lock(&self.sandboxes);
             if reg.live.contains_key(&id) || reg.creating.contains(&id) || paths.dir.exists() {
@@ -443,7 +446,9 @@ impl Service {
             (Some(c), None) => vec!["/bin/sh".to_owned(), "-c".to_owned(), c.clone()],
             (None, Some(a)) if !a.is_empty() => a.clone(),
             (None, Some(_)) => {
-                return Err(EnvdError::BadRequest("argv is empty; name a program".to_owned()));
+                return Err(EnvdError::BadRequest(
+                    "argv is empty; name a program".to_owned(),
+                ));
             }
             (Some(_), Some(_)) => {
                 return Err(EnvdError::BadRequest(
@@ -452,12 +457,15 @@ impl Service {
             }
             (None, None) => {
                 return Err(EnvdError::BadRequest(
-                    "nothing to run: give `command` (a shell line, run with /bin/sh -c) or `argv`".to_owned(),
+                    "nothing to run: give `command` (a shell line, run with /bin/sh -c) or `argv`"
+                        .to_owned(),
                 ));
             }
         };
         if argv.iter().any(|a| a.contains('\0')) {
-            return Err(EnvdError::BadRequest("the command contains a NUL byte".to_owned()));
+            return Err(EnvdError::BadRequest(
+                "the command contains a NUL byte".to_owned(),
+            ));
         }
         check_env(&req.env, "env")?;
         let timeout = match req.timeout_secs {
