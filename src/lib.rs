@@ -5,6 +5,7 @@
 
 pub mod cli;
 pub mod demo;
+pub mod envd;
 pub mod harness;
 pub mod reconstruct;
 pub mod records;

@@ -779,3 +779,31 @@ pub fn assert_ok_translated_record(
         "the API key leaked into the record: {text}"
     );
 }
+
+// -------------------------------------------------------------------------------------
+// envd (tests/envd.rs)
+
+impl Proc {
+    /// `graft envd` on port 0 with its data below `data_dir` (whose ancestors the sandbox
+    /// user must be able to search), API key `key`, and extra ARGS.
+    pub fn envd(data_dir: &Path, key: &str, args: &[&str]) -> Proc {
+        let data = data_dir.to_str().unwrap();
+        let mut all = vec![
+            "envd",
+            "--listen",
+            "127.0.0.1:0",
+            "--backend",
+            "local",
+            "--data-dir",
+            data,
+        ];
+        all.extend_from_slice(args);
+        Self::spawn_env(
+            "envd",
+            &all,
+            &[("GRAFT_ENVD_API_KEY", key)],
+            "graft envd listening on",
+            None,
+        )
+    }
+}

@@ -1,0 +1,866 @@
+//! envd through its HTTP API, with the real `graft envd` binary: lifecycle, exec (sync,
+//! job, SSE), files, apply_patch, timeouts, idempotency, TTL reaping, and containment
+//! (files API and exec escapes, network, fork bomb, memory hog, orphaned processes).
+//!
+//! The local backend needs root (cgroups, the sandbox user) and bubblewrap
+//! (`bash scripts/setup-test-env.sh` installs it). Without them these tests fail, with
+//! envd's own message saying what is missing.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use common::http::{self, Resp};
+use common::{Proc, Stack};
+use serde_json::{Value, json};
+
+const KEY: &str = "envd-test-key";
+
+struct Envd {
+    proc: Proc,
+    data: PathBuf,
+    _dir: tempfile::TempDir,
+    rt: tokio::runtime::Runtime,
+}
+
+impl Envd {
+    fn start(args: &[&str]) -> Envd {
+        let dir = tempfile::tempdir().unwrap();
+        // The sandbox user must be able to reach the workspaces below it.
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let data = dir.path().join("data");
+        let proc = Proc::envd(&data, KEY, args);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        Envd {
+            proc,
+            data,
+            _dir: dir,
+            rt,
+        }
+    }
+
+    fn raw(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Vec<u8>) -> Resp {
+        let url = format!("{}{path}", self.proc.url);
+        self.rt
+            .block_on(http::send(method, &url, headers, body))
+            .unwrap_or_else(|e| panic!("{method} {url} failed: {e}"))
+    }
+
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Resp {
+        let body = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+        self.raw(method, path, &[("x-api-key", KEY)], body)
+    }
+
+    fn ok(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let r = self.call(method, path, body);
+        assert!(
+            r.status == 200 || r.status == 201 || r.status == 202,
+            "{method} {path}: {} {}",
+            r.status,
+            r.text()
+        );
+        r.json()
+    }
+
+    fn create(&self, body: Value) -> String {
+        let r = self.call("POST", "/sandboxes", Some(body));
+        assert_eq!(r.status, 201, "create: {}", r.text());
+        r.json()["id"].as_str().unwrap().to_owned()
+    }
+
+    fn exec(&self, id: &str, body: Value) -> Value {
+        let r = self.call("POST", &format!("/sandboxes/{id}/exec"), Some(body.clone()));
+        assert_eq!(r.status, 200, "exec {body}: {}", r.text());
+        r.json()
+    }
+
+    fn sh(&self, id: &str, cmd: &str) -> Value {
+        self.exec(id, json!({"command": cmd, "timeout_secs": 60}))
+    }
+
+    /// Runs a command that must exit 0; returns its stdout.
+    fn sh_ok(&self, id: &str, cmd: &str) -> String {
+        let r = self.sh(id, cmd);
+        assert_eq!(r["exit_code"], 0, "{cmd}: {r:#}");
+        r["stdout"].as_str().unwrap().to_owned()
+    }
+
+    fn error_type(r: &Resp) -> String {
+        r.json()["error"]["type"]
+            .as_str()
+            .unwrap_or_default()
+            .to_owned()
+    }
+}
+
+/// Host processes whose command line contains `marker`.
+fn host_procs_with(marker: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if !name.chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(marker) {
+                found.push(format!("{name}: {cmd}"));
+            }
+        }
+    }
+    found
+}
+
+fn wait_until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(
+            Instant::now() < deadline,
+            "{what} did not happen within {limit:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn workspace_dir(data: &Path, id: &str) -> PathBuf {
+    data.join("sandboxes").join(id)
+}
+
+// -------------------------------------------------------------------------------------
+// Lifecycle and API basics
+
+#[test]
+fn lifecycle_create_get_list_wait_heartbeat_delete() {
+    let e = Envd::start(&[]);
+    let id = e.create(
+        json!({"id": "life-1", "ttl_secs": 300, "labels": {"task": "t1"}, "env": {"FOO": "bar"}}),
+    );
+    assert_eq!(id, "life-1");
+    let got = e.ok("GET", "/sandboxes/life-1", None);
+    assert_eq!(got["state"], "ready", "{got:#}");
+    assert_eq!(got["backend"], "local");
+    assert_eq!(got["workspace"], "/workspace");
+    assert_eq!(got["labels"]["task"], "t1");
+    assert_eq!(
+        got["limits_enforced"], true,
+        "cgroups are expected on this host: {got:#}"
+    );
+    assert_eq!(got["network"], "none", "no --gateway given: {got:#}");
+    let listed = e.ok("GET", "/sandboxes", None);
+    let ids: Vec<&str> = listed["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids, vec!["life-1"]);
+    let waited = e.ok("GET", "/sandboxes/life-1/wait", None);
+    assert_eq!(waited["state"], "ready");
+    let before = got["expires_at_ms"].as_u64().unwrap();
+    std::thread::sleep(Duration::from_millis(20));
+    let hb = e.ok("POST", "/sandboxes/life-1/heartbeat", None);
+    assert!(
+        hb["expires_at_ms"].as_u64().unwrap() > before,
+        "heartbeat renews: {hb:#}"
+    );
+    // The sandbox's env reaches commands; the exec's own env wins over it.
+    assert_eq!(e.sh_ok(&id, "echo $FOO"), "bar\n");
+    let r = e.exec(&id, json!({"command": "echo $FOO", "env": {"FOO": "baz"}}));
+    assert_eq!(r["stdout"], "baz\n");
+    // A second sandbox with the same id is refused.
+    let dup = e.call("POST", "/sandboxes", Some(json!({"id": "life-1"})));
+    assert_eq!(dup.status, 409, "{}", dup.text());
+    assert!(workspace_dir(&e.data, &id).join("workspace").is_dir());
+    let del = e.ok("DELETE", "/sandboxes/life-1", None);
+    assert_eq!(del["deleted"], true);
+    let gone = e.call("GET", "/sandboxes/life-1", None);
+    assert_eq!(gone.status, 404);
+    assert_eq!(Envd::error_type(&gone), "sandbox_not_found");
+    assert!(
+        gone.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("'life-1'"),
+        "the message names the sandbox: {}",
+        gone.text()
+    );
+    assert!(
+        !workspace_dir(&e.data, &id).exists(),
+        "delete removes the sandbox's directory"
+    );
+}
+
+#[test]
+fn api_key_is_required_and_errors_name_the_problem() {
+    let e = Envd::start(&[]);
+    // Health and the OpenAPI document are open; everything else needs the key.
+    assert_eq!(e.raw("GET", "/healthz", &[], vec![]).status, 200);
+    let doc = e.raw("GET", "/openapi.json", &[], vec![]).json();
+    assert_eq!(doc["openapi"], "3.1.0");
+    for (m, p) in [
+        ("post", "/sandboxes"),
+        ("post", "/sandboxes/{id}/exec"),
+        ("put", "/sandboxes/{id}/files/{path}"),
+        ("post", "/sandboxes/{id}/apply_patch"),
+        ("get", "/sandboxes/{id}/jobs/{job}/wait"),
+    ] {
+        assert!(
+            doc["paths"][p][m].is_object(),
+            "{m} {p} missing from /openapi.json"
+        );
+    }
+    let no_key = e.raw("GET", "/sandboxes", &[], vec![]);
+    assert_eq!(no_key.status, 401);
+    assert_eq!(Envd::error_type(&no_key), "unauthorized");
+    assert!(no_key.text().contains("X-API-Key"), "{}", no_key.text());
+    let wrong = e.raw(
+        "GET",
+        "/sandboxes",
+        &[("x-api-key", "envd-test-kez")],
+        vec![],
+    );
+    assert_eq!(wrong.status, 401);
+    // Unknown fields are refused by name.
+    let bad = e.call("POST", "/sandboxes", Some(json!({"memroy_mb": 10})));
+    assert_eq!(bad.status, 400);
+    assert!(bad.text().contains("memroy_mb"), "{}", bad.text());
+    let img = e.call("POST", "/sandboxes", Some(json!({"image": "python:3.12"})));
+    assert_eq!(img.status, 400);
+    assert!(img.text().contains("rootfs"), "{}", img.text());
+    let gw = e.call("POST", "/sandboxes", Some(json!({"network": "gateway"})));
+    assert_eq!(gw.status, 400);
+    assert!(gw.text().contains("--gateway"), "{}", gw.text());
+    let route = e.call("GET", "/nope", None);
+    assert_eq!(route.status, 404);
+    assert_eq!(Envd::error_type(&route), "no_route");
+    let id = e.create(json!({}));
+    let none = e.call("POST", &format!("/sandboxes/{id}/exec"), Some(json!({})));
+    assert_eq!(none.status, 400);
+    assert!(none.text().contains("command"), "{}", none.text());
+    let job = e.call("GET", &format!("/sandboxes/{id}/jobs/job-x"), None);
+    assert_eq!(job.status, 404);
+    assert_eq!(Envd::error_type(&job), "job_not_found");
+}
+
+// -------------------------------------------------------------------------------------
+// Exec
+
+#[test]
+fn exec_reports_exit_code_output_cwd_stdin_and_caps_output() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    let r = e.sh(&id, "echo out; echo err >&2; exit 3");
+    assert_eq!(r["state"], "exited", "{r:#}");
+    assert_eq!(r["exit_code"], 3);
+    assert_eq!(r["stdout"], "out\n");
+    assert_eq!(r["stderr"], "err\n");
+    assert_eq!(r["timed_out"], false);
+    // argv runs without a shell.
+    let r = e.exec(&id, json!({"argv": ["printf", "%s|", "a b", "$HOME"]}));
+    assert_eq!(r["stdout"], "a b|$HOME|", "{r:#}");
+    // cwd relative to the workspace; HOME is the workspace.
+    e.sh_ok(&id, "mkdir -p sub/dir");
+    let r = e.exec(&id, json!({"command": "pwd; echo $HOME", "cwd": "sub/dir"}));
+    assert_eq!(r["stdout"], "/workspace/sub/dir\n/workspace\n", "{r:#}");
+    let missing = e.call(
+        "POST",
+        &format!("/sandboxes/{id}/exec"),
+        Some(json!({"command": "pwd", "cwd": "no/such"})),
+    );
+    assert_eq!(missing.status, 400);
+    assert!(missing.text().contains("no/such"), "{}", missing.text());
+    let r = e.exec(
+        &id,
+        json!({"command": "tr a-z A-Z", "stdin": "hello stdin"}),
+    );
+    assert_eq!(r["stdout"], "HELLO STDIN");
+    // Output past the cap is counted, not kept.
+    let r = e.exec(
+        &id,
+        json!({"command": "head -c 100000 /dev/zero | tr '\\0' x", "max_output_bytes": 1000}),
+    );
+    assert_eq!(
+        r["stdout"].as_str().unwrap().len(),
+        1000,
+        "{}",
+        r["stdout_bytes"]
+    );
+    assert_eq!(r["stdout_bytes"], 100000);
+    assert_eq!(r["stdout_truncated"], true);
+    assert_eq!(r["stderr_truncated"], false);
+    let r = e.sh(&id, "exec /no/such/program");
+    assert_eq!(r["exit_code"], 127, "{r:#}");
+}
+
+#[test]
+fn background_jobs_can_be_polled_waited_and_killed() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    let r = e.call(
+        "POST",
+        &format!("/sandboxes/{id}/exec"),
+        Some(json!({"command": "read line; echo got $line", "stdin": "x\n", "background": true})),
+    );
+    assert_eq!(r.status, 202, "{}", r.text());
+    let job = r.json()["job_id"].as_str().unwrap().to_owned();
+    let done = e.ok(
+        "GET",
+        &format!("/sandboxes/{id}/jobs/{job}/wait?timeout_secs=60"),
+        None,
+    );
+    assert_eq!(done["state"], "exited", "{done:#}");
+    assert_eq!(done["stdout"], "got x\n");
+    let again = e.ok("GET", &format!("/sandboxes/{id}/jobs/{job}"), None);
+    assert_eq!(again["stdout"], "got x\n");
+    // A long job: still running after a short wait, then killed on request.
+    let long = e.ok(
+        "POST",
+        &format!("/sandboxes/{id}/exec"),
+        Some(json!({"command": "sleep 300", "background": true})),
+    );
+    let long_id = long["job_id"].as_str().unwrap().to_owned();
+    let waited = e.ok(
+        "GET",
+        &format!("/sandboxes/{id}/jobs/{long_id}/wait?timeout_secs=0.3"),
+        None,
+    );
+    assert_eq!(waited["state"], "running", "{waited:#}");
+    let got = e.ok("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(got["jobs_running"], 1, "{got:#}");
+    let killed = e.ok(
+        "POST",
+        &format!("/sandboxes/{id}/jobs/{long_id}/kill"),
+        None,
+    );
+    assert_eq!(killed["state"], "killed", "{killed:#}");
+    let jobs = e.ok("GET", &format!("/sandboxes/{id}/jobs"), None);
+    assert_eq!(jobs["jobs"].as_array().unwrap().len(), 2, "{jobs:#}");
+    let got = e.ok("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(got["processes"], 0, "nothing left running: {got:#}");
+}
+
+#[test]
+fn exec_streams_output_as_server_sent_events() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    let r = e.raw(
+        "POST",
+        &format!("/sandboxes/{id}/exec"),
+        &[("x-api-key", KEY), ("accept", "text/event-stream")],
+        json!({"command": "echo one; echo two >&2; echo three"})
+            .to_string()
+            .into_bytes(),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(
+        r.header("content-type").as_deref(),
+        Some("text/event-stream")
+    );
+    let text = r.text();
+    let events: Vec<&str> = text
+        .split("\n\n")
+        .filter_map(|ev| ev.lines().find_map(|l| l.strip_prefix("event: ")))
+        .collect();
+    assert_eq!(events.first(), Some(&"job"), "{text}");
+    assert_eq!(events.last(), Some(&"exit"), "{text}");
+    let data = r.sse_data();
+    let exit: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert_eq!(exit["exit_code"], 0, "{exit:#}");
+    assert_eq!(exit["stdout"], "one\nthree\n");
+    let streamed_out: String = text
+        .split("\n\n")
+        .filter(|ev| ev.starts_with("event: stdout"))
+        .map(|ev| {
+            let d = ev.lines().find_map(|l| l.strip_prefix("data: ")).unwrap();
+            serde_json::from_str::<Value>(d).unwrap()["data"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect();
+    assert_eq!(streamed_out, "one\nthree\n", "{text}");
+    assert!(text.contains("event: stderr"), "{text}");
+}
+
+/// A command that ignores SIGTERM and leaves a double-forked, setsid'd, SIGTERM-ignoring
+/// grandchild: after the timeout nothing of it is left on the host.
+#[test]
+fn timeout_kills_the_whole_process_tree() {
+    let e = Envd::start(&["--kill-grace-secs", "0.5"]);
+    let id = e.create(json!({}));
+    let marker = format!("envd-orphan-{}", std::process::id());
+    let inner = format!(
+        "trap '' TERM; while :; do echo beat >> /workspace/beat; sleep 0.2; done # {marker}"
+    );
+    let cmd = format!("trap '' TERM; ( ( setsid sh -c \"{inner}\" & ) & ); sleep 1000 # {marker}");
+    let r = e.ok(
+        "POST",
+        &format!("/sandboxes/{id}/exec"),
+        Some(json!({"command": cmd, "timeout_secs": 3, "background": true})),
+    );
+    let job = r["job_id"].as_str().unwrap().to_owned();
+    // The orphan is alive on the host while the job runs (so the check below can fail).
+    wait_until("the orphan showing up", Duration::from_secs(30), || {
+        host_procs_with(&marker).len() >= 2
+    });
+    let done = e.ok("GET", &format!("/sandboxes/{id}/jobs/{job}/wait"), None);
+    assert_eq!(done["state"], "timed_out", "{done:#}");
+    assert_eq!(done["timed_out"], true);
+    assert_eq!(done["exit_code"], 137, "ended by SIGKILL: {done:#}");
+    let left = host_procs_with(&marker);
+    assert!(left.is_empty(), "processes outlived the timeout: {left:#?}");
+    let got = e.ok("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(got["processes"], 0, "{got:#}");
+    // The heartbeat file stopped growing: read it twice, a beat period apart.
+    let a = e
+        .call("GET", &format!("/sandboxes/{id}/files/beat"), None)
+        .body;
+    std::thread::sleep(Duration::from_millis(600));
+    let b = e
+        .call("GET", &format!("/sandboxes/{id}/files/beat"), None)
+        .body;
+    assert!(!a.is_empty());
+    assert_eq!(a, b, "something still writes to the workspace");
+    // The sandbox is still usable.
+    assert_eq!(e.sh_ok(&id, "echo alive"), "alive\n");
+}
+
+#[test]
+fn idempotency_key_never_runs_a_command_twice() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    let body = json!({"command": "echo run >> runs; wc -l < runs", "idempotency_key": "k-1"});
+    let first = e.exec(&id, body.clone());
+    assert_eq!(first["stdout"], "1\n", "{first:#}");
+    let retry = e.exec(&id, body.clone());
+    assert_eq!(
+        retry["job_id"], first["job_id"],
+        "a retry returns the first job"
+    );
+    assert_eq!(retry["stdout"], "1\n");
+    // The header works too, and concurrent retries share one run.
+    let path = format!("/sandboxes/{id}/exec");
+    let url = format!("{}{path}", e.proc.url);
+    let b2 = json!({"command": "sleep 1; echo run >> runs2; wc -l < runs2"})
+        .to_string()
+        .into_bytes();
+    let results = e.rt.block_on(async {
+        let hs: [(&str, &str); 2] = [("x-api-key", KEY), ("idempotency-key", "k-2")];
+        let a = http::send("POST", &url, &hs, b2.clone());
+        let b = http::send("POST", &url, &hs, b2.clone());
+        let c = http::send("POST", &url, &hs, b2.clone());
+        let (a, b, c) = tokio::join!(a, b, c);
+        [a.unwrap().json(), b.unwrap().json(), c.unwrap().json()]
+    });
+    for r in &results {
+        assert_eq!(r["job_id"], results[0]["job_id"], "{results:#?}");
+        assert_eq!(r["stdout"], "1\n", "{r:#}");
+    }
+    let runs = e.call("GET", &format!("/sandboxes/{id}/files/runs2"), None);
+    assert_eq!(runs.text(), "run\n", "the command ran exactly once");
+    // The same key for another command is a conflict, not a silent reuse.
+    let other = e.call(
+        "POST",
+        &path,
+        Some(json!({"command": "echo other", "idempotency_key": "k-1"})),
+    );
+    assert_eq!(other.status, 409, "{}", other.text());
+    assert_eq!(Envd::error_type(&other), "idempotency_conflict");
+    assert!(other.text().contains("k-1"), "{}", other.text());
+}
+
+#[test]
+fn ttl_reaps_idle_sandboxes_and_heartbeats_keep_them() {
+    let e = Envd::start(&["--reap-interval-ms", "100"]);
+    let kept = e.create(json!({"ttl_secs": 3}));
+    let idle = e.create(json!({"ttl_secs": 3}));
+    e.sh_ok(&idle, "echo data > f");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        e.ok("POST", &format!("/sandboxes/{kept}/heartbeat"), None);
+        let r = e.call("GET", "/sandboxes", None).json();
+        let alive: Vec<&str> = r["sandboxes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s["id"].as_str().unwrap())
+            .collect();
+        if !alive.contains(&idle.as_str()) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the idle sandbox was never reaped"
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    assert_eq!(
+        e.call("GET", &format!("/sandboxes/{idle}"), None).status,
+        404
+    );
+    assert!(
+        !workspace_dir(&e.data, &idle).exists(),
+        "the reaper removes the directory"
+    );
+    assert_eq!(
+        e.call("GET", &format!("/sandboxes/{kept}"), None).status,
+        200
+    );
+    assert!(e.proc.stderr_contains("ttl expired"), "{}", e.proc.stderr());
+}
+
+// -------------------------------------------------------------------------------------
+// Files and patches
+
+#[test]
+fn files_round_trip_list_delete_and_size_limit() {
+    let e = Envd::start(&["--max-file-bytes", "4096"]);
+    let id = e.create(json!({}));
+    let data: Vec<u8> = (0..=255u8).cycle().take(3000).collect();
+    let put = e.raw(
+        "PUT",
+        &format!("/sandboxes/{id}/files/src/pkg/data.bin"),
+        &[("x-api-key", KEY)],
+        data.clone(),
+    );
+    assert_eq!(put.status, 200, "{}", put.text());
+    assert_eq!(put.json()["bytes"], 3000);
+    let got = e.call(
+        "GET",
+        &format!("/sandboxes/{id}/files/src/pkg/data.bin"),
+        None,
+    );
+    assert_eq!(got.status, 200);
+    assert_eq!(got.body.to_vec(), data);
+    // What the API wrote, the sandbox can read and change; what it writes, the API reads.
+    assert_eq!(e.sh_ok(&id, "wc -c < src/pkg/data.bin").trim(), "3000");
+    e.sh_ok(
+        &id,
+        "echo more >> src/pkg/data.bin && printf made > src/made.txt",
+    );
+    let made = e.call("GET", &format!("/sandboxes/{id}/files/src/made.txt"), None);
+    assert_eq!(made.text(), "made");
+    let script = e.raw(
+        "PUT",
+        &format!("/sandboxes/{id}/files/run.sh?mode=755"),
+        &[("x-api-key", KEY)],
+        b"#!/bin/sh\necho script ran\n".to_vec(),
+    );
+    assert_eq!(script.status, 200, "{}", script.text());
+    assert_eq!(e.sh_ok(&id, "./run.sh"), "script ran\n");
+    let list = e.ok("GET", &format!("/sandboxes/{id}/files?dir=src"), None);
+    let entries = list["entries"].as_array().unwrap();
+    let names: Vec<(&str, &str)> = entries
+        .iter()
+        .map(|x| (x["name"].as_str().unwrap(), x["type"].as_str().unwrap()))
+        .collect();
+    assert_eq!(
+        names,
+        vec![("made.txt", "file"), ("pkg", "dir")],
+        "{list:#}"
+    );
+    let root = e.ok("GET", &format!("/sandboxes/{id}/files"), None);
+    assert!(root["entries"].as_array().unwrap().len() >= 2);
+    let dir = e.call("GET", &format!("/sandboxes/{id}/files/src"), None);
+    assert_eq!(dir.status, 400);
+    assert_eq!(Envd::error_type(&dir), "is_a_directory");
+    let missing = e.call("GET", &format!("/sandboxes/{id}/files/nope.txt"), None);
+    assert_eq!(missing.status, 404);
+    assert!(missing.text().contains("nope.txt"), "{}", missing.text());
+    let big = e.raw(
+        "PUT",
+        &format!("/sandboxes/{id}/files/big.bin"),
+        &[("x-api-key", KEY)],
+        vec![7u8; 5000],
+    );
+    assert_eq!(big.status, 413, "{}", big.text());
+    assert!(big.text().contains("4096"), "{}", big.text());
+    assert_eq!(
+        e.call("GET", &format!("/sandboxes/{id}/files/big.bin"), None)
+            .status,
+        404
+    );
+    // A file the sandbox made too big for the API is refused on download too.
+    e.sh_ok(&id, "head -c 10000 /dev/zero > huge.bin");
+    let huge = e.call("GET", &format!("/sandboxes/{id}/files/huge.bin"), None);
+    assert_eq!(huge.status, 413, "{}", huge.text());
+    let del = e.call("DELETE", &format!("/sandboxes/{id}/files/src"), None);
+    assert_eq!(
+        del.status,
+        400,
+        "a directory needs ?recursive=true: {}",
+        del.text()
+    );
+    let del = e.call(
+        "DELETE",
+        &format!("/sandboxes/{id}/files/src?recursive=true"),
+        None,
+    );
+    assert_eq!(del.status, 200, "{}", del.text());
+    assert_eq!(e.sh(&id, "test -e src")["exit_code"], 1);
+}
+
+#[test]
+fn apply_patch_applies_in_the_workspace_and_reports_failures() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    e.raw(
+        "PUT",
+        &format!("/sandboxes/{id}/files/app/main.py"),
+        &[("x-api-key", KEY)],
+        b"def main():\n    print('hello')\n".to_vec(),
+    );
+    let patch = "diff --git a/app/main.py b/app/main.py\n--- a/app/main.py\n+++ b/app/main.py\n@@ -1,2 +1,2 @@\n def main():\n-    print('hello')\n+    print('patched')\n";
+    let checked = e.ok(
+        "POST",
+        &format!("/sandboxes/{id}/apply_patch"),
+        Some(json!({"patch": patch, "check": true})),
+    );
+    assert_eq!(checked["applied"], false, "{checked:#}");
+    let unchanged = e.call("GET", &format!("/sandboxes/{id}/files/app/main.py"), None);
+    assert!(unchanged.text().contains("hello"));
+    let r = e.ok(
+        "POST",
+        &format!("/sandboxes/{id}/apply_patch"),
+        Some(json!({"patch": patch})),
+    );
+    assert_eq!(r["applied"], true, "{r:#}");
+    let now = e.call("GET", &format!("/sandboxes/{id}/files/app/main.py"), None);
+    assert_eq!(now.text(), "def main():\n    print('patched')\n");
+    // The same patch again no longer applies: 422 with git's own words.
+    let again = e.call(
+        "POST",
+        &format!("/sandboxes/{id}/apply_patch"),
+        Some(json!({"patch": patch})),
+    );
+    assert_eq!(again.status, 422, "{}", again.text());
+    assert_eq!(Envd::error_type(&again), "patch_failed");
+    assert!(again.text().contains("app/main.py"), "{}", again.text());
+    // A patch that reaches out of the workspace is refused by git inside the sandbox.
+    let evil = "--- a/../../etc/evil\n+++ b/../../etc/evil\n@@ -0,0 +1 @@\n+x\n";
+    let r = e.call(
+        "POST",
+        &format!("/sandboxes/{id}/apply_patch"),
+        Some(json!({"patch": evil})),
+    );
+    assert_eq!(r.status, 422, "{}", r.text());
+    assert!(!Path::new("/etc/evil").exists());
+}
+
+// -------------------------------------------------------------------------------------
+// Containment
+
+#[test]
+fn files_api_refuses_paths_that_leave_the_workspace() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    // Symlinks planted by the sandbox: absolute, relative upward, to a directory outside.
+    e.sh_ok(
+        &id,
+        "ln -s /etc/passwd leak && ln -s / rootdir && ln -s ../../../../../../../etc up && mkdir d && ln -s ../.. d/out",
+    );
+    let k = [("x-api-key", KEY)];
+    for path in [
+        "../../etc/passwd",
+        "%2e%2e/%2e%2e/etc/passwd",
+        "/etc/passwd",
+        "a/../../etc/passwd",
+        "leak",
+        "rootdir/etc/passwd",
+        "up/passwd",
+        "d/out/etc/passwd",
+    ] {
+        let url = format!("/sandboxes/{id}/files/{path}");
+        let r = e.raw("GET", &url, &k, vec![]);
+        assert_eq!(r.status, 403, "GET {path}: {} {}", r.status, r.text());
+        assert_eq!(Envd::error_type(&r), "path_outside_sandbox", "{}", r.text());
+        assert!(
+            !r.text().contains("root:x:0:0"),
+            "host file leaked: {}",
+            r.text()
+        );
+        let w = e.raw("PUT", &url, &k, b"owned".to_vec());
+        assert_eq!(w.status, 403, "PUT {path}: {} {}", w.status, w.text());
+    }
+    for dir in ["..", "/etc", "rootdir", "up", "d/out"] {
+        let r = e.call("GET", &format!("/sandboxes/{id}/files?dir={dir}"), None);
+        assert_eq!(r.status, 403, "list {dir}: {}", r.text());
+    }
+    let host_passwd = std::fs::read_to_string("/etc/passwd").unwrap();
+    assert!(!host_passwd.contains("owned"));
+    // An empty upload to the planted link is refused too; the host file is unchanged.
+    let over = e.raw("PUT", &format!("/sandboxes/{id}/files/leak"), &k, vec![]);
+    assert_eq!(
+        over.status,
+        403,
+        "a symlink pointing out is refused: {}",
+        over.text()
+    );
+    assert_eq!(std::fs::read_to_string("/etc/passwd").unwrap(), host_passwd);
+}
+
+#[test]
+fn exec_cannot_touch_the_host_outside_its_workspace() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    let probe = format!("envd-probe-{}", std::process::id());
+    let r = e.sh(&id, "echo x > /etc/envd-escape");
+    assert_ne!(r["exit_code"], 0, "{r:#}");
+    assert!(r["stderr"].as_str().unwrap().contains("Read-only"), "{r:#}");
+    assert_ne!(e.sh(&id, "touch /usr/envd-escape")["exit_code"], 0);
+    assert_ne!(e.sh(&id, "touch /envd-escape")["exit_code"], 0);
+    assert!(!Path::new("/etc/envd-escape").exists());
+    assert!(!Path::new("/usr/envd-escape").exists());
+    // /tmp is the sandbox's own.
+    e.sh_ok(&id, &format!("echo x > /tmp/{probe}"));
+    assert!(
+        !Path::new("/tmp").join(&probe).exists(),
+        "/tmp is shared with the host"
+    );
+    // Not root on the host, no secrets, no host processes, no data dir.
+    let uid = e.sh_ok(&id, "id -u");
+    assert_ne!(
+        uid.trim(),
+        "0",
+        "sandboxed processes run as an unprivileged user"
+    );
+    assert_ne!(e.sh(&id, "cat /etc/shadow")["exit_code"], 0);
+    let me = std::process::id();
+    assert_ne!(
+        e.sh(&id, &format!("test -e /proc/{me}"))["exit_code"],
+        0,
+        "host pids are visible"
+    );
+    let data = e.data.display().to_string();
+    assert_ne!(
+        e.sh(&id, &format!("ls {data}"))["exit_code"],
+        0,
+        "the data dir is visible"
+    );
+    assert_ne!(e.sh(&id, "ls /root")["exit_code"], 0);
+    // And another sandbox's workspace is out of reach.
+    let other = e.create(json!({}));
+    e.sh_ok(&other, "echo secret > s");
+    let r = e.sh(&id, &format!("cat {data}/sandboxes/{other}/workspace/s"));
+    assert_ne!(r["exit_code"], 0, "{r:#}");
+}
+
+#[test]
+fn network_reaches_only_the_gateway_through_the_forward() {
+    let stack = Stack::start();
+    let gw = stack.gateway.authority().to_owned();
+    let e = Envd::start(&["--gateway", &gw]);
+    let envd_addr = e.proc.authority().to_owned();
+    let id = e.create(json!({}));
+    let got = e.ok("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(got["network"], "gateway", "{got:#}");
+    assert_eq!(got["gateway_url"], "http://127.0.0.1:4000");
+    let ok = e.sh_ok(&id, "curl -sS --max-time 20 $GRAFT_GATEWAY_URL/healthz");
+    assert!(
+        ok.contains("ok"),
+        "the gateway answers through the forward: {ok}"
+    );
+    // Nothing else: not the gateway's real address, not envd itself, not the internet.
+    for target in [
+        format!("http://{gw}/healthz"),
+        format!("http://{envd_addr}/sandboxes"),
+        "http://1.1.1.1/".to_owned(),
+        "http://10.0.0.1/".to_owned(),
+    ] {
+        let r = e.sh(&id, &format!("curl -sS --max-time 5 {target}"));
+        assert_ne!(
+            r["exit_code"], 0,
+            "{target} was reachable from the sandbox: {r:#}"
+        );
+    }
+    // A sandbox without the gateway policy reaches nothing at all.
+    let closed = e.create(json!({"network": "none"}));
+    let r = e.sh(
+        &closed,
+        "curl -sS --max-time 5 http://127.0.0.1:4000/healthz",
+    );
+    assert_ne!(r["exit_code"], 0, "{r:#}");
+}
+
+#[test]
+fn harness_env_points_at_the_gateway_session_and_records_carry_it() {
+    let stack = Stack::start();
+    let session = stack.open_session("envd-sess-1");
+    let gw = stack.gateway.authority().to_owned();
+    let e = Envd::start(&["--gateway", &gw]);
+    let id = e.create(json!({
+        "gateway_session": {"session_id": "envd-sess-1", "api_key": session["api_key"], "model": "scripted"}
+    }));
+    let env = e.sh_ok(&id, "echo $OPENAI_BASE_URL; echo $ANTHROPIC_BASE_URL");
+    assert_eq!(
+        env,
+        "http://127.0.0.1:4000/s/envd-sess-1/v1\nhttp://127.0.0.1:4000/s/envd-sess-1\n"
+    );
+    let body = json!({"model": "scripted", "messages": [{"role": "user", "content": "hello from a sandbox"}]});
+    e.raw(
+        "PUT",
+        &format!("/sandboxes/{id}/files/req.json"),
+        &[("x-api-key", KEY)],
+        body.to_string().into_bytes(),
+    );
+    let out = e.sh_ok(
+        &id,
+        "curl -sS --fail-with-body --max-time 30 -H 'content-type: application/json' -H \"authorization: Bearer $OPENAI_API_KEY\" -d @req.json $OPENAI_BASE_URL/chat/completions",
+    );
+    let answer: Value = serde_json::from_str(&out).unwrap();
+    assert!(answer["choices"][0]["message"].is_object(), "{answer:#}");
+    let recs = stack.wait_records("envd-sess-1", 1);
+    assert_eq!(recs[0]["session_id"], "envd-sess-1");
+}
+
+#[test]
+fn fork_bomb_hits_the_pids_limit_and_leaves_nothing() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({"pids": 40}));
+    // Bounded: the 100 background sleeps cannot all start.
+    let r = e.sh(
+        &id,
+        "i=0; while [ $i -lt 100 ]; do sleep 60 & i=$((i+1)); done; echo started $i",
+    );
+    assert_ne!(
+        r["exit_code"], 0,
+        "100 processes started under pids=40: {r:#}"
+    );
+    assert!(
+        r["stderr"]
+            .as_str()
+            .unwrap()
+            .to_lowercase()
+            .contains("fork"),
+        "the shell reports the failed fork: {r:#}"
+    );
+    // The real thing, stopped by the timeout.
+    let r = e.exec(
+        &id,
+        json!({"command": "bash -c ':(){ :|:& };:; sleep 30'", "timeout_secs": 3}),
+    );
+    assert!(r["state"] == "timed_out" || r["state"] == "exited", "{r:#}");
+    let got = e.ok("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(got["processes"], 0, "the bomb is gone: {got:#}");
+    assert_eq!(e.sh_ok(&id, "echo alive"), "alive\n");
+}
+
+#[test]
+fn memory_hog_is_oom_killed_with_a_clear_status() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({"memory_mb": 64}));
+    let r = e.sh(&id, "python3 -c 'b = b\"x\" * (512 << 20); print(len(b))'");
+    assert_eq!(r["exit_code"], 137, "SIGKILL by the OOM killer: {r:#}");
+    assert_eq!(r["oom_killed"], true, "{r:#}");
+    assert_eq!(r["stdout"], "");
+    // The sandbox stays usable, and a small job is not reported as OOM.
+    let ok = e.sh(&id, "python3 -c 'b = b\"x\" * (8 << 20); print(len(b))'");
+    assert_eq!(ok["exit_code"], 0, "{ok:#}");
+    assert_eq!(ok["oom_killed"], false);
+}
