@@ -189,7 +189,13 @@ pub struct Rule {
     /// The request's `model` field, exactly.
     #[serde(default)]
     pub model: Option<String>,
+    #[serde(default)]
     pub reply: Reply,
+    /// SGLang `/generate` only (it has no model field to pick faults by): fail instead of
+    /// answering: `500`, `garbage`, `reset` (mid-stream), `hang`, `abort` (finish_reason
+    /// abort).
+    #[serde(default)]
+    pub fault: Option<String>,
 }
 
 /// What the model says.
@@ -242,10 +248,11 @@ impl Script {
 
     /// The reply for a request, or `None` when no rule matches.
     fn reply_for(&self, req: &Prompt) -> Option<&Reply> {
-        self.rules
-            .iter()
-            .find(|rule| rule.matches(req))
-            .map(|rule| &rule.reply)
+        self.rule_for(req).map(|rule| &rule.reply)
+    }
+
+    fn rule_for(&self, req: &Prompt) -> Option<&Rule> {
+        self.rules.iter().find(|rule| rule.matches(req))
     }
 }
 
@@ -497,7 +504,7 @@ async fn handle(state: Arc<State>, req: Request<Incoming>) -> Result<Response<Re
                 }
             }
         };
-        if let Some(resp) = sglang::route(&state, &method, &path, &body).await {
+        if let Some(resp) = sglang::route(&state, &method, &path, &body).await? {
             return Ok(resp);
         }
         return Ok(error(

@@ -634,3 +634,141 @@ fn codex_in_exact_mode_merges_into_one_sample_with_think_every_turn() {
     assert_eq!(summary["drift_events"], 0, "{summary}");
     check_samples(&out_file, &recs);
 }
+
+const FAULTS: &str = r#"{"rules": [
+  {"match": "graft-fault-500", "fault": "500"},
+  {"match": "graft-fault-garbage", "fault": "garbage"},
+  {"match": "graft-fault-reset", "fault": "reset", "reply": {"content": "one two three four five six seven eight nine ten eleven twelve"}},
+  {"match": "graft-fault-hang", "fault": "hang"},
+  {"match": "graft-fault-abort", "fault": "abort", "reply": {"content": "cut short"}},
+  {"match": "tell a long story", "reply": {"content": "Once upon a time there was a gateway that recorded every single token the policy sampled, and the researchers who trained on them never again wondered what the model had really seen."}}
+]}"#;
+
+fn chat(text: &str, stream: bool) -> Value {
+    json!({"model": "qwen3", "stream": stream, "messages": [{"role": "user", "content": text}]})
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_faults_get_clear_errors_in_the_clients_dialect_and_lose_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("graft.toml");
+    std::fs::write(&config, "[upstream]\ntimeout_secs = 3\n").unwrap();
+    let s = start(
+        FAULTS,
+        &["--chunk-delay-ms", "50"],
+        &["--config", config.to_str().unwrap()],
+    );
+    let (sid, base) = open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    // A good call first: it must survive everything after it.
+    let ok = http::post_json(&url, &[], &chat("hello", false)).await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+
+    let msg = |r: &http::Resp| {
+        r.json()["error"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    let r = http::post_json(&url, &[], &chat("graft-fault-500", false)).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(
+        msg(&r).contains("HTTP 500") && msg(&r).contains("scheduler crashed"),
+        "{}",
+        r.text()
+    );
+
+    let r = http::post_json(&url, &[], &chat("graft-fault-garbage", false)).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(msg(&r).contains("not JSON"), "{}", r.text());
+
+    let r = http::post_json(&url, &[], &chat("graft-fault-abort", false)).await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    assert!(msg(&r).contains("aborted"), "{}", r.text());
+
+    let r = http::post_json(&url, &[], &chat("graft-fault-hang", false)).await;
+    assert_eq!(r.status, 504, "{}", r.text());
+    assert!(
+        msg(&r).contains("did not answer within 3 s"),
+        "{}",
+        r.text()
+    );
+
+    // Streamed garbage: the stream ends with an error event, never with [DONE].
+    let r = http::post_json(&url, &[], &chat("graft-fault-garbage", true)).await;
+    assert_eq!(r.status, 200);
+    let data = r.sse_data();
+    assert_ne!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let last: Value = serde_json::from_str(data.last().unwrap()).unwrap();
+    assert!(
+        last["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not server-sent events"),
+        "{last}"
+    );
+
+    // A reset mid-stream, to an Anthropic client: its own `error` event after the text began.
+    let r = http::post_json(
+        &format!("{base}/messages"),
+        &[("anthropic-version", "2023-06-01")],
+        &json!({"model": "qwen3", "max_tokens": 100, "stream": true,
+                "messages": [{"role": "user", "content": "graft-fault-reset"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let text = r.text();
+    assert!(text.contains("event: message_start"), "{text}");
+    assert!(text.contains("event: error"), "{text}");
+    assert!(!text.contains("event: message_stop"), "{text}");
+
+    // A client that goes away mid-stream: recorded as such, with what was generated so far.
+    let resp = http::post_stream(&url, &chat("tell a long story", true)).await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    http::next_sse_data(&mut body, &mut buf).await.unwrap();
+    drop(body);
+
+    // The gateway is still up and serves.
+    let again = http::post_json(&url, &[], &chat("hello again", false)).await;
+    assert_eq!(again.status, 200, "{}", again.text());
+
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let recs = loop {
+        let recs: Vec<Value> = common::records_show(&s.data)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid)
+            .collect();
+        if recs.len() >= 9 || std::time::Instant::now() > deadline {
+            break recs;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_eq!(recs.len(), 9, "every call is recorded: {recs:#?}");
+    let outcomes: Vec<&str> = recs
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes.iter().filter(|o| **o == "ok").count(),
+        2,
+        "{outcomes:?}"
+    );
+    assert!(outcomes.contains(&"client_disconnected"), "{outcomes:?}");
+    for r in recs.iter().filter(|r| r["outcome"] != "ok") {
+        assert!(r["error"].as_str().is_some_and(|e| !e.is_empty()), "{r:#}");
+    }
+    // The first call's record is intact.
+    let first = recs
+        .iter()
+        .find(|r| r["request"]["messages"][0]["content"] == "hello")
+        .unwrap();
+    assert_eq!(first["outcome"], "ok");
+    assert!(!ids(&first["completion_token_ids"]).is_empty());
+    // The reset stream kept the ids generated before the failure.
+    let reset = recs
+        .iter()
+        .find(|r| r["request"]["messages"][0]["content"] == "graft-fault-reset")
+        .unwrap();
+    assert!(!ids(&reset["completion_token_ids"]).is_empty(), "{reset:#}");
+}

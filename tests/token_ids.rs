@@ -452,3 +452,47 @@ async fn completions_and_client_requested_ids_pass_through() {
     );
     assert!(r["completion_logprobs"].is_array(), "{r:#}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn translated_responses_calls_record_the_upstreams_ids_too() {
+    let s = start();
+    let (sid, base) = open_session(&s.gateway.url).await;
+    let tools = json!([{"type": "function", "name": "bash", "description": "Run a shell command",
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]);
+    for stream in [false, true] {
+        let r = http::post_json(
+            &format!("{base}/responses"),
+            &[],
+            &json!({"model": "qwen3", "input": "list the files please", "tools": tools, "stream": stream}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        // The client gets a Responses answer; ids are no part of that dialect.
+        assert!(!r.text().contains("token_ids"), "{}", r.text());
+    }
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let records = common::records_show(&s.data);
+    let recs: Vec<&Value> = records.iter().filter(|r| r["session_id"] == sid).collect();
+    assert_eq!(recs.len(), 2, "{records:#?}");
+    for r in recs {
+        assert_eq!(r["outcome"], "ok", "{r:#}");
+        assert_eq!(r["dialect"], "responses");
+        let up = &r["upstream_request"];
+        assert_eq!(up["return_token_ids"], true, "{up}");
+        assert_eq!(up["logprobs"], true, "{up}");
+        assert_eq!(ids(&r["prompt_token_ids"]), prompt_ids(&s.qwen3, up));
+        let c = ids(&r["completion_token_ids"]);
+        let text = tok.decode(&c).unwrap();
+        assert!(
+            text.starts_with("Let me look.\n<tool_call>") && text.ends_with("<|im_end|>"),
+            "{text}"
+        );
+        let lps: Vec<f32> = r["completion_logprobs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_f64().unwrap() as f32)
+            .collect();
+        assert_eq!(lps, c.iter().map(|&i| logprob(i)).collect::<Vec<_>>());
+    }
+}

@@ -461,8 +461,16 @@ pub async fn handle(
     };
     let (upstream_path, bytes, translation) = match conv {
         Some(mut conv) if translate => {
-            let (chat_req, notes) = crate::dialect::chat::to_request(&conv);
+            let (mut chat_req, notes) = crate::dialect::chat::to_request(&conv);
             conv.notes.extend(notes);
+            // Passthrough ids work for translated calls too: the client never sees the
+            // Chat answer, so nothing has to be stripped from what it gets.
+            call.token_ids = token_ids::augment(
+                state.cfg.token_ids,
+                Route::ChatCompletions,
+                stream,
+                &mut chat_req,
+            );
             if !conv.notes.is_empty() {
                 tracing::info!(call_id = %call.call_id, notes = ?conv.notes, "request translated to Chat Completions");
             }
@@ -672,7 +680,7 @@ async fn whole(
 }
 
 /// The record's token fields from what was captured; a reason not to trust them is logged.
-fn finish_capture(call: &Call, capture: Capture) -> Recorded {
+pub(crate) fn finish_capture(call: &Call, capture: Capture) -> Recorded {
     let (recorded, note) = capture.finish();
     if let Some(note) = note {
         warn!(call_id = %call.call_id, "passthrough token ids: {note}");

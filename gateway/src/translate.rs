@@ -16,9 +16,10 @@ use crate::dialect::chat::{self, ChunkReader};
 use crate::dialect::{Answer, Conversation, Finish, StreamEmitter, anthropic, responses};
 use crate::error::GatewayError;
 use crate::proxy::{
-    Call, Next, Outcome, Route, UpstreamEvents, close_stream, collect_upstream, snippet,
-    upstream_message,
+    Call, Next, Outcome, Route, UpstreamEvents, close_stream, collect_upstream, finish_capture,
+    snippet, upstream_message,
 };
+use crate::token_ids::Capture;
 
 /// The answer in the client's dialect.
 fn render(call: &Call, conv: &Conversation, answer: &Answer) -> Value {
@@ -60,10 +61,15 @@ pub(crate) async fn whole(
     let result = match body {
         Err(e) => Err(e),
         Ok(bytes) if status.is_success() => match serde_json::from_slice::<Value>(&bytes) {
-            Ok(v) => chat::parse_answer(&v).map_err(|d| GatewayError::UpstreamInvalid {
-                upstream: upstream.clone(),
-                detail: format!("the Chat Completions answer cannot be read: {d}"),
-            }),
+            Ok(v) => {
+                let mut capture = Capture::default();
+                capture.push(&v);
+                o.tokens = finish_capture(call, capture);
+                chat::parse_answer(&v).map_err(|d| GatewayError::UpstreamInvalid {
+                    upstream: upstream.clone(),
+                    detail: format!("the Chat Completions answer cannot be read: {d}"),
+                })
+            }
             Err(e) => Err(GatewayError::UpstreamInvalid {
                 upstream: upstream.clone(),
                 detail: format!("the body is not JSON ({e}): {}", snippet(&bytes)),
@@ -123,6 +129,7 @@ pub(crate) async fn pump(
     };
     let mut client_gone = false;
     let mut saw_done = false;
+    let mut capture = Capture::default();
     for b in em.start() {
         if tx.send(b).await.is_err() {
             client_gone = true;
@@ -165,6 +172,7 @@ pub(crate) async fn pump(
         if o.ttft.is_none() {
             o.ttft = Some(call.t0.elapsed());
         }
+        capture.push(&v);
         for d in reader.push(&v) {
             for b in em.push(&d) {
                 if tx.send(b).await.is_err() {
@@ -182,6 +190,7 @@ pub(crate) async fn pump(
         });
     }
     o.upstream_time = t_up.elapsed();
+    o.tokens = finish_capture(&call, capture);
     if reader.chunks() > 0 {
         o.response = Some(render(&call, &conv, &answer));
         o.normalized_response = serde_json::to_value(&answer).ok();

@@ -18,8 +18,8 @@ use serde_json::{Value, json};
 use tokio::sync::watch;
 
 use super::{
-    Meta, Prompt, Reply, RespBody, SseBody, State, chat_pieces, json_response, scripted_logprob,
-    sse_response,
+    Abort, Meta, Prompt, Reply, RespBody, SseBody, State, chat_pieces, garbage, json_response,
+    scripted_logprob, sse_response,
 };
 use http::{Response, StatusCode};
 
@@ -78,7 +78,7 @@ pub async fn route(
     method: &http::Method,
     path: &str,
     body: &Value,
-) -> Option<Response<RespBody>> {
+) -> Result<Option<Response<RespBody>>, Abort> {
     let b = &state.sglang;
     let resp = match (method.as_str(), path) {
         ("GET", "/health") => json_response(StatusCode::OK, &json!({})),
@@ -99,7 +99,10 @@ pub async fn route(
         }
         ("POST", "/update_weights_from_disk") => {
             let Some(path) = body.get("model_path").and_then(Value::as_str) else {
-                return Some(error(StatusCode::BAD_REQUEST, "'model_path' is required"));
+                return Ok(Some(error(
+                    StatusCode::BAD_REQUEST,
+                    "'model_path' is required",
+                )));
             };
             if let Some(v) = body.get("weight_version").and_then(Value::as_str)
                 && let Ok(mut w) = b.weight_version.lock()
@@ -111,10 +114,10 @@ pub async fn route(
                 &json!({"success": true, "message": format!("Succeeded to update model weights from {path}."), "num_paused_requests": 0}),
             )
         }
-        ("POST", "/generate") => generate(state, body).await,
-        _ => return None,
+        ("POST", "/generate") => generate(state, body).await?,
+        _ => return Ok(None),
     };
-    Some(resp)
+    Ok(Some(resp))
 }
 
 /// The prompt decoded into ChatML turns, as the script sees it.
@@ -170,12 +173,12 @@ fn raw_output(reply: &Reply, eos: &str) -> String {
     out
 }
 
-async fn generate(state: &State, body: &Value) -> Response<RespBody> {
+async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abort> {
     let Some(model) = &state.model else {
-        return error(
+        return Ok(error(
             StatusCode::BAD_REQUEST,
             "/generate needs the scripted upstream started with --tokenizer DIR",
-        );
+        ));
     };
     let input_ids: Option<Vec<u32>> =
         body.get("input_ids")
@@ -190,21 +193,21 @@ async fn generate(state: &State, body: &Value) -> Response<RespBody> {
         (None, Some(text)) => match model.tokenizer.encode(text) {
             Ok(ids) => ids,
             Err(e) => {
-                return error(
+                return Ok(error(
                     StatusCode::BAD_REQUEST,
                     &format!("cannot tokenize 'text': {e}"),
-                );
+                ));
             }
         },
         (None, None) => {
-            return error(
+            return Ok(error(
                 StatusCode::BAD_REQUEST,
                 "either 'input_ids' (a list of token ids) or 'text' is required",
-            );
+            ));
         }
     };
     if input_ids.is_empty() {
-        return error(StatusCode::BAD_REQUEST, "'input_ids' is empty");
+        return Ok(error(StatusCode::BAD_REQUEST, "'input_ids' is empty"));
     }
     // Paused: wait for /continue_generation, as SGLang holds new requests.
     let mut paused = state.sglang.paused.subscribe();
@@ -213,13 +216,29 @@ async fn generate(state: &State, body: &Value) -> Response<RespBody> {
     let prompt_text = match model.tokenizer.decode(&input_ids) {
         Ok(t) => t,
         Err(e) => {
-            return error(
+            return Ok(error(
                 StatusCode::BAD_REQUEST,
                 &format!("cannot decode 'input_ids': {e}"),
-            );
+            ));
         }
     };
     let prompt = prompt_of(&prompt_text);
+    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let fault = state.script.rule_for(&prompt).and_then(|r| r.fault.clone());
+    match fault.as_deref() {
+        Some("500") => {
+            return Ok(json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &json!({"object": "error", "message": "scripted fault 500: the scheduler crashed", "type": "InternalServerError", "param": null, "code": 500}),
+            ));
+        }
+        Some("garbage") => return Ok(garbage(stream)),
+        Some("hang") => {
+            tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+        }
+        Some("reset") if !stream => return Err(Abort),
+        _ => {}
+    }
     let echo;
     let reply = match state.script.reply_for(&prompt) {
         Some(r) => r,
@@ -235,10 +254,10 @@ async fn generate(state: &State, body: &Value) -> Response<RespBody> {
     let mut output = match model.tokenizer.encode(&text) {
         Ok(ids) => ids,
         Err(e) => {
-            return error(
+            return Ok(error(
                 StatusCode::INTERNAL_SERVER_ERROR,
                 &format!("cannot tokenize the reply: {e}"),
-            );
+            ));
         }
     };
     let max_new = body
@@ -246,7 +265,9 @@ async fn generate(state: &State, body: &Value) -> Response<RespBody> {
         .and_then(Value::as_u64)
         .unwrap_or(128) as usize;
     let eos_id = model.tokenizer.token_id(&model.eos);
-    let finish = if output.len() > max_new {
+    let finish = if fault.as_deref() == Some("abort") {
+        json!({"type": "abort", "message": "scripted abort: the request was aborted by the server"})
+    } else if output.len() > max_new {
         output.truncate(max_new);
         json!({"type": "length", "length": max_new})
     } else {
@@ -276,8 +297,8 @@ async fn generate(state: &State, body: &Value) -> Response<RespBody> {
             },
         })
     };
-    if body.get("stream").and_then(Value::as_bool) != Some(true) {
-        return json_response(StatusCode::OK, &event(output.len(), true));
+    if !stream {
+        return Ok(json_response(StatusCode::OK, &event(output.len(), true)));
     }
     let mut events = vec![];
     let mut n = 0;
@@ -289,7 +310,12 @@ async fn generate(state: &State, body: &Value) -> Response<RespBody> {
         events.push(super::sse(&event(0, true)));
     }
     events.push(bytes::Bytes::from_static(super::DONE));
-    sse_response(SseBody::new(events, state.chunk_delay, None))
+    let abort_after = (fault.as_deref() == Some("reset")).then_some(2);
+    Ok(sse_response(SseBody::new(
+        events,
+        state.chunk_delay,
+        abort_after,
+    )))
 }
 
 #[cfg(test)]
