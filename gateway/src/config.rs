@@ -111,6 +111,9 @@ pub struct ExactSection {
     pub max_new_tokens: Option<u64>,
     /// Earlier calls kept per session for prefix reuse (default 4).
     pub history_per_session: Option<usize>,
+    /// Token ids kept over all sessions' histories (default 100 M, ≈ 400 MB); past it the
+    /// least recently used sessions' histories are dropped.
+    pub history_max_tokens: Option<usize>,
     /// Extra chat-template variables, e.g. `{ enable_thinking = false }`.
     #[serde(default)]
     pub template_kwargs: toml::Table,
@@ -255,6 +258,7 @@ pub struct ExactConfig {
     pub reasoning_format: graft_reconstruct::parser::ReasoningFormat,
     pub max_new_tokens: u64,
     pub history_per_session: usize,
+    pub history_max_tokens: usize,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
@@ -455,6 +459,7 @@ fn resolve_exact(
             .unwrap_or(graft_reconstruct::parser::ReasoningFormat::Think),
         max_new_tokens: e.max_new_tokens.unwrap_or(8192),
         history_per_session,
+        history_max_tokens: e.history_max_tokens.unwrap_or(100_000_000),
         template_kwargs,
     })
 }

@@ -59,6 +59,41 @@ struct SessionTokens {
     backend: usize,
     /// Most recent first.
     turns: VecDeque<Arc<Turn>>,
+    /// Ids held by `turns`.
+    held: usize,
+    /// When the session was last used (a counter).
+    last_used: u64,
+}
+
+/// Every session's recent calls, within a budget of ids held in all.
+#[derive(Default)]
+struct Histories {
+    map: HashMap<String, SessionTokens>,
+    held: usize,
+    clock: u64,
+}
+
+impl Histories {
+    /// Drops the token histories of the least recently used sessions (their backend pin
+    /// stays) until at most `budget` ids are held. Their next call is tokenized in full.
+    fn evict(&mut self, budget: usize) -> usize {
+        let mut evicted = 0;
+        while self.held > budget {
+            let Some((_, s)) = self
+                .map
+                .iter_mut()
+                .filter(|(_, s)| s.held > 0)
+                .min_by_key(|(_, s)| s.last_used)
+            else {
+                break;
+            };
+            self.held -= s.held;
+            s.held = 0;
+            s.turns.clear();
+            evicted += 1;
+        }
+        evicted
+    }
 }
 
 /// Exact mode's state: the model's template and tokenizer, the backends, each session's
@@ -73,7 +108,8 @@ pub struct Exact {
     timeout: Duration,
     max_new_tokens: u64,
     history: usize,
-    sessions: Mutex<HashMap<String, SessionTokens>>,
+    history_budget: usize,
+    sessions: Mutex<Histories>,
     gate: Arc<RwLock<()>>,
     paused: tokio::sync::Mutex<Option<OwnedRwLockWriteGuard<()>>>,
 }
@@ -100,7 +136,8 @@ impl Exact {
             timeout,
             max_new_tokens: cfg.max_new_tokens,
             history: cfg.history_per_session,
-            sessions: Mutex::new(HashMap::new()),
+            history_budget: cfg.history_max_tokens,
+            sessions: Mutex::new(Histories::default()),
             gate: Arc::new(RwLock::new(())),
             paused: tokio::sync::Mutex::new(None),
         })
@@ -112,10 +149,13 @@ impl Exact {
 
     /// The session's backend (pinning it on first use) and its recent calls.
     fn session(&self, id: &str) -> (usize, Vec<Arc<Turn>>) {
-        let Ok(mut sessions) = self.sessions.lock() else {
+        let Ok(mut h) = self.sessions.lock() else {
             return (0, vec![]);
         };
-        if let Some(s) = sessions.get(id) {
+        h.clock += 1;
+        let now = h.clock;
+        if let Some(s) = h.map.get_mut(id) {
+            s.last_used = now;
             return (s.backend, s.turns.iter().cloned().collect());
         }
         let backend = match self.pinned.lock() {
@@ -132,33 +172,57 @@ impl Exact {
             }
             Err(_) => 0,
         };
-        sessions.insert(
+        h.map.insert(
             id.to_string(),
             SessionTokens {
                 backend,
-                turns: VecDeque::new(),
+                last_used: now,
+                ..Default::default()
             },
         );
         (backend, vec![])
     }
 
     fn remember(&self, id: &str, turn: Turn) {
-        if let Ok(mut sessions) = self.sessions.lock()
-            && let Some(s) = sessions.get_mut(id)
-        {
-            s.turns.push_front(Arc::new(turn));
-            s.turns.truncate(self.history);
+        let Ok(mut h) = self.sessions.lock() else {
+            return;
+        };
+        let Some(s) = h.map.get_mut(id) else {
+            return;
+        };
+        s.turns.push_front(Arc::new(turn));
+        s.turns.truncate(self.history);
+        let before = s.held;
+        s.held = s.turns.iter().map(|t| t.tokens.len()).sum();
+        let after = s.held;
+        h.held = h.held.saturating_sub(before) + after;
+        let evicted = h.evict(self.history_budget);
+        if evicted > 0 {
+            info!(
+                evicted,
+                budget = self.history_budget,
+                "exact mode: token histories of the least recently used sessions dropped (exact.history_max_tokens); their next calls are tokenized in full"
+            );
         }
     }
 
     /// A closed session's tokens are dropped.
     pub fn forget(&self, id: &str) {
-        let removed = self.sessions.lock().ok().and_then(|mut s| s.remove(id));
+        let removed = self.sessions.lock().ok().and_then(|mut h| {
+            let s = h.map.remove(id)?;
+            h.held = h.held.saturating_sub(s.held);
+            Some(s)
+        });
         if let (Some(s), Ok(mut counts)) = (removed, self.pinned.lock())
             && let Some(c) = counts.get_mut(s.backend)
         {
             *c = c.saturating_sub(1);
         }
+    }
+
+    /// Ids held in all sessions' histories.
+    pub fn held_tokens(&self) -> usize {
+        self.sessions.lock().map(|h| h.held).unwrap_or(0)
     }
 
     /// Holds new calls and waits until the calls in flight are done. Returns how long that took.
@@ -812,4 +876,48 @@ async fn pump(call: Call, job: Job, body: Incoming, tx: mpsc::Sender<Bytes>, t_u
         info!(tokens = p.output_ids.len(), "exact stream done");
     }
     close_stream(&call, &o, client_gone, &tx, last).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(n: usize) -> Arc<Turn> {
+        Arc::new(Turn {
+            messages: vec![],
+            tools: None,
+            answer: Value::Null,
+            tokens: vec![1; n],
+        })
+    }
+
+    #[test]
+    fn eviction_drops_the_least_recently_used_histories_first() {
+        let mut h = Histories::default();
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            h.map.insert(
+                id.to_string(),
+                SessionTokens {
+                    backend: 0,
+                    turns: VecDeque::from([turn(100)]),
+                    held: 100,
+                    last_used: i as u64,
+                },
+            );
+        }
+        h.held = 300;
+        // "a" is used again: "b" is now the oldest.
+        if let Some(a) = h.map.get_mut("a") {
+            a.last_used = 10;
+        }
+        assert_eq!(h.evict(250), 1);
+        assert_eq!(h.held, 200);
+        assert!(h.map["b"].turns.is_empty() && h.map["b"].held == 0);
+        assert_eq!(h.map["a"].held, 100);
+        assert_eq!(h.evict(50), 2);
+        assert_eq!(h.held, 0);
+        // Pins stay: the sessions are still known.
+        assert_eq!(h.map.len(), 3);
+        assert_eq!(h.evict(0), 0);
+    }
 }
