@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite, from a clean clone: installs the real clients the tests drive
-# (Python SDKs and harnesses, the Node SDK; see scripts/setup-test-env.sh), then runs
+# (Python SDKs and harnesses, the Node SDK; see scripts/setup-test-env.sh) and libtorch
+# for the trainer (scripts/setup-libtorch.sh), then runs
 # formatting, lints, and every test in the workspace.
 # Usage: bash scripts/test.sh
 set -euo pipefail
@@ -8,6 +9,9 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 start=$(date +%s)
 bash scripts/setup-test-env.sh
+# libtorch for the trainer (tch): pinned PyPI wheels, see scripts/setup-libtorch.sh.
+LIBTORCH="$(bash scripts/setup-libtorch.sh)"
+export LIBTORCH
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 log="$(mktemp)"

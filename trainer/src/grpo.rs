@@ -1,0 +1,241 @@
+//! The GRPO objective: group-normalised advantages, the PPO ratio with an asymmetric clip,
+//! a truncated importance weight between the trainer's π_old and the rollout engine's
+//! logprobs, an optional k3 KL to a reference, and the token-mean over a whole optimizer
+//! step. Logprobs come from a temperature-scaled fp32 log-softmax computed in chunks of
+//! positions.
+//!
+//! Alignment: every per-token tensor here is `[batch, seq]` aligned to the tokens, like a
+//! `Sample`'s `logprobs`: entry `i` is about token `i` (its logprob given tokens `..i`);
+//! entry 0 is never trained (it has no prefix).
+
+use std::collections::HashMap;
+
+use tch::{Kind, Tensor};
+
+use crate::error::{Result, TrainerError};
+use crate::model::Model;
+
+/// Where π_old comes from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PolicyMode {
+    /// π_old = the rollout engine's logprobs (one optimizer step per batch, no extra
+    /// forward); no importance weight.
+    Bypass,
+    /// π_old = the trainer's own logprobs before the step (a no-grad forward), and each
+    /// token's loss is weighted by `min(exp(logp_old − logp_rollout), tis_cap)` to correct
+    /// for the rollout engine's numerical drift.
+    Recompute,
+}
+
+/// The objective's knobs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GrpoConfig {
+    pub clip_low: f64,
+    pub clip_high: f64,
+    /// Cap of the truncated importance weight.
+    pub tis_cap: f64,
+    /// k3 KL coefficient (0: off, no reference needed).
+    pub kl_coef: f64,
+    /// Sampling temperature of the rollouts: logits are divided by it.
+    pub temperature: f64,
+    /// Positions per chunk of the fp32 log-softmax.
+    pub logprob_chunk: i64,
+    pub mode: PolicyMode,
+}
+
+impl Default for GrpoConfig {
+    fn default() -> Self {
+        GrpoConfig {
+            clip_low: 0.2,
+            clip_high: 0.28,
+            tis_cap: 2.0,
+            kl_coef: 0.0,
+            temperature: 1.0,
+            logprob_chunk: 1024,
+            mode: PolicyMode::Bypass,
+        }
+    }
+}
+
+/// GRPO advantages: each reward minus its group's mean, over the group's standard
+/// deviation (Bessel-corrected, as TRL and verl do) plus `eps`. A group of one, or one
+/// whose rewards are all equal, gets 0 for every member (no signal).
+pub fn group_advantages<G: AsRef<str>>(rewards: &[f64], groups: &[G], eps: f64) -> Vec<f64> {
+    let mut by_group: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, g) in groups.iter().enumerate() {
+        by_group.entry(g.as_ref()).or_default().push(i);
+    }
+    let mut adv = vec![0.0; rewards.len()];
+    for members in by_group.values() {
+        let n = members.len();
+        if n < 2 {
+            continue;
+        }
+        let mean = members.iter().map(|&i| rewards[i]).sum::<f64>() / n as f64;
+        let var = members
+            .iter()
+            .map(|&i| (rewards[i] - mean).powi(2))
+            .sum::<f64>()
+            / (n - 1) as f64;
+        let std = var.sqrt();
+        if std == 0.0 {
+            continue;
+        }
+        for &i in members {
+            adv[i] = (rewards[i] - mean) / (std + eps);
+        }
+    }
+    adv
+}
+
+/// Logprobs of `ids` (`[batch, seq]`) under `model`, aligned to the tokens (column 0 is
+/// 0): `log_softmax(logits / temperature)` in fp32, computed `chunk` positions at a time.
+pub fn token_logprobs(model: &Model, ids: &Tensor, temperature: f64, chunk: i64) -> Result<Tensor> {
+    let size = ids.size();
+    let [b, t] = size[..] else {
+        return Err(TrainerError::invalid(format!(
+            "token ids must be [batch, seq], got {size:?}"
+        )));
+    };
+    let hidden = model.forward_hidden(ids, None)?;
+    let zeros = Tensor::f_zeros([b, 1], (Kind::Float, ids.device()))?;
+    if t < 2 {
+        return Ok(zeros);
+    }
+    let h = hidden.f_narrow(1, 0, t - 1)?;
+    let targets = ids.f_narrow(1, 1, t - 1)?;
+    let w = model.lm_head();
+    let chunk = chunk.max(1);
+    let mut parts = vec![zeros];
+    let mut start = 0;
+    while start < t - 1 {
+        let len = chunk.min(t - 1 - start);
+        let logits = h
+            .f_narrow(1, start, len)?
+            .f_matmul(&w.f_tr()?)?
+            .f_to_kind(Kind::Float)?;
+        let logits = if temperature != 1.0 {
+            logits.f_div_scalar(temperature)?
+        } else {
+            logits
+        };
+        let lp = logits.f_log_softmax(-1, Kind::Float)?;
+        let tgt = targets.f_narrow(1, start, len)?.f_unsqueeze(-1)?;
+        parts.push(lp.f_gather(-1, &tgt, false)?.f_squeeze_dim(-1)?);
+        start += len;
+    }
+    Ok(Tensor::f_cat(&parts, 1)?)
+}
+
+/// One micro-batch's per-token inputs, `[batch, seq]` f32, aligned to the tokens.
+#[derive(Debug)]
+pub struct TokenInputs<'a> {
+    /// The trainer's current logprobs (with grad).
+    pub logp: &'a Tensor,
+    /// π_old: the rollout logprobs in bypass mode, the trainer's pre-step ones otherwise.
+    pub old_logp: &'a Tensor,
+    /// The rollout engine's logprobs.
+    pub rollout_logp: &'a Tensor,
+    /// Each token's advantage (its sequence's).
+    pub advantages: &'a Tensor,
+    /// 1.0 on trained tokens, 0.0 elsewhere.
+    pub mask: &'a Tensor,
+    /// Reference-policy logprobs, for the KL term.
+    pub ref_logp: Option<&'a Tensor>,
+}
+
+/// Sums over a micro-batch's trained tokens, to be added up over the step.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct LossStats {
+    pub tokens: f64,
+    /// Tokens whose clipped term was the active one (the min), on either side.
+    pub clipped: f64,
+    /// Σ |logp_old − logp_rollout| (0 in bypass mode).
+    pub abs_gap: f64,
+    /// Σ k3 KL (when a reference is given).
+    pub kl: f64,
+    /// Σ importance weights.
+    pub tis_weight: f64,
+}
+
+impl LossStats {
+    pub fn add(&mut self, o: &LossStats) {
+        self.tokens += o.tokens;
+        self.clipped += o.clipped;
+        self.abs_gap += o.abs_gap;
+        self.kl += o.kl;
+        self.tis_weight += o.tis_weight;
+    }
+}
+
+/// The GRPO loss of one micro-batch: `Σ_tokens loss / step_tokens`, where `step_tokens`
+/// is the trained-token count of the whole optimizer step (counted before splitting into
+/// micro-batches), so the micro-batches' losses add up to the step's token mean.
+pub fn grpo_loss(
+    cfg: &GrpoConfig,
+    x: &TokenInputs<'_>,
+    step_tokens: f64,
+) -> Result<(Tensor, LossStats)> {
+    if step_tokens <= 0.0 {
+        return Err(TrainerError::invalid(
+            "a GRPO step needs at least one trained token",
+        ));
+    }
+    let old = x.old_logp.f_detach()?;
+    let adv = x.advantages.f_detach()?;
+    let ratio = x.logp.f_sub(&old)?.f_exp()?;
+    let s1 = ratio.f_mul(&adv)?;
+    let s2 = ratio
+        .f_clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)?
+        .f_mul(&adv)?;
+    let mut per_token = s1.f_minimum(&s2)?.f_neg()?;
+    let (weight, gap) = match cfg.mode {
+        PolicyMode::Bypass => (None, None),
+        PolicyMode::Recompute => {
+            let diff = old.f_sub(&x.rollout_logp.f_detach()?)?;
+            let w = diff.f_exp()?.f_clamp_max(cfg.tis_cap)?;
+            (Some(w), Some(diff.f_abs()?))
+        }
+    };
+    if let Some(w) = &weight {
+        per_token = per_token.f_mul(w)?;
+    }
+    let kl = match (x.ref_logp, cfg.kl_coef) {
+        (Some(r), c) if c != 0.0 => {
+            let d = r.f_detach()?.f_sub(x.logp)?;
+            let k3 = d.f_exp()?.f_sub(&d)?.f_sub_scalar(1.0)?;
+            per_token = per_token.f_add(&k3.f_mul_scalar(c)?)?;
+            Some(k3)
+        }
+        _ => None,
+    };
+    let mask = x.mask;
+    let loss = per_token
+        .f_mul(mask)?
+        .f_sum(Kind::Float)?
+        .f_div_scalar(step_tokens)?;
+    let sum = |t: &Tensor| -> Result<f64> {
+        Ok(t.f_detach()?
+            .f_mul(mask)?
+            .f_sum(Kind::Float)?
+            .f_double_value(&[])?)
+    };
+    let clipped = s2.f_lt_tensor(&s1)?.f_to_kind(Kind::Float)?;
+    let stats = LossStats {
+        tokens: mask.f_sum(Kind::Float)?.f_double_value(&[])?,
+        clipped: sum(&clipped)?,
+        abs_gap: match &gap {
+            Some(g) => sum(g)?,
+            None => 0.0,
+        },
+        kl: match &kl {
+            Some(k) => sum(k)?,
+            None => 0.0,
+        },
+        tis_weight: match &weight {
+            Some(w) => sum(w)?,
+            None => sum(&Tensor::f_ones_like(mask)?)?,
+        },
+    };
+    Ok((loss, stats))
+}

@@ -1,0 +1,18 @@
+//! graft's trainer: Llama / Qwen2 / Qwen3 in libtorch (tch) from HF safetensors, the GRPO
+//! loss, Balanced Adaptive Rollout selection, AdamW with fp32 master weights, checkpoints,
+//! and the weight push to an SGLang-compatible server.
+//!
+//! Call [`device::init`] first: it loads libtorch's CUDA backend when there is one.
+
+pub mod device;
+pub mod error;
+
+pub use error::{Result, TrainerError};
+pub mod bar;
+pub mod generate;
+pub mod grpo;
+pub mod model;
+pub mod optim;
+pub mod push;
+pub mod train;
+pub mod weights;

@@ -1,0 +1,648 @@
+//! Decoder-only transformers from HF checkpoints: [`llama`], [`qwen2`] and [`qwen3`] each
+//! hold a `Config` that mirrors their HF `config.json` and turn it into a [`Spec`]; the
+//! layers they share (RMSNorm, rotate-half RoPE, GQA attention over a KV cache, SwiGLU
+//! MLP) live here. Parameters keep their HF names, so a checkpoint loads as it is and
+//! [`crate::weights`] writes one HF and SGLang read back.
+
+pub mod llama;
+pub mod qwen2;
+pub mod qwen3;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use tch::{Device, Kind, Tensor};
+
+use crate::error::{Result, TrainerError};
+
+/// Which family a checkpoint is, from `config.json`'s `model_type`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ModelConfig {
+    Llama(llama::Config),
+    Qwen2(qwen2::Config),
+    Qwen3(qwen3::Config),
+}
+
+/// The shape of a model, whatever its family: what the shared layers need.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Spec {
+    pub vocab_size: i64,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_layers: i64,
+    pub num_heads: i64,
+    pub num_kv_heads: i64,
+    pub head_dim: i64,
+    pub rms_norm_eps: f64,
+    pub rope_theta: f64,
+    pub tie_word_embeddings: bool,
+    /// Biases on q/k/v projections (Qwen2: always; Llama: `attention_bias`).
+    pub qkv_bias: bool,
+    /// Bias on the output projection (Llama's `attention_bias`).
+    pub o_bias: bool,
+    /// Biases on the MLP projections (Llama's `mlp_bias`).
+    pub mlp_bias: bool,
+    /// RMSNorm on each head of q and k before RoPE (Qwen3).
+    pub qk_norm: bool,
+}
+
+impl ModelConfig {
+    /// Reads `config.json` from a model directory.
+    pub fn load(dir: &Path) -> Result<(ModelConfig, serde_json::Value)> {
+        let path = dir.join("config.json");
+        let text =
+            std::fs::read_to_string(&path).map_err(|e| TrainerError::io("reading", &path, e))?;
+        let raw: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| TrainerError::Config {
+                path: path.clone(),
+                problem: format!("not valid JSON: {e}"),
+            })?;
+        let config = ModelConfig::from_json(&raw).map_err(|problem| TrainerError::Config {
+            path: path.clone(),
+            problem,
+        })?;
+        Ok((config, raw))
+    }
+
+    /// Parses an HF config by its `model_type`.
+    pub fn from_json(raw: &serde_json::Value) -> Result<ModelConfig, String> {
+        let model_type = raw.get("model_type").and_then(|v| v.as_str()).unwrap_or("");
+        let parse = |what: &str| format!("is not a valid {what} config");
+        match model_type {
+            "llama" => serde_json::from_value(raw.clone())
+                .map(ModelConfig::Llama)
+                .map_err(|e| format!("{}: {e}", parse("Llama"))),
+            "qwen2" => serde_json::from_value(raw.clone())
+                .map(ModelConfig::Qwen2)
+                .map_err(|e| format!("{}: {e}", parse("Qwen2"))),
+            "qwen3" => serde_json::from_value(raw.clone())
+                .map(ModelConfig::Qwen3)
+                .map_err(|e| format!("{}: {e}", parse("Qwen3"))),
+            other => Err(format!(
+                "model_type '{other}' is not supported; graft's trainer runs llama, qwen2 and qwen3 (dense) checkpoints"
+            )),
+        }
+    }
+
+    pub fn spec(&self) -> Result<Spec, String> {
+        match self {
+            ModelConfig::Llama(c) => c.spec(),
+            ModelConfig::Qwen2(c) => c.spec(),
+            ModelConfig::Qwen3(c) => c.spec(),
+        }
+    }
+}
+
+/// `rope_theta` from a config: top level (transformers 4) or inside `rope_parameters`
+/// (transformers 5); refuses rope scaling, which these models do not implement.
+pub(crate) fn rope_theta(
+    top: Option<f64>,
+    params: &Option<serde_json::Value>,
+    scaling: &Option<serde_json::Value>,
+) -> Result<f64, String> {
+    for p in [params, scaling].into_iter().flatten() {
+        if p.is_null() {
+            continue;
+        }
+        let kind = p
+            .get("rope_type")
+            .or_else(|| p.get("type"))
+            .and_then(|v| v.as_str())
+            .unwrap_or("default");
+        if kind != "default" {
+            return Err(format!(
+                "rope scaling '{kind}' is not supported; use a checkpoint without rope_scaling"
+            ));
+        }
+    }
+    let nested = params
+        .as_ref()
+        .and_then(|p| p.get("rope_theta"))
+        .and_then(|v| v.as_f64());
+    top.or(nested)
+        .ok_or_else(|| "has neither rope_theta nor rope_parameters.rope_theta".to_owned())
+}
+
+pub(crate) fn check_act(act: &str) -> Result<(), String> {
+    if act == "silu" {
+        Ok(())
+    } else {
+        Err(format!("hidden_act '{act}' is not supported (only silu)"))
+    }
+}
+
+impl Spec {
+    pub(crate) fn validate(self) -> Result<Spec, String> {
+        if self.num_heads <= 0 || self.num_kv_heads <= 0 || self.num_heads % self.num_kv_heads != 0
+        {
+            return Err(format!(
+                "num_attention_heads {} must be a positive multiple of num_key_value_heads {}",
+                self.num_heads, self.num_kv_heads
+            ));
+        }
+        if self.head_dim <= 0 || self.head_dim % 2 != 0 {
+            return Err(format!(
+                "head_dim {} must be positive and even (RoPE)",
+                self.head_dim
+            ));
+        }
+        if self.vocab_size <= 0 || self.hidden_size <= 0 || self.num_layers <= 0 {
+            return Err(
+                "vocab_size, hidden_size and num_hidden_layers must be positive".to_owned(),
+            );
+        }
+        Ok(self)
+    }
+
+    /// Every parameter by HF name, with its shape and how a fresh model initialises it.
+    pub fn parameters(&self) -> Vec<(String, Vec<i64>, Init)> {
+        let h = self.hidden_size;
+        let q = self.num_heads * self.head_dim;
+        let kv = self.num_kv_heads * self.head_dim;
+        let i = self.intermediate_size;
+        let mut out = vec![(
+            "model.embed_tokens.weight".to_owned(),
+            vec![self.vocab_size, h],
+            Init::Normal,
+        )];
+        for l in 0..self.num_layers {
+            let p = format!("model.layers.{l}");
+            let mut push =
+                |name: String, shape: Vec<i64>, init: Init| out.push((name, shape, init));
+            push(format!("{p}.input_layernorm.weight"), vec![h], Init::Ones);
+            for (n, rows) in [("q", q), ("k", kv), ("v", kv)] {
+                push(
+                    format!("{p}.self_attn.{n}_proj.weight"),
+                    vec![rows, h],
+                    Init::Normal,
+                );
+                if self.qkv_bias {
+                    push(
+                        format!("{p}.self_attn.{n}_proj.bias"),
+                        vec![rows],
+                        Init::Zeros,
+                    );
+                }
+            }
+            push(
+                format!("{p}.self_attn.o_proj.weight"),
+                vec![h, q],
+                Init::Normal,
+            );
+            if self.o_bias {
+                push(format!("{p}.self_attn.o_proj.bias"), vec![h], Init::Zeros);
+            }
+            if self.qk_norm {
+                push(
+                    format!("{p}.self_attn.q_norm.weight"),
+                    vec![self.head_dim],
+                    Init::Ones,
+                );
+                push(
+                    format!("{p}.self_attn.k_norm.weight"),
+                    vec![self.head_dim],
+                    Init::Ones,
+                );
+            }
+            push(
+                format!("{p}.post_attention_layernorm.weight"),
+                vec![h],
+                Init::Ones,
+            );
+            for (n, shape) in [
+                ("gate", vec![i, h]),
+                ("up", vec![i, h]),
+                ("down", vec![h, i]),
+            ] {
+                let rows = shape[0];
+                push(format!("{p}.mlp.{n}_proj.weight"), shape, Init::Normal);
+                if self.mlp_bias {
+                    push(format!("{p}.mlp.{n}_proj.bias"), vec![rows], Init::Zeros);
+                }
+            }
+        }
+        out.push(("model.norm.weight".to_owned(), vec![h], Init::Ones));
+        if !self.tie_word_embeddings {
+            out.push((
+                "lm_head.weight".to_owned(),
+                vec![self.vocab_size, h],
+                Init::Normal,
+            ));
+        }
+        out
+    }
+
+    /// Parameter count (tied embeddings counted once).
+    pub fn num_parameters(&self) -> i64 {
+        self.parameters()
+            .iter()
+            .map(|(_, s, _)| s.iter().product::<i64>())
+            .sum()
+    }
+}
+
+/// How a fresh parameter starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Init {
+    /// N(0, 0.02), HF's `initializer_range` default.
+    Normal,
+    Ones,
+    Zeros,
+}
+
+/// Keys and values of every layer for the tokens seen so far (batch-major:
+/// `[batch, kv_heads, seq, head_dim]`).
+#[derive(Debug, Default)]
+pub struct KvCache {
+    layers: Vec<Option<(Tensor, Tensor)>>,
+}
+
+impl KvCache {
+    pub fn new() -> KvCache {
+        KvCache::default()
+    }
+
+    /// How many positions the cache holds.
+    pub fn len(&self) -> i64 {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map(|(k, _)| k.size().get(2).copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(x.f_linear(&self.weight, self.bias.as_ref())?)
+    }
+}
+
+/// HF's RMSNorm: normalise in f32, cast back, then scale.
+fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
+    let kind = x.kind();
+    let x32 = x.f_to_kind(Kind::Float)?;
+    let var = x32
+        .f_pow_tensor_scalar(2)?
+        .f_mean_dim(-1, true, Kind::Float)?;
+    let normed = x32.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
+    Ok(normed.f_to_kind(kind)?.f_mul(weight)?)
+}
+
+/// `[x1, x2] -> [-x2, x1]` on the last dimension.
+fn rotate_half(x: &Tensor) -> Result<Tensor> {
+    let d = x.size().last().copied().unwrap_or(0);
+    let x1 = x.f_narrow(-1, 0, d / 2)?;
+    let x2 = x.f_narrow(-1, d / 2, d - d / 2)?;
+    Ok(Tensor::f_cat(&[x2.f_neg()?, x1], -1)?)
+}
+
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<Tensor>,
+    k_norm: Option<Tensor>,
+}
+
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+struct Layer {
+    input_norm: Tensor,
+    attn: Attention,
+    post_norm: Tensor,
+    mlp: Mlp,
+}
+
+/// A loaded model: HF-named parameters plus the layers built over them (sharing storage).
+pub struct Model {
+    config: ModelConfig,
+    raw_config: serde_json::Value,
+    spec: Spec,
+    device: Device,
+    kind: Kind,
+    /// Every parameter, by HF name; `lm_head.weight` is absent when tied.
+    params: BTreeMap<String, Tensor>,
+    embed: Tensor,
+    layers: Vec<Layer>,
+    norm: Tensor,
+    lm_head: Tensor,
+    inv_freq: Tensor,
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("spec", &self.spec)
+            .field("device", &self.device)
+            .field("kind", &self.kind)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Model {
+    /// Loads `config.json` and the safetensors weights (single file or sharded with
+    /// `model.safetensors.index.json`) of an HF model directory onto `device`, in `kind`.
+    pub fn load(dir: &Path, device: Device, kind: Kind) -> Result<Model> {
+        let (config, raw) = ModelConfig::load(dir)?;
+        let spec = config.spec().map_err(|problem| TrainerError::Config {
+            path: dir.join("config.json"),
+            problem,
+        })?;
+        let tensors = crate::weights::read_dir(dir)?;
+        let mut params = BTreeMap::new();
+        let mut missing = Vec::new();
+        let mut tensors = tensors;
+        for (name, shape, _) in spec.parameters() {
+            match tensors.remove(&name) {
+                None => missing.push(name),
+                Some(t) => {
+                    if t.size() != shape {
+                        return Err(TrainerError::Weights {
+                            path: dir.to_path_buf(),
+                            problem: format!(
+                                "tensor '{name}' has shape {:?}, config.json implies {shape:?}",
+                                t.size()
+                            ),
+                        });
+                    }
+                    let t = t.f_to_device(device)?.f_to_kind(kind)?;
+                    params.insert(name, t);
+                }
+            }
+        }
+        if !missing.is_empty() {
+            let n = missing.len();
+            missing.truncate(5);
+            return Err(TrainerError::Weights {
+                path: dir.to_path_buf(),
+                problem: format!(
+                    "{n} tensors that config.json implies are missing, e.g. {}; is this a {} checkpoint with HF names?",
+                    missing.join(", "),
+                    raw.get("model_type")
+                        .and_then(|v| v.as_str())
+                        .unwrap_or("?")
+                ),
+            });
+        }
+        let unused: Vec<&String> = tensors
+            .keys()
+            .filter(|k| !(spec.tie_word_embeddings && k.as_str() == "lm_head.weight"))
+            .filter(|k| !k.ends_with("rotary_emb.inv_freq"))
+            .collect();
+        if !unused.is_empty() {
+            tracing::warn!(count = unused.len(), first = %unused[0], "model: checkpoint tensors not used");
+        }
+        Model::from_params(config, raw, spec, params, device, kind)
+    }
+
+    /// A freshly initialised model (N(0, 0.02) weights, unit norms, zero biases) from a
+    /// config, seeded by `seed`.
+    pub fn random(
+        raw_config: serde_json::Value,
+        device: Device,
+        kind: Kind,
+        seed: i64,
+    ) -> Result<Model> {
+        let config =
+            ModelConfig::from_json(&raw_config).map_err(|problem| TrainerError::Config {
+                path: PathBuf::from("<config>"),
+                problem,
+            })?;
+        let spec = config.spec().map_err(|problem| TrainerError::Config {
+            path: PathBuf::from("<config>"),
+            problem,
+        })?;
+        tch::manual_seed(seed);
+        let mut params = BTreeMap::new();
+        let opts = (Kind::Float, device);
+        for (name, shape, init) in spec.parameters() {
+            let t = match init {
+                Init::Normal => Tensor::f_randn(&shape, opts)?.f_mul_scalar(0.02)?,
+                Init::Ones => Tensor::f_ones(&shape, opts)?,
+                Init::Zeros => Tensor::f_zeros(&shape, opts)?,
+            };
+            params.insert(name, t.f_to_kind(kind)?);
+        }
+        Model::from_params(config, raw_config, spec, params, device, kind)
+    }
+
+    fn from_params(
+        config: ModelConfig,
+        raw_config: serde_json::Value,
+        spec: Spec,
+        params: BTreeMap<String, Tensor>,
+        device: Device,
+        kind: Kind,
+    ) -> Result<Model> {
+        let get = |name: &str| -> Result<Tensor> {
+            params
+                .get(name)
+                .map(Tensor::shallow_clone)
+                .ok_or_else(|| TrainerError::invalid(format!("parameter '{name}' is missing")))
+        };
+        let opt = |name: &str| params.get(name).map(Tensor::shallow_clone);
+        let linear = |prefix: &str| -> Result<Linear> {
+            Ok(Linear {
+                weight: get(&format!("{prefix}.weight"))?,
+                bias: opt(&format!("{prefix}.bias")),
+            })
+        };
+        let mut layers = Vec::new();
+        for l in 0..spec.num_layers {
+            let p = format!("model.layers.{l}");
+            layers.push(Layer {
+                input_norm: get(&format!("{p}.input_layernorm.weight"))?,
+                attn: Attention {
+                    q: linear(&format!("{p}.self_attn.q_proj"))?,
+                    k: linear(&format!("{p}.self_attn.k_proj"))?,
+                    v: linear(&format!("{p}.self_attn.v_proj"))?,
+                    o: linear(&format!("{p}.self_attn.o_proj"))?,
+                    q_norm: opt(&format!("{p}.self_attn.q_norm.weight")),
+                    k_norm: opt(&format!("{p}.self_attn.k_norm.weight")),
+                },
+                post_norm: get(&format!("{p}.post_attention_layernorm.weight"))?,
+                mlp: Mlp {
+                    gate: linear(&format!("{p}.mlp.gate_proj"))?,
+                    up: linear(&format!("{p}.mlp.up_proj"))?,
+                    down: linear(&format!("{p}.mlp.down_proj"))?,
+                },
+            });
+        }
+        let embed = get("model.embed_tokens.weight")?;
+        let lm_head = if spec.tie_word_embeddings {
+            embed.shallow_clone()
+        } else {
+            get("lm_head.weight")?
+        };
+        // HF: 1 / theta^(arange(0, d, 2) / d), in f32.
+        let inv_freq = Tensor::f_arange_start_step(0, spec.head_dim, 2, (Kind::Int64, device))?
+            .f_to_kind(Kind::Float)?
+            .f_div_scalar(spec.head_dim as f64)?;
+        let inv_freq = Tensor::f_pow_scalar(spec.rope_theta, &inv_freq)?.f_reciprocal()?;
+        Ok(Model {
+            norm: get("model.norm.weight")?,
+            config,
+            raw_config,
+            spec,
+            device,
+            kind,
+            params,
+            embed,
+            layers,
+            lm_head,
+            inv_freq,
+        })
+    }
+
+    pub fn spec(&self) -> &Spec {
+        &self.spec
+    }
+
+    pub fn config(&self) -> &ModelConfig {
+        &self.config
+    }
+
+    /// The `config.json` the model came from (written back next to pushed weights).
+    pub fn raw_config(&self) -> &serde_json::Value {
+        &self.raw_config
+    }
+
+    pub fn device(&self) -> Device {
+        self.device
+    }
+
+    pub fn kind(&self) -> Kind {
+        self.kind
+    }
+
+    /// Every parameter by HF name (shallow clones: they share storage with the model).
+    /// A tied `lm_head` is not listed (it is `model.embed_tokens.weight`).
+    pub fn named_parameters(&self) -> Vec<(String, Tensor)> {
+        self.params
+            .iter()
+            .map(|(n, t)| (n.clone(), t.shallow_clone()))
+            .collect()
+    }
+
+    /// The cos/sin tables for positions `start..start + len`, `[len, head_dim]`, in the
+    /// compute dtype (computed in f32, as HF does).
+    fn rope(&self, start: i64, len: i64) -> Result<(Tensor, Tensor)> {
+        let pos = Tensor::f_arange_start(start, start + len, (Kind::Float, self.device))?;
+        let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
+        let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
+        Ok((
+            emb.f_cos()?.f_to_kind(self.kind)?,
+            emb.f_sin()?.f_to_kind(self.kind)?,
+        ))
+    }
+
+    /// Final hidden states `[batch, seq, hidden]` for `ids` (`[batch, seq]`, Int64),
+    /// causal. With a cache, `ids` continue the cached positions and the cache grows.
+    pub fn forward_hidden(&self, ids: &Tensor, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+        let size = ids.size();
+        let [b, t] = size[..] else {
+            return Err(TrainerError::invalid(format!(
+                "model input must be [batch, seq] token ids, got shape {size:?}"
+            )));
+        };
+        let past = cache.as_ref().map(|c| c.len()).unwrap_or(0);
+        if let Some(c) = cache.as_deref_mut()
+            && c.layers.len() != self.layers.len()
+        {
+            c.layers = (0..self.layers.len()).map(|_| None).collect();
+        }
+        let (cos, sin) = self.rope(past, t)?;
+        // Causal mask only where SDPA's is_causal (top-left aligned) would be wrong.
+        let mask = if past > 0 && t > 1 {
+            let i = Tensor::f_arange(t, (Kind::Int64, self.device))?.f_unsqueeze(1)?;
+            let j = Tensor::f_arange(past + t, (Kind::Int64, self.device))?.f_unsqueeze(0)?;
+            Some(j.f_le_tensor(&i.f_add_scalar(past)?)?)
+        } else {
+            None
+        };
+        let is_causal = past == 0 && t > 1;
+        let mut x = Tensor::f_embedding(&self.embed, ids, -1, false, false)?;
+        let s = &self.spec;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let h = rms_norm(&x, &layer.input_norm, s.rms_norm_eps)?;
+            let a = &layer.attn;
+            let heads = |lin: &Linear, n: i64, norm: &Option<Tensor>| -> Result<Tensor> {
+                let y = lin.forward(&h)?.f_view([b, t, n, s.head_dim])?;
+                let y = match norm {
+                    Some(w) => rms_norm(&y, w, s.rms_norm_eps)?,
+                    None => y,
+                };
+                Ok(y.f_transpose(1, 2)?)
+            };
+            let rope = |y: Tensor| -> Result<Tensor> {
+                Ok(y.f_mul(&cos)?.f_add(&rotate_half(&y)?.f_mul(&sin)?)?)
+            };
+            let q = rope(heads(&a.q, s.num_heads, &a.q_norm)?)?;
+            let mut k = rope(heads(&a.k, s.num_kv_heads, &a.k_norm)?)?;
+            let mut v = heads(&a.v, s.num_kv_heads, &None)?;
+            if let Some(slot) = cache.as_deref_mut().and_then(|c| c.layers.get_mut(li)) {
+                if let Some((pk, pv)) = slot.take() {
+                    k = Tensor::f_cat(&[&pk, &k], 2)?;
+                    v = Tensor::f_cat(&[&pv, &v], 2)?;
+                }
+                *slot = Some((k.shallow_clone(), v.shallow_clone()));
+            }
+            let y = Tensor::f_scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                mask.as_ref(),
+                0.0,
+                is_causal,
+                None,
+                s.num_heads != s.num_kv_heads,
+            )?;
+            let y = y
+                .f_transpose(1, 2)?
+                .f_reshape([b, t, s.num_heads * s.head_dim])?;
+            x = x.f_add(&a.o.forward(&y)?)?;
+            let h = rms_norm(&x, &layer.post_norm, s.rms_norm_eps)?;
+            let m = &layer.mlp;
+            let g = m.gate.forward(&h)?.f_silu()?;
+            let y = m.down.forward(&g.f_mul(&m.up.forward(&h)?)?)?;
+            x = x.f_add(&y)?;
+        }
+        rms_norm(&x, &self.norm, s.rms_norm_eps)
+    }
+
+    /// Logits `[.., vocab]` for hidden states, in the compute dtype.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(hidden.f_matmul(&self.lm_head.f_tr()?)?)
+    }
+
+    /// The lm_head weight `[vocab, hidden]` (the embedding when tied).
+    pub fn lm_head(&self) -> &Tensor {
+        &self.lm_head
+    }
+
+    /// Full-sequence forward (training): logits `[batch, seq, vocab]`, causal.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        self.logits(&self.forward_hidden(ids, None)?)
+    }
+
+    /// Incremental forward (generation): `ids` continue what `cache` holds; returns their
+    /// logits and extends the cache.
+    pub fn forward_step(&self, ids: &Tensor, cache: &mut KvCache) -> Result<Tensor> {
+        self.logits(&self.forward_hidden(ids, Some(cache))?)
+    }
+}

@@ -1,0 +1,270 @@
+//! Pushing weights to an SGLang-compatible server: write an HF directory (HF names +
+//! `config.json`), then `POST /pause_generation {"mode": "retract"}` (running requests go
+//! back to the queue, none is aborted) → `POST /flush_cache` →
+//! `POST /update_weights_from_disk {model_path, weight_version}` →
+//! `POST /continue_generation`. If a step fails after the pause, generation is continued
+//! anyway before the error is returned, so a failed push never leaves the server paused.
+//!
+//! A small blocking HTTP/1.1 client (plain `http://` only, one request per connection)
+//! is enough for four control calls and keeps the trainer free of an async runtime.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use crate::error::{Result, TrainerError};
+
+/// A server's base URL, split.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerUrl {
+    pub host: String,
+    pub port: u16,
+    /// Path prefix without a trailing slash ("" for none).
+    pub prefix: String,
+    raw: String,
+}
+
+impl ServerUrl {
+    pub fn parse(url: &str) -> Result<ServerUrl> {
+        let err = |problem: &str| TrainerError::Push {
+            url: url.to_owned(),
+            problem: problem.to_owned(),
+        };
+        let rest = url
+            .strip_prefix("http://")
+            .ok_or_else(|| err("only http:// URLs are supported for the weight push (run it next to the server or through a local tunnel)"))?;
+        let (authority, path) = match rest.find('/') {
+            Some(i) => (&rest[..i], &rest[i..]),
+            None => (rest, ""),
+        };
+        let (host, port) = match authority.rsplit_once(':') {
+            Some((h, p)) if !h.ends_with(']') || h.starts_with('[') => {
+                let port = p
+                    .parse::<u16>()
+                    .map_err(|_| err("the port is not a number"))?;
+                (
+                    h.trim_start_matches('[').trim_end_matches(']').to_owned(),
+                    port,
+                )
+            }
+            _ => (authority.to_owned(), 80),
+        };
+        if host.is_empty() {
+            return Err(err("the URL has no host"));
+        }
+        Ok(ServerUrl {
+            host,
+            port,
+            prefix: path.trim_end_matches('/').to_owned(),
+            raw: url.to_owned(),
+        })
+    }
+}
+
+/// A response: status and body.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Response {
+    pub status: u16,
+    pub body: String,
+}
+
+/// `POST {prefix}{path}` with a JSON body; reads the whole answer.
+pub fn post_json(
+    url: &ServerUrl,
+    path: &str,
+    body: &serde_json::Value,
+    timeout: Duration,
+) -> Result<Response> {
+    let fail = |problem: String| TrainerError::Push {
+        url: url.raw.clone(),
+        problem,
+    };
+    let addr = (url.host.as_str(), url.port)
+        .to_socket_addrs()
+        .map_err(|e| fail(format!("cannot resolve {}: {e}", url.host)))?
+        .next()
+        .ok_or_else(|| fail(format!("{} resolves to no address", url.host)))?;
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(10))
+        .map_err(|e| fail(format!("cannot connect to {addr}: {e}; is the server up?")))?;
+    stream
+        .set_read_timeout(Some(timeout))
+        .map_err(|e| fail(e.to_string()))?;
+    stream
+        .set_write_timeout(Some(timeout))
+        .map_err(|e| fail(e.to_string()))?;
+    let body = body.to_string();
+    let host = if url.host.contains(':') {
+        format!("[{}]", url.host)
+    } else {
+        url.host.clone()
+    };
+    let req = format!(
+        "POST {}{} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        url.prefix,
+        path,
+        host,
+        url.port,
+        body.len(),
+        body
+    );
+    stream
+        .write_all(req.as_bytes())
+        .map_err(|e| fail(format!("sending {path}: {e}")))?;
+    let mut reader = BufReader::new(stream);
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .map_err(|e| fail(format!("reading the answer to {path}: {e}")))?;
+    let status = line
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| fail(format!("{path} answered '{}', not HTTP", line.trim())))?;
+    let mut chunked = false;
+    let mut length: Option<usize> = None;
+    loop {
+        line.clear();
+        reader
+            .read_line(&mut line)
+            .map_err(|e| fail(format!("reading headers of {path}: {e}")))?;
+        let l = line.trim();
+        if l.is_empty() {
+            break;
+        }
+        if let Some((k, v)) = l.split_once(':') {
+            let (k, v) = (k.trim().to_ascii_lowercase(), v.trim());
+            if k == "transfer-encoding" && v.eq_ignore_ascii_case("chunked") {
+                chunked = true;
+            } else if k == "content-length" {
+                length = v.parse().ok();
+            }
+        }
+    }
+    let mut bytes = Vec::new();
+    if chunked {
+        loop {
+            line.clear();
+            reader
+                .read_line(&mut line)
+                .map_err(|e| fail(e.to_string()))?;
+            let size = usize::from_str_radix(line.trim().split(';').next().unwrap_or("0"), 16)
+                .map_err(|_| fail(format!("bad chunk size '{}' from {path}", line.trim())))?;
+            if size == 0 {
+                break;
+            }
+            let mut chunk = vec![0; size + 2];
+            reader
+                .read_exact(&mut chunk)
+                .map_err(|e| fail(e.to_string()))?;
+            chunk.truncate(size);
+            bytes.extend(chunk);
+        }
+    } else if let Some(n) = length {
+        bytes.resize(n, 0);
+        reader
+            .read_exact(&mut bytes)
+            .map_err(|e| fail(format!("reading the body of {path}: {e}")))?;
+    } else {
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|e| fail(e.to_string()))?;
+    }
+    Ok(Response {
+        status,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    })
+}
+
+fn expect_ok(url: &ServerUrl, path: &str, r: Response) -> Result<Response> {
+    if (200..300).contains(&r.status) {
+        Ok(r)
+    } else {
+        Err(TrainerError::Push {
+            url: url.raw.clone(),
+            problem: format!("{path} answered {}: {}", r.status, r.body.trim()),
+        })
+    }
+}
+
+/// Tells the server at `url` to load the HF directory `model_path` (a path the server
+/// can read) as `weight_version`, pausing generation around the swap.
+pub fn push_weights(url: &str, model_path: &Path, weight_version: &str) -> Result<()> {
+    let url = ServerUrl::parse(url)?;
+    let short = Duration::from_secs(60);
+    let pause = post_json(
+        &url,
+        "/pause_generation",
+        &serde_json::json!({ "mode": "retract" }),
+        short,
+    )?;
+    expect_ok(&url, "/pause_generation", pause)?;
+    let swapped = (|| -> Result<()> {
+        expect_ok(
+            &url,
+            "/flush_cache",
+            post_json(&url, "/flush_cache", &serde_json::json!({}), short)?,
+        )?;
+        let body = serde_json::json!({
+            "model_path": model_path.to_string_lossy(),
+            "weight_version": weight_version,
+        });
+        let r = expect_ok(
+            &url,
+            "/update_weights_from_disk",
+            post_json(
+                &url,
+                "/update_weights_from_disk",
+                &body,
+                Duration::from_secs(1800),
+            )?,
+        )?;
+        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap_or(serde_json::Value::Null);
+        if v.get("success").and_then(|s| s.as_bool()) == Some(false) {
+            return Err(TrainerError::Push {
+                url: url.raw.clone(),
+                problem: format!(
+                    "update_weights_from_disk refused '{}': {}",
+                    model_path.display(),
+                    v.get("message")
+                        .and_then(|m| m.as_str())
+                        .unwrap_or("(no message)")
+                ),
+            });
+        }
+        Ok(())
+    })();
+    let resumed = post_json(&url, "/continue_generation", &serde_json::json!({}), short)
+        .and_then(|r| expect_ok(&url, "/continue_generation", r));
+    swapped?;
+    resumed?;
+    tracing::info!(url = %url.raw, version = weight_version, path = %model_path.display(), "weights pushed");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_split_into_host_port_and_prefix() {
+        let u = ServerUrl::parse("http://127.0.0.1:30000").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.prefix.as_str()),
+            ("127.0.0.1", 30000, "")
+        );
+        let u = ServerUrl::parse("http://gpu-box/sglang/").unwrap();
+        assert_eq!(
+            (u.host.as_str(), u.port, u.prefix.as_str()),
+            ("gpu-box", 80, "/sglang")
+        );
+        let u = ServerUrl::parse("http://[::1]:8000").unwrap();
+        assert_eq!((u.host.as_str(), u.port), ("::1", 8000));
+        assert!(
+            ServerUrl::parse("https://x")
+                .unwrap_err()
+                .to_string()
+                .contains("only http://")
+        );
+    }
+}

@@ -1,0 +1,451 @@
+//! One GRPO optimizer step over token-masked samples, the selection of samples from a
+//! samples file (groups, advantages, Balanced Adaptive Rollout), checkpoints.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+use std::time::Instant;
+
+use graft_reconstruct::sample::Sample;
+use tch::Tensor;
+
+use crate::bar::{self, BarConfig, BarDecision};
+use crate::error::{Result, TrainerError};
+use crate::grpo::{self, GrpoConfig, LossStats, PolicyMode, TokenInputs};
+use crate::model::Model;
+use crate::optim::{AdamW, AdamWConfig};
+
+/// One sequence to train on.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainSample {
+    pub tokens: Vec<i64>,
+    /// 1 on trained (sampled) tokens.
+    pub loss_mask: Vec<u8>,
+    /// The rollout engine's logprobs, aligned to `tokens`; `None` when unknown
+    /// (re-tokenized text): then π_old must be recomputed and no importance weight applies.
+    pub rollout_logprobs: Option<Vec<f32>>,
+    pub advantage: f64,
+    pub reward: f64,
+}
+
+/// Everything a training run is configured by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TrainConfig {
+    pub grpo: GrpoConfig,
+    pub optim: AdamWConfig,
+    /// Padded tokens per micro-batch (rows × longest row).
+    pub micro_batch_tokens: usize,
+    /// Balanced Adaptive Rollout; `None` trains on every group with signal.
+    pub bar: Option<BarConfig>,
+    pub advantage_eps: f64,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            grpo: GrpoConfig::default(),
+            optim: AdamWConfig::default(),
+            micro_batch_tokens: 16 * 1024,
+            bar: None,
+            advantage_eps: 1e-6,
+        }
+    }
+}
+
+/// What one optimizer step did (the per-step log line).
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepStats {
+    pub step: i64,
+    pub loss: f64,
+    pub mean_reward: f64,
+    pub tokens: f64,
+    pub clip_fraction: f64,
+    /// Mean |logp_old − logp_rollout| over trained tokens (0 in bypass mode).
+    pub logprob_gap: f64,
+    pub grad_norm: f64,
+    pub skipped: bool,
+    pub micro_batches: usize,
+    pub tokens_per_s: f64,
+}
+
+/// Which samples of a file train, and why the others do not.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Selection {
+    pub samples: Vec<TrainSample>,
+    pub groups: usize,
+    pub groups_dropped: usize,
+    pub groups_relaxed: usize,
+    pub sessions_without_reward: usize,
+}
+
+/// Turns reconstructed samples into training samples: sessions are grouped by
+/// `group_id` (a session without one is its own group, so it carries no signal), each
+/// session's reward gives its group-normalised advantage, every sample of a session
+/// carries it. With `bar`, each group's sessions are chosen by Balanced Adaptive Rollout
+/// (a file holds no more rollouts than it holds, so a group short of the band is relaxed
+/// or dropped at once).
+pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64) -> Selection {
+    let mut sel = Selection::default();
+    // Sessions in first-seen order, per group.
+    let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut reward: HashMap<&str, f64> = HashMap::new();
+    let mut without = std::collections::HashSet::new();
+    for s in samples {
+        let Some(r) = s.reward else {
+            without.insert(s.session_id.as_str());
+            continue;
+        };
+        let g = s
+            .group_id
+            .clone()
+            .unwrap_or_else(|| format!("session:{}", s.session_id));
+        let members = groups.entry(g).or_default();
+        if !members.contains(&s.session_id) {
+            members.push(s.session_id.clone());
+        }
+        reward.insert(s.session_id.as_str(), r);
+    }
+    sel.sessions_without_reward = without.len();
+    sel.groups = groups.len();
+    let mut advantage: HashMap<String, f64> = HashMap::new();
+    for members in groups.values() {
+        let rewards: Vec<f64> = members
+            .iter()
+            .map(|m| reward.get(m.as_str()).copied().unwrap_or(0.0))
+            .collect();
+        let chosen: Vec<usize> = match bar_cfg {
+            Some(cfg) => {
+                let cfg = BarConfig {
+                    n_max: rewards.len().max(cfg.n),
+                    ..cfg.clone()
+                };
+                match bar::select(&rewards, &cfg) {
+                    BarDecision::Select { indices, relaxed } => {
+                        if relaxed {
+                            sel.groups_relaxed += 1;
+                        }
+                        indices
+                    }
+                    BarDecision::Drop => {
+                        sel.groups_dropped += 1;
+                        continue;
+                    }
+                    // Fewer rollouts than n in the file: train on them all.
+                    BarDecision::NeedMore(_) => (0..rewards.len()).collect(),
+                }
+            }
+            None => (0..rewards.len()).collect(),
+        };
+        let r: Vec<f64> = chosen.iter().map(|&i| rewards[i]).collect();
+        let same = vec!["g"; r.len()];
+        let adv = grpo::group_advantages(&r, &same, eps);
+        if adv.iter().all(|a| *a == 0.0) {
+            sel.groups_dropped += 1;
+            continue;
+        }
+        for (&i, a) in chosen.iter().zip(adv) {
+            advantage.insert(members[i].clone(), a);
+        }
+    }
+    for s in samples {
+        let (Some(&a), Some(r)) = (advantage.get(&s.session_id), s.reward) else {
+            continue;
+        };
+        let known = s
+            .loss_mask
+            .iter()
+            .zip(&s.logprobs)
+            .any(|(&m, &l)| m == 1 && l != 0.0);
+        sel.samples.push(TrainSample {
+            tokens: s.tokens.iter().map(|&t| i64::from(t)).collect(),
+            loss_mask: s.loss_mask.clone(),
+            rollout_logprobs: known.then(|| s.logprobs.clone()),
+            advantage: a,
+            reward: r,
+        });
+    }
+    sel
+}
+
+/// The model and its optimizer.
+pub struct Trainer {
+    pub model: Model,
+    pub optimizer: AdamW,
+    pub config: TrainConfig,
+}
+
+impl std::fmt::Debug for Trainer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trainer")
+            .field("model", &self.model)
+            .field("optimizer", &self.optimizer)
+            .finish()
+    }
+}
+
+/// Greedy packing into micro-batches of at most `budget` padded tokens (a longer row
+/// gets a micro-batch of its own).
+fn micro_batches(batch: &[TrainSample], budget: usize) -> Vec<Vec<usize>> {
+    let mut out: Vec<Vec<usize>> = Vec::new();
+    let mut cur: Vec<usize> = Vec::new();
+    let mut longest = 0;
+    for (i, s) in batch.iter().enumerate() {
+        let l = s.tokens.len().max(longest);
+        if !cur.is_empty() && l * (cur.len() + 1) > budget {
+            out.push(std::mem::take(&mut cur));
+            longest = 0;
+        }
+        longest = longest.max(s.tokens.len());
+        cur.push(i);
+    }
+    if !cur.is_empty() {
+        out.push(cur);
+    }
+    out
+}
+
+struct Micro {
+    ids: Tensor,
+    mask: Tensor,
+    rollout: Tensor,
+    known: Tensor,
+    adv: Tensor,
+}
+
+fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Result<Micro> {
+    let len = rows
+        .iter()
+        .map(|&i| batch[i].tokens.len())
+        .max()
+        .unwrap_or(0);
+    let n = rows.len();
+    let mut ids = vec![0i64; n * len];
+    let mut mask = vec![0f32; n * len];
+    let mut rollout = vec![0f32; n * len];
+    let mut known = vec![0f32; n];
+    let mut adv = vec![0f32; n];
+    for (r, &i) in rows.iter().enumerate() {
+        let s = &batch[i];
+        if s.loss_mask.len() != s.tokens.len() {
+            return Err(TrainerError::invalid(format!(
+                "a sample has {} tokens but a loss mask of {}",
+                s.tokens.len(),
+                s.loss_mask.len()
+            )));
+        }
+        ids[r * len..r * len + s.tokens.len()].copy_from_slice(&s.tokens);
+        for (j, &m) in s.loss_mask.iter().enumerate().skip(1) {
+            mask[r * len + j] = f32::from(m.min(1));
+        }
+        if let Some(lp) = &s.rollout_logprobs {
+            for (j, &l) in lp.iter().enumerate().take(s.tokens.len()) {
+                rollout[r * len + j] = l;
+            }
+            known[r] = 1.0;
+        }
+        adv[r] = s.advantage as f32;
+    }
+    let shape = [n as i64, len as i64];
+    let t = |v: &[f32]| -> Result<Tensor> {
+        Ok(Tensor::from_slice(v)
+            .f_reshape(shape)?
+            .f_to_device(device)?)
+    };
+    Ok(Micro {
+        ids: Tensor::from_slice(&ids)
+            .f_reshape(shape)?
+            .f_to_device(device)?,
+        mask: t(&mask)?,
+        rollout: t(&rollout)?,
+        known: Tensor::from_slice(&known)
+            .f_reshape([n as i64, 1])?
+            .f_to_device(device)?,
+        adv: Tensor::from_slice(&adv)
+            .f_reshape([n as i64, 1])?
+            .f_to_device(device)?,
+    })
+}
+
+impl Trainer {
+    pub fn new(model: Model, config: TrainConfig) -> Result<Trainer> {
+        let optimizer = AdamW::new(model.named_parameters(), config.optim.clone())?;
+        Ok(Trainer {
+            model,
+            optimizer,
+            config,
+        })
+    }
+
+    /// One optimizer step over `batch`: the token mean is over all of its trained tokens
+    /// (counted here, before the micro-batches), gradients accumulate over the
+    /// micro-batches, then AdamW steps (clipped; skipped when not finite).
+    pub fn step(&mut self, batch: &[TrainSample]) -> Result<StepStats> {
+        let start = Instant::now();
+        let total: f64 = batch
+            .iter()
+            .map(|s| s.loss_mask.iter().skip(1).filter(|&&m| m == 1).count() as f64)
+            .sum();
+        if total == 0.0 {
+            return Err(TrainerError::invalid(
+                "the batch has no trained tokens (loss_mask is all 0)",
+            ));
+        }
+        let cfg = self.config.grpo.clone();
+        if cfg.mode == PolicyMode::Bypass && batch.iter().any(|s| s.rollout_logprobs.is_none()) {
+            return Err(TrainerError::invalid(
+                "some samples have no rollout logprobs (re-tokenized text), so bypass mode has no π_old; train with the recompute policy mode",
+            ));
+        }
+        let device = self.model.device();
+        let mut stats = LossStats::default();
+        let mut loss_sum = 0.0;
+        let groups = micro_batches(batch, self.config.micro_batch_tokens);
+        self.optimizer.zero_grad()?;
+        for rows in &groups {
+            let m = build_micro(batch, rows, device)?;
+            let old = match cfg.mode {
+                PolicyMode::Bypass => m.rollout.shallow_clone(),
+                PolicyMode::Recompute => tch::no_grad(|| {
+                    grpo::token_logprobs(&self.model, &m.ids, cfg.temperature, cfg.logprob_chunk)
+                })?,
+            };
+            // Unknown rollout logprobs: weight 1 (rollout := old).
+            let rollout = m
+                .rollout
+                .f_mul(&m.known)?
+                .f_add(&old.f_mul(&m.known.f_neg()?.f_add_scalar(1.0)?)?)?;
+            let logp =
+                grpo::token_logprobs(&self.model, &m.ids, cfg.temperature, cfg.logprob_chunk)?;
+            let adv = m.adv.f_expand_as(&m.mask)?;
+            let x = TokenInputs {
+                logp: &logp,
+                old_logp: &old,
+                rollout_logp: &rollout,
+                advantages: &adv,
+                mask: &m.mask,
+                ref_logp: None,
+            };
+            let (loss, s) = grpo::grpo_loss(&cfg, &x, total)?;
+            loss.f_backward()?;
+            loss_sum += loss.f_double_value(&[])?;
+            stats.add(&s);
+        }
+        let outcome = self.optimizer.step()?;
+        let secs = start.elapsed().as_secs_f64().max(1e-9);
+        let padded: usize = batch.iter().map(|s| s.tokens.len()).sum();
+        Ok(StepStats {
+            step: self.optimizer.steps,
+            loss: loss_sum,
+            mean_reward: batch.iter().map(|s| s.reward).sum::<f64>() / batch.len() as f64,
+            tokens: stats.tokens,
+            clip_fraction: stats.clipped / stats.tokens.max(1.0),
+            logprob_gap: stats.abs_gap / stats.tokens.max(1.0),
+            grad_norm: outcome.grad_norm,
+            skipped: outcome.skipped,
+            micro_batches: groups.len(),
+            tokens_per_s: padded as f64 / secs,
+        })
+    }
+
+    /// Writes the model as an HF directory (HF names, `config.json`), in the model's
+    /// dtype, sharded past 4 GiB.
+    pub fn export(&self, dir: &Path) -> Result<()> {
+        crate::weights::write_dir(
+            dir,
+            self.model.raw_config(),
+            &self.model.named_parameters(),
+            self.model.kind(),
+            4 << 30,
+        )
+    }
+
+    /// Saves a checkpoint: the HF model directory plus the optimizer state
+    /// (`optimizer.safetensors`: fp32 masters, moments, step counters).
+    pub fn save_checkpoint(&self, dir: &Path) -> Result<()> {
+        self.export(dir)?;
+        self.optimizer.save(&dir.join("optimizer.safetensors"))
+    }
+
+    /// Resumes from [`Trainer::save_checkpoint`]: load the model from `dir` first
+    /// (`Model::load`), build the trainer, then call this.
+    pub fn resume(&mut self, dir: &Path) -> Result<()> {
+        self.optimizer.load(&dir.join("optimizer.safetensors"))
+    }
+}
+
+/// Logs a step as one structured line.
+pub fn log_step(s: &StepStats) {
+    tracing::info!(
+        step = s.step,
+        loss = s.loss,
+        reward = s.mean_reward,
+        clip_fraction = s.clip_fraction,
+        logprob_gap = s.logprob_gap,
+        grad_norm = s.grad_norm,
+        tokens = s.tokens,
+        tokens_per_s = s.tokens_per_s,
+        skipped = s.skipped,
+        "train step"
+    );
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ts(len: usize) -> TrainSample {
+        TrainSample {
+            tokens: vec![1; len],
+            loss_mask: vec![1; len],
+            rollout_logprobs: None,
+            advantage: 0.0,
+            reward: 0.0,
+        }
+    }
+
+    #[test]
+    fn micro_batches_respect_the_token_budget() {
+        let batch: Vec<_> = [4, 4, 4, 10, 2, 2].iter().map(|&l| ts(l)).collect();
+        assert_eq!(
+            micro_batches(&batch, 12),
+            vec![vec![0, 1, 2], vec![3], vec![4, 5]]
+        );
+        assert_eq!(
+            micro_batches(&batch, 1),
+            vec![vec![0], vec![1], vec![2], vec![3], vec![4], vec![5]]
+        );
+    }
+
+    fn sample(session: &str, group: Option<&str>, reward: Option<f64>) -> Sample {
+        Sample {
+            session_id: session.to_owned(),
+            group_id: group.map(str::to_owned),
+            tokens: vec![1, 2, 3],
+            loss_mask: vec![0, 1, 1],
+            logprobs: vec![0.0, -0.5, -0.25],
+            reward,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn selection_groups_sessions_and_drops_groups_without_signal() {
+        let samples = vec![
+            sample("a", Some("g1"), Some(1.0)),
+            sample("a", Some("g1"), Some(1.0)), // a second sample (a fork) of session a
+            sample("b", Some("g1"), Some(0.0)),
+            sample("c", Some("g2"), Some(1.0)),
+            sample("d", Some("g2"), Some(1.0)),
+            sample("e", None, Some(1.0)),
+            sample("f", Some("g1"), None),
+        ];
+        let sel = select_samples(&samples, None, 1e-6);
+        assert_eq!(sel.groups, 3);
+        assert_eq!(sel.groups_dropped, 2, "g2 is flat, e is alone");
+        assert_eq!(sel.sessions_without_reward, 1);
+        assert_eq!(sel.samples.len(), 3);
+        let a = sel.samples[0].advantage;
+        assert!(a > 0.0 && (sel.samples[1].advantage - a).abs() < 1e-12);
+        assert!(sel.samples[2].advantage < 0.0);
+        assert!(sel.samples[0].rollout_logprobs.is_some());
+    }
+}

@@ -1,0 +1,95 @@
+//! GRPO learns: a tiny random Qwen3 on a toy verifiable task (answer with tokens from a
+//! target band) raises its mean reward clearly over a few dozen steps, on CPU, seeded.
+//! Rollouts are sampled with the KV cache; π_old is recomputed by the trainer, and its
+//! logprobs match the sampler's.
+
+use graft_trainer::generate;
+use graft_trainer::grpo::{self, GrpoConfig, PolicyMode};
+use graft_trainer::model::Model;
+use graft_trainer::optim::AdamWConfig;
+use graft_trainer::train::{TrainConfig, TrainSample, Trainer};
+use tch::{Device, Kind};
+
+const VOCAB: i64 = 32;
+const TARGET: std::ops::Range<i64> = 20..25;
+
+fn tiny_qwen3() -> serde_json::Value {
+    serde_json::json!({
+        "model_type": "qwen3", "vocab_size": VOCAB, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
+        "rope_theta": 10000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true
+    })
+}
+
+fn reward(tokens: &[i64]) -> f64 {
+    tokens.iter().filter(|t| TARGET.contains(t)).count() as f64 / tokens.len() as f64
+}
+
+#[test]
+fn grpo_raises_reward_on_a_toy_task() -> anyhow::Result<()> {
+    graft_trainer::device::init();
+    let model = Model::random(tiny_qwen3(), Device::Cpu, Kind::Float, 7)?;
+    let config = TrainConfig {
+        grpo: GrpoConfig {
+            mode: PolicyMode::Recompute,
+            ..GrpoConfig::default()
+        },
+        optim: AdamWConfig {
+            lr: 3e-3,
+            weight_decay: 0.0,
+            ..AdamWConfig::default()
+        },
+        ..TrainConfig::default()
+    };
+    let mut trainer = Trainer::new(model, config)?;
+    tch::manual_seed(11);
+    let (groups, per_group, new_tokens) = (4usize, 8usize, 3usize);
+    let mut curve = Vec::new();
+    for step in 0..30 {
+        let prompts: Vec<Vec<i64>> = (0..groups * per_group)
+            .map(|i| vec![1, 2 + ((step * groups + i / per_group) as i64 % 16)])
+            .collect();
+        let gens = generate::sample(&trainer.model, &prompts, new_tokens, 1.0)?;
+        let rewards: Vec<f64> = gens.iter().map(|g| reward(&g.tokens)).collect();
+        let group_ids: Vec<usize> = (0..prompts.len()).map(|i| i / per_group).collect();
+        let names: Vec<String> = group_ids.iter().map(|g| g.to_string()).collect();
+        let adv = grpo::group_advantages(&rewards, &names, 1e-6);
+        let batch: Vec<TrainSample> = prompts
+            .iter()
+            .zip(&gens)
+            .zip(adv.iter().zip(&rewards))
+            .map(|((p, g), (&a, &r))| {
+                let mut tokens = p.clone();
+                tokens.extend(&g.tokens);
+                let mut mask = vec![0u8; p.len()];
+                mask.extend(std::iter::repeat_n(1u8, g.tokens.len()));
+                let mut lps = vec![0f32; p.len()];
+                lps.extend(&g.logprobs);
+                TrainSample {
+                    tokens,
+                    loss_mask: mask,
+                    rollout_logprobs: Some(lps),
+                    advantage: a,
+                    reward: r,
+                }
+            })
+            .collect();
+        let stats = trainer.step(&batch)?;
+        assert!(!stats.skipped);
+        // The trainer's π_old and the sampler's logprobs are the same model in f32.
+        assert!(
+            stats.logprob_gap < 1e-4,
+            "step {step}: trainer/rollout logprob gap {}",
+            stats.logprob_gap
+        );
+        curve.push(stats.mean_reward);
+    }
+    let first: f64 = curve[..5].iter().sum::<f64>() / 5.0;
+    let last: f64 = curve[curve.len() - 5..].iter().sum::<f64>() / 5.0;
+    eprintln!("mean reward per step: {curve:.2?}");
+    assert!(
+        last > first + 0.3 && last > 0.5,
+        "mean reward went from {first:.3} (first 5 steps) to {last:.3} (last 5): GRPO did not learn"
+    );
+    Ok(())
+}
