@@ -7,7 +7,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use graft_envd::{AgentCommand, DefaultLimits, Envd, EnvdConfig};
+use graft_envd::{
+    AgentCommand, DefaultLimits, Envd, EnvdConfig, HarnessRenderer, HarnessRequest, RenderedHarness,
+};
 
 #[derive(Debug, clap::Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -64,8 +66,8 @@ pub struct ServeArgs {
     /// bubblewrap executable.
     #[arg(long, default_value = "bwrap")]
     pub bwrap: PathBuf,
-    /// A standalone `envd-agent` binary to run inside sandboxes (default: this binary's
-    /// `envd agent`).
+    /// The agent binary run inside sandboxes (default: `envd-agent` next to this binary,
+    /// else this binary's `envd agent`).
     #[arg(long)]
     pub agent: Option<PathBuf>,
     /// Defaults for sandboxes whose create request names no limits.
@@ -109,6 +111,42 @@ fn gateway_addr(s: &str) -> anyhow::Result<SocketAddr> {
         .with_context(|| format!("--gateway {s}: the name resolves to no address"))
 }
 
+/// Where a harness config file goes in the workspace (`harness-configs/` names it for a
+/// person: `$CODEX_HOME/config.toml`, `~/.zeroclaw/config.toml`, `graft.yaml (mini -c ...)`),
+/// and a variable it needs.
+fn workspace_path(path: &str) -> (String, Option<(String, String)>) {
+    if let Some(rest) = path.strip_prefix("$CODEX_HOME/") {
+        return (
+            format!(".codex/{rest}"),
+            Some(("CODEX_HOME".to_owned(), "/workspace/.codex".to_owned())),
+        );
+    }
+    let p = path
+        .strip_prefix("~/")
+        .or_else(|| path.strip_prefix("<repo root>/"))
+        .unwrap_or(path);
+    (p.split_whitespace().next().unwrap_or(p).to_owned(), None)
+}
+
+/// Fills a harness from `harness-configs/` for a sandbox (HOME is the workspace there).
+fn render_harness(r: &HarnessRequest) -> Result<RenderedHarness, String> {
+    use crate::harness;
+    let h = harness::find(&r.harness).map_err(|e| format!("{e:#}"))?;
+    let v =
+        harness::Values::new(&r.base_url, &r.api_key, &r.model).map_err(|e| format!("{e:#}"))?;
+    let mut env = harness::env_vars(h, &v).map_err(|e| format!("{e:#}"))?;
+    let mut files = Vec::new();
+    for f in h.files {
+        let (rel, var) = workspace_path(f.path);
+        files.push((
+            rel,
+            harness::render(f.template, &v).map_err(|e| format!("{e:#}"))?,
+        ));
+        env.extend(var);
+    }
+    Ok(RenderedHarness { env, files })
+}
+
 pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
     if let Some(EnvdCommand::Agent { forward, argv }) = args.command {
         let mut a = Vec::new();
@@ -133,10 +171,21 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
     };
     let agent = match s.agent {
         Some(exe) => AgentCommand { exe, args: vec![] },
-        None => AgentCommand {
-            exe: std::env::current_exe().context("cannot find this binary to use as the agent")?,
-            args: vec!["envd".to_owned(), "agent".to_owned()],
-        },
+        None => {
+            let me = std::env::current_exe().context("cannot find this binary")?;
+            let sibling = me.with_file_name("envd-agent");
+            if sibling.is_file() {
+                AgentCommand {
+                    exe: sibling,
+                    args: vec![],
+                }
+            } else {
+                AgentCommand {
+                    exe: me,
+                    args: vec!["envd".to_owned(), "agent".to_owned()],
+                }
+            }
+        }
     };
     let mut cfg = EnvdConfig::new(s.listen, s.data_dir, api_key, agent);
     cfg.gateway = s.gateway.as_deref().map(gateway_addr).transpose()?;
@@ -160,6 +209,7 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
         );
     }
     cfg.kill_grace = Duration::from_secs_f64(s.kill_grace_secs);
+    cfg.harnesses = Some(HarnessRenderer(std::sync::Arc::new(render_harness)));
     let gateway = cfg.gateway;
     let envd = Envd::bind(cfg).await.context("envd could not start")?;
     tracing::info!(

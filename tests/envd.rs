@@ -817,6 +817,40 @@ fn harness_env_points_at_the_gateway_session_and_records_carry_it() {
     assert!(answer["choices"][0]["message"].is_object(), "{answer:#}");
     let recs = stack.wait_records("envd-sess-1", 1);
     assert_eq!(recs[0]["session_id"], "envd-sess-1");
+    // A harness from harness-configs/: its variables and config files, pointed at the session.
+    let key = session["api_key"].as_str().unwrap();
+    let codex = e.create(json!({
+        "gateway_session": {"session_id": "envd-sess-1", "api_key": key, "model": "scripted", "harness": "codex"}
+    }));
+    let cfg = e.sh_ok(
+        &codex,
+        "cat $CODEX_HOME/config.toml; echo \"key=$GRAFT_API_KEY\"",
+    );
+    assert!(
+        cfg.contains("base_url = \"http://127.0.0.1:4000/s/envd-sess-1/v1\""),
+        "{cfg}"
+    );
+    assert!(cfg.contains("wire_api = \"responses\""), "{cfg}");
+    assert!(cfg.contains(&format!("key={key}")), "{cfg}");
+    let mini = e.create(json!({
+        "gateway_session": {"session_id": "envd-sess-1", "model": "scripted", "harness": "mini-swe-agent"}
+    }));
+    let out = e.sh_ok(
+        &mini,
+        "echo $MSWEA_MODEL_NAME; test -s graft.yaml && echo has-config",
+    );
+    assert_eq!(out, "openai/scripted\nhas-config\n");
+    let bad = e.call(
+        "POST",
+        "/sandboxes",
+        Some(json!({"gateway_session": {"session_id": "envd-sess-1", "harness": "nope"}})),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+    assert!(
+        bad.text().contains("codex"),
+        "the error lists the known harnesses: {}",
+        bad.text()
+    );
 }
 
 #[test]
@@ -863,4 +897,114 @@ fn memory_hog_is_oom_killed_with_a_clear_status() {
     let ok = e.sh(&id, "python3 -c 'b = b\"x\" * (8 << 20); print(len(b))'");
     assert_eq!(ok["exit_code"], 0, "{ok:#}");
     assert_eq!(ok["oom_killed"], false);
+}
+
+/// kill -9 of envd takes every sandbox process with it (bubblewrap's `--die-with-parent`),
+/// and the next envd on the same data dir removes what the crashed one left.
+#[test]
+fn a_crashed_envd_leaves_no_process_and_the_next_one_cleans_up() {
+    let mut e = Envd::start(&[]);
+    let id = e.create(json!({"id": "crash-1"}));
+    let marker = format!("envd-crash-{}", std::process::id());
+    e.ok(
+        "POST",
+        &format!("/sandboxes/{id}/exec"),
+        Some(json!({"command": format!("sleep 1000 # {marker}"), "background": true})),
+    );
+    wait_until("the job showing up", Duration::from_secs(30), || {
+        !host_procs_with(&marker).is_empty()
+    });
+    e.proc.kill9();
+    wait_until(
+        "the sandbox's processes dying with envd",
+        Duration::from_secs(30),
+        || host_procs_with(&marker).is_empty(),
+    );
+    assert!(
+        workspace_dir(&e.data, &id).exists(),
+        "the crash left the sandbox dir"
+    );
+    e.proc = Proc::envd(&e.data, KEY, &[]);
+    assert_eq!(e.call("GET", &format!("/sandboxes/{id}"), None).status, 404);
+    assert!(
+        !workspace_dir(&e.data, &id).exists(),
+        "the next envd removes what the crashed one left"
+    );
+    assert!(
+        e.proc.stderr_contains("left by an earlier run"),
+        "{}",
+        e.proc.stderr()
+    );
+    // The id is free again.
+    assert_eq!(e.create(json!({"id": "crash-1"})), "crash-1");
+}
+
+/// The real Codex CLI inside a sandbox: it finds the gateway only through the injected
+/// config (`harness: codex`), runs the scripted two-turn task (its shell tool writes into
+/// the workspace), and the gateway's records carry the sandbox's session.
+#[test]
+fn codex_in_a_sandbox_completes_a_task_through_the_gateway_session() {
+    let env = common::TestEnv::get();
+    env.codex_bin();
+    let vendor = env
+        .root
+        .join("codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl");
+    assert!(
+        vendor.join("bin/codex").is_file(),
+        "the native Codex binary is missing at {}; run `bash scripts/setup-test-env.sh`",
+        vendor.display()
+    );
+    let stack = Stack::start();
+    let session = stack.open_session("envd-codex-1");
+    let gw = stack.gateway.authority().to_owned();
+    let e = Envd::start(&["--gateway", &gw]);
+    let id = e.create(json!({
+        "gateway_session": {
+            "session_id": "envd-codex-1",
+            "api_key": session["api_key"],
+            "model": "scripted",
+            "harness": "codex"
+        },
+        "mounts": [{"source": vendor.to_str().unwrap(), "target": "/mnt/codex"}],
+        "memory_mb": 2048
+    }));
+    let task = "graft-codex-task: write the word graft-codex-step-done into codex_result.txt.";
+    let r = e.exec(
+        &id,
+        json!({
+            "argv": [
+                "/mnt/codex/bin/codex", "exec",
+                "--dangerously-bypass-approvals-and-sandbox", "--skip-git-repo-check",
+                "--ephemeral", "--color", "never", "-o", "/workspace/last-message.txt", task
+            ],
+            "env": {"NO_COLOR": "1", "TERM": "dumb", "RUST_LOG": "warn"},
+            "timeout_secs": 200
+        }),
+    );
+    assert_eq!(r["exit_code"], 0, "codex failed in the sandbox: {r:#}");
+    let result = e.call(
+        "GET",
+        &format!("/sandboxes/{id}/files/codex_result.txt"),
+        None,
+    );
+    assert_eq!(result.status, 200, "codex did not write its result: {r:#}");
+    assert_eq!(result.text(), "graft-codex-step-done\n");
+    let last = e.call(
+        "GET",
+        &format!("/sandboxes/{id}/files/last-message.txt"),
+        None,
+    );
+    assert!(
+        last.text()
+            .contains(&common::scripted_content("graft-codex-step-done")),
+        "{}",
+        last.text()
+    );
+    let recs = stack.wait_records("envd-codex-1", 2);
+    assert_eq!(recs.len(), 2, "exactly two model calls: {recs:#?}");
+    for rec in &recs {
+        assert_eq!(rec["session_id"], "envd-codex-1");
+        assert_eq!(rec["dialect"], "responses");
+        assert_eq!(rec["outcome"], "ok", "{rec:#}");
+    }
 }

@@ -2,7 +2,38 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+/// What a harness needs to be pointed at a gateway session from inside a sandbox.
+#[derive(Debug, Clone)]
+pub struct HarnessRequest {
+    pub harness: String,
+    /// The session's base URL as the sandbox sees it (`http://127.0.0.1:PORT/s/<id>/v1`).
+    pub base_url: String,
+    pub api_key: String,
+    pub model: String,
+}
+
+/// A harness's variables and config files (paths relative to the workspace), filled.
+#[derive(Debug, Clone, Default)]
+pub struct RenderedHarness {
+    pub env: Vec<(String, String)>,
+    pub files: Vec<(String, String)>,
+}
+
+type RenderFn = dyn Fn(&HarnessRequest) -> Result<RenderedHarness, String> + Send + Sync;
+
+/// Fills a harness's templates. envd knows no harness: the CLI wires this to the
+/// repository's `harness-configs/`.
+#[derive(Clone)]
+pub struct HarnessRenderer(pub Arc<RenderFn>);
+
+impl std::fmt::Debug for HarnessRenderer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HarnessRenderer")
+    }
+}
 
 /// How to start the in-sandbox agent: an executable on the host (bind-mounted read-only
 /// into every sandbox) and the arguments that select the agent mode (`["envd", "agent"]`
@@ -48,6 +79,8 @@ pub struct EnvdConfig {
     pub max_exec_timeout: Duration,
     /// Time between SIGTERM and SIGKILL when an exec times out.
     pub kill_grace: Duration,
+    /// Fills `gateway_session.harness` on create; `None`: naming a harness is an error.
+    pub harnesses: Option<HarnessRenderer>,
 }
 
 impl EnvdConfig {
@@ -81,6 +114,7 @@ impl EnvdConfig {
             default_exec_timeout: Duration::from_secs(600),
             max_exec_timeout: Duration::from_secs(24 * 3600),
             kill_grace: Duration::from_secs(2),
+            harnesses: None,
         }
     }
 }

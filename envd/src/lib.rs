@@ -15,6 +15,8 @@ pub mod openapi;
 pub mod server;
 pub mod service;
 
-pub use config::{AgentCommand, DefaultLimits, EnvdConfig};
+pub use config::{
+    AgentCommand, DefaultLimits, EnvdConfig, HarnessRenderer, HarnessRequest, RenderedHarness,
+};
 pub use error::{EnvdError, StartError};
 pub use server::Envd;

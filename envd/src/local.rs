@@ -81,6 +81,8 @@ pub struct SandboxPaths {
     pub workspace: PathBuf,
     pub rootfs: Option<PathBuf>,
     pub forward: bool,
+    /// Read-only binds: (host source, target inside).
+    pub mounts: Vec<(PathBuf, String)>,
 }
 
 impl SandboxPaths {
@@ -92,8 +94,28 @@ impl SandboxPaths {
             dir,
             rootfs,
             forward,
+            mounts: Vec::new(),
         }
     }
+}
+
+/// Top-level names the sandbox's root already uses (a mount target must not be below one:
+/// they are read-only, so bubblewrap could not create the mount point).
+pub fn taken_root_names(rootfs: Option<&Path>) -> Vec<String> {
+    let mut names: Vec<String> = ROOTFS_SKIP.iter().map(|s| s.to_string()).collect();
+    match rootfs {
+        Some(r) => names.extend(
+            std::fs::read_dir(r)
+                .map(|rd| {
+                    rd.flatten()
+                        .map(|e| e.file_name().to_string_lossy().into_owned())
+                        .collect::<Vec<_>>()
+                })
+                .unwrap_or_default(),
+        ),
+        None => names.extend(HOST_VIEW.iter().map(|s| s.to_string())),
+    }
+    names
 }
 
 pub struct LocalBackend {
@@ -387,6 +409,11 @@ impl LocalBackend {
         a.push("--bind".into());
         a.push(p.workspace.clone().into());
         a.push(WORKSPACE.into());
+        for (src, dst) in &p.mounts {
+            a.push("--ro-bind".into());
+            a.push(src.clone().into());
+            a.push(dst.into());
+        }
         a.push("--ro-bind".into());
         a.push(self.agent.clone().into());
         a.push(AGENT_IN.into());

@@ -23,6 +23,21 @@ pub struct GatewaySession {
     pub api_key: Option<String>,
     #[serde(default)]
     pub model: Option<String>,
+    /// A harness from `harness-configs/` (`codex`, `mini-swe-agent`, ...): its variables are
+    /// set and its config files written into the workspace, pointed at this session.
+    #[serde(default)]
+    pub harness: Option<String>,
+}
+
+/// A host path shown read-only inside the sandbox (a toolchain, a harness, a dataset).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Mount {
+    /// Absolute path on the envd host (the sandbox user must be able to reach it).
+    pub source: String,
+    /// Absolute path inside the sandbox, outside the read-only root's own directories
+    /// (e.g. `/mnt/tools`, `/toolchain`).
+    pub target: String,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -54,6 +69,9 @@ pub struct CreateSandbox {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub gateway_session: Option<GatewaySession>,
+    /// Read-only bind mounts of host paths.
+    #[serde(default)]
+    pub mounts: Vec<Mount>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -80,7 +98,9 @@ pub struct SandboxInfo {
     pub workspace: &'static str,
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
-    /// Processes alive in the sandbox now (from its pids cgroup; null without cgroups).
+    pub mounts: Vec<Mount>,
+    /// Tasks (processes and their threads) alive in the sandbox now, from its pids cgroup
+    /// (null without cgroups).
     pub processes: Option<u64>,
     pub jobs_running: usize,
 }

@@ -72,14 +72,15 @@ pub fn document() -> Value {
                     "env": {"type": "object", "additionalProperties": {"type": "string"}},
                     "network": {"type": "string", "enum": ["gateway", "none"], "description": "no route out either way; gateway adds graft's gateway on the sandbox's loopback"},
                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
-                    "gateway_session": {"type": "object", "properties": {"session_id": {"type": "string"}, "api_key": {"type": "string"}, "model": {"type": "string"}}, "required": ["session_id"], "description": "fills OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ... for the harness"}
+                    "gateway_session": {"type": "object", "properties": {"session_id": {"type": "string"}, "api_key": {"type": "string"}, "model": {"type": "string"}, "harness": {"type": "string", "description": "a harness of harness-configs/ (codex, mini-swe-agent, aider, ...): its variables and config files are filled in"}}, "required": ["session_id"], "description": "fills OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ... for the harness"},
+                    "mounts": {"type": "array", "items": {"type": "object", "required": ["source", "target"], "properties": {"source": {"type": "string"}, "target": {"type": "string"}}}, "description": "read-only bind mounts of host paths (targets outside the root's own directories, e.g. /mnt/tools)"}
                 }},
                 "Sandbox": {"type": "object", "properties": {
                     "id": {"type": "string"}, "state": {"type": "string", "enum": ["ready", "deleting"]}, "backend": {"type": "string"},
                     "created_at_ms": {"type": "integer"}, "expires_at_ms": {"type": "integer"}, "ttl_secs": {"type": "integer"},
                     "limits": {"type": "object", "properties": {"cpus": {"type": "number"}, "memory_mb": {"type": "integer"}, "pids": {"type": "integer"}}},
                     "limits_enforced": {"type": "boolean"}, "network": {"type": "string"}, "gateway_url": {"type": ["string", "null"]},
-                    "workspace": {"type": "string"}, "env": {"type": "object"}, "labels": {"type": "object"},
+                    "workspace": {"type": "string"}, "env": {"type": "object"}, "labels": {"type": "object"}, "mounts": {"type": "array"},
                     "processes": {"type": ["integer", "null"]}, "jobs_running": {"type": "integer"}
                 }},
                 "ExecRequest": {"type": "object", "additionalProperties": false, "properties": {

@@ -10,12 +10,12 @@ use std::time::{Duration, Instant};
 use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
-use crate::config::EnvdConfig;
+use crate::config::{EnvdConfig, HarnessRequest};
 use crate::error::EnvdError;
 use crate::files::{Owner, Workspace, clean_path};
 use crate::local::{ExecSpec, LocalBackend, OutputEvent, SandboxPaths, WORKSPACE};
 use crate::model::{
-    CreateSandbox, ExecRequest, GatewaySession, JobInfo, Limits, NetworkPolicy, SandboxInfo,
+    CreateSandbox, ExecRequest, GatewaySession, JobInfo, Limits, Mount, NetworkPolicy, SandboxInfo,
 };
 
 fn now_ms() -> u64 {
@@ -118,6 +118,7 @@ pub struct Sandbox {
     limits: Limits,
     env: BTreeMap<String, String>,
     labels: BTreeMap<String, String>,
+    mounts: Vec<Mount>,
     network: NetworkPolicy,
     gateway_url: Option<String>,
     created_at_ms: u64,
@@ -263,6 +264,7 @@ impl Service {
             workspace: WORKSPACE,
             env: sb.env.clone(),
             labels: sb.labels.clone(),
+            mounts: sb.mounts.clone(),
             processes: self.backend.processes(&sb.id),
             jobs_running: sb.running_jobs().len(),
         }
@@ -350,6 +352,7 @@ impl Service {
         if let Some(gw) = &gateway_url {
             env.insert("GRAFT_GATEWAY_URL".to_owned(), gw.clone());
         }
+        let mut harness_files = Vec::new();
         if let Some(s) = &req.gateway_session {
             let Some(gw) = &gateway_url else {
                 return Err(EnvdError::BadRequest(
@@ -364,12 +367,59 @@ impl Service {
                 )));
             }
             env.extend(session_env(gw, s));
+            if let Some(name) = &s.harness {
+                let Some(render) = &self.cfg.harnesses else {
+                    return Err(EnvdError::BadRequest(format!(
+                        "gateway_session.harness '{name}': this envd has no harness templates"
+                    )));
+                };
+                let rendered = (render.0)(&HarnessRequest {
+                    harness: name.clone(),
+                    base_url: format!("{gw}/s/{}/v1", s.session_id),
+                    api_key: s.api_key.clone().unwrap_or_else(|| "graft".to_owned()),
+                    model: s.model.clone().unwrap_or_else(|| "default".to_owned()),
+                })
+                .map_err(|e| EnvdError::BadRequest(format!("gateway_session.harness: {e}")))?;
+                for (rel, body) in rendered.files {
+                    harness_files.push((clean_path(&rel)?, body));
+                }
+                env.extend(rendered.env);
+            }
         }
         env.extend(req.env);
 
-        let paths = self
+        let taken = crate::local::taken_root_names(rootfs.as_deref());
+        let mut mounts = Vec::new();
+        for m in &req.mounts {
+            let src = PathBuf::from(&m.source);
+            if !src.is_absolute() || !src.exists() {
+                return Err(EnvdError::BadRequest(format!(
+                    "mounts: source '{}' is not an absolute path that exists on the envd host",
+                    m.source
+                )));
+            }
+            let rel = m.target.strip_prefix('/').map(clean_path).transpose()?;
+            let first = rel
+                .as_ref()
+                .and_then(|r| r.components().next())
+                .map(|c| c.as_os_str().to_string_lossy().into_owned());
+            match (&rel, first) {
+                (Some(r), Some(f)) if !taken.contains(&f) => {
+                    mounts.push((src, format!("/{}", r.display())));
+                }
+                _ => {
+                    return Err(EnvdError::BadRequest(format!(
+                        "mounts: target '{}' must be an absolute path outside /workspace, /tmp, /proc, /dev and the read-only root's own directories ({}); e.g. /mnt/tools",
+                        m.target,
+                        taken.join(", ")
+                    )));
+                }
+            }
+        }
+        let mut paths = self
             .backend
             .paths(&id, rootfs, network == NetworkPolicy::Gateway);
+        paths.mounts = mounts;
         {
             let mut reg = lock(&self.sandboxes);
             if reg.live.contains_key(&id) || reg.creating.contains(&id) || paths.dir.exists() {
@@ -378,16 +428,23 @@ impl Service {
             // Reserve the id while the backend works.
             reg.creating.insert(id.clone());
         }
+        let mut forward = None;
         let created = async {
-            let forward = self.backend.create(&paths, &limits).await?;
+            forward = self.backend.create(&paths, &limits).await?;
             let owner = self.backend.owner.map(|(uid, gid)| Owner { uid, gid });
             let workspace = Workspace::open(&paths.workspace, owner)?;
-            Ok::<_, EnvdError>((forward, workspace))
+            for (rel, body) in &harness_files {
+                workspace.write(rel, body.as_bytes(), 0o644)?;
+            }
+            Ok::<_, EnvdError>(workspace)
         }
         .await;
-        let (forward, workspace) = match created {
-            Ok(x) => x,
+        let workspace = match created {
+            Ok(w) => w,
             Err(e) => {
+                if let Some(f) = forward.take() {
+                    f.abort();
+                }
                 let _ = self.backend.delete(&paths).await;
                 lock(&self.sandboxes).creating.remove(&id);
                 return Err(e);
@@ -399,6 +456,7 @@ impl Service {
             limits,
             env,
             labels: req.labels,
+            mounts: req.mounts,
             network,
             gateway_url,
             created_at_ms: now_ms(),

@@ -796,6 +796,8 @@ impl Proc {
             "local",
             "--data-dir",
             data,
+            "--agent",
+            env!("CARGO_BIN_EXE_envd-agent"),
         ];
         all.extend_from_slice(args);
         Self::spawn_env(
