@@ -29,6 +29,10 @@ pub enum Command {
     Records(RecordsCommand),
     /// Turn recorded calls (or an OpenAI-format JSONL log) into token-masked training samples.
     Reconstruct(crate::reconstruct::ReconstructArgs),
+    /// One GRPO iteration over a samples file: new weights (HF layout), optionally pushed
+    /// to an SGLang-compatible server.
+    #[cfg(feature = "trainer")]
+    Train(crate::train::TrainArgs),
     /// The embedded default: a scripted upstream, the gateway in front of it, and a short
     /// client run through it; prints where the records went.
     Demo(crate::demo::DemoArgs),
@@ -117,6 +121,8 @@ pub fn main() -> ExitCode {
             Command::ScriptedUpstream(args) => crate::scripted::run(args).await,
             Command::Harness(cmd) => crate::harness::run(cmd),
             Command::Reconstruct(args) => crate::reconstruct::run(args),
+            #[cfg(feature = "trainer")]
+            Command::Train(args) => crate::train::run(args),
             Command::Envd(args) => crate::envd::run(args).await,
         }
     });

@@ -10,3 +10,5 @@ pub mod harness;
 pub mod reconstruct;
 pub mod records;
 pub mod scripted;
+#[cfg(feature = "trainer")]
+pub mod train;

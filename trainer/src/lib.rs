@@ -8,6 +8,8 @@ pub mod device;
 pub mod error;
 
 pub use error::{Result, TrainerError};
+/// The tch this crate is built on (seeding, devices, tensors for callers).
+pub use tch;
 pub mod bar;
 pub mod generate;
 pub mod grpo;
