@@ -402,7 +402,7 @@ fn timeout_kills_the_whole_process_tree() {
     let r = e.ok(
         "POST",
         &format!("/sandboxes/{id}/exec"),
-        Some(json!({"command": cmd, "timeout_secs": 3, "background": true})),
+        Some(json!({"command": cmd, "timeout_secs": 8, "background": true})),
     );
     let job = r["job_id"].as_str().unwrap().to_owned();
     // The orphan is alive on the host while the job runs (so the check below can fail).
@@ -1007,4 +1007,104 @@ fn codex_in_a_sandbox_completes_a_task_through_the_gateway_session() {
         assert_eq!(rec["dialect"], "responses");
         assert_eq!(rec["outcome"], "ok", "{rec:#}");
     }
+}
+
+/// k rollouts branching from one prepared state: a snapshot of a sandbox's workspace, and
+/// forks whose workspaces are copy-on-write overlays of it.
+#[test]
+fn snapshot_and_forks_branch_from_one_prepared_state() {
+    let e = Envd::start(&[]);
+    let base = e.create(json!({"id": "base"}));
+    e.sh_ok(
+        &base,
+        "mkdir -p repo/src && echo v1 > repo/src/app.txt && echo keep > repo/README && ln -s src/app.txt repo/link && ln -s /etc/passwd repo/hostlink",
+    );
+    let snap = e.call(
+        "POST",
+        "/sandboxes/base/snapshot",
+        Some(json!({"id": "prepared"})),
+    );
+    assert_eq!(snap.status, 201, "{}", snap.text());
+    let info = snap.json();
+    assert_eq!(info["snapshot_id"], "prepared");
+    assert_eq!(info["files"], 2, "{info:#}");
+    let listed = e.ok("GET", "/snapshots", None);
+    assert_eq!(listed["snapshots"][0]["snapshot_id"], "prepared");
+    // The source keeps changing; the snapshot does not.
+    e.sh_ok(&base, "echo base-change > repo/src/app.txt");
+    let a = e.create(json!({"id": "fork-a", "from_snapshot": "prepared"}));
+    let b = e.create(json!({"id": "fork-b", "from_snapshot": "prepared"}));
+    assert_eq!(e.sh_ok(&a, "cat repo/src/app.txt"), "v1\n");
+    assert_eq!(
+        e.sh_ok(&a, "cat repo/link"),
+        "v1\n",
+        "links survive the copy"
+    );
+    assert_eq!(
+        e.sh_ok(&a, "readlink repo/hostlink"),
+        "/etc/passwd\n",
+        "a link is copied as a link, never followed"
+    );
+    e.sh_ok(
+        &a,
+        "echo from-a > repo/src/app.txt && rm repo/README && echo new > repo/a-only",
+    );
+    let up = e.raw(
+        "PUT",
+        "/sandboxes/fork-b/files/repo/src/app.txt",
+        &[("x-api-key", KEY)],
+        b"from-b\n".to_vec(),
+    );
+    assert_eq!(up.status, 200, "{}", up.text());
+    assert_eq!(e.sh_ok(&a, "cat repo/src/app.txt"), "from-a\n");
+    assert_eq!(e.sh_ok(&b, "cat repo/src/app.txt"), "from-b\n");
+    assert_eq!(
+        e.sh_ok(&b, "cat repo/README"),
+        "keep\n",
+        "a's delete stays in a"
+    );
+    assert_ne!(e.sh(&b, "test -e repo/a-only")["exit_code"], 0);
+    let listing = e.ok("GET", "/sandboxes/fork-a/files?dir=repo", None);
+    let names: Vec<&str> = listing["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        vec!["a-only", "hostlink", "link", "src"],
+        "{listing:#}"
+    );
+    assert_eq!(
+        e.call("GET", "/sandboxes/fork-a/files/repo/hostlink", None)
+            .status,
+        403,
+        "the copied link still cannot lead out"
+    );
+    assert_eq!(e.sh_ok(&base, "cat repo/src/app.txt"), "base-change\n");
+    let got = e.ok("GET", "/sandboxes/fork-a", None);
+    assert_eq!(got["from_snapshot"], "prepared");
+    // A snapshot in use cannot go; once its forks are gone it can.
+    let busy = e.call("DELETE", "/snapshots/prepared", None);
+    assert_eq!(busy.status, 409, "{}", busy.text());
+    assert!(
+        busy.text().contains("fork-a") && busy.text().contains("fork-b"),
+        "{}",
+        busy.text()
+    );
+    e.ok("DELETE", "/sandboxes/fork-a", None);
+    e.ok("DELETE", "/sandboxes/fork-b", None);
+    assert!(
+        !workspace_dir(&e.data, "fork-a").exists(),
+        "the overlay was unmounted and removed"
+    );
+    e.ok("DELETE", "/snapshots/prepared", None);
+    assert_eq!(e.call("GET", "/snapshots/prepared", None).status, 404);
+    let missing = e.call(
+        "POST",
+        "/sandboxes",
+        Some(json!({"from_snapshot": "prepared"})),
+    );
+    assert_eq!(missing.status, 404, "{}", missing.text());
 }

@@ -286,6 +286,21 @@ impl Cgroups {
         Ok(())
     }
 
+    /// Removes this instance's (empty) group when envd stops.
+    pub fn remove_group(&self) {
+        match self {
+            Cgroups::V1 { root, group } => {
+                for c in ["pids", "memory", "cpu"] {
+                    let _ = std::fs::remove_dir(root.join(c).join(group));
+                }
+            }
+            Cgroups::V2 { root, group } => {
+                let _ = std::fs::remove_dir(root.join(group));
+            }
+            Cgroups::None { .. } => {}
+        }
+    }
+
     /// Names of the sandbox cgroups left by an earlier run.
     pub fn leftovers(&self) -> Vec<String> {
         let dir = match self {

@@ -29,6 +29,12 @@ pub enum EnvdError {
         "job '{job}' does not exist in sandbox '{sandbox}'; GET /sandboxes/{sandbox}/jobs lists them"
     )]
     JobNotFound { sandbox: String, job: String },
+    #[error("snapshot '{0}' does not exist; GET /snapshots lists them")]
+    SnapshotNotFound(String),
+    #[error("snapshot '{0}' already exists; choose another id or leave `id` out")]
+    SnapshotExists(String),
+    #[error("snapshot '{id}' is the base of sandboxes {sandboxes}; delete them first")]
+    SnapshotInUse { id: String, sandboxes: String },
     #[error("invalid request: {0}")]
     BadRequest(String),
     #[error("request body is not valid JSON for {what}: {err}")]
@@ -77,11 +83,16 @@ impl EnvdError {
         use EnvdError::*;
         match self {
             Unauthorized => StatusCode::UNAUTHORIZED,
-            NoRoute { .. } | SandboxNotFound(_) | JobNotFound { .. } | FileNotFound(_) => {
-                StatusCode::NOT_FOUND
-            }
+            NoRoute { .. }
+            | SandboxNotFound(_)
+            | JobNotFound { .. }
+            | FileNotFound(_)
+            | SnapshotNotFound(_) => StatusCode::NOT_FOUND,
             MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
-            SandboxExists(_) | IdempotencyConflict { .. } => StatusCode::CONFLICT,
+            SandboxExists(_)
+            | IdempotencyConflict { .. }
+            | SnapshotExists(_)
+            | SnapshotInUse { .. } => StatusCode::CONFLICT,
             SandboxDeleting(_) => StatusCode::GONE,
             BadRequest(_) | BadJson { .. } | IsDirectory(_) | NotDirectory(_) => {
                 StatusCode::BAD_REQUEST
@@ -104,6 +115,9 @@ impl EnvdError {
             SandboxExists(_) => "sandbox_exists",
             SandboxDeleting(_) => "sandbox_deleting",
             JobNotFound { .. } => "job_not_found",
+            SnapshotNotFound(_) => "snapshot_not_found",
+            SnapshotExists(_) => "snapshot_exists",
+            SnapshotInUse { .. } => "snapshot_in_use",
             BadRequest(_) | BadJson { .. } => "invalid_request",
             TooLarge { .. } => "too_large",
             PathRefused { .. } => "path_outside_sandbox",

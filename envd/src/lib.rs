@@ -14,6 +14,7 @@ pub mod model;
 pub mod openapi;
 pub mod server;
 pub mod service;
+pub mod snapshot;
 
 pub use config::{
     AgentCommand, DefaultLimits, EnvdConfig, HarnessRenderer, HarnessRequest, RenderedHarness,

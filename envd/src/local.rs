@@ -83,6 +83,8 @@ pub struct SandboxPaths {
     pub forward: bool,
     /// Read-only binds: (host source, target inside).
     pub mounts: Vec<(PathBuf, String)>,
+    /// A fork: the snapshot tree its workspace overlays.
+    pub lower: Option<PathBuf>,
 }
 
 impl SandboxPaths {
@@ -95,6 +97,7 @@ impl SandboxPaths {
             rootfs,
             forward,
             mounts: Vec::new(),
+            lower: None,
         }
     }
 }
@@ -274,7 +277,11 @@ impl LocalBackend {
             if let Err(e) = self.cgroups.remove_sandbox(&id).await {
                 warn!(sandbox = %id, error = %e, "could not remove its cgroups");
             }
-            let _ = std::fs::remove_dir_all(self.cfg.data_dir.join("sandboxes").join(&id));
+            let dir = self.cfg.data_dir.join("sandboxes").join(&id);
+            for m in crate::snapshot::mounts_below(&dir) {
+                crate::snapshot::unmount(&m);
+            }
+            let _ = std::fs::remove_dir_all(dir);
         }
     }
 
@@ -294,11 +301,29 @@ impl LocalBackend {
         set_mode(&p.dir, 0o711).map_err(io(format!("cannot chmod {}", p.dir.display())))?;
         std::fs::create_dir(&p.workspace)
             .map_err(io(format!("cannot create {}", p.workspace.display())))?;
-        set_mode(&p.workspace, 0o755)
-            .map_err(io(format!("cannot chmod {}", p.workspace.display())))?;
+        // A fork writes into its own upper directory over the snapshot; the merged view is
+        // mounted on `workspace`, so the files API and the sandbox both see it.
+        let root = match &p.lower {
+            Some(_) => p.dir.join("upper"),
+            None => p.workspace.clone(),
+        };
+        if p.lower.is_some() {
+            std::fs::create_dir(&root).map_err(io(format!("cannot create {}", root.display())))?;
+            let work = p.dir.join("overlay-work");
+            std::fs::create_dir(&work).map_err(io(format!("cannot create {}", work.display())))?;
+        }
+        set_mode(&root, 0o755).map_err(io(format!("cannot chmod {}", root.display())))?;
         if let Some((u, g)) = self.owner {
-            std::os::unix::fs::chown(&p.workspace, Some(u), Some(g))
-                .map_err(io(format!("cannot chown {}", p.workspace.display())))?;
+            std::os::unix::fs::chown(&root, Some(u), Some(g))
+                .map_err(io(format!("cannot chown {}", root.display())))?;
+        }
+        if let Some(lower) = &p.lower {
+            crate::snapshot::mount_overlay(
+                lower,
+                &root,
+                &p.dir.join("overlay-work"),
+                &p.workspace,
+            )?;
         }
         self.cgroups
             .create_sandbox(&p.id, limits)
@@ -341,6 +366,9 @@ impl LocalBackend {
     /// Kills what is left and removes the sandbox's cgroups and directory.
     pub async fn delete(&self, p: &SandboxPaths) -> Result<(), EnvdError> {
         let cg = self.cgroups.remove_sandbox(&p.id).await;
+        for m in crate::snapshot::mounts_below(&p.dir) {
+            crate::snapshot::unmount(&m);
+        }
         let dir = match std::fs::remove_dir_all(&p.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(EnvdError::io(
                 format!("cannot remove {}", p.dir.display()),

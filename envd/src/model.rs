@@ -72,6 +72,26 @@ pub struct CreateSandbox {
     /// Read-only bind mounts of host paths.
     #[serde(default)]
     pub mounts: Vec<Mount>,
+    /// Start from a snapshot: the workspace is a copy-on-write overlay of it.
+    #[serde(default)]
+    pub from_snapshot: Option<String>,
+}
+
+/// `POST /sandboxes/{id}/snapshot`
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSnapshot {
+    #[serde(default)]
+    pub id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SnapshotInfo {
+    pub snapshot_id: String,
+    pub source_sandbox: String,
+    pub created_at_ms: u64,
+    pub files: u64,
+    pub bytes: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -99,6 +119,7 @@ pub struct SandboxInfo {
     pub env: BTreeMap<String, String>,
     pub labels: BTreeMap<String, String>,
     pub mounts: Vec<Mount>,
+    pub from_snapshot: Option<String>,
     /// Tasks (processes and their threads) alive in the sandbox now, from its pids cgroup
     /// (null without cgroups).
     pub processes: Option<u64>,

@@ -23,6 +23,10 @@ pub const ROUTES: &[(&str, &str)] = &[
     ("put", "/sandboxes/{id}/files/{path}"),
     ("delete", "/sandboxes/{id}/files/{path}"),
     ("post", "/sandboxes/{id}/apply_patch"),
+    ("post", "/sandboxes/{id}/snapshot"),
+    ("get", "/snapshots"),
+    ("get", "/snapshots/{snapshot}"),
+    ("delete", "/snapshots/{snapshot}"),
 ];
 
 fn op(summary: &str, body: Option<Value>, ok: (&str, Value)) -> Value {
@@ -73,6 +77,7 @@ pub fn document() -> Value {
                     "network": {"type": "string", "enum": ["gateway", "none"], "description": "no route out either way; gateway adds graft's gateway on the sandbox's loopback"},
                     "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                     "gateway_session": {"type": "object", "properties": {"session_id": {"type": "string"}, "api_key": {"type": "string"}, "model": {"type": "string"}, "harness": {"type": "string", "description": "a harness of harness-configs/ (codex, mini-swe-agent, aider, ...): its variables and config files are filled in"}}, "required": ["session_id"], "description": "fills OPENAI_BASE_URL, OPENAI_API_KEY, ANTHROPIC_BASE_URL, ... for the harness"},
+                    "from_snapshot": {"type": "string", "description": "start from a snapshot: the workspace is a copy-on-write overlay of it"},
                     "mounts": {"type": "array", "items": {"type": "object", "required": ["source", "target"], "properties": {"source": {"type": "string"}, "target": {"type": "string"}}}, "description": "read-only bind mounts of host paths (targets outside the root's own directories, e.g. /mnt/tools)"}
                 }},
                 "Sandbox": {"type": "object", "properties": {
@@ -106,6 +111,7 @@ pub fn document() -> Value {
                     "started_at_ms": {"type": "integer"}, "finished_at_ms": {"type": ["integer", "null"]}, "duration_ms": {"type": ["integer", "null"]},
                     "idempotency_key": {"type": ["string", "null"]}
                 }},
+                "Snapshot": {"type": "object", "properties": {"snapshot_id": {"type": "string"}, "source_sandbox": {"type": "string"}, "created_at_ms": {"type": "integer"}, "files": {"type": "integer"}, "bytes": {"type": "integer"}}},
                 "ApplyPatch": {"type": "object", "additionalProperties": false, "required": ["patch"], "properties": {
                     "patch": {"type": "string", "description": "a unified diff (git apply)"}, "cwd": {"type": "string"}, "check": {"type": "boolean"}
                 }}
@@ -137,6 +143,13 @@ pub fn document() -> Value {
                 "get": {"summary": "download a file (raw bytes)", "responses": {"200": {"description": "the bytes", "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}, "default": {"description": "error"}}},
                 "put": op("upload a file (raw bytes; ?mode=755; parents are created; size-capped)", Some(bytes), ("200", json!({"type": "object"}))),
                 "delete": op("remove a file (?recursive=true for a directory)", None, ("200", json!({"type": "object"})))
+            },
+            "/sandboxes/{id}/snapshot": {"parameters": [id.clone()], "post": op("copy the workspace into a snapshot (body: {\"id\"?}); create sandboxes from it with from_snapshot (copy-on-write)", Some(json!({"content": {"application/json": {"schema": {"type": "object", "properties": {"id": {"type": "string"}}}}}})), ("201", r("Snapshot")))},
+            "/snapshots": {"get": op("list snapshots", None, ("200", json!({"type": "object", "properties": {"snapshots": {"type": "array", "items": r("Snapshot")}}})))},
+            "/snapshots/{snapshot}": {
+                "parameters": [{"name": "snapshot", "in": "path", "required": true, "schema": {"type": "string"}}],
+                "get": op("a snapshot", None, ("200", r("Snapshot"))),
+                "delete": op("delete a snapshot (409 while sandboxes are forked from it)", None, ("200", json!({"type": "object"})))
             },
             "/sandboxes/{id}/apply_patch": {"parameters": [id], "post": op("git apply a unified diff in the workspace (JSON body, or the raw patch as text); 422 when it does not apply", Some(json_body("ApplyPatch")), ("200", json!({"type": "object"})))}
         }

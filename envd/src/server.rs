@@ -23,7 +23,7 @@ use crate::config::EnvdConfig;
 use crate::error::{EnvdError, StartError};
 use crate::files::clean_path;
 use crate::local::{LocalBackend, OutputEvent};
-use crate::model::{ApplyPatch, CreateSandbox, ExecRequest};
+use crate::model::{ApplyPatch, CreateSandbox, CreateSnapshot, ExecRequest};
 use crate::service::{Job, Service};
 
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -125,6 +125,7 @@ impl Envd {
         reaper.abort();
         info!("shutting down: deleting every sandbox");
         svc.delete_all().await;
+        svc.backend.cgroups.remove_group();
         let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
     }
 }
@@ -393,6 +394,36 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
             job.kill();
             Ok(to_json(StatusCode::OK, &job.wait(None).await))
         }
+        ["sandboxes", id, "snapshot"] => {
+            if method != Method::POST {
+                return Err(not_allowed("POST"));
+            }
+            let sb = svc.get(id)?;
+            let body = read_body(req, 64 * 1024).await?;
+            let r: CreateSnapshot = parse_json(&body, "a snapshot request")?;
+            let info = svc.snapshot(&sb, r).await?;
+            Ok(to_json(StatusCode::CREATED, &info))
+        }
+        ["snapshots"] | ["snapshots", ""] => match method {
+            Method::GET => Ok(to_json(
+                StatusCode::OK,
+                &json!({"snapshots": svc.snapshots()}),
+            )),
+            _ => Err(not_allowed(
+                "GET (take one with POST /sandboxes/{id}/snapshot)",
+            )),
+        },
+        ["snapshots", snap] => match method {
+            Method::GET => Ok(to_json(StatusCode::OK, &svc.get_snapshot(snap)?)),
+            Method::DELETE => {
+                svc.delete_snapshot(snap)?;
+                Ok(json_response(
+                    StatusCode::OK,
+                    &json!({"snapshot_id": snap, "deleted": true}),
+                ))
+            }
+            _ => Err(not_allowed("GET, DELETE")),
+        },
         ["sandboxes", id, "apply_patch"] => {
             if method != Method::POST {
                 return Err(not_allowed("POST"));

@@ -15,7 +15,8 @@ use crate::error::EnvdError;
 use crate::files::{Owner, Workspace, clean_path};
 use crate::local::{ExecSpec, LocalBackend, OutputEvent, SandboxPaths, WORKSPACE};
 use crate::model::{
-    CreateSandbox, ExecRequest, GatewaySession, JobInfo, Limits, Mount, NetworkPolicy, SandboxInfo,
+    CreateSandbox, CreateSnapshot, ExecRequest, GatewaySession, JobInfo, Limits, Mount,
+    NetworkPolicy, SandboxInfo, SnapshotInfo,
 };
 
 fn now_ms() -> u64 {
@@ -119,6 +120,7 @@ pub struct Sandbox {
     env: BTreeMap<String, String>,
     labels: BTreeMap<String, String>,
     mounts: Vec<Mount>,
+    from_snapshot: Option<String>,
     network: NetworkPolicy,
     gateway_url: Option<String>,
     created_at_ms: u64,
@@ -178,6 +180,7 @@ pub struct Service {
     pub cfg: Arc<EnvdConfig>,
     pub backend: LocalBackend,
     sandboxes: Mutex<Registry>,
+    snapshots: Mutex<HashMap<String, SnapshotInfo>>,
 }
 
 #[derive(Default)]
@@ -224,12 +227,135 @@ fn session_env(gw: &str, s: &GatewaySession) -> BTreeMap<String, String> {
 }
 
 impl Service {
+    /// The service over `backend`, with the snapshots an earlier run left (they are data;
+    /// sandboxes are not kept).
     pub fn new(cfg: Arc<EnvdConfig>, backend: LocalBackend) -> Self {
+        let mut snapshots = HashMap::new();
+        let dir = backend.data_dir().join("snapshots");
+        if let Ok(rd) = std::fs::read_dir(&dir) {
+            for e in rd.flatten() {
+                let meta = e.path().join("meta.json");
+                match std::fs::read(&meta)
+                    .ok()
+                    .and_then(|b| serde_json::from_slice::<SnapshotInfo>(&b).ok())
+                {
+                    Some(m) => {
+                        snapshots.insert(m.snapshot_id.clone(), m);
+                    }
+                    // A snapshot without its meta file was never finished.
+                    None => {
+                        let _ = std::fs::remove_dir_all(e.path());
+                    }
+                }
+            }
+        }
         Service {
             cfg,
             backend,
             sandboxes: Mutex::new(Registry::default()),
+            snapshots: Mutex::new(snapshots),
         }
+    }
+
+    fn snapshot_dir(&self, id: &str) -> PathBuf {
+        self.backend.data_dir().join("snapshots").join(id)
+    }
+
+    /// Copies the sandbox's workspace into a new snapshot.
+    pub async fn snapshot(
+        &self,
+        sb: &Arc<Sandbox>,
+        req: CreateSnapshot,
+    ) -> Result<SnapshotInfo, EnvdError> {
+        sb.touch();
+        let id = match req.id {
+            Some(id) if !valid_id(&id) => {
+                return Err(EnvdError::BadRequest(format!(
+                    "id '{id}': use 1 to 64 characters of A-Z, a-z, 0-9, '-' and '_'"
+                )));
+            }
+            Some(id) => id,
+            None => format!("snap-{}", uuid::Uuid::new_v4().simple()),
+        };
+        let dir = self.snapshot_dir(&id);
+        if lock(&self.snapshots).contains_key(&id) || dir.exists() {
+            return Err(EnvdError::SnapshotExists(id));
+        }
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| EnvdError::io(format!("cannot create {}", dir.display()), e))?;
+        let copied = {
+            let tree = dir.join("tree");
+            let backend_paths = sb.paths.clone();
+            let owner = self.backend.owner;
+            let r = tokio::task::spawn_blocking(move || {
+                let d = cap_std::fs::Dir::open_ambient_dir(
+                    &backend_paths.workspace,
+                    cap_std::ambient_authority(),
+                )
+                .map_err(|e| EnvdError::io("cannot open the workspace", e))?;
+                crate::snapshot::copy_tree(&d, &tree, owner)
+            })
+            .await
+            .map_err(|e| EnvdError::Backend(format!("the snapshot copy failed: {e}")))
+            .and_then(|r| r);
+            if r.is_err() {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+            r?
+        };
+        let info = SnapshotInfo {
+            snapshot_id: id.clone(),
+            source_sandbox: sb.id.clone(),
+            created_at_ms: now_ms(),
+            files: copied.files,
+            bytes: copied.bytes,
+        };
+        let meta = serde_json::to_vec_pretty(&info)
+            .map_err(|e| EnvdError::Backend(format!("cannot encode the snapshot's meta: {e}")))?;
+        std::fs::write(dir.join("meta.json"), meta)
+            .map_err(|e| EnvdError::io(format!("cannot write {}", dir.display()), e))?;
+        lock(&self.snapshots).insert(id.clone(), info.clone());
+        info!(snapshot = %id, sandbox = %sb.id, files = copied.files, bytes = copied.bytes, "snapshot taken");
+        Ok(info)
+    }
+
+    pub fn snapshots(&self) -> Vec<SnapshotInfo> {
+        let mut v: Vec<SnapshotInfo> = lock(&self.snapshots).values().cloned().collect();
+        v.sort_by(|a, b| (a.created_at_ms, &a.snapshot_id).cmp(&(b.created_at_ms, &b.snapshot_id)));
+        v
+    }
+
+    pub fn get_snapshot(&self, id: &str) -> Result<SnapshotInfo, EnvdError> {
+        lock(&self.snapshots)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EnvdError::SnapshotNotFound(id.to_owned()))
+    }
+
+    /// Removes a snapshot no sandbox is forked from.
+    pub fn delete_snapshot(&self, id: &str) -> Result<(), EnvdError> {
+        self.get_snapshot(id)?;
+        let users: Vec<String> = {
+            let reg = lock(&self.sandboxes);
+            let mut u: Vec<String> = reg
+                .live
+                .values()
+                .filter(|s| s.from_snapshot.as_deref() == Some(id))
+                .map(|s| format!("'{}'", s.id))
+                .collect();
+            u.sort();
+            u
+        };
+        if !users.is_empty() {
+            return Err(EnvdError::SnapshotInUse {
+                id: id.to_owned(),
+                sandboxes: users.join(", "),
+            });
+        }
+        lock(&self.snapshots).remove(id);
+        let dir = self.snapshot_dir(id);
+        std::fs::remove_dir_all(&dir)
+            .map_err(|e| EnvdError::io(format!("cannot remove {}", dir.display()), e))
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, EnvdError> {
@@ -265,6 +391,7 @@ impl Service {
             env: sb.env.clone(),
             labels: sb.labels.clone(),
             mounts: sb.mounts.clone(),
+            from_snapshot: sb.from_snapshot.clone(),
             processes: self.backend.processes(&sb.id),
             jobs_running: sb.running_jobs().len(),
         }
@@ -420,6 +547,12 @@ impl Service {
             .backend
             .paths(&id, rootfs, network == NetworkPolicy::Gateway);
         paths.mounts = mounts;
+        if let Some(snap) = &req.from_snapshot {
+            if !lock(&self.snapshots).contains_key(snap) {
+                return Err(EnvdError::SnapshotNotFound(snap.clone()));
+            }
+            paths.lower = Some(self.snapshot_dir(snap).join("tree"));
+        }
         {
             let mut reg = lock(&self.sandboxes);
             if reg.live.contains_key(&id) || reg.creating.contains(&id) || paths.dir.exists() {
@@ -457,6 +590,7 @@ impl Service {
             env,
             labels: req.labels,
             mounts: req.mounts,
+            from_snapshot: req.from_snapshot,
             network,
             gateway_url,
             created_at_ms: now_ms(),
