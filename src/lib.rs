@@ -8,6 +8,7 @@ pub mod demo;
 pub mod envd;
 pub mod harness;
 pub mod reconstruct;
+pub mod rl;
 pub mod records;
 pub mod scripted;
 #[cfg(feature = "trainer")]

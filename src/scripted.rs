@@ -1491,6 +1491,7 @@ mod tests {
 
     fn reply(content: Option<&str>, calls: &[(&str, Value)]) -> Reply {
         Reply {
+            reasoning: None,
             content: content.map(str::to_owned),
             tool_calls: calls
                 .iter()

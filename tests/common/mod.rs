@@ -112,6 +112,18 @@ impl TestEnv {
         self.root.join("py").join("bin").join("python")
     }
 
+    /// Python of the sandbox venv (openai on the system python, which sandboxed processes
+    /// can run: a pyenv python under /root is out of their reach).
+    pub fn sandbox_python(&self) -> PathBuf {
+        let p = self.root.join("sandbox").join("bin").join("python");
+        assert!(
+            p.exists(),
+            "the sandbox venv is not installed ({}); run `bash scripts/setup-test-env.sh`",
+            p.display()
+        );
+        p
+    }
+
     /// Python of the aider venv.
     pub fn aider_python(&self) -> PathBuf {
         self.root.join("aider").join("bin").join("python")

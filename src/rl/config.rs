@@ -1,0 +1,257 @@
+//! `rl.toml`: what `graft rl` runs. Strict (unknown keys are errors), validated once at start;
+//! relative paths are relative to the config file's folder.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RlConfig {
+    pub run: RunSection,
+    pub tasks: TasksSection,
+    pub harness: HarnessSection,
+    pub backend: BackendSection,
+    #[serde(default)]
+    pub envd: EnvdSection,
+    #[serde(default)]
+    pub rollout: RolloutSection,
+    #[serde(default)]
+    pub trainer: TrainerSection,
+    /// The config file's folder (absolute): `GRAFT_RL_DIR` in the harness's environment.
+    #[serde(skip)]
+    pub dir: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunSection {
+    /// Where the run keeps everything: records, samples, checkpoints, the step log.
+    pub out_dir: PathBuf,
+    /// Optimizer steps to run.
+    pub steps: usize,
+    #[serde(default)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TasksSection {
+    /// JSONL, one task per line (see `tasks.rs`).
+    pub file: PathBuf,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HarnessSection {
+    /// The harness's command line, run with `/bin/sh -c` in the task's sandbox (working
+    /// directory `/workspace`). The gateway session's variables are set (`OPENAI_BASE_URL`,
+    /// `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, ...), and `GRAFT_TASK_ID`, `GRAFT_TASK_PROMPT`.
+    pub command: String,
+    /// Wall-clock budget of one rollout; a rollout past it is aborted and excluded.
+    #[serde(default = "default_harness_timeout")]
+    pub timeout_secs: f64,
+    /// Extra environment for the harness.
+    #[serde(default)]
+    pub env: std::collections::BTreeMap<String, String>,
+    /// Host folders the sandbox sees read-only, target → source (`{ "/mnt/py" = "venv" }`):
+    /// the harness's program and its interpreter. The config's own folder is always at
+    /// `/mnt/rl` (`GRAFT_RL_DIR`).
+    #[serde(default)]
+    pub mounts: std::collections::BTreeMap<String, PathBuf>,
+    /// The model name the harness is told to use.
+    #[serde(default = "default_model_name")]
+    pub model: String,
+}
+
+fn default_harness_timeout() -> f64 {
+    300.0
+}
+
+fn default_model_name() -> String {
+    "policy".into()
+}
+
+/// The inference backend: exact mode needs SGLang's native `/generate`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BackendSection {
+    /// The model's HF directory: its tokenizer and chat template (and, with `serve`, its
+    /// weights).
+    pub model_dir: PathBuf,
+    /// SGLang-compatible servers already running (`http://host:30000`). Empty: graft starts
+    /// one itself (`scripted` for tests, otherwise `graft serve` on `model_dir`).
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// A scripted upstream's script (tests and demos: the model's text is played, the ids
+    /// are real): graft starts `graft scripted-upstream --tokenizer model_dir --script FILE`.
+    #[serde(default)]
+    pub scripted: Option<PathBuf>,
+    #[serde(default = "default_true")]
+    pub exact: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EnvdSection {
+    /// A running envd (`http://host:7070`) and its key; empty: an embedded local envd.
+    pub url: Option<String>,
+    pub api_key: Option<String>,
+    /// Sandbox limits.
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpus: Option<f64>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RolloutSection {
+    /// Tasks (groups) per step.
+    #[serde(default = "default_tasks_per_step")]
+    pub tasks_per_step: usize,
+    /// Rollouts trained on per group (BAR's N).
+    #[serde(default = "default_n")]
+    pub group_size: usize,
+    /// Most rollouts per group (BAR's N_max).
+    #[serde(default = "default_n_max")]
+    pub max_group_size: usize,
+    /// Rollouts added at a time while the group is not balanced.
+    #[serde(default = "default_stride")]
+    pub stride: usize,
+    /// Rollouts running at once.
+    #[serde(default = "default_concurrency")]
+    pub concurrency: usize,
+    /// Reward command budget.
+    #[serde(default = "default_reward_timeout")]
+    pub reward_timeout_secs: f64,
+}
+
+fn default_tasks_per_step() -> usize {
+    2
+}
+fn default_n() -> usize {
+    8
+}
+fn default_n_max() -> usize {
+    16
+}
+fn default_stride() -> usize {
+    4
+}
+fn default_concurrency() -> usize {
+    4
+}
+fn default_reward_timeout() -> f64 {
+    60.0
+}
+
+impl Default for RolloutSection {
+    fn default() -> Self {
+        RolloutSection {
+            tasks_per_step: default_tasks_per_step(),
+            group_size: default_n(),
+            max_group_size: default_n_max(),
+            stride: default_stride(),
+            concurrency: default_concurrency(),
+            reward_timeout_secs: default_reward_timeout(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TrainerSection {
+    /// false: collect rollouts, rewards and samples only (evaluation, data collection).
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    #[serde(default = "default_lr")]
+    pub lr: f64,
+}
+
+fn default_lr() -> f64 {
+    1e-6
+}
+
+impl Default for TrainerSection {
+    fn default() -> Self {
+        TrainerSection {
+            enabled: true,
+            lr: default_lr(),
+        }
+    }
+}
+
+impl RlConfig {
+    pub fn load(path: &Path) -> anyhow::Result<RlConfig> {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the run config {}", path.display()))?;
+        let mut c: RlConfig = toml::from_str(&text)
+            .with_context(|| format!("{} is not a valid graft rl config", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        let base = if base.as_os_str().is_empty() {
+            Path::new(".")
+        } else {
+            base
+        };
+        let base =
+            std::path::absolute(base).with_context(|| format!("resolving {}", base.display()))?;
+        let base = base.as_path();
+        c.dir = base.to_path_buf();
+        let fix = |p: &mut PathBuf| {
+            if p.is_relative() {
+                *p = base.join(&*p);
+            }
+        };
+        fix(&mut c.run.out_dir);
+        fix(&mut c.tasks.file);
+        fix(&mut c.backend.model_dir);
+        for src in c.harness.mounts.values_mut() {
+            fix(src);
+        }
+        if let Some(s) = &mut c.backend.scripted {
+            fix(s);
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        let r = &self.rollout;
+        if r.group_size == 0 || r.max_group_size < r.group_size {
+            bail!(
+                "rollout.group_size ({}) must be at least 1 and at most rollout.max_group_size ({})",
+                r.group_size,
+                r.max_group_size
+            );
+        }
+        if r.stride == 0 || r.concurrency == 0 || r.tasks_per_step == 0 {
+            bail!(
+                "rollout.stride, rollout.concurrency and rollout.tasks_per_step must be at least 1"
+            );
+        }
+        if !(self.harness.timeout_secs > 0.0) || !(r.reward_timeout_secs > 0.0) {
+            bail!("harness.timeout_secs and rollout.reward_timeout_secs must be positive");
+        }
+        if !self.backend.exact {
+            bail!(
+                "backend.exact = false: graft rl trains on exact token ids; passthrough records would be re-tokenized"
+            );
+        }
+        if self.backend.urls.is_empty() && self.backend.scripted.is_none() {
+            bail!(
+                "no backend: give backend.urls (SGLang-compatible servers) or backend.scripted (tests); `graft serve` as the embedded backend is not wired into graft rl yet"
+            );
+        }
+        if self.trainer.enabled {
+            bail!(
+                "trainer.enabled = true: training inside graft rl is not wired yet (issue 7); set trainer.enabled = false to collect rollouts, rewards and samples"
+            );
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,478 @@
+//! `graft rl --config rl.toml`: online RL sessions in a real harness. Each step opens a
+//! group per task, runs rollouts in envd sandboxes (each with its own gateway session, the
+//! harness pointed at it), scores them with the task's reward command, posts the rewards,
+//! reconstructs the step's sessions into samples, and (when training is wired) trains and
+//! pushes weights.
+//!
+//! The gateway (exact mode) and a local envd run inside this process; the backend is an
+//! SGLang-compatible server given by URL, or the scripted upstream for tests and demos.
+//! Every step appends a line to `<out_dir>/steps.jsonl`; `<out_dir>/state.json` says which
+//! step is next, so a run killed mid-step resumes there (finished rollouts stay in the
+//! records under `<out_dir>/data`).
+//!
+//! Not wired yet (issue 7): the GRPO step and the weight push (`trainer.enabled = true` is
+//! refused), `graft serve` as the embedded backend, Balanced Adaptive Rollout between
+//! strides (groups take `group_size` scored rollouts).
+
+pub mod config;
+pub mod rollout;
+pub mod tasks;
+
+use std::collections::HashSet;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use graft_gateway::{FileConfig, Gateway, GatewayConfig, Overrides};
+use graft_reconstruct::merge::{CallTokens, Summary, merge_session};
+use graft_reconstruct::retokenize::Model;
+use graft_reconstruct::sample::write_samples_parquet;
+use graft_recorder::SessionEvent;
+use http::Method;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use config::RlConfig;
+use rollout::{Api, Outcome, Rollout};
+
+#[derive(Debug, clap::Args)]
+pub struct RlArgs {
+    /// The run's config (see `examples/rl/`).
+    #[arg(long)]
+    pub config: PathBuf,
+    /// Print the plan and check that every component answers; start nothing else.
+    #[arg(long)]
+    pub dry_run: bool,
+}
+
+/// The running components.
+struct Components {
+    gateway: Api,
+    gateway_url: String,
+    envd: Api,
+    backends: Vec<String>,
+    _children: Vec<tokio::process::Child>,
+    stops: Vec<tokio::sync::oneshot::Sender<()>>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Components {
+    async fn stop(self) {
+        for s in self.stops {
+            let _ = s.send(());
+        }
+        for t in self.tasks {
+            let _ = t.await;
+        }
+    }
+}
+
+/// Starts `graft ARGS` and returns it with the URL it printed (`... listening on http://…`).
+async fn spawn_graft(args: &[&str]) -> anyhow::Result<(tokio::process::Child, String)> {
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stdin(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .with_context(|| format!("starting graft {}", args.join(" ")))?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = BufReader::new(stdout).lines();
+    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
+        .await
+        .with_context(|| format!("graft {} did not start within 60 s", args[0]))??
+        .with_context(|| format!("graft {} exited before listening", args[0]))?;
+    let url = line
+        .rsplit(' ')
+        .next()
+        .filter(|u| u.starts_with("http"))
+        .with_context(|| format!("unexpected first line from graft {}: {line}", args[0]))?
+        .to_string();
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok((child, url))
+}
+
+async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
+    let mut children = vec![];
+    let mut stops = vec![];
+    let mut tasks = vec![];
+    // The backend.
+    let backends = if !cfg.backend.urls.is_empty() {
+        cfg.backend.urls.clone()
+    } else if let Some(script) = &cfg.backend.scripted {
+        let model = cfg.backend.model_dir.to_string_lossy().to_string();
+        let script = script.to_string_lossy().to_string();
+        let (child, url) = spawn_graft(&[
+            "scripted-upstream",
+            "--listen",
+            "127.0.0.1:0",
+            "--tokenizer",
+            &model,
+            "--script",
+            &script,
+        ])
+        .await?;
+        children.push(child);
+        vec![url]
+    } else {
+        bail!("no backend configured");
+    };
+    for b in &backends {
+        rollout::wait_ready(&Api::new(b, None), "/health", Duration::from_secs(30))
+            .await
+            .with_context(|| format!("the backend {b} does not answer GET /health"))?;
+    }
+    // The gateway, exact mode, in this process.
+    let admin = format!("gk-admin-{}", uuid::Uuid::new_v4().simple());
+    let data_dir = cfg.run.out_dir.join("data");
+    let toml = format!(
+        "[upstream]\nmode = \"exact\"\n[exact]\nbackends = {}\n[auth]\nadmin_key = \"{admin}\"\n",
+        serde_json::to_string(&backends)?
+    );
+    let file = FileConfig::from_toml(&toml, Path::new("<graft rl>"))?;
+    let gcfg = GatewayConfig::resolve(
+        file,
+        Overrides {
+            listen: Some(([127, 0, 0, 1], 0).into()),
+            upstream: backends.first().cloned(),
+            data_dir: Some(data_dir),
+            model_dir: Some(cfg.backend.model_dir.clone()),
+            ..Default::default()
+        },
+    )?;
+    let gw = Gateway::bind(gcfg).await?;
+    let gateway_url = gw.url();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    stops.push(tx);
+    tasks.push(tokio::spawn(async move {
+        if let Err(e) = gw
+            .serve(async {
+                let _ = rx.await;
+            })
+            .await
+        {
+            tracing::error!(error = %e, "the gateway stopped");
+        }
+    }));
+    let gateway = Api::new(
+        &gateway_url,
+        Some(("authorization", format!("Bearer {admin}"))),
+    );
+    // envd: given, or local in this process.
+    let envd = match &cfg.envd.url {
+        Some(u) => Api::new(u, cfg.envd.api_key.clone().map(|k| ("x-api-key", k))),
+        None => {
+            let key = format!("envd-{}", uuid::Uuid::new_v4().simple());
+            let gw_addr = gateway_url.trim_start_matches("http://").to_string();
+            let dir = cfg.run.out_dir.join("envd");
+            let dir = dir.to_string_lossy().to_string();
+            let (child, url) = spawn_graft(&[
+                "envd",
+                "--listen",
+                "127.0.0.1:0",
+                "--backend",
+                "local",
+                "--data-dir",
+                &dir,
+                "--api-key",
+                &key,
+                "--gateway",
+                &gw_addr,
+            ])
+            .await?;
+            children.push(child);
+            Api::new(&url, Some(("x-api-key", key)))
+        }
+    };
+    rollout::wait_ready(&envd, "/healthz", Duration::from_secs(30))
+        .await
+        .context("envd does not answer GET /healthz")?;
+    Ok(Components {
+        gateway,
+        gateway_url,
+        envd,
+        backends,
+        _children: children,
+        stops,
+        tasks,
+    })
+}
+
+#[derive(serde::Serialize, serde::Deserialize, Default)]
+struct State {
+    next_step: usize,
+    task_cursor: usize,
+}
+
+fn read_state(out: &Path) -> anyhow::Result<State> {
+    let p = out.join("state.json");
+    match std::fs::read(&p) {
+        Ok(b) => serde_json::from_slice(&b).with_context(|| format!("{} is damaged", p.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(State::default()),
+        Err(e) => Err(e).with_context(|| format!("reading {}", p.display())),
+    }
+}
+
+fn write_state(out: &Path, s: &State) -> anyhow::Result<()> {
+    let p = out.join("state.json");
+    let tmp = out.join("state.json.tmp");
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(&serde_json::to_vec(s)?)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, &p)?;
+    Ok(())
+}
+
+pub async fn run(args: RlArgs) -> anyhow::Result<()> {
+    let cfg = RlConfig::load(&args.config)?;
+    let tasks = tasks::load(&cfg.tasks.file)?;
+    let model = Model::from_dir(&cfg.backend.model_dir).with_context(|| {
+        format!(
+            "loading the model's tokenizer and template from {}",
+            cfg.backend.model_dir.display()
+        )
+    })?;
+    let r = &cfg.rollout;
+    let per_step_min = r.tasks_per_step * r.group_size;
+    let per_step_max = r.tasks_per_step * r.max_group_size;
+    let prompt_tokens: usize = tasks
+        .iter()
+        .map(|t| {
+            model
+                .tokenizer
+                .encode(&t.prompt)
+                .map(|v| v.len())
+                .unwrap_or(0)
+        })
+        .sum::<usize>()
+        / tasks.len();
+    println!(
+        "plan: {} steps × {} tasks × {}–{} rollouts ({}–{} sandboxes and sessions per step, {} at a time); {} tasks in {} (task prompts ≈ {} tokens); harness `{}` with {} s per rollout",
+        cfg.run.steps,
+        r.tasks_per_step,
+        r.group_size,
+        r.max_group_size,
+        per_step_min,
+        per_step_max,
+        r.concurrency,
+        tasks.len(),
+        cfg.tasks.file.display(),
+        prompt_tokens,
+        cfg.harness.command,
+        cfg.harness.timeout_secs
+    );
+    std::fs::create_dir_all(&cfg.run.out_dir)
+        .with_context(|| format!("creating {}", cfg.run.out_dir.display()))?;
+    let c = start(&cfg).await?;
+    println!(
+        "components: backend {}; gateway {} (exact mode); envd {}",
+        c.backends.join(", "),
+        c.gateway_url,
+        c.envd.base_url()
+    );
+    if args.dry_run {
+        let v = c.envd.ok(Method::GET, "/sandboxes", None).await?;
+        println!(
+            "dry run: every component answers (envd holds {} sandboxes); nothing was started",
+            v["sandboxes"].as_array().map_or(0, Vec::len)
+        );
+        c.stop().await;
+        return Ok(());
+    }
+    let result = steps(&cfg, &tasks, &model, &c).await;
+    c.stop().await;
+    result
+}
+
+async fn steps(
+    cfg: &RlConfig,
+    tasks: &[tasks::Task],
+    model: &Model,
+    c: &Components,
+) -> anyhow::Result<()> {
+    let out = &cfg.run.out_dir;
+    let mut state = read_state(out)?;
+    if state.next_step > 0 {
+        println!("resuming at step {} (state.json)", state.next_step);
+    }
+    let mut log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(out.join("steps.jsonl"))?;
+    let sem = Arc::new(tokio::sync::Semaphore::new(cfg.rollout.concurrency));
+    while state.next_step < cfg.run.steps {
+        let step = state.next_step;
+        let t_step = Instant::now();
+        let mut rollouts: Vec<Rollout> = vec![];
+        for k in 0..cfg.rollout.tasks_per_step {
+            let task = &tasks[(state.task_cursor + k) % tasks.len()];
+            let group = format!("step{step}-{}", task.id);
+            let mut jobs = tokio::task::JoinSet::new();
+            for i in 0..cfg.rollout.group_size {
+                let (cfg, gw, envd, task, group, sem) = (
+                    cfg.clone(),
+                    c.gateway.clone(),
+                    c.envd.clone(),
+                    task.clone(),
+                    group.clone(),
+                    sem.clone(),
+                );
+                jobs.spawn(async move {
+                    let _permit = sem.acquire_owned().await;
+                    rollout::run(&cfg, &gw, &envd, &task, &group, i).await
+                });
+            }
+            while let Some(j) = jobs.join_next().await {
+                match j {
+                    Ok(Ok(r)) => {
+                        if let Outcome::Scored(x) = r.outcome {
+                            println!(
+                                "  step {step} {} rollout {}: reward {x}",
+                                r.task_id, r.session_id
+                            );
+                        } else {
+                            println!(
+                                "  step {step} {} rollout {}: {:?}",
+                                r.task_id, r.session_id, r.outcome
+                            );
+                        }
+                        rollouts.push(r);
+                    }
+                    Ok(Err(e)) => bail!("a rollout could not be run: {e:#}"),
+                    Err(e) => bail!("a rollout task failed: {e}"),
+                }
+            }
+        }
+        let t_rollouts = t_step.elapsed().as_secs_f64();
+        // Samples of this step's scored sessions.
+        let t = Instant::now();
+        let scored: HashSet<String> = rollouts
+            .iter()
+            .filter(|r| r.reward().is_some())
+            .map(|r| r.session_id.clone())
+            .collect();
+        let samples_path = out.join("samples").join(format!("step-{step:05}.parquet"));
+        let summary = samples(model, &out.join("data"), &scored, &samples_path)?;
+        let t_reconstruct = t.elapsed().as_secs_f64();
+        let rewards: Vec<f64> = rollouts.iter().filter_map(Rollout::reward).collect();
+        // Nothing may be left behind by a step: every sandbox deleted, every session closed.
+        let sandboxes_open = c
+            .envd
+            .ok(Method::GET, "/sandboxes", None)
+            .await
+            .map(|v| v["sandboxes"].as_array().map_or(0, Vec::len))
+            .unwrap_or(usize::MAX);
+        let sessions_open = c
+            .gateway
+            .ok(Method::GET, "/graft/sessions", None)
+            .await
+            .map(|v| {
+                v["sessions"].as_array().map_or(0, |a| {
+                    a.iter()
+                        .filter(|s| s["closed"] == false && s["session_id"] != "default")
+                        .count()
+                })
+            })
+            .unwrap_or(usize::MAX);
+        let count = |f: fn(&Outcome) -> bool| rollouts.iter().filter(|r| f(&r.outcome)).count();
+        let line = json!({
+            "step": step,
+            "rollouts": rollouts.len(),
+            "scored": rewards.len(),
+            "timed_out": count(|o| matches!(o, Outcome::TimedOut)),
+            "reward_failed": count(|o| matches!(o, Outcome::RewardFailed(_))),
+            "failed": count(|o| matches!(o, Outcome::Failed(_))),
+            "reward_mean": if rewards.is_empty() { Value::Null } else { json!(rewards.iter().sum::<f64>() / rewards.len() as f64) },
+            "samples": summary.samples,
+            "trained_tokens": summary.trained_tokens,
+            "drift_events": summary.drift_events,
+            "samples_file": samples_path,
+            "sandboxes_open": sandboxes_open,
+            "sessions_open": sessions_open,
+            "secs": {"rollout": t_rollouts, "reconstruct": t_reconstruct, "train": null, "push": null,
+                     "reward_in_rollouts": rollouts.iter().map(|r| r.reward_secs).sum::<f64>()},
+            "rollout_list": rollouts.iter().map(|r| json!({
+                "session": r.session_id, "task": r.task_id, "reward": r.reward(),
+                "harness_exit": r.harness_exit, "harness_secs": r.harness_secs})).collect::<Vec<_>>(),
+            "problems": rollouts.iter().filter(|r| r.reward().is_none() || r.harness_exit != Some(0)).map(|r| json!({
+                "session": r.session_id, "task": r.task_id, "outcome": format!("{:?}", r.outcome),
+                "harness_exit": r.harness_exit, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
+        });
+        writeln!(log, "{line}")?;
+        log.sync_data()?;
+        println!(
+            "step {step}: {} rollouts, {} scored, reward mean {}, {} samples ({} trained tokens), {:.1} s",
+            rollouts.len(),
+            rewards.len(),
+            line["reward_mean"],
+            summary.samples,
+            summary.trained_tokens,
+            t_step.elapsed().as_secs_f64()
+        );
+        state.next_step += 1;
+        state.task_cursor = (state.task_cursor + cfg.rollout.tasks_per_step) % tasks.len();
+        write_state(out, &state)?;
+    }
+    Ok(())
+}
+
+/// The exact-mode records of `sessions` merged into samples (with their rewards), written to
+/// `path`.
+fn samples(
+    model: &Model,
+    data: &Path,
+    sessions: &HashSet<String>,
+    path: &Path,
+) -> anyhow::Result<Summary> {
+    let (tok_fp, tpl_fp) = model.fingerprints();
+    let mut rewards = std::collections::HashMap::new();
+    for ev in graft_recorder::read_session_events(data)? {
+        if let SessionEvent::Reward {
+            session_id, reward, ..
+        } = ev
+        {
+            rewards.insert(session_id, reward);
+        }
+    }
+    let mut by_session: std::collections::BTreeMap<String, (Option<String>, Vec<CallTokens>)> =
+        Default::default();
+    for rec in graft_recorder::read_records(data)? {
+        if !sessions.contains(&rec.session_id) {
+            continue;
+        }
+        let Some(calls) = CallTokens::from_record(&rec) else {
+            tracing::warn!(call = %rec.call_id, "a call without token ids in an exact-mode run is skipped");
+            continue;
+        };
+        by_session
+            .entry(rec.session_id.clone())
+            .or_insert_with(|| (rec.group_id.clone(), vec![]))
+            .1
+            .push(calls);
+    }
+    let results: Vec<_> = by_session
+        .iter()
+        .map(|(sid, (group, calls))| {
+            merge_session(
+                sid,
+                group.as_deref(),
+                calls,
+                rewards.get(sid).copied(),
+                (&tok_fp, &tpl_fp),
+            )
+        })
+        .collect();
+    let samples: Vec<_> = results
+        .iter()
+        .flat_map(|r| r.samples.iter().cloned())
+        .collect();
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    write_samples_parquet(&samples, path)?;
+    Ok(Summary::of(&results))
+}

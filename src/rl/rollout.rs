@@ -1,0 +1,344 @@
+//! One rollout: a gateway session, a sandbox with the harness pointed at it, setup, the
+//! harness run within its wall-clock budget, the reward command, the reward posted to the
+//! session, the sandbox deleted and the session closed, whatever happened on the way.
+
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use bytes::Bytes;
+use http::{Method, Request, header};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
+use serde_json::{Value, json};
+
+use super::config::RlConfig;
+use super::tasks::Task;
+
+/// A small JSON-over-HTTP client for the gateway's and envd's APIs.
+#[derive(Clone)]
+pub struct Api {
+    client: Client<HttpConnector, Full<Bytes>>,
+    base: String,
+    /// (header, value) sent with every request.
+    auth: Option<(&'static str, String)>,
+}
+
+impl Api {
+    pub fn new(base: &str, auth: Option<(&'static str, String)>) -> Api {
+        Api {
+            client: Client::builder(TokioExecutor::new()).build_http(),
+            base: base.trim_end_matches('/').to_string(),
+            auth,
+        }
+    }
+
+    pub fn base_url(&self) -> &str {
+        &self.base
+    }
+
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let url = format!("{}{path}", self.base);
+        let mut req = Request::builder().method(method.clone()).uri(&url);
+        if let Some((h, v)) = &self.auth {
+            req = req.header(*h, v.as_str());
+        }
+        let bytes = match body {
+            Some(b) => {
+                req = req.header(header::CONTENT_TYPE, "application/json");
+                Bytes::from(b.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let resp = self
+            .client
+            .request(req.body(Full::new(bytes))?)
+            .await
+            .with_context(|| format!("{method} {url} failed"))?;
+        let status = resp.status().as_u16();
+        let body = resp.into_body().collect().await?.to_bytes();
+        let v = if body.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body)
+                .unwrap_or_else(|_| json!({"raw": String::from_utf8_lossy(&body)}))
+        };
+        Ok((status, v))
+    }
+
+    /// A call that must succeed (2xx); its error names the call and the server's message.
+    pub async fn ok(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let (status, v) = self.call(method.clone(), path, body).await?;
+        if !(200..300).contains(&status) {
+            let msg = v
+                .pointer("/error/message")
+                .and_then(Value::as_str)
+                .map(str::to_string)
+                .unwrap_or_else(|| v.to_string());
+            bail!("{method} {}{path} answered HTTP {status}: {msg}", self.base);
+        }
+        Ok(v)
+    }
+}
+
+/// How a rollout ended.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Outcome {
+    /// Rewarded: it can be trained on.
+    Scored(f64),
+    /// Past the harness's wall-clock budget: aborted, excluded.
+    TimedOut,
+    /// The harness ran but the reward command failed or hung: excluded.
+    RewardFailed(String),
+    /// Set-up or the harness itself could not run: excluded.
+    Failed(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Rollout {
+    pub task_id: String,
+    pub group_id: String,
+    pub session_id: String,
+    pub outcome: Outcome,
+    /// The harness's exit code (None when it timed out or never ran).
+    pub harness_exit: Option<i64>,
+    pub harness_secs: f64,
+    pub reward_secs: f64,
+    /// The tail of the harness's output, for the step log when it failed.
+    pub harness_tail: String,
+}
+
+impl Rollout {
+    pub fn reward(&self) -> Option<f64> {
+        match self.outcome {
+            Outcome::Scored(r) => Some(r),
+            _ => None,
+        }
+    }
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let start = s.len().saturating_sub(n);
+    let mut i = start;
+    while !s.is_char_boundary(i) {
+        i += 1;
+    }
+    s[i..].to_string()
+}
+
+/// Runs one rollout of `task` in group `group_id`. Never leaves its sandbox or its session
+/// open: both are cleaned up on every path.
+pub async fn run(
+    cfg: &RlConfig,
+    gateway: &Api,
+    envd: &Api,
+    task: &Task,
+    group_id: &str,
+    index: usize,
+) -> anyhow::Result<Rollout> {
+    let s = gateway
+        .ok(
+            Method::POST,
+            "/graft/sessions",
+            Some(
+                &json!({"group_id": group_id, "metadata": {"task_id": task.id, "rollout": index}}),
+            ),
+        )
+        .await
+        .context("opening a gateway session")?;
+    let session_id = s["session_id"]
+        .as_str()
+        .context("no session_id from the gateway")?
+        .to_string();
+    let api_key = s["api_key"].as_str().map(str::to_string);
+    let mut r = Rollout {
+        task_id: task.id.clone(),
+        group_id: group_id.to_string(),
+        session_id: session_id.clone(),
+        outcome: Outcome::Failed("not started".into()),
+        harness_exit: None,
+        harness_secs: 0.0,
+        reward_secs: 0.0,
+        harness_tail: String::new(),
+    };
+    let sandbox = create_sandbox(cfg, envd, task, &session_id, api_key.as_deref()).await;
+    match sandbox {
+        Err(e) => r.outcome = Outcome::Failed(format!("{e:#}")),
+        Ok(sb) => {
+            r.outcome = match in_sandbox(cfg, envd, task, &sb, &mut r).await {
+                Ok(o) => o,
+                Err(e) => Outcome::Failed(format!("{e:#}")),
+            };
+            if let Err(e) = envd
+                .ok(Method::DELETE, &format!("/sandboxes/{sb}"), None)
+                .await
+            {
+                tracing::warn!(sandbox = %sb, error = %format!("{e:#}"), "could not delete a sandbox (envd's TTL reaps it)");
+            }
+        }
+    }
+    if let Outcome::Scored(reward) = r.outcome {
+        gateway
+            .ok(
+                Method::POST,
+                &format!("/graft/sessions/{session_id}/reward"),
+                Some(&json!({"reward": reward, "info": {"task_id": task.id}})),
+            )
+            .await
+            .context("posting the reward")?;
+    }
+    gateway
+        .ok(
+            Method::POST,
+            &format!("/graft/sessions/{session_id}/close"),
+            Some(&json!({})),
+        )
+        .await
+        .context("closing the session")?;
+    Ok(r)
+}
+
+async fn create_sandbox(
+    cfg: &RlConfig,
+    envd: &Api,
+    task: &Task,
+    session_id: &str,
+    api_key: Option<&str>,
+) -> anyhow::Result<String> {
+    let mut env = cfg.harness.env.clone();
+    env.insert("GRAFT_TASK_ID".into(), task.id.clone());
+    env.insert("GRAFT_TASK_PROMPT".into(), task.prompt.clone());
+    env.insert("GRAFT_MODEL".into(), cfg.harness.model.clone());
+    env.insert("GRAFT_RL_DIR".into(), "/mnt/rl".into());
+    let mut mounts = vec![json!({"source": cfg.dir, "target": "/mnt/rl"})];
+    for (target, source) in &cfg.harness.mounts {
+        mounts.push(json!({"source": source, "target": target}));
+    }
+    let mut body = json!({
+        "network": "gateway",
+        "env": env,
+        "labels": {"task": task.id},
+        "ttl_secs": (cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
+        "gateway_session": {"session_id": session_id, "api_key": api_key, "model": cfg.harness.model},
+        "mounts": mounts,
+    });
+    if let Some(r) = &task.rootfs {
+        body["rootfs"] = json!(r);
+    }
+    if let Some(i) = &task.image {
+        body["image"] = json!(i);
+    }
+    let e = &cfg.envd;
+    if let Some(m) = e.memory_mb {
+        body["memory_mb"] = json!(m);
+    }
+    if let Some(p) = e.pids {
+        body["pids"] = json!(p);
+    }
+    if let Some(c) = e.cpus {
+        body["cpus"] = json!(c);
+    }
+    let v = envd
+        .ok(Method::POST, "/sandboxes", Some(&body))
+        .await
+        .context("creating the sandbox")?;
+    v["id"]
+        .as_str()
+        .map(str::to_string)
+        .context("envd answered no sandbox id")
+}
+
+async fn exec(envd: &Api, sb: &str, command: &str, timeout: f64) -> anyhow::Result<Value> {
+    envd.ok(
+        Method::POST,
+        &format!("/sandboxes/{sb}/exec"),
+        Some(&json!({"command": command, "timeout_secs": timeout})),
+    )
+    .await
+}
+
+async fn in_sandbox(
+    cfg: &RlConfig,
+    envd: &Api,
+    task: &Task,
+    sb: &str,
+    r: &mut Rollout,
+) -> anyhow::Result<Outcome> {
+    for (i, cmd) in task.setup.iter().enumerate() {
+        let j = exec(envd, sb, cmd, cfg.harness.timeout_secs).await?;
+        if j["exit_code"].as_i64() != Some(0) {
+            return Ok(Outcome::Failed(format!(
+                "setup command {} ('{cmd}') failed ({}): {}",
+                i + 1,
+                j["state"],
+                tail(j["stderr"].as_str().unwrap_or_default(), 400)
+            )));
+        }
+    }
+    let t = Instant::now();
+    let j = exec(envd, sb, &cfg.harness.command, cfg.harness.timeout_secs).await?;
+    r.harness_secs = t.elapsed().as_secs_f64();
+    r.harness_exit = j["exit_code"].as_i64();
+    r.harness_tail = tail(
+        &format!(
+            "{}{}",
+            j["stdout"].as_str().unwrap_or_default(),
+            j["stderr"].as_str().unwrap_or_default()
+        ),
+        800,
+    );
+    if j["timed_out"].as_bool() == Some(true) {
+        return Ok(Outcome::TimedOut);
+    }
+    // A harness that crashed still gets scored: the reward command decides.
+    let t = Instant::now();
+    let rj = exec(
+        envd,
+        sb,
+        &task.reward.command,
+        cfg.rollout.reward_timeout_secs,
+    )
+    .await?;
+    r.reward_secs = t.elapsed().as_secs_f64();
+    if rj["timed_out"].as_bool() == Some(true) {
+        return Ok(Outcome::RewardFailed(format!(
+            "the reward command did not finish within {} s",
+            cfg.rollout.reward_timeout_secs
+        )));
+    }
+    Ok(
+        match task.reward.score(
+            rj["exit_code"].as_i64(),
+            rj["stdout"].as_str().unwrap_or_default(),
+        ) {
+            Ok(x) => Outcome::Scored(x),
+            Err(e) => Outcome::RewardFailed(e),
+        },
+    )
+}
+
+/// Waits until `url` answers `path` with a 2xx, or fails after `within`.
+pub async fn wait_ready(api: &Api, path: &str, within: Duration) -> anyhow::Result<()> {
+    let deadline = Instant::now() + within;
+    loop {
+        match api.call(Method::GET, path, None).await {
+            Ok((s, _)) if (200..300).contains(&s) => return Ok(()),
+            Ok((s, v)) if Instant::now() > deadline => {
+                bail!("{}{path} answered HTTP {s}: {v}", api.base)
+            }
+            Err(e) if Instant::now() > deadline => return Err(e),
+            _ => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+}
