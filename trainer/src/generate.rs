@@ -1,72 +1,167 @@
-//! Sampling with the KV cache: a batch of equal-length prompts, temperature sampling,
-//! and the logprob of each sampled token under the sampling distribution (what an
-//! inference engine returns as `output_token_logprobs`).
+//! Sampling with the KV cache: a batch of prompts of any lengths (padded on the left),
+//! temperature / top-k / top-p sampling, stop tokens, and the logprob of each sampled
+//! token under `log_softmax(logits / temperature)` (before top-k/top-p truncation), which
+//! is what the trainer computes for the same token.
 
 use tch::{Kind, Tensor};
 
 use crate::error::{Result, TrainerError};
 use crate::model::{KvCache, Model};
 
+/// How to sample.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0: greedy.
+    pub temperature: f64,
+    /// 1.0: off.
+    pub top_p: f64,
+    /// 0 or less: off.
+    pub top_k: i64,
+    pub max_new_tokens: usize,
+    /// Generation of a row ends after it samples one of these (it is kept in the output).
+    pub stop_token_ids: Vec<i64>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            max_new_tokens: 128,
+            stop_token_ids: Vec::new(),
+        }
+    }
+}
+
+/// Why a row stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Finish {
+    /// It sampled a stop token.
+    Stop,
+    /// It reached `max_new_tokens`.
+    Length,
+}
+
 /// What [`sample`] produced per prompt.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Generation {
     pub tokens: Vec<i64>,
-    /// `log_softmax(logits / temperature)` of each sampled token, f32.
+    /// `log_softmax(logits / temperature)` of each sampled token, f32 (plain
+    /// `log_softmax(logits)` when greedy).
     pub logprobs: Vec<f32>,
+    pub finish: Finish,
 }
 
-/// Samples `max_new` tokens after each prompt (all prompts the same length) at
-/// `temperature` (0: greedy), using tch's global RNG (seed it with `tch::manual_seed`).
+/// Samples `max_new` tokens after each prompt at `temperature` (0: greedy), using tch's
+/// global RNG (seed it with `tch::manual_seed`).
 pub fn sample(
     model: &Model,
     prompts: &[Vec<i64>],
     max_new: usize,
     temperature: f64,
 ) -> Result<Vec<Generation>> {
-    let Some(first) = prompts.first() else {
-        return Ok(Vec::new());
+    let params = SamplingParams {
+        temperature,
+        max_new_tokens: max_new,
+        ..SamplingParams::default()
     };
-    if prompts
-        .iter()
-        .any(|p| p.len() != first.len() || p.is_empty())
-    {
-        return Err(TrainerError::invalid(
-            "sample() needs non-empty prompts of equal length",
-        ));
+    sample_with(model, prompts, &params)
+}
+
+/// Keeps the top-k logits and the smallest set whose probability reaches top-p; the rest
+/// become -inf.
+fn truncate(logits: &Tensor, top_k: i64, top_p: f64) -> Result<Tensor> {
+    let mut l = logits.shallow_clone();
+    let vocab = l.size().last().copied().unwrap_or(0);
+    if top_k > 0 && top_k < vocab {
+        let (kth, _) = l.f_topk(top_k, -1, true, true)?;
+        let floor = kth.f_narrow(-1, top_k - 1, 1)?;
+        l = l.f_masked_fill(&l.f_lt_tensor(&floor)?, f64::NEG_INFINITY)?;
     }
-    let b = prompts.len() as i64;
-    let flat: Vec<i64> = prompts.iter().flatten().copied().collect();
+    if top_p < 1.0 {
+        let (sorted, idx) = l.f_sort(-1, true)?;
+        let probs = sorted.f_softmax(-1, Kind::Float)?;
+        let before = probs.f_cumsum(-1, Kind::Float)?.f_sub(&probs)?;
+        let drop_sorted = before.f_gt(top_p)?;
+        let drop = drop_sorted.f_scatter(-1, &idx, &drop_sorted)?;
+        l = l.f_masked_fill(&drop, f64::NEG_INFINITY)?;
+    }
+    Ok(l)
+}
+
+/// Samples after each prompt (any lengths; rows are padded on the left and masked).
+pub fn sample_with(
+    model: &Model,
+    prompts: &[Vec<i64>],
+    p: &SamplingParams,
+) -> Result<Vec<Generation>> {
+    if prompts.is_empty() {
+        return Ok(Vec::new());
+    }
+    if prompts.iter().any(|p| p.is_empty()) {
+        return Err(TrainerError::invalid("sample() needs non-empty prompts"));
+    }
+    let b = prompts.len();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let pad: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
+    let equal = pad.iter().all(|&x| x == 0);
+    let mut flat = Vec::with_capacity(b * longest);
+    for (pr, &n) in prompts.iter().zip(&pad) {
+        flat.extend(std::iter::repeat_n(0i64, n as usize));
+        flat.extend(pr);
+    }
     let mut input = Tensor::from_slice(&flat)
-        .f_reshape([b, first.len() as i64])?
+        .f_reshape([b as i64, longest as i64])?
         .f_to_device(model.device())?;
     let mut cache = KvCache::new();
     let mut out: Vec<Generation> = (0..b)
         .map(|_| Generation {
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            finish: Finish::Length,
         })
         .collect();
+    let mut done = vec![false; b];
     tch::no_grad(|| -> Result<()> {
-        for _ in 0..max_new {
-            let logits = model.forward_step(&input, &mut cache)?;
-            let last = logits.f_select(1, -1)?.f_to_kind(Kind::Float)?;
-            let (next, lp) = if temperature > 0.0 {
-                let lp = last
-                    .f_div_scalar(temperature)?
-                    .f_log_softmax(-1, Kind::Float)?;
-                let next = lp.f_exp()?.f_multinomial(1, true)?;
-                (next.shallow_clone(), lp.f_gather(-1, &next, false)?)
+        for _ in 0..p.max_new_tokens {
+            let hidden = if equal {
+                model.forward_hidden(&input, Some(&mut cache))?
+            } else {
+                model.forward_hidden_padded(&input, &pad, Some(&mut cache))?
+            };
+            let last = model
+                .logits(&hidden.f_select(1, -1)?)?
+                .f_to_kind(Kind::Float)?;
+            let (next, lp) = if p.temperature > 0.0 {
+                let scaled = last.f_div_scalar(p.temperature)?;
+                let lp = scaled.f_log_softmax(-1, Kind::Float)?;
+                let probs = truncate(&scaled, p.top_k, p.top_p)?.f_softmax(-1, Kind::Float)?;
+                let next = probs.f_multinomial(1, true)?;
+                let chosen = lp.f_gather(-1, &next, false)?;
+                (next, chosen)
             } else {
                 let lp = last.f_log_softmax(-1, Kind::Float)?;
                 let next = last.f_argmax(-1, true)?;
-                (next.shallow_clone(), lp.f_gather(-1, &next, false)?)
+                let chosen = lp.f_gather(-1, &next, false)?;
+                (next, chosen)
             };
             let ids: Vec<i64> =
                 Vec::try_from(next.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
             let lps: Vec<f32> = Vec::try_from(lp.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
-            for (g, (id, l)) in out.iter_mut().zip(ids.into_iter().zip(lps)) {
-                g.tokens.push(id);
-                g.logprobs.push(l);
+            for (i, (id, l)) in ids.into_iter().zip(lps).enumerate() {
+                if done[i] {
+                    continue;
+                }
+                out[i].tokens.push(id);
+                out[i].logprobs.push(l);
+                if p.stop_token_ids.contains(&id) {
+                    done[i] = true;
+                    out[i].finish = Finish::Stop;
+                }
+            }
+            if done.iter().all(|&d| d) {
+                break;
             }
             input = next;
         }

@@ -539,11 +539,10 @@ impl Model {
             .collect()
     }
 
-    /// The cos/sin tables for positions `start..start + len`, `[len, head_dim]`, in the
-    /// compute dtype (computed in f32, as HF does).
-    fn rope(&self, start: i64, len: i64) -> Result<(Tensor, Tensor)> {
-        let pos = Tensor::f_arange_start(start, start + len, (Kind::Float, self.device))?;
-        let freqs = pos.f_unsqueeze(1)?.f_mul(&self.inv_freq.f_unsqueeze(0)?)?;
+    /// The cos/sin tables for `positions` (any shape, f32), shape `[.., head_dim]`, in
+    /// the compute dtype (computed in f32, as HF does).
+    fn rope(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
+        let freqs = positions.f_unsqueeze(-1)?.f_mul(&self.inv_freq)?;
         let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
         Ok((
             emb.f_cos()?.f_to_kind(self.kind)?,
@@ -553,7 +552,29 @@ impl Model {
 
     /// Final hidden states `[batch, seq, hidden]` for `ids` (`[batch, seq]`, Int64),
     /// causal. With a cache, `ids` continue the cached positions and the cache grows.
-    pub fn forward_hidden(&self, ids: &Tensor, mut cache: Option<&mut KvCache>) -> Result<Tensor> {
+    pub fn forward_hidden(&self, ids: &Tensor, cache: Option<&mut KvCache>) -> Result<Tensor> {
+        self.forward_inner(ids, cache, None)
+    }
+
+    /// Like [`Model::forward_hidden`] for a batch of rows of different lengths, padded on
+    /// the left: `left_pad[i]` positions at the start of row `i` (counted from the start
+    /// of the cache) are padding. They are masked out of attention and do not count as
+    /// positions, so each row computes exactly what it would alone.
+    pub fn forward_hidden_padded(
+        &self,
+        ids: &Tensor,
+        left_pad: &[i64],
+        cache: Option<&mut KvCache>,
+    ) -> Result<Tensor> {
+        self.forward_inner(ids, cache, Some(left_pad))
+    }
+
+    fn forward_inner(
+        &self,
+        ids: &Tensor,
+        mut cache: Option<&mut KvCache>,
+        left_pad: Option<&[i64]>,
+    ) -> Result<Tensor> {
         let size = ids.size();
         let [b, t] = size[..] else {
             return Err(TrainerError::invalid(format!(
@@ -566,16 +587,47 @@ impl Model {
         {
             c.layers = (0..self.layers.len()).map(|_| None).collect();
         }
-        let (cos, sin) = self.rope(past, t)?;
-        // Causal mask only where SDPA's is_causal (top-left aligned) would be wrong.
-        let mask = if past > 0 && t > 1 {
-            let i = Tensor::f_arange(t, (Kind::Int64, self.device))?.f_unsqueeze(1)?;
-            let j = Tensor::f_arange(past + t, (Kind::Int64, self.device))?.f_unsqueeze(0)?;
-            Some(j.f_le_tensor(&i.f_add_scalar(past)?)?)
-        } else {
-            None
+        let dev = self.device;
+        let abs = Tensor::f_arange_start(past, past + t, (Kind::Int64, dev))?;
+        let (cos, sin, mask, is_causal) = match left_pad {
+            None => {
+                let (cos, sin) = self.rope(&abs.f_to_kind(Kind::Float)?)?;
+                // Causal mask only where SDPA's is_causal (top-left aligned) would be wrong.
+                let mask = if past > 0 && t > 1 {
+                    let i = abs.f_unsqueeze(1)?;
+                    let j = Tensor::f_arange(past + t, (Kind::Int64, dev))?.f_unsqueeze(0)?;
+                    Some(j.f_le_tensor(&i)?)
+                } else {
+                    None
+                };
+                (cos, sin, mask, past == 0 && t > 1)
+            }
+            Some(pad) => {
+                if pad.len() as i64 != b {
+                    return Err(TrainerError::invalid(format!(
+                        "left_pad has {} entries for a batch of {b}",
+                        pad.len()
+                    )));
+                }
+                let pad = Tensor::from_slice(pad).f_to_device(dev)?.f_view([b, 1])?;
+                let pos = abs.f_unsqueeze(0)?.f_sub(&pad)?.f_clamp_min(0)?;
+                let (cos, sin) = self.rope(&pos.f_to_kind(Kind::Float)?)?;
+                // [b, 1, t, S]: causal, not padding; a padding query sees itself (no NaN).
+                let q = abs.f_view([1, t, 1])?;
+                let k = Tensor::f_arange(past + t, (Kind::Int64, dev))?.f_view([1, 1, past + t])?;
+                let causal = k.f_le_tensor(&q)?;
+                let real = k.f_ge_tensor(&pad.f_view([b, 1, 1])?)?;
+                let mask = causal
+                    .f_logical_and(&real)?
+                    .f_logical_or(&k.f_eq_tensor(&q)?)?;
+                (
+                    cos.f_unsqueeze(1)?,
+                    sin.f_unsqueeze(1)?,
+                    Some(mask.f_unsqueeze(1)?),
+                    false,
+                )
+            }
         };
-        let is_causal = past == 0 && t > 1;
         let mut x = Tensor::f_embedding(&self.embed, ids, -1, false, false)?;
         let s = &self.spec;
         for (li, layer) in self.layers.iter().enumerate() {
