@@ -610,6 +610,15 @@ impl LocalBackend {
         } else {
             "exited"
         };
+        // The join step (before bubblewrap) exits 125 when it cannot enter the cgroups;
+        // that is envd's failure, not the command's.
+        if info.exit_code == Some(125) && info.stderr.contains("cgroup.procs") {
+            info.state = "failed";
+            info.error = Some(format!(
+                "could not put the job into the sandbox's cgroups: {}",
+                info.stderr.trim()
+            ));
+        }
         match swept {
             Ok(0) => {}
             Ok(n) => {
