@@ -47,7 +47,8 @@ pub struct TasksSection {
 pub struct HarnessSection {
     /// The harness's command line, run with `/bin/sh -c` in the task's sandbox (working
     /// directory `/workspace`). The gateway session's variables are set (`OPENAI_BASE_URL`,
-    /// `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, ...), and `GRAFT_TASK_ID`, `GRAFT_TASK_PROMPT`.
+    /// `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, ...), and `GRAFT_TASK_ID`, `GRAFT_TASK_PROMPT`,
+    /// `GRAFT_ROLLOUT_INDEX` (the rollout's number in its group), `GRAFT_RL_DIR`.
     pub command: String,
     /// Wall-clock budget of one rollout; a rollout past it is aborted and excluded.
     #[serde(default = "default_harness_timeout")]
@@ -129,6 +130,19 @@ pub struct RolloutSection {
     /// Reward command budget.
     #[serde(default = "default_reward_timeout")]
     pub reward_timeout_secs: f64,
+    /// Balanced Adaptive Rollout's band: the fraction of positive rollouts a group is
+    /// trained with (3 to 5 of 8 by default).
+    #[serde(default = "default_min_positive")]
+    pub min_positive: f64,
+    #[serde(default = "default_max_positive")]
+    pub max_positive: f64,
+}
+
+fn default_min_positive() -> f64 {
+    0.375
+}
+fn default_max_positive() -> f64 {
+    0.625
 }
 
 fn default_tasks_per_step() -> usize {
@@ -159,6 +173,8 @@ impl Default for RolloutSection {
             stride: default_stride(),
             concurrency: default_concurrency(),
             reward_timeout_secs: default_reward_timeout(),
+            min_positive: default_min_positive(),
+            max_positive: default_max_positive(),
         }
     }
 }
@@ -169,19 +185,35 @@ pub struct TrainerSection {
     /// false: collect rollouts, rewards and samples only (evaluation, data collection).
     #[serde(default = "default_true")]
     pub enabled: bool,
+    /// The policy's weights (HF directory) at the start; default `backend.model_dir`.
+    #[serde(default)]
+    pub model: Option<PathBuf>,
     #[serde(default = "default_lr")]
     pub lr: f64,
+    /// The rollouts' sampling temperature (for the trainer's log-softmax).
+    #[serde(default = "default_temperature")]
+    pub temperature: f64,
+    /// Push each step's weights to the backends (pause → flush → update → continue).
+    #[serde(default = "default_true")]
+    pub push: bool,
 }
 
 fn default_lr() -> f64 {
     1e-6
 }
 
+fn default_temperature() -> f64 {
+    1.0
+}
+
 impl Default for TrainerSection {
     fn default() -> Self {
         TrainerSection {
             enabled: true,
+            model: None,
             lr: default_lr(),
+            temperature: default_temperature(),
+            push: true,
         }
     }
 }
@@ -216,6 +248,9 @@ impl RlConfig {
         if let Some(s) = &mut c.backend.scripted {
             fix(s);
         }
+        if let Some(m) = &mut c.trainer.model {
+            fix(m);
+        }
         c.validate()?;
         Ok(c)
     }
@@ -247,9 +282,16 @@ impl RlConfig {
                 "no backend: give backend.urls (SGLang-compatible servers) or backend.scripted (tests); `graft serve` as the embedded backend is not wired into graft rl yet"
             );
         }
-        if self.trainer.enabled {
+        if self.trainer.enabled && !cfg!(feature = "trainer") {
             bail!(
-                "trainer.enabled = true: training inside graft rl is not wired yet (issue 7); set trainer.enabled = false to collect rollouts, rewards and samples"
+                "trainer.enabled = true, but this graft was built without the 'trainer' feature (libtorch); rebuild with default features or set trainer.enabled = false"
+            );
+        }
+        if !(r.min_positive >= 0.0 && r.min_positive <= r.max_positive && r.max_positive <= 1.0) {
+            bail!(
+                "rollout.min_positive ({}) and rollout.max_positive ({}) must satisfy 0 <= min <= max <= 1",
+                r.min_positive,
+                r.max_positive
             );
         }
         Ok(())

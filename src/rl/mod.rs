@@ -10,9 +10,12 @@
 //! step is next, so a run killed mid-step resumes there (finished rollouts stay in the
 //! records under `<out_dir>/data`).
 //!
-//! Not wired yet (issue 7): the GRPO step and the weight push (`trainer.enabled = true` is
-//! refused), `graft serve` as the embedded backend, Balanced Adaptive Rollout between
-//! strides (groups take `group_size` scored rollouts).
+//! Groups grow in strides until Balanced Adaptive Rollout (`graft_trainer::bar`) selects a
+//! balanced set or drops the group; with `trainer.enabled` each step then runs `graft train`
+//! on the selected sessions' samples (its own process) and pushes the new weights to the
+//! backends (the gateway holds new calls meanwhile), so the next step's records carry the
+//! new `weight_version`. Not wired yet: `graft serve` as the embedded backend, rollouts of
+//! the next step overlapping training.
 
 pub mod config;
 pub mod rollout;
@@ -206,6 +209,12 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
 struct State {
     next_step: usize,
     task_cursor: usize,
+    /// The policy's current weights (the last step's checkpoint); None: the starting model.
+    #[serde(default)]
+    policy: Option<PathBuf>,
+    /// The weight_version the backends serve.
+    #[serde(default)]
+    weight_version: Option<String>,
 }
 
 fn read_state(out: &Path) -> anyhow::Result<State> {
@@ -308,56 +317,32 @@ async fn steps(
         let step = state.next_step;
         let t_step = Instant::now();
         let mut rollouts: Vec<Rollout> = vec![];
+        let mut selected: HashSet<String> = HashSet::new();
+        let mut groups: Vec<Value> = vec![];
         for k in 0..cfg.rollout.tasks_per_step {
             let task = &tasks[(state.task_cursor + k) % tasks.len()];
             let group = format!("step{step}-{}", task.id);
-            let mut jobs = tokio::task::JoinSet::new();
-            for i in 0..cfg.rollout.group_size {
-                let (cfg, gw, envd, task, group, sem) = (
-                    cfg.clone(),
-                    c.gateway.clone(),
-                    c.envd.clone(),
-                    task.clone(),
-                    group.clone(),
-                    sem.clone(),
-                );
-                jobs.spawn(async move {
-                    let _permit = sem.acquire_owned().await;
-                    rollout::run(&cfg, &gw, &envd, &task, &group, i).await
-                });
-            }
-            while let Some(j) = jobs.join_next().await {
-                match j {
-                    Ok(Ok(r)) => {
-                        if let Outcome::Scored(x) = r.outcome {
-                            println!(
-                                "  step {step} {} rollout {}: reward {x}",
-                                r.task_id, r.session_id
-                            );
-                        } else {
-                            println!(
-                                "  step {step} {} rollout {}: {:?}",
-                                r.task_id, r.session_id, r.outcome
-                            );
-                        }
-                        rollouts.push(r);
-                    }
-                    Ok(Err(e)) => bail!("a rollout could not be run: {e:#}"),
-                    Err(e) => bail!("a rollout task failed: {e}"),
-                }
-            }
+            let (mut rs, decision, chosen) = run_group(cfg, c, task, &group, &sem, step).await?;
+            selected.extend(chosen.iter().map(|i| rs[*i].session_id.clone()));
+            groups.push(json!({"group": group, "rollouts": rs.len(), "decision": decision, "selected": chosen.len()}));
+            rollouts.append(&mut rs);
         }
         let t_rollouts = t_step.elapsed().as_secs_f64();
         // Samples of this step's scored sessions.
         let t = Instant::now();
-        let scored: HashSet<String> = rollouts
-            .iter()
-            .filter(|r| r.reward().is_some())
-            .map(|r| r.session_id.clone())
-            .collect();
         let samples_path = out.join("samples").join(format!("step-{step:05}.parquet"));
-        let summary = samples(model, &out.join("data"), &scored, &samples_path)?;
+        let summary = samples(model, &out.join("data"), &selected, &samples_path)?;
         let t_reconstruct = t.elapsed().as_secs_f64();
+        let (train, t_train, t_push) = if cfg.trainer.enabled && summary.samples > 0 {
+            train_step(cfg, c, &mut state, step, &samples_path).await?
+        } else {
+            let why = if cfg.trainer.enabled {
+                "no selected samples"
+            } else {
+                "trainer.enabled = false"
+            };
+            (json!({"skipped": why}), 0.0, 0.0)
+        };
         let rewards: Vec<f64> = rollouts.iter().filter_map(Rollout::reward).collect();
         // Nothing may be left behind by a step: every sandbox deleted, every session closed.
         let sandboxes_open = c
@@ -393,7 +378,10 @@ async fn steps(
             "samples_file": samples_path,
             "sandboxes_open": sandboxes_open,
             "sessions_open": sessions_open,
-            "secs": {"rollout": t_rollouts, "reconstruct": t_reconstruct, "train": null, "push": null,
+            "groups": groups,
+            "train": train,
+            "weight_version": state.weight_version,
+            "secs": {"rollout": t_rollouts, "reconstruct": t_reconstruct, "train": t_train, "push": t_push,
                      "reward_in_rollouts": rollouts.iter().map(|r| r.reward_secs).sum::<f64>()},
             "rollout_list": rollouts.iter().map(|r| json!({
                 "session": r.session_id, "task": r.task_id, "reward": r.reward(),
@@ -418,6 +406,225 @@ async fn steps(
         write_state(out, &state)?;
     }
     Ok(())
+}
+
+/// What to do with a group given its rewards so far: `Ok(indices)` to train on (into the
+/// scored rollouts), `Err(n)` for n more rollouts, or `Ok(vec![])` with `dropped` to drop it.
+enum Decision {
+    Take(Vec<usize>, &'static str),
+    More(usize),
+}
+
+fn decide(cfg: &RlConfig, rewards: &[f64], attempts: usize) -> Decision {
+    let r = &cfg.rollout;
+    let room = r.max_group_size.saturating_sub(attempts);
+    #[cfg(feature = "trainer")]
+    if cfg.trainer.enabled {
+        use graft_trainer::bar::{BarConfig, BarDecision, select};
+        let bar = BarConfig {
+            n: r.group_size,
+            n_max: r.max_group_size,
+            stride: r.stride,
+            min_positive: r.min_positive,
+            max_positive: r.max_positive,
+            positive_above: 0.0,
+        };
+        return match select(rewards, &bar) {
+            BarDecision::Select { indices, relaxed } => {
+                Decision::Take(indices, if relaxed { "relaxed" } else { "balanced" })
+            }
+            BarDecision::NeedMore(n) if room > 0 => Decision::More(n.max(r.stride).min(room)),
+            BarDecision::NeedMore(_) => Decision::Take(vec![], "dropped: too few scored rollouts"),
+            BarDecision::Drop => Decision::Take(vec![], "dropped: no learning signal"),
+        };
+    }
+    if rewards.len() >= r.group_size || room == 0 {
+        Decision::Take((0..rewards.len().min(r.group_size)).collect(), "collected")
+    } else {
+        Decision::More((r.group_size - rewards.len()).min(room))
+    }
+}
+
+/// One group: rollouts in strides until the group is decided. Returns the rollouts, the
+/// decision, and which of them (indices into the returned list) are trained on.
+async fn run_group(
+    cfg: &RlConfig,
+    c: &Components,
+    task: &tasks::Task,
+    group: &str,
+    sem: &Arc<tokio::sync::Semaphore>,
+    step: usize,
+) -> anyhow::Result<(Vec<Rollout>, &'static str, Vec<usize>)> {
+    let mut rollouts: Vec<Rollout> = vec![];
+    let mut want = cfg.rollout.group_size;
+    loop {
+        let mut jobs = tokio::task::JoinSet::new();
+        for i in rollouts.len()..rollouts.len() + want {
+            let (cfg, gw, envd, task, group, sem) = (
+                cfg.clone(),
+                c.gateway.clone(),
+                c.envd.clone(),
+                task.clone(),
+                group.to_string(),
+                sem.clone(),
+            );
+            jobs.spawn(async move {
+                let _permit = sem.acquire_owned().await;
+                (i, rollout::run(&cfg, &gw, &envd, &task, &group, i).await)
+            });
+        }
+        let mut batch = vec![];
+        while let Some(j) = jobs.join_next().await {
+            match j {
+                Ok((i, Ok(r))) => {
+                    match &r.outcome {
+                        Outcome::Scored(x) => println!(
+                            "  step {step} {} rollout {}: reward {x}",
+                            r.task_id, r.session_id
+                        ),
+                        o => println!(
+                            "  step {step} {} rollout {}: {o:?}",
+                            r.task_id, r.session_id
+                        ),
+                    }
+                    batch.push((i, r));
+                }
+                Ok((_, Err(e))) => bail!("a rollout could not be run: {e:#}"),
+                Err(e) => bail!("a rollout task failed: {e}"),
+            }
+        }
+        batch.sort_by_key(|(i, _)| *i);
+        rollouts.extend(batch.into_iter().map(|(_, r)| r));
+        // Rewards of the scored rollouts, in the order they were started.
+        let scored: Vec<usize> = (0..rollouts.len())
+            .filter(|&i| rollouts[i].reward().is_some())
+            .collect();
+        let rewards: Vec<f64> = scored
+            .iter()
+            .filter_map(|&i| rollouts[i].reward())
+            .collect();
+        match decide(cfg, &rewards, rollouts.len()) {
+            Decision::More(n) => want = n,
+            Decision::Take(idx, why) => {
+                let chosen = idx.iter().filter_map(|&k| scored.get(k).copied()).collect();
+                return Ok((rollouts, why, chosen));
+            }
+        }
+    }
+}
+
+/// One GRPO step on the step's samples with `graft train` (its own process: libtorch stays
+/// out of this one), then the new weights pushed to every backend while the gateway holds
+/// new calls. Returns the step's train log, and the train and push times.
+#[cfg(feature = "trainer")]
+async fn train_step(
+    cfg: &RlConfig,
+    c: &Components,
+    state: &mut State,
+    step: usize,
+    samples: &Path,
+) -> anyhow::Result<(Value, f64, f64)> {
+    let policy = state
+        .policy
+        .clone()
+        .or_else(|| cfg.trainer.model.clone())
+        .unwrap_or_else(|| cfg.backend.model_dir.clone());
+    let ckpt = cfg
+        .run
+        .out_dir
+        .join("checkpoints")
+        .join(format!("step-{step:05}"));
+    let t = Instant::now();
+    let exe = std::env::current_exe()?;
+    let o = tokio::process::Command::new(exe)
+        .arg("train")
+        .arg("--samples")
+        .arg(samples)
+        .arg("--model")
+        .arg(&policy)
+        .arg("--out")
+        .arg(&ckpt)
+        .arg("--lr")
+        .arg(cfg.trainer.lr.to_string())
+        .arg("--temperature")
+        .arg(cfg.trainer.temperature.to_string())
+        .arg("--seed")
+        .arg((cfg.run.seed as i64 + step as i64).to_string())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .context("running graft train")?;
+    let t_train = t.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    if !o.status.success() {
+        if stderr.contains("no sample has a learning signal") {
+            return Ok((
+                json!({"skipped": "no learning signal in the selected samples"}),
+                t_train,
+                0.0,
+            ));
+        }
+        bail!(
+            "graft train failed at step {step} ({}): {}",
+            o.status,
+            stderr
+                .lines()
+                .rev()
+                .take(8)
+                .collect::<Vec<_>>()
+                .into_iter()
+                .rev()
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+    }
+    let log: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
+    let version = format!("step-{step:05}");
+    let mut t_push = 0.0;
+    if cfg.trainer.push {
+        let t = Instant::now();
+        c.gateway
+            .ok(Method::POST, "/graft/backend/pause", Some(&json!({})))
+            .await?;
+        let path = std::fs::canonicalize(&ckpt)?;
+        let mut result = Ok(());
+        for b in &c.backends {
+            let (b, path, version) = (b.clone(), path.clone(), version.clone());
+            result = tokio::task::spawn_blocking(move || {
+                graft_trainer::push::push_weights(&b, &path, &version)
+            })
+            .await
+            .context("the weight push task failed")?
+            .map_err(anyhow::Error::from);
+            if result.is_err() {
+                break;
+            }
+        }
+        c.gateway
+            .ok(Method::POST, "/graft/backend/resume", Some(&json!({})))
+            .await?;
+        result.context("pushing the new weights")?;
+        t_push = t.elapsed().as_secs_f64();
+        state.weight_version = Some(version.clone());
+    }
+    state.policy = Some(ckpt.clone());
+    Ok((
+        json!({"log": log, "checkpoint": ckpt, "weight_version": version, "pushed": cfg.trainer.push}),
+        t_train,
+        t_push,
+    ))
+}
+
+#[cfg(not(feature = "trainer"))]
+async fn train_step(
+    _cfg: &RlConfig,
+    _c: &Components,
+    _state: &mut State,
+    _step: usize,
+    _samples: &Path,
+) -> anyhow::Result<(Value, f64, f64)> {
+    bail!("this graft was built without the 'trainer' feature")
 }
 
 /// The exact-mode records of `sessions` merged into samples (with their rewards), written to

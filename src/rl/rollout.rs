@@ -172,7 +172,7 @@ pub async fn run(
         reward_secs: 0.0,
         harness_tail: String::new(),
     };
-    let sandbox = create_sandbox(cfg, envd, task, &session_id, api_key.as_deref()).await;
+    let sandbox = create_sandbox(cfg, envd, task, &session_id, api_key.as_deref(), index).await;
     match sandbox {
         Err(e) => r.outcome = Outcome::Failed(format!("{e:#}")),
         Ok(sb) => {
@@ -215,11 +215,13 @@ async fn create_sandbox(
     task: &Task,
     session_id: &str,
     api_key: Option<&str>,
+    index: usize,
 ) -> anyhow::Result<String> {
     let mut env = cfg.harness.env.clone();
     env.insert("GRAFT_TASK_ID".into(), task.id.clone());
     env.insert("GRAFT_TASK_PROMPT".into(), task.prompt.clone());
     env.insert("GRAFT_MODEL".into(), cfg.harness.model.clone());
+    env.insert("GRAFT_ROLLOUT_INDEX".into(), index.to_string());
     env.insert("GRAFT_RL_DIR".into(), "/mnt/rl".into());
     let mut mounts = vec![json!({"source": cfg.dir, "target": "/mnt/rl"})];
     for (target, source) in &cfg.harness.mounts {
