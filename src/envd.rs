@@ -2,13 +2,14 @@
 //! in-sandbox agent envd runs as the first process of every exec.
 
 use std::io::Write;
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use graft_envd::config::{FileConfig, parse_gateway};
 use graft_envd::{
-    AgentCommand, DefaultLimits, Envd, EnvdConfig, HarnessRenderer, HarnessRequest, RenderedHarness,
+    AgentCommand, Envd, EnvdConfig, HarnessRenderer, HarnessRequest, RenderedHarness,
 };
 
 #[derive(Debug, clap::Args)]
@@ -41,74 +42,65 @@ pub enum Backend {
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// Address to listen on (port 0 picks a free port; the real address is printed).
-    #[arg(long, default_value = "127.0.0.1:7070")]
-    pub listen: SocketAddr,
+    /// envd.toml with every setting (strict: unknown keys are errors; flags override it;
+    /// `envd/envd.example.toml` lists the keys).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Address to listen on [default: 127.0.0.1:7070] (port 0 picks a free port; the real
+    /// address is printed).
+    #[arg(long)]
+    pub listen: Option<SocketAddr>,
     #[arg(long, value_enum, default_value = "local")]
     pub backend: Backend,
-    /// Where sandboxes live (each one's workspace is a directory below it).
-    #[arg(long, default_value = "graft-envd-data")]
-    pub data_dir: PathBuf,
+    /// Where sandboxes live [default: graft-envd-data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
     /// The key clients send in X-API-Key.
     #[arg(long, env = "GRAFT_ENVD_API_KEY", hide_env_values = true)]
     pub api_key: Option<String>,
     /// graft's gateway (HOST:PORT or http://HOST:PORT): sandboxes reach it, and nothing
-    /// else, on their loopback at --sandbox-gateway-port.
+    /// else, on their loopback at the sandbox gateway port.
     #[arg(long)]
     pub gateway: Option<String>,
-    #[arg(long, default_value_t = 4000)]
-    pub sandbox_gateway_port: u16,
-    /// Host uid (and gid) sandboxed processes run as when envd runs as root.
-    #[arg(long, default_value_t = 100_000)]
-    pub sandbox_uid: u32,
+    /// Loopback port of the gateway inside sandboxes [default: 4000].
+    #[arg(long)]
+    pub sandbox_gateway_port: Option<u16>,
+    /// Host uid (and gid) sandboxed processes run as when envd runs as root [default: 100000].
+    #[arg(long)]
+    pub sandbox_uid: Option<u32>,
     #[arg(long)]
     pub sandbox_gid: Option<u32>,
-    /// bubblewrap executable.
-    #[arg(long, default_value = "bwrap")]
-    pub bwrap: PathBuf,
+    /// bubblewrap executable [default: bwrap].
+    #[arg(long)]
+    pub bwrap: Option<PathBuf>,
     /// The agent binary run inside sandboxes (default: `envd-agent` next to this binary,
     /// else this binary's `envd agent`).
     #[arg(long)]
     pub agent: Option<PathBuf>,
-    /// Defaults for sandboxes whose create request names no limits.
-    #[arg(long, default_value_t = 2048)]
-    pub memory_mb: u64,
-    #[arg(long, default_value_t = 512)]
-    pub pids: u64,
-    #[arg(long, default_value_t = 1.0)]
-    pub cpus: f64,
-    /// Idle TTL of a sandbox whose create request names none.
-    #[arg(long, default_value_t = 600)]
-    pub default_ttl_secs: u64,
-    /// How often expired sandboxes are looked for.
-    #[arg(long, default_value_t = 1000)]
-    pub reap_interval_ms: u64,
-    /// Largest file the files API moves.
-    #[arg(long, default_value_t = 64 << 20)]
-    pub max_file_bytes: usize,
-    /// Largest stdout (and stderr) kept per exec.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub max_output_bytes: usize,
-    /// Seconds between SIGTERM and SIGKILL when an exec times out.
-    #[arg(long, default_value_t = 2.0)]
-    pub kill_grace_secs: f64,
-}
-
-fn gateway_addr(s: &str) -> anyhow::Result<SocketAddr> {
-    let hostport = s
-        .strip_prefix("http://")
-        .unwrap_or(s)
-        .split('/')
-        .next()
-        .unwrap_or_default();
-    if s.starts_with("https://") {
-        bail!("--gateway {s}: envd forwards plain TCP to the gateway; give its http:// address");
-    }
-    hostport
-        .to_socket_addrs()
-        .with_context(|| format!("--gateway {s}: expected HOST:PORT or http://HOST:PORT"))?
-        .next()
-        .with_context(|| format!("--gateway {s}: the name resolves to no address"))
+    /// Default memory limit of a sandbox in MiB [default: 2048].
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    /// Default pids limit of a sandbox [default: 512].
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Default CPU limit of a sandbox [default: 1.0].
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Idle TTL of a sandbox whose create request names none [default: 600].
+    #[arg(long)]
+    pub default_ttl_secs: Option<u64>,
+    /// How often expired sandboxes are looked for [default: 1000].
+    #[arg(long)]
+    pub reap_interval_ms: Option<u64>,
+    /// Largest file the files API moves [default: 64 MiB].
+    #[arg(long)]
+    pub max_file_bytes: Option<usize>,
+    /// Largest stdout (and stderr) kept per exec [default: 1 MiB].
+    #[arg(long)]
+    pub max_output_bytes: Option<usize>,
+    /// Seconds between SIGTERM and SIGKILL when an exec times out [default: 2].
+    #[arg(long)]
+    pub kill_grace_secs: Option<f64>,
 }
 
 /// Where a harness config file goes in the workspace (`harness-configs/` names it for a
@@ -164,51 +156,73 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
             "--backend kubernetes is not built yet (issue 6); use --backend local on one machine"
         );
     }
-    let Some(api_key) = s.api_key.filter(|k| !k.is_empty()) else {
-        bail!(
-            "no API key: pass --api-key KEY or set GRAFT_ENVD_API_KEY (clients send it in X-API-Key)"
-        );
-    };
-    let agent = match s.agent {
-        Some(exe) => AgentCommand { exe, args: vec![] },
-        None => {
-            let me = std::env::current_exe().context("cannot find this binary")?;
-            let sibling = me.with_file_name("envd-agent");
-            if sibling.is_file() {
-                AgentCommand {
-                    exe: sibling,
-                    args: vec![],
-                }
-            } else {
-                AgentCommand {
-                    exe: me,
-                    args: vec!["envd".to_owned(), "agent".to_owned()],
-                }
-            }
-        }
-    };
-    let mut cfg = EnvdConfig::new(s.listen, s.data_dir, api_key, agent);
-    cfg.gateway = s.gateway.as_deref().map(gateway_addr).transpose()?;
-    cfg.sandbox_gateway_port = s.sandbox_gateway_port;
-    cfg.sandbox_uid = s.sandbox_uid;
-    cfg.sandbox_gid = s.sandbox_gid.unwrap_or(s.sandbox_uid);
-    cfg.bwrap = s.bwrap;
-    cfg.defaults = DefaultLimits {
-        memory_mb: s.memory_mb,
-        pids: s.pids,
-        cpus: s.cpus,
-    };
-    cfg.default_ttl = Duration::from_secs(s.default_ttl_secs);
-    cfg.reap_interval = Duration::from_millis(s.reap_interval_ms.max(10));
-    cfg.max_file_bytes = s.max_file_bytes;
-    cfg.max_output_bytes = s.max_output_bytes;
-    if !(s.kill_grace_secs >= 0.0 && s.kill_grace_secs <= 600.0) {
-        bail!(
-            "--kill-grace-secs {}: give 0 to 600 seconds",
-            s.kill_grace_secs
-        );
+    let agent = agent_command(s.agent.clone())?;
+    let mut cfg = EnvdConfig::new(
+        "127.0.0.1:7070".parse()?,
+        PathBuf::from("graft-envd-data"),
+        String::new(),
+        agent,
+    );
+    // Defaults, then the file, then the flags.
+    if let Some(path) = &s.config {
+        FileConfig::load(path)?.apply(&mut cfg)?;
     }
-    cfg.kill_grace = Duration::from_secs_f64(s.kill_grace_secs);
+    if let Some(v) = s.listen {
+        cfg.listen = v;
+    }
+    if let Some(v) = s.data_dir {
+        cfg.data_dir = v;
+    }
+    if let Some(k) = s.api_key.filter(|k| !k.is_empty()) {
+        cfg.api_key = k;
+    }
+    if let Some(g) = s.gateway.as_deref() {
+        cfg.gateway = Some(parse_gateway(g).map_err(anyhow::Error::msg)?);
+    }
+    if let Some(v) = s.sandbox_gateway_port {
+        cfg.sandbox_gateway_port = v;
+    }
+    if let Some(v) = s.sandbox_uid {
+        cfg.sandbox_uid = v;
+        cfg.sandbox_gid = v;
+    }
+    if let Some(v) = s.sandbox_gid {
+        cfg.sandbox_gid = v;
+    }
+    if let Some(v) = s.bwrap {
+        cfg.bwrap = v;
+    }
+    if let Some(exe) = s.agent {
+        // The flag wins over the file's `agent`.
+        cfg.agent = AgentCommand { exe, args: vec![] };
+    }
+    if let Some(v) = s.memory_mb {
+        cfg.defaults.memory_mb = v;
+    }
+    if let Some(v) = s.pids {
+        cfg.defaults.pids = v;
+    }
+    if let Some(v) = s.cpus {
+        cfg.defaults.cpus = v;
+    }
+    if let Some(v) = s.default_ttl_secs {
+        cfg.default_ttl = Duration::from_secs(v);
+    }
+    if let Some(v) = s.reap_interval_ms {
+        cfg.reap_interval = Duration::from_millis(v.max(10));
+    }
+    if let Some(v) = s.max_file_bytes {
+        cfg.max_file_bytes = v;
+    }
+    if let Some(v) = s.max_output_bytes {
+        cfg.max_output_bytes = v;
+    }
+    if let Some(v) = s.kill_grace_secs {
+        if !(0.0..=600.0).contains(&v) {
+            bail!("--kill-grace-secs {v}: give 0 to 600 seconds");
+        }
+        cfg.kill_grace = Duration::from_secs_f64(v);
+    }
     cfg.harnesses = Some(HarnessRenderer(std::sync::Arc::new(render_harness)));
     let gateway = cfg.gateway;
     let envd = Envd::bind(cfg).await.context("envd could not start")?;
@@ -224,4 +238,25 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
     }
     envd.serve(crate::cli::shutdown_signal()).await;
     Ok(())
+}
+
+/// The agent run inside sandboxes: `explicit`, else `envd-agent` next to this binary, else
+/// this binary's `envd agent`.
+pub fn agent_command(explicit: Option<PathBuf>) -> anyhow::Result<AgentCommand> {
+    if let Some(exe) = explicit {
+        return Ok(AgentCommand { exe, args: vec![] });
+    }
+    let me = std::env::current_exe().context("cannot find this binary")?;
+    let sibling = me.with_file_name("envd-agent");
+    Ok(if sibling.is_file() {
+        AgentCommand {
+            exe: sibling,
+            args: vec![],
+        }
+    } else {
+        AgentCommand {
+            exe: me,
+            args: vec!["envd".to_owned(), "agent".to_owned()],
+        }
+    })
 }

@@ -1108,3 +1108,48 @@ fn snapshot_and_forks_branch_from_one_prepared_state() {
     );
     assert_eq!(missing.status, 404, "{}", missing.text());
 }
+
+/// `graft envd --config envd.toml`: the file's settings apply (flags win), the key may be
+/// an `env::NAME` reference, and an unknown key stops envd with a message naming it.
+#[test]
+fn config_file_settings_apply_and_unknown_keys_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("envd.toml");
+    std::fs::write(
+        &cfg,
+        "api_key = \"env::GRAFT_ENVD_API_KEY\"\n[defaults]\npids = 64\nttl_secs = 120\n[limits]\nmax_file_bytes = 1000\n",
+    )
+    .unwrap();
+    let e = Envd::start(&["--config", cfg.to_str().unwrap(), "--memory-mb", "256"]);
+    let id = e.create(json!({}));
+    let got = e.ok("GET", &format!("/sandboxes/{id}"), None);
+    assert_eq!(got["limits"]["pids"], 64, "{got:#}");
+    assert_eq!(got["limits"]["memory_mb"], 256, "the flag: {got:#}");
+    assert_eq!(got["ttl_secs"], 120);
+    let big = e.raw(
+        "PUT",
+        &format!("/sandboxes/{id}/files/f"),
+        &[("x-api-key", KEY)],
+        vec![1u8; 2000],
+    );
+    assert_eq!(big.status, 413, "{}", big.text());
+
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(
+        &bad,
+        "listen = \"127.0.0.1:0\"\n[defaults]\nmemroy_mb = 1\n",
+    )
+    .unwrap();
+    let out = std::process::Command::new(common::graft_bin())
+        .args(["envd", "--config", bad.to_str().unwrap()])
+        .env("GRAFT_ENVD_API_KEY", KEY)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("memroy_mb") && err.contains("bad.toml"),
+        "{err}"
+    );
+}

@@ -118,3 +118,297 @@ impl EnvdConfig {
         }
     }
 }
+
+/// `envd.toml`: every setting of `graft envd` (flags override it). Unknown keys are errors;
+/// the API key may be a reference `env::NAME` to an environment variable.
+/// `envd/envd.example.toml` lists every key with its default.
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<SocketAddr>,
+    pub data_dir: Option<PathBuf>,
+    pub api_key: Option<String>,
+    /// graft's gateway: `HOST:PORT` or `http://HOST:PORT`.
+    pub gateway: Option<String>,
+    pub sandbox_gateway_port: Option<u16>,
+    pub sandbox_uid: Option<u32>,
+    pub sandbox_gid: Option<u32>,
+    pub bwrap: Option<PathBuf>,
+    pub agent: Option<PathBuf>,
+    #[serde(default)]
+    pub defaults: FileDefaults,
+    #[serde(default)]
+    pub limits: FileLimits,
+}
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDefaults {
+    pub memory_mb: Option<u64>,
+    pub pids: Option<u64>,
+    pub cpus: Option<f64>,
+    pub ttl_secs: Option<u64>,
+    pub exec_timeout_secs: Option<f64>,
+}
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    pub max_ttl_secs: Option<u64>,
+    pub max_exec_timeout_secs: Option<f64>,
+    pub max_file_bytes: Option<usize>,
+    pub max_output_bytes: Option<usize>,
+    pub kill_grace_secs: Option<f64>,
+    pub reap_interval_ms: Option<u64>,
+}
+
+impl FileConfig {
+    pub fn load(path: &std::path::Path) -> Result<Self, crate::StartError> {
+        let err = |m: String| crate::StartError::Config(format!("{}: {m}", path.display()));
+        let text =
+            std::fs::read_to_string(path).map_err(|e| err(format!("cannot read it: {e}")))?;
+        toml::from_str(&text).map_err(|e| err(e.to_string()))
+    }
+
+    /// The API key, with `env::NAME` resolved.
+    pub fn resolved_api_key(&self) -> Result<Option<String>, crate::StartError> {
+        match self.api_key.as_deref() {
+            None => Ok(None),
+            Some(k) => match k.strip_prefix("env::") {
+                Some(var) => std::env::var(var).map(Some).map_err(|_| {
+                    crate::StartError::Config(format!(
+                        "api_key refers to the environment variable {var}, which is not set; export it or put the key in the file"
+                    ))
+                }),
+                None => Ok(Some(k.to_owned())),
+            },
+        }
+    }
+
+    /// Applies the file's settings on top of `cfg` (flags are applied after this).
+    pub fn apply(&self, cfg: &mut EnvdConfig) -> Result<(), crate::StartError> {
+        fn secs(v: f64, key: &str) -> Result<Duration, crate::StartError> {
+            if v.is_finite() && (0.0..=30.0 * 86_400.0).contains(&v) {
+                Ok(Duration::from_secs_f64(v))
+            } else {
+                Err(crate::StartError::Config(format!(
+                    "{key} = {v}: give a number of seconds from 0 to 2592000"
+                )))
+            }
+        }
+        if let Some(v) = self.listen {
+            cfg.listen = v;
+        }
+        if let Some(v) = &self.data_dir {
+            cfg.data_dir = v.clone();
+        }
+        if let Some(k) = self.resolved_api_key()? {
+            cfg.api_key = k;
+        }
+        if let Some(g) = &self.gateway {
+            cfg.gateway = Some(parse_gateway(g).map_err(crate::StartError::Config)?);
+        }
+        if let Some(v) = self.sandbox_gateway_port {
+            cfg.sandbox_gateway_port = v;
+        }
+        if let Some(v) = self.sandbox_uid {
+            cfg.sandbox_uid = v;
+            cfg.sandbox_gid = v;
+        }
+        if let Some(v) = self.sandbox_gid {
+            cfg.sandbox_gid = v;
+        }
+        if let Some(v) = &self.bwrap {
+            cfg.bwrap = v.clone();
+        }
+        if let Some(v) = &self.agent {
+            cfg.agent = AgentCommand {
+                exe: v.clone(),
+                args: vec![],
+            };
+        }
+        let d = &self.defaults;
+        if let Some(v) = d.memory_mb {
+            cfg.defaults.memory_mb = v;
+        }
+        if let Some(v) = d.pids {
+            cfg.defaults.pids = v;
+        }
+        if let Some(v) = d.cpus {
+            cfg.defaults.cpus = v;
+        }
+        if let Some(v) = d.ttl_secs {
+            cfg.default_ttl = Duration::from_secs(v);
+        }
+        if let Some(v) = d.exec_timeout_secs {
+            cfg.default_exec_timeout = secs(v, "defaults.exec_timeout_secs")?;
+        }
+        let l = &self.limits;
+        if let Some(v) = l.max_ttl_secs {
+            cfg.max_ttl = Duration::from_secs(v);
+        }
+        if let Some(v) = l.max_exec_timeout_secs {
+            cfg.max_exec_timeout = secs(v, "limits.max_exec_timeout_secs")?;
+        }
+        if let Some(v) = l.max_file_bytes {
+            cfg.max_file_bytes = v;
+        }
+        if let Some(v) = l.max_output_bytes {
+            cfg.max_output_bytes = v;
+        }
+        if let Some(v) = l.kill_grace_secs {
+            cfg.kill_grace = secs(v, "limits.kill_grace_secs")?;
+        }
+        if let Some(v) = l.reap_interval_ms {
+            cfg.reap_interval = Duration::from_millis(v.max(10));
+        }
+        Ok(())
+    }
+}
+
+/// `HOST:PORT` or `http://HOST:PORT` of graft's gateway.
+pub fn parse_gateway(s: &str) -> Result<SocketAddr, String> {
+    use std::net::ToSocketAddrs;
+    if s.starts_with("https://") {
+        return Err(format!(
+            "gateway {s}: envd forwards plain TCP to the gateway; give its http:// address"
+        ));
+    }
+    let hostport = s
+        .strip_prefix("http://")
+        .unwrap_or(s)
+        .split('/')
+        .next()
+        .unwrap_or_default();
+    hostport
+        .to_socket_addrs()
+        .map_err(|e| format!("gateway {s}: expected HOST:PORT or http://HOST:PORT ({e})"))?
+        .next()
+        .ok_or_else(|| format!("gateway {s}: the name resolves to no address"))
+}
+
+impl EnvdConfig {
+    /// Checks the settings once, at start.
+    pub fn validate(&self) -> Result<(), crate::StartError> {
+        let bad = |m: String| Err(crate::StartError::Config(m));
+        if self.api_key.is_empty() {
+            return bad("no API key: pass --api-key KEY, set GRAFT_ENVD_API_KEY, or put api_key in the config file (clients send it in X-API-Key)".to_owned());
+        }
+        if !(self.defaults.cpus > 0.0 && self.defaults.cpus.is_finite()) {
+            return bad(format!(
+                "default cpus {} must be above 0",
+                self.defaults.cpus
+            ));
+        }
+        if self.default_ttl.is_zero() || self.default_ttl > self.max_ttl {
+            return bad(format!(
+                "the default TTL ({} s) must be between 1 s and the max TTL ({} s)",
+                self.default_ttl.as_secs(),
+                self.max_ttl.as_secs()
+            ));
+        }
+        if self.default_exec_timeout.is_zero() || self.default_exec_timeout > self.max_exec_timeout
+        {
+            return bad(format!(
+                "the default exec timeout ({:?}) must be above 0 and at most the max ({:?})",
+                self.default_exec_timeout, self.max_exec_timeout
+            ));
+        }
+        if self.max_file_bytes == 0 || self.max_output_bytes == 0 {
+            return bad("max_file_bytes and max_output_bytes must be above 0".to_owned());
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> EnvdConfig {
+        EnvdConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            PathBuf::from("d"),
+            String::new(),
+            AgentCommand {
+                exe: PathBuf::from("a"),
+                args: vec![],
+            },
+        )
+    }
+
+    #[test]
+    fn the_example_config_is_valid_and_complete() {
+        let text = include_str!("../envd.example.toml");
+        let f: FileConfig = toml::from_str(text).unwrap();
+        // Every key is present in the example (so it documents them all).
+        for key in [
+            "listen",
+            "data_dir",
+            "api_key",
+            "gateway",
+            "sandbox_gateway_port",
+            "sandbox_uid",
+            "sandbox_gid",
+            "bwrap",
+            "agent",
+            "memory_mb",
+            "pids",
+            "cpus",
+            "ttl_secs",
+            "exec_timeout_secs",
+            "max_ttl_secs",
+            "max_exec_timeout_secs",
+            "max_file_bytes",
+            "max_output_bytes",
+            "kill_grace_secs",
+            "reap_interval_ms",
+        ] {
+            assert!(
+                text.lines()
+                    .any(|l| l.trim_start().starts_with(&format!("{key} ="))
+                        || l.trim_start().starts_with(&format!("# {key} ="))),
+                "envd.example.toml does not show {key}"
+            );
+        }
+        // The example refers to GRAFT_ENVD_API_KEY; apply it with a literal key instead.
+        let mut cfg = base();
+        let f = FileConfig {
+            api_key: Some("literal-key".to_owned()),
+            ..f
+        };
+        f.apply(&mut cfg).unwrap();
+        cfg.validate().unwrap();
+        assert_eq!(cfg.api_key, "literal-key");
+        assert_eq!(cfg.defaults.memory_mb, 2048);
+        assert_eq!(cfg.kill_grace, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn unknown_keys_and_unset_env_references_are_errors_that_name_them() {
+        let e = toml::from_str::<FileConfig>("listen = \"127.0.0.1:1\"\nmemroy_mb = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("memroy_mb"), "{e}");
+        let e = toml::from_str::<FileConfig>("[limits]\nmax_file_byte = 3\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("max_file_byte"), "{e}");
+        let f = FileConfig {
+            api_key: Some("env::GRAFT_ENVD_SURELY_UNSET_VAR".to_owned()),
+            ..FileConfig::default()
+        };
+        let e = f.apply(&mut base()).unwrap_err().to_string();
+        assert!(e.contains("GRAFT_ENVD_SURELY_UNSET_VAR"), "{e}");
+        let mut c = base();
+        assert!(c.validate().unwrap_err().to_string().contains("API key"));
+        c.api_key = "k".to_owned();
+        c.default_ttl = Duration::from_secs(10 * 24 * 3600);
+        assert!(c.validate().unwrap_err().to_string().contains("TTL"));
+        assert!(parse_gateway("https://x:1").is_err());
+        assert_eq!(
+            parse_gateway("http://127.0.0.1:8400/v1").unwrap(),
+            "127.0.0.1:8400".parse::<SocketAddr>().unwrap()
+        );
+    }
+}

@@ -36,11 +36,7 @@ pub struct Envd {
 
 impl Envd {
     pub async fn bind(cfg: EnvdConfig) -> Result<Self, StartError> {
-        if cfg.api_key.is_empty() {
-            return Err(StartError::Config(
-                "no API key: pass --api-key KEY or set GRAFT_ENVD_API_KEY (clients send it in X-API-Key)".to_owned(),
-            ));
-        }
+        cfg.validate()?;
         let cfg = Arc::new(cfg);
         let backend = LocalBackend::new(cfg.clone()).await?;
         let listener = TcpListener::bind(cfg.listen)
