@@ -357,3 +357,106 @@ async fn remove_dir_retry(dir: &Path) -> Result<(), String> {
     }
     Err(format!("cannot remove cgroup {}: {last}", dir.display()))
 }
+
+#[cfg(test)]
+mod tests {
+    //! The layouts against a fake cgroup root (plain directories and files): which files
+    //! get which values. The real v1 hierarchy is exercised by tests/envd.rs; this is the
+    //! only check of the v2 layout on a v1 host.
+    use super::*;
+
+    fn limits() -> Limits {
+        Limits {
+            cpus: 0.5,
+            memory_mb: 64,
+            pids: 40,
+        }
+    }
+
+    fn read(p: PathBuf) -> String {
+        std::fs::read_to_string(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+    }
+
+    #[test]
+    fn v2_layout_limits_leaf_jobs_and_oom_count() {
+        let root = tempfile::tempdir().unwrap();
+        std::fs::write(root.path().join("cgroup.controllers"), "cpu memory pids\n").unwrap();
+        let group = group_for(Path::new("/data"));
+        let cg = Cgroups::detect(root.path(), group.clone());
+        assert!(matches!(cg, Cgroups::V2 { .. }), "{cg:?}");
+        let mine = root.path().join(&group);
+        assert_eq!(
+            read(mine.join("cgroup.subtree_control")),
+            "+memory +pids +cpu"
+        );
+        cg.create_sandbox("sb1", &limits()).unwrap();
+        let sb = mine.join("sb1");
+        assert_eq!(read(sb.join("memory.max")), (64u64 << 20).to_string());
+        assert_eq!(read(sb.join("pids.max")), "40");
+        assert_eq!(read(sb.join("cpu.max")), "50000 100000");
+        assert_eq!(read(sb.join("memory.swap.max")), "0");
+        let join = cg.create_job("sb1", "job-1", None).unwrap();
+        assert_eq!(join, vec![sb.join("job-1").join("cgroup.procs")]);
+        std::fs::write(
+            sb.join("memory.events"),
+            "low 0\nhigh 0\nmax 3\noom 1\noom_kill 2\n",
+        )
+        .unwrap();
+        assert_eq!(cg.oom_kills("sb1"), 2);
+        std::fs::write(sb.join("pids.current"), "7\n").unwrap();
+        assert_eq!(cg.sandbox_processes("sb1"), Some(7));
+        assert_eq!(cg.leftovers(), vec!["sb1".to_owned()]);
+    }
+
+    #[test]
+    fn v1_layout_splits_controllers_and_puts_jobs_under_pids() {
+        let root = tempfile::tempdir().unwrap();
+        for c in ["memory", "pids", "cpu"] {
+            std::fs::create_dir(root.path().join(c)).unwrap();
+            std::fs::write(root.path().join(c).join("cgroup.procs"), "").unwrap();
+        }
+        let group = group_for(Path::new("/data"));
+        let cg = Cgroups::detect(root.path(), group.clone());
+        assert!(matches!(cg, Cgroups::V1 { .. }), "{cg:?}");
+        cg.create_sandbox("sb1", &limits()).unwrap();
+        let at = |c: &str| root.path().join(c).join(&group).join("sb1");
+        assert_eq!(
+            read(at("memory").join("memory.limit_in_bytes")),
+            (64u64 << 20).to_string()
+        );
+        assert_eq!(read(at("pids").join("pids.max")), "40");
+        assert_eq!(read(at("cpu").join("cpu.cfs_quota_us")), "50000");
+        assert_eq!(read(at("cpu").join("cpu.cfs_period_us")), "100000");
+        let join = cg.create_job("sb1", "job-1", None).unwrap();
+        assert_eq!(
+            join,
+            vec![
+                at("memory").join("cgroup.procs"),
+                at("cpu").join("cgroup.procs"),
+                at("pids").join("job-1").join("cgroup.procs"),
+            ]
+        );
+        std::fs::write(
+            at("memory").join("memory.oom_control"),
+            "oom_kill_disable 0\nunder_oom 0\noom_kill 5\n",
+        )
+        .unwrap();
+        assert_eq!(cg.oom_kills("sb1"), 5);
+    }
+
+    #[test]
+    fn no_hierarchy_means_no_limits_and_says_why() {
+        let root = tempfile::tempdir().unwrap();
+        let cg = Cgroups::detect(root.path(), group_for(Path::new("/d")));
+        match &cg {
+            Cgroups::None { why } => assert!(why.contains("memory"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(!cg.enforced());
+        assert_eq!(
+            cg.create_job("s", "j", None).unwrap(),
+            Vec::<PathBuf>::new()
+        );
+        assert_eq!(cg.sandbox_processes("s"), None);
+    }
+}

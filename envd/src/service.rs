@@ -186,8 +186,8 @@ pub struct Service {
 #[derive(Default)]
 struct Registry {
     live: HashMap<String, Arc<Sandbox>>,
-    /// Ids reserved by a create in progress.
-    creating: std::collections::HashSet<String>,
+    /// Ids reserved by a create in progress, with the snapshot they fork.
+    creating: HashMap<String, Option<String>>,
 }
 
 fn valid_id(id: &str) -> bool {
@@ -281,8 +281,19 @@ impl Service {
         if lock(&self.snapshots).contains_key(&id) || dir.exists() {
             return Err(EnvdError::SnapshotExists(id));
         }
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| EnvdError::io(format!("cannot create {}", dir.display()), e))?;
+        let parent = self.backend.data_dir().join("snapshots");
+        std::fs::create_dir_all(&parent)
+            .map_err(|e| EnvdError::io(format!("cannot create {}", parent.display()), e))?;
+        // create_dir, not _all: of two requests for one id, exactly one gets it.
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                return Err(EnvdError::SnapshotExists(id));
+            }
+            Err(e) => {
+                return Err(EnvdError::io(format!("cannot create {}", dir.display()), e));
+            }
+        }
         let copied = {
             let tree = dir.join("tree");
             let backend_paths = sb.paths.clone();
@@ -335,24 +346,30 @@ impl Service {
     /// Removes a snapshot no sandbox is forked from.
     pub fn delete_snapshot(&self, id: &str) -> Result<(), EnvdError> {
         self.get_snapshot(id)?;
-        let users: Vec<String> = {
+        {
+            // Under the registry lock: no fork of it can be starting meanwhile.
             let reg = lock(&self.sandboxes);
-            let mut u: Vec<String> = reg
+            let mut users: Vec<String> = reg
                 .live
                 .values()
                 .filter(|s| s.from_snapshot.as_deref() == Some(id))
                 .map(|s| format!("'{}'", s.id))
+                .chain(
+                    reg.creating
+                        .iter()
+                        .filter(|(_, snap)| snap.as_deref() == Some(id))
+                        .map(|(sb, _)| format!("'{sb}'")),
+                )
                 .collect();
-            u.sort();
-            u
-        };
-        if !users.is_empty() {
-            return Err(EnvdError::SnapshotInUse {
-                id: id.to_owned(),
-                sandboxes: users.join(", "),
-            });
+            users.sort();
+            if !users.is_empty() {
+                return Err(EnvdError::SnapshotInUse {
+                    id: id.to_owned(),
+                    sandboxes: users.join(", "),
+                });
+            }
+            lock(&self.snapshots).remove(id);
         }
-        lock(&self.snapshots).remove(id);
         let dir = self.snapshot_dir(id);
         std::fs::remove_dir_all(&dir)
             .map_err(|e| EnvdError::io(format!("cannot remove {}", dir.display()), e))
@@ -548,18 +565,21 @@ impl Service {
             .paths(&id, rootfs, network == NetworkPolicy::Gateway);
         paths.mounts = mounts;
         if let Some(snap) = &req.from_snapshot {
-            if !lock(&self.snapshots).contains_key(snap) {
-                return Err(EnvdError::SnapshotNotFound(snap.clone()));
-            }
             paths.lower = Some(self.snapshot_dir(snap).join("tree"));
         }
         {
             let mut reg = lock(&self.sandboxes);
-            if reg.live.contains_key(&id) || reg.creating.contains(&id) || paths.dir.exists() {
+            if reg.live.contains_key(&id) || reg.creating.contains_key(&id) || paths.dir.exists() {
                 return Err(EnvdError::SandboxExists(id));
             }
+            // Under the registry lock, so a snapshot cannot be deleted in between.
+            if let Some(snap) = &req.from_snapshot
+                && !lock(&self.snapshots).contains_key(snap)
+            {
+                return Err(EnvdError::SnapshotNotFound(snap.clone()));
+            }
             // Reserve the id while the backend works.
-            reg.creating.insert(id.clone());
+            reg.creating.insert(id.clone(), req.from_snapshot.clone());
         }
         let mut forward = None;
         let created = async {
