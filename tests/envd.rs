@@ -1153,3 +1153,82 @@ fn config_file_settings_apply_and_unknown_keys_are_refused() {
         "{err}"
     );
 }
+
+/// Copies the shared libraries `ldd` names for `bin` (and `bin` itself with `with_bin`)
+/// into `root` at the same paths.
+fn copy_with_libs(bin: &Path, root: &Path, with_bin: bool) {
+    let out = std::process::Command::new("ldd").arg(bin).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut files = if with_bin {
+        vec![bin.to_path_buf()]
+    } else {
+        vec![]
+    };
+    files.extend(
+        text.split_whitespace()
+            .filter(|w| w.starts_with('/'))
+            .map(PathBuf::from),
+    );
+    for f in files {
+        let dst = root.join(f.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(dst.parent().unwrap()).unwrap();
+        std::fs::copy(&f, &dst).unwrap_or_else(|e| panic!("copy {}: {e}", f.display()));
+    }
+}
+
+/// A sandbox over a given root filesystem sees that root (read-only), not the host's.
+#[test]
+fn a_rootfs_directory_replaces_the_host_view() {
+    let e = Envd::start(&[]);
+    let rootfs = e._dir.path().join("rootfs");
+    std::fs::create_dir_all(rootfs.join("etc")).unwrap();
+    std::fs::write(rootfs.join("etc/marker"), "from the rootfs\n").unwrap();
+    for bin in ["/bin/sh", "/bin/cat", "/bin/ls"] {
+        copy_with_libs(Path::new(bin), &rootfs, true);
+    }
+    // The agent is mounted in by envd; the rootfs only needs its C library.
+    copy_with_libs(Path::new(env!("CARGO_BIN_EXE_envd-agent")), &rootfs, false);
+    let id = e.create(json!({"rootfs": rootfs.to_str().unwrap()}));
+    assert_eq!(e.sh_ok(&id, "cat /etc/marker"), "from the rootfs\n");
+    let top = e.sh_ok(&id, "ls -a /");
+    let mut names: Vec<&str> = top.lines().filter(|l| *l != "." && *l != "..").collect();
+    names.sort();
+    let want = vec![
+        ".graft",
+        "bin",
+        "dev",
+        "etc",
+        "lib",
+        "lib64",
+        "proc",
+        "tmp",
+        "workspace",
+    ];
+    assert_eq!(
+        names, want,
+        "only the rootfs and the sandbox's own mounts: {top}"
+    );
+    assert_ne!(
+        e.sh(&id, "cat /etc/passwd")["exit_code"],
+        0,
+        "the host's /etc is not there"
+    );
+    assert_ne!(
+        e.sh(&id, "echo x > /bin/x")["exit_code"],
+        0,
+        "the rootfs is read-only"
+    );
+    assert!(!rootfs.join("bin/x").exists());
+    e.sh_ok(&id, "echo data > /workspace/f");
+    assert_eq!(
+        e.call("GET", &format!("/sandboxes/{id}/files/f"), None)
+            .text(),
+        "data\n"
+    );
+    let bad = e.call(
+        "POST",
+        "/sandboxes",
+        Some(json!({"rootfs": "relative/dir"})),
+    );
+    assert_eq!(bad.status, 400, "{}", bad.text());
+}
