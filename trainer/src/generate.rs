@@ -90,6 +90,25 @@ fn truncate(logits: &Tensor, top_k: i64, top_p: f64) -> Result<Tensor> {
     Ok(l)
 }
 
+/// Samples one token from one row of logits (`[vocab]`, f32): the token and its
+/// logprob under `log_softmax(logits / temperature)`.
+pub fn sample_row(logits: &Tensor, p: &SamplingParams) -> Result<(i64, f32)> {
+    let (next, lp) = if p.temperature > 0.0 {
+        let scaled = logits.f_div_scalar(p.temperature)?;
+        let lp = scaled.f_log_softmax(-1, Kind::Float)?;
+        let probs = truncate(&scaled, p.top_k, p.top_p)?.f_softmax(-1, Kind::Float)?;
+        (probs.f_multinomial(1, true)?, lp)
+    } else {
+        let lp = logits.f_log_softmax(-1, Kind::Float)?;
+        (logits.f_argmax(-1, true)?, lp)
+    };
+    let chosen = lp.f_gather(-1, &next, false)?;
+    Ok((
+        next.f_int64_value(&[0])?,
+        chosen.f_double_value(&[0])? as f32,
+    ))
+}
+
 /// Samples after each prompt (any lengths; rows are padded on the left and masked).
 pub fn sample_with(
     model: &Model,

@@ -18,3 +18,4 @@ pub mod optim;
 pub mod push;
 pub mod train;
 pub mod weights;
+pub mod engine;

@@ -274,6 +274,87 @@ impl KvCache {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// Rows (batch entries) the cache holds.
+    pub fn rows(&self) -> i64 {
+        self.layers
+            .first()
+            .and_then(|l| l.as_ref())
+            .map(|(k, _)| k.size().first().copied().unwrap_or(0))
+            .unwrap_or(0)
+    }
+
+    fn map(&self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|l| match l {
+                Some((k, v)) => Ok(Some((f(k)?, f(v)?))),
+                None => Ok(None),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
+
+    /// The cache with `n` empty positions added on the left of every row (they must be
+    /// masked as padding by the caller).
+    pub fn left_padded(&self, n: i64) -> Result<KvCache> {
+        if n == 0 {
+            return self.map(|t| Ok(t.shallow_clone()));
+        }
+        self.map(|t| {
+            let mut size = t.size();
+            size[2] = n;
+            let zeros = Tensor::f_zeros(&size, (t.kind(), t.device()))?;
+            Ok(Tensor::f_cat(&[&zeros, t], 2)?)
+        })
+    }
+
+    /// Only the given rows, in that order.
+    pub fn select_rows(&self, rows: &[i64]) -> Result<KvCache> {
+        self.map(|t| {
+            let idx = Tensor::from_slice(rows).f_to_device(t.device())?;
+            Ok(t.f_index_select(0, &idx)?)
+        })
+    }
+
+    /// The cache without its first `n` positions (padding every row shares).
+    pub fn trim_left(&self, n: i64) -> Result<KvCache> {
+        self.map(|t| {
+            let len = t.size().get(2).copied().unwrap_or(0);
+            Ok(t.f_narrow(2, n, len - n)?)
+        })
+    }
+
+    /// Rows of `a` then rows of `b`; both must already have the same length.
+    pub fn concat_rows(a: &KvCache, b: &KvCache) -> Result<KvCache> {
+        if a.layers.is_empty() || a.rows() == 0 {
+            return b.map(|t| Ok(t.shallow_clone()));
+        }
+        if b.layers.is_empty() || b.rows() == 0 {
+            return a.map(|t| Ok(t.shallow_clone()));
+        }
+        if a.len() != b.len() || a.layers.len() != b.layers.len() {
+            return Err(TrainerError::invalid(format!(
+                "cannot stack caches of lengths {} and {}",
+                a.len(),
+                b.len()
+            )));
+        }
+        let layers = a
+            .layers
+            .iter()
+            .zip(&b.layers)
+            .map(|(x, y)| match (x, y) {
+                (Some((ka, va)), Some((kb, vb))) => Ok(Some((
+                    Tensor::f_cat(&[ka, kb], 0)?,
+                    Tensor::f_cat(&[va, vb], 0)?,
+                ))),
+                _ => Err(TrainerError::invalid("cannot stack a partly empty cache")),
+            })
+            .collect::<Result<_>>()?;
+        Ok(KvCache { layers })
+    }
 }
 
 struct Linear {
