@@ -1,16 +1,14 @@
 //! graft's trainer: Llama / Qwen2 / Qwen3 in libtorch (tch) from HF safetensors, the GRPO
 //! loss, Balanced Adaptive Rollout selection, AdamW with fp32 master weights, checkpoints,
-//! and the weight push to an SGLang-compatible server.
+//! KV-cache sampling and the serving engine behind `graft serve`, and the weight push to
+//! an SGLang-compatible server.
 //!
 //! Call [`device::init`] first: it loads libtorch's CUDA backend when there is one.
 
-pub mod device;
-pub mod error;
-
-pub use error::{Result, TrainerError};
-/// The tch this crate is built on (seeding, devices, tensors for callers).
-pub use tch;
 pub mod bar;
+pub mod device;
+pub mod engine;
+pub mod error;
 pub mod generate;
 pub mod grpo;
 pub mod model;
@@ -18,4 +16,7 @@ pub mod optim;
 pub mod push;
 pub mod train;
 pub mod weights;
-pub mod engine;
+
+pub use error::{Result, TrainerError};
+/// The tch this crate is built on (seeding, devices, tensors for callers).
+pub use tch;
