@@ -33,6 +33,10 @@ pub enum Command {
     /// to an SGLang-compatible server.
     #[cfg(feature = "trainer")]
     Train(crate::train::TrainArgs),
+    /// The model behind SGLang's native API (`/generate`, weight updates, pause/continue),
+    /// batching concurrent requests; CPU or CUDA.
+    #[cfg(feature = "trainer")]
+    Serve(crate::serve::ServeArgs),
     /// The embedded default: a scripted upstream, the gateway in front of it, and a short
     /// client run through it; prints where the records went.
     Demo(crate::demo::DemoArgs),
@@ -126,6 +130,8 @@ pub fn main() -> ExitCode {
             Command::Reconstruct(args) => crate::reconstruct::run(args),
             #[cfg(feature = "trainer")]
             Command::Train(args) => crate::train::run(args),
+            #[cfg(feature = "trainer")]
+            Command::Serve(args) => crate::serve::run(args).await,
             Command::Envd(args) => crate::envd::run(args).await,
             Command::Rl(args) => crate::rl::run(args).await,
         }

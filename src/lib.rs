@@ -12,4 +12,6 @@ pub mod rl;
 pub mod records;
 pub mod scripted;
 #[cfg(feature = "trainer")]
+pub mod serve;
+#[cfg(feature = "trainer")]
 pub mod train;

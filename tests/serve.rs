@@ -1,0 +1,183 @@
+//! `graft serve` on the trainer's tiny Qwen3 fixture, driven over HTTP: `/generate`
+//! answers what the model computes (JSON and streamed), concurrent requests, and the weight
+//! push round trip: after `graft train`-style weights are pushed, the server reports the
+//! new weight_version and its logprobs for a fixed prompt equal the trainer's.
+#![cfg(feature = "trainer")]
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use graft_trainer::generate;
+use graft_trainer::model::Model;
+use graft_trainer::push::{self, ServerUrl};
+use graft_trainer::tch::{Device, Kind, Tensor};
+use graft_trainer::weights;
+use serde_json::{Value, json};
+
+fn fixture() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("trainer/tests/fixtures/models/qwen3")
+}
+
+struct Server {
+    child: Child,
+    url: String,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start() -> anyhow::Result<Server> {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args(["serve", "--listen", "127.0.0.1:0", "--model"])
+        .arg(fixture())
+        .env("GRAFT_DEVICE", "cpu")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()?;
+    let stdout = child
+        .stdout
+        .take()
+        .ok_or_else(|| anyhow::anyhow!("no stdout"))?;
+    let mut line = String::new();
+    BufReader::new(stdout).read_line(&mut line)?;
+    let url = line
+        .split_whitespace()
+        .find(|w| w.starts_with("http://"))
+        .ok_or_else(|| anyhow::anyhow!("graft serve printed '{line}'"))?
+        .to_owned();
+    Ok(Server { child, url })
+}
+
+fn post(url: &str, path: &str, body: Value) -> anyhow::Result<(u16, String)> {
+    let u = ServerUrl::parse(url)?;
+    let r = push::post_json(&u, path, &body, Duration::from_secs(60))?;
+    Ok((r.status, r.body))
+}
+
+fn local_model(dir: &Path) -> anyhow::Result<Model> {
+    graft_trainer::device::init();
+    Ok(Model::load(dir, Device::Cpu, Kind::Float)?)
+}
+
+#[test]
+fn generate_answers_what_the_model_computes() -> anyhow::Result<()> {
+    let server = start()?;
+    let model = local_model(&fixture())?;
+    let prompt = vec![1i64, 20, 33, 7];
+    let want = generate::sample(&model, std::slice::from_ref(&prompt), 6, 0.0)?;
+    let body = json!({"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 6, "ignore_eos": true}, "return_logprob": true});
+    let (status, text) = post(&server.url, "/generate", body.clone())?;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text)?;
+    let ids: Vec<i64> = serde_json::from_value(v["output_ids"].clone())?;
+    assert_eq!(ids, want[0].tokens);
+    let meta = &v["meta_info"];
+    assert_eq!(meta["finish_reason"]["type"], "length");
+    assert_eq!(meta["prompt_tokens"], 4);
+    assert_eq!(meta["completion_tokens"], 6);
+    assert_eq!(meta["weight_version"], "default");
+    let lps = meta["output_token_logprobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(lps.len(), 6);
+    for (e, (id, lp)) in lps.iter().zip(want[0].tokens.iter().zip(&want[0].logprobs)) {
+        assert_eq!(e[1].as_i64(), Some(*id));
+        assert!((e[0].as_f64().unwrap_or(f64::NAN) - f64::from(*lp)).abs() < 1e-4);
+    }
+
+    // Streamed: cumulative events, the last with the finish reason, then [DONE].
+    let mut stream = body;
+    stream["stream"] = json!(true);
+    let (status, text) = post(&server.url, "/generate", stream)?;
+    assert_eq!(status, 200);
+    let events: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(events.last(), Some(&"[DONE]"), "{text}");
+    let last: Value = serde_json::from_str(events[events.len() - 2])?;
+    assert_eq!(last["output_ids"], json!(want[0].tokens));
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+    assert!(events.len() >= 7, "one event per token: {events:?}");
+
+    // Concurrent requests all get their own answer.
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let url = server.url.clone();
+            std::thread::spawn(move || {
+                post(&url, "/generate", json!({"input_ids": [1, 2 + i, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": true}}))
+            })
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let (status, text) = h.join().map_err(|_| anyhow::anyhow!("thread"))??;
+        assert_eq!(status, 200);
+        let v: Value = serde_json::from_str(&text)?;
+        let alone = generate::sample(&model, &[vec![1, 2 + i as i64, 3]], 5, 0.0)?;
+        assert_eq!(v["output_ids"], json!(alone[0].tokens));
+    }
+    let (status, text) = post(&server.url, "/generate", json!({"sampling_params": {}}))?;
+    assert_eq!(status, 400);
+    assert!(text.contains("input_ids"), "{text}");
+    Ok(())
+}
+
+#[test]
+fn weight_push_round_trip() -> anyhow::Result<()> {
+    let server = start()?;
+    // New weights, written as the trainer writes them.
+    let tmp = tempfile::tempdir()?;
+    let base = local_model(&fixture())?;
+    let params: Vec<(String, Tensor)> = base
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, t.detach() * 0.8))
+        .collect();
+    let dir = tmp.path().join("step-7");
+    weights::write_dir(&dir, base.raw_config(), &params, Kind::Float, usize::MAX)?;
+    push::push_weights(&server.url, &dir, "step-7")?;
+    let (_, info) = post(&server.url, "/get_model_info", json!({}))?;
+    let info: Value = serde_json::from_str(&info)?;
+    assert_eq!(info["weight_version"], "step-7");
+    // The server's logprobs for a fixed prompt + continuation equal the trainer's.
+    let trained = local_model(&dir)?;
+    let prompt = vec![1i64, 9, 9, 4];
+    let body = json!({"input_ids": prompt, "sampling_params": {"temperature": 0.0, "max_new_tokens": 5, "ignore_eos": true}, "return_logprob": true});
+    let (_, text) = post(&server.url, "/generate", body)?;
+    let v: Value = serde_json::from_str(&text)?;
+    assert_eq!(v["meta_info"]["weight_version"], "step-7");
+    let ids: Vec<i64> = serde_json::from_value(v["output_ids"].clone())?;
+    let mut seq = prompt.clone();
+    seq.extend(&ids);
+    let lp = graft_trainer::grpo::token_logprobs(
+        &trained,
+        &Tensor::from_slice(&seq).unsqueeze(0),
+        1.0,
+        64,
+    )?;
+    let lp: Vec<f32> = Vec::try_from(lp.squeeze_dim(0).narrow(
+        0,
+        prompt.len() as i64,
+        ids.len() as i64,
+    ))?;
+    let served = v["meta_info"]["output_token_logprobs"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(served.len(), lp.len());
+    for (e, l) in served.iter().zip(&lp) {
+        let s = e[0].as_f64().unwrap_or(f64::NAN);
+        assert!(
+            (s - f64::from(*l)).abs() < 1e-4,
+            "served {s} vs trainer {l}"
+        );
+    }
+    Ok(())
+}
