@@ -1232,3 +1232,28 @@ fn a_rootfs_directory_replaces_the_host_view() {
     );
     assert_eq!(bad.status, 400, "{}", bad.text());
 }
+
+/// A second envd on a data dir in use refuses to start (it would take the first one's
+/// sandboxes for leftovers of a crash), and says which process holds it.
+#[test]
+fn a_second_envd_on_the_same_data_dir_refuses_to_start() {
+    let e = Envd::start(&[]);
+    let id = e.create(json!({}));
+    let out = std::process::Command::new(common::graft_bin())
+        .args([
+            "envd",
+            "--listen",
+            "127.0.0.1:0",
+            "--data-dir",
+            e.data.to_str().unwrap(),
+        ])
+        .env("GRAFT_ENVD_API_KEY", KEY)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("another envd"), "{err}");
+    // The first one's sandbox is untouched.
+    assert_eq!(e.sh_ok(&id, "echo still here"), "still here\n");
+}

@@ -128,6 +128,8 @@ pub struct LocalBackend {
     bwrap: PathBuf,
     /// (uid, gid) the sandboxed processes run as; `None` when envd is not root.
     pub owner: Option<(u32, u32)>,
+    /// `<data>/envd.lock`, held (flock) while this envd runs.
+    _lock: std::fs::File,
 }
 
 fn now_ms() -> u64 {
@@ -192,6 +194,29 @@ impl LocalBackend {
             .map_err(|e| dd(format!("cannot create it: {e}")))?;
         let data =
             std::fs::canonicalize(data).map_err(|e| dd(format!("cannot resolve it: {e}")))?;
+        // One envd per data dir: a second one would take the first one's sandboxes for
+        // leftovers of a crash and remove them.
+        let lock_path = data.join("envd.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|e| dd(format!("cannot open {}: {e}", lock_path.display())))?;
+        if rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).is_err() {
+            let holder = std::fs::read_to_string(&lock_path).unwrap_or_default();
+            return Err(dd(format!(
+                "another envd (pid {}) is using it; stop that one or choose another --data-dir",
+                holder.trim()
+            )));
+        }
+        {
+            use std::io::Write;
+            let mut l = &lock;
+            let _ = l.set_len(0);
+            let _ = write!(l, "{}", std::process::id());
+        }
         if is_root {
             // The sandbox user must be able to reach the workspace to bind-mount it: every
             // ancestor needs search permission for others.
@@ -251,6 +276,7 @@ impl LocalBackend {
             agent,
             bwrap,
             owner,
+            _lock: lock,
         };
         backend.remove_leftovers().await;
         Ok(backend)
