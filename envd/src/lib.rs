@@ -4,7 +4,8 @@
 //! the gateway's internals: a sandbox reaches the gateway over HTTP through a forwarded
 //! loopback port, and a gateway session is only a URL and a key to it.
 
-pub mod agent;
+/// The in-sandbox agent (its own crate, `envd/agent`, so it can be built static).
+pub use graft_envd_agent as agent;
 pub mod cgroup;
 pub mod config;
 pub mod error;

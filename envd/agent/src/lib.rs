@@ -9,6 +9,9 @@
 //! with its status (`128 + signal` when a signal ended it). No process outlives its exec.
 //!
 //! Usage: `envd-agent [--forward 127.0.0.1:PORT=/path/to.sock] -- PROGRAM [ARGS...]`
+//!
+//! std + rustix only: `cargo build --release -p graft-envd-agent --example envd-agent
+//! --target x86_64-unknown-linux-musl` gives a static binary for any root filesystem.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
