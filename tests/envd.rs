@@ -232,7 +232,7 @@ fn api_key_is_required_and_errors_name_the_problem() {
     assert!(bad.text().contains("memroy_mb"), "{}", bad.text());
     let img = e.call("POST", "/sandboxes", Some(json!({"image": "python:3.12"})));
     assert_eq!(img.status, 400);
-    assert!(img.text().contains("rootfs"), "{}", img.text());
+    assert!(img.text().contains("docker save"), "{}", img.text());
     let gw = e.call("POST", "/sandboxes", Some(json!({"network": "gateway"})));
     assert_eq!(gw.status, 400);
     assert!(gw.text().contains("--gateway"), "{}", gw.text());
@@ -1256,4 +1256,105 @@ fn a_second_envd_on_the_same_data_dir_refuses_to_start() {
     assert!(err.contains("another envd"), "{err}");
     // The first one's sandbox is untouched.
     assert_eq!(e.sh_ok(&id, "echo still here"), "still here\n");
+}
+
+/// A `docker save` tarball as the sandbox's root: its layers are applied in order with
+/// whiteouts (a deleted file, an opaque directory), setuid bits and fifos are dropped, and
+/// a second sandbox of the same image reuses the flattened root.
+#[test]
+fn a_docker_save_image_becomes_the_sandbox_root() {
+    let e = Envd::start(&[]);
+    let base = e._dir.path().join("img");
+    let l1 = base.join("l1root");
+    std::fs::create_dir_all(l1.join("etc")).unwrap();
+    std::fs::create_dir_all(l1.join("opt/x")).unwrap();
+    for bin in ["/bin/sh", "/bin/cat", "/bin/ls"] {
+        copy_with_libs(Path::new(bin), &l1, true);
+    }
+    copy_with_libs(Path::new(env!("CARGO_BIN_EXE_envd-agent")), &l1, false);
+    std::fs::write(l1.join("etc/a"), "a1\n").unwrap();
+    std::fs::write(l1.join("etc/b"), "b1\n").unwrap();
+    std::fs::write(l1.join("opt/x/old"), "old\n").unwrap();
+    let l2 = base.join("l2root");
+    std::fs::create_dir_all(l2.join("etc")).unwrap();
+    std::fs::create_dir_all(l2.join("opt/x")).unwrap();
+    std::fs::write(l2.join("etc/a"), "a2\n").unwrap();
+    std::fs::write(l2.join("etc/.wh.b"), "").unwrap();
+    std::fs::write(l2.join("opt/x/.wh..wh..opq"), "").unwrap();
+    std::fs::write(l2.join("opt/x/new"), "new\n").unwrap();
+    std::fs::write(l2.join("etc/suid"), "#!/bin/sh\necho hi\n").unwrap();
+    std::fs::set_permissions(l2.join("etc/suid"), std::fs::Permissions::from_mode(0o4755)).unwrap();
+    let st = std::process::Command::new("mkfifo")
+        .arg(l2.join("etc/fifo"))
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let img = base.join("image");
+    std::fs::create_dir_all(img.join("l1")).unwrap();
+    std::fs::create_dir_all(img.join("l2")).unwrap();
+    let tar = |args: &[&str]| {
+        let st = std::process::Command::new("tar")
+            .args(args)
+            .status()
+            .unwrap();
+        assert!(st.success(), "tar {args:?}");
+    };
+    let p = |x: &Path| x.to_str().unwrap().to_owned();
+    tar(&["-cf", &p(&img.join("l1/layer.tar")), "-C", &p(&l1), "."]);
+    tar(&["-czf", &p(&img.join("l2/layer.tar.gz")), "-C", &p(&l2), "."]);
+    std::fs::write(img.join("config.json"), "{}").unwrap();
+    std::fs::write(
+        img.join("manifest.json"),
+        r#"[{"Config":"config.json","RepoTags":["envd-test:1"],"Layers":["l1/layer.tar","l2/layer.tar.gz"]}]"#,
+    )
+    .unwrap();
+    let tarball = base.join("envd-test.tar");
+    tar(&["-cf", &p(&tarball), "-C", &p(&img), "."]);
+
+    let id = e.create(json!({"image": p(&tarball)}));
+    assert_eq!(e.sh_ok(&id, "cat /etc/a"), "a2\n", "the upper layer wins");
+    assert_ne!(
+        e.sh(&id, "cat /etc/b")["exit_code"],
+        0,
+        "the whiteout removed b"
+    );
+    assert_eq!(
+        e.sh_ok(&id, "ls /opt/x"),
+        "new\n",
+        "the opaque dir hides the lower layer"
+    );
+    assert_ne!(
+        e.sh(&id, "cat /etc/fifo < /dev/null")["exit_code"],
+        0,
+        "no fifo"
+    );
+    assert_ne!(
+        e.sh(&id, "cat /etc/passwd")["exit_code"],
+        0,
+        "not the host's root"
+    );
+    let images: Vec<PathBuf> = std::fs::read_dir(e.data.join("images"))
+        .unwrap()
+        .flatten()
+        .map(|x| x.path())
+        .collect();
+    assert_eq!(images.len(), 1, "{images:?}");
+    let suid = std::fs::metadata(images[0].join("rootfs/etc/suid")).unwrap();
+    assert_eq!(suid.permissions().mode() & 0o7777, 0o755, "setuid dropped");
+    // The same image again: the flattened root is reused.
+    let again = e.create(json!({"image": p(&tarball)}));
+    assert_eq!(e.sh_ok(&again, "cat /etc/a"), "a2\n");
+    assert_eq!(std::fs::read_dir(e.data.join("images")).unwrap().count(), 1);
+    // Errors name the problem.
+    let rel = e.call(
+        "POST",
+        "/sandboxes",
+        Some(json!({"image": "envd-test.tar"})),
+    );
+    assert_eq!(rel.status, 400, "{}", rel.text());
+    assert!(rel.text().contains("docker save"), "{}", rel.text());
+    let not_tar = base.join("not.tar");
+    std::fs::write(&not_tar, "hello").unwrap();
+    let r = e.call("POST", "/sandboxes", Some(json!({"image": p(&not_tar)})));
+    assert_eq!(r.status, 400, "{}", r.text());
 }

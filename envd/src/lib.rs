@@ -10,6 +10,7 @@ pub mod cgroup;
 pub mod config;
 pub mod error;
 pub mod files;
+pub mod image;
 pub mod local;
 pub mod model;
 pub mod openapi;

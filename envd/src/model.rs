@@ -46,7 +46,8 @@ pub struct CreateSandbox {
     /// Caller-chosen id (`[A-Za-z0-9_-]`, at most 64); a UUID when left out.
     #[serde(default)]
     pub id: Option<String>,
-    /// Container image: not supported by the local backend (use `rootfs`).
+    /// Container image: for the local backend, an absolute path to a `docker save` tarball
+    /// (or its unpacked directory) on the envd host; flattened once and reused.
     #[serde(default)]
     pub image: Option<String>,
     /// A root filesystem directory on the envd host; the host's read-only view when left out.

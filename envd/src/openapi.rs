@@ -69,7 +69,7 @@ pub fn document() -> Value {
                 "Error": {"type": "object", "properties": {"error": {"type": "object", "properties": {"message": {"type": "string"}, "type": {"type": "string"}}}}},
                 "CreateSandbox": {"type": "object", "additionalProperties": false, "properties": {
                     "id": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-                    "image": {"type": "string", "description": "not supported by the local backend"},
+                    "image": {"type": "string", "description": "local backend: absolute path to a `docker save` tarball (or its unpacked directory) on the envd host, flattened once (layers + whiteouts) and reused"},
                     "rootfs": {"type": "string", "description": "root filesystem directory on the envd host; default: the host's read-only /usr, /etc, ..."},
                     "cpus": {"type": "number"}, "memory_mb": {"type": "integer"}, "pids": {"type": "integer"},
                     "ttl_secs": {"type": "integer", "description": "idle time to live; any request on the sandbox or a heartbeat renews it"},

@@ -421,10 +421,10 @@ impl Service {
     }
 
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, EnvdError> {
-        if let Some(image) = &req.image {
-            return Err(EnvdError::BadRequest(format!(
-                "image '{image}': the local backend runs a rootfs directory, not an image; unpack it (e.g. `docker export` into a directory) and pass `rootfs`, or leave both out for the host's read-only view"
-            )));
+        if req.image.is_some() && req.rootfs.is_some() {
+            return Err(EnvdError::BadRequest(
+                "give `image` or `rootfs`, not both".to_owned(),
+            ));
         }
         let id = match req.id {
             Some(id) if !valid_id(&id) => {
@@ -434,6 +434,20 @@ impl Service {
             }
             Some(id) => id,
             None => uuid::Uuid::new_v4().simple().to_string(),
+        };
+        let image_root = match &req.image {
+            Some(image) => {
+                let image = PathBuf::from(image);
+                let cache = self.backend.data_dir().join("images");
+                Some(
+                    tokio::task::spawn_blocking(move || crate::image::rootfs(&image, &cache))
+                        .await
+                        .map_err(|e| {
+                            EnvdError::Backend(format!("unpacking the image failed: {e}"))
+                        })??,
+                )
+            }
+            None => None,
         };
         let rootfs = match req.rootfs {
             Some(r) => {
@@ -445,7 +459,7 @@ impl Service {
                 }
                 Some(p)
             }
-            None => None,
+            None => image_root,
         };
         let d = self.cfg.defaults;
         let limits = Limits {
