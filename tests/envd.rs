@@ -194,6 +194,19 @@ fn lifecycle_create_get_list_wait_heartbeat_delete() {
         !workspace_dir(&e.data, &id).exists(),
         "delete removes the sandbox's directory"
     );
+    // The metrics saw it all (no key needed to scrape them).
+    let m = e.raw("GET", "/metrics", &[], vec![]);
+    assert_eq!(m.status, 200);
+    let text = m.text();
+    for line in [
+        "graft_envd_sandboxes 0",
+        "graft_envd_sandboxes_created_total 1",
+        "graft_envd_sandboxes_deleted_total{reason=\"request\"} 1",
+        "graft_envd_jobs_total{state=\"exited\"} 2",
+        "graft_envd_create_seconds_count 1",
+    ] {
+        assert!(text.lines().any(|l| l == line), "no '{line}' in:\n{text}");
+    }
 }
 
 #[test]

@@ -12,6 +12,7 @@ pub mod error;
 pub mod files;
 pub mod image;
 pub mod local;
+pub mod metrics;
 pub mod model;
 pub mod openapi;
 pub mod server;

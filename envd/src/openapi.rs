@@ -7,6 +7,7 @@ use serde_json::{Value, json};
 pub const ROUTES: &[(&str, &str)] = &[
     ("get", "/healthz"),
     ("get", "/openapi.json"),
+    ("get", "/metrics"),
     ("get", "/sandboxes"),
     ("post", "/sandboxes"),
     ("get", "/sandboxes/{id}"),
@@ -121,6 +122,7 @@ pub fn document() -> Value {
         "paths": {
             "/healthz": {"get": op("liveness (no key needed)", None, ("200", json!({"type": "object"})))},
             "/openapi.json": {"get": op("this document (no key needed)", None, ("200", json!({"type": "object"})))},
+            "/metrics": {"get": {"summary": "Prometheus metrics (OpenMetrics text; no key needed): graft_envd_sandboxes, _sandboxes_created, _sandboxes_deleted{reason}, _jobs{state}, _job_seconds, _create_seconds, _oom_kills", "security": [], "responses": {"200": {"description": "metrics", "content": {"text/plain": {"schema": {"type": "string"}}}}}}},
             "/sandboxes": {
                 "get": op("list sandboxes", None, ("200", json!({"type": "object", "properties": {"sandboxes": {"type": "array", "items": r("Sandbox")}}}))),
                 "post": op("create a sandbox", Some(json_body("CreateSandbox")), ("201", r("Sandbox")))

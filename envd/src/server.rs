@@ -265,6 +265,13 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
     };
     match segs.as_slice() {
         ["healthz"] => return Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
+        ["metrics"] => {
+            return Ok(full(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                svc.metrics.encode(),
+            ));
+        }
         ["openapi.json"] => {
             return Ok(json_response(StatusCode::OK, &crate::openapi::document()));
         }

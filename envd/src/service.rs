@@ -179,6 +179,7 @@ impl Sandbox {
 pub struct Service {
     pub cfg: Arc<EnvdConfig>,
     pub backend: LocalBackend,
+    pub metrics: crate::metrics::Metrics,
     sandboxes: Mutex<Registry>,
     snapshots: Mutex<HashMap<String, SnapshotInfo>>,
 }
@@ -252,6 +253,7 @@ impl Service {
         Service {
             cfg,
             backend,
+            metrics: crate::metrics::Metrics::new(),
             sandboxes: Mutex::new(Registry::default()),
             snapshots: Mutex::new(snapshots),
         }
@@ -421,6 +423,7 @@ impl Service {
     }
 
     pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, EnvdError> {
+        let started = Instant::now();
         if req.image.is_some() && req.rootfs.is_some() {
             return Err(EnvdError::BadRequest(
                 "give `image` or `rootfs`, not both".to_owned(),
@@ -640,6 +643,11 @@ impl Service {
             reg.creating.remove(&id);
             reg.live.insert(id.clone(), sb.clone());
         }
+        self.metrics.created.inc();
+        self.metrics.sandboxes.inc();
+        self.metrics
+            .create_seconds
+            .observe(started.elapsed().as_secs_f64());
         info!(sandbox = %id, "sandbox created");
         Ok(self.info(&sb))
     }
@@ -662,6 +670,18 @@ impl Service {
         }
         let r = self.backend.delete(&sb.paths).await;
         lock(&self.sandboxes).live.remove(id);
+        self.metrics.sandboxes.dec();
+        let reason = if why.contains("ttl") {
+            "ttl"
+        } else if why.contains("shutting") {
+            "shutdown"
+        } else {
+            "request"
+        };
+        self.metrics
+            .deleted
+            .get_or_create(&crate::metrics::ReasonLabel { reason })
+            .inc();
         info!(sandbox = %id, reason = why, "sandbox deleted");
         r
     }
@@ -794,6 +814,16 @@ impl Service {
                 .await;
             if let Some(e) = &info.error {
                 warn!(sandbox = %sb2.id, job = %job2.id, error = %e, "job ended with an error");
+            }
+            svc.metrics
+                .jobs
+                .get_or_create(&crate::metrics::StateLabel { state: info.state })
+                .inc();
+            if let Some(ms) = info.duration_ms {
+                svc.metrics.job_seconds.observe(ms as f64 / 1000.0);
+            }
+            if info.oom_killed {
+                svc.metrics.oom_kills.inc();
             }
             job2.result.send_replace(Some(info));
             lock(&job2.events).take();
