@@ -36,8 +36,8 @@ pub struct TrainArgs {
     pub out: PathBuf,
     #[arg(long, default_value_t = 1e-6)]
     pub lr: f64,
-    /// Optimizer steps per pass over the samples (the batch is split into this many
-    /// mini-batches by group).
+    /// Optimizer steps per pass over the samples (the samples are dealt round-robin
+    /// into this many mini-batches).
     #[arg(long, default_value_t = 1)]
     pub mini_batches: usize,
     /// Passes over the samples.

@@ -39,6 +39,9 @@ fn objective(model: &Model, samples: &[Sample], adv: &[f64]) -> anyhow::Result<f
 fn rollouts() -> anyhow::Result<(Vec<Sample>, Vec<f64>)> {
     graft_trainer::device::init();
     let model = Model::load(&fixture(), Device::Cpu, Kind::Float)?;
+    // libtorch's RNG is global: the tests of this file sample one at a time.
+    static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _guard = RNG.lock().unwrap_or_else(|e| e.into_inner());
     tch::manual_seed(5);
     let prompts: Vec<Vec<i64>> = (0..32).map(|i| vec![1, 3 + (i / 8) as i64, 7]).collect();
     let gens = generate::sample(&model, &prompts, 4, 1.0)?;

@@ -3,7 +3,10 @@
 //! For each `--shape`: GRPO optimizer steps (forward, backward, AdamW over fp32 masters)
 //! on random sequences → trained tokens/s and, with `--peak-tflops`, MFU (FLOPs per token
 //! = 6 × matmul parameters + 6 × layers × seq × attention width, causal); then KV-cache
-//! sampling → generated tokens/s. Prints a Markdown table (and writes it to `--out`).
+//! sampling → generated tokens/s. The baseline, measured in the same run, is a bare
+//! forward + backward of the same batch (no GRPO loss, no optimizer): `step / bare` is
+//! what the loss and AdamW over fp32 masters cost on top. Prints a Markdown table (and
+//! writes it to `--out`).
 //!
 //! cargo bench -p graft-trainer --bench trainer -- [--shape NAME]... [--batch B] [--seq T]
 //!     [--steps N] [--gen-batch B] [--gen-tokens N] [--peak-tflops F] [--out FILE]
@@ -91,14 +94,14 @@ fn main() -> anyhow::Result<()> {
     table.push_str(&format!(
         "device: {:?} ({kind:?}){}; libtorch threads: {threads}; batch {} × seq {}, {} timed steps after 1 warm-up; sampling {} × {} new tokens\n\n",
         dev.device,
-        dev.cpu_reason.as_ref().map(|r| format!(", {r}")).unwrap_or_default(),
+        if dev.cpu_reason.is_some() { ", no CUDA" } else { "" },
         a.batch,
         a.seq,
         a.steps,
         a.gen_batch,
         a.gen_tokens
     ));
-    table.push_str("| shape | params | train tokens/s | step s | TFLOP/s | MFU | sample tokens/s |\n|---|---|---|---|---|---|---|\n");
+    table.push_str("| shape | params | GRPO step tokens/s | step s | bare fwd+bwd s | step / bare | TFLOP/s | MFU | sample tokens/s |\n|---|---|---|---|---|---|---|---|---|\n");
     for name in &a.shapes {
         let config = shape(name).ok_or_else(|| anyhow::anyhow!("unknown shape {name}"))?;
         let model = Model::random(config, dev.device, kind, 0)?;
@@ -164,6 +167,30 @@ fn main() -> anyhow::Result<()> {
         }
         let secs = start.elapsed().as_secs_f64() / a.steps.max(1) as f64;
         let tokens = (a.batch * a.seq) as f64;
+        // Baseline, same run: a bare forward + backward of the same batch (a mean of the
+        // log-softmax, no GRPO loss, no optimizer, no micro-batching).
+        let ids: Vec<i64> = batch.iter().flat_map(|s| s.tokens.clone()).collect();
+        let ids = tch::Tensor::from_slice(&ids)
+            .reshape([a.batch as i64, a.seq as i64])
+            .to_device(dev.device);
+        let bare = |m: &Model| -> anyhow::Result<()> {
+            let lp = m.forward(&ids)?.log_softmax(-1, tch::Kind::Float);
+            lp.mean(tch::Kind::Float).backward();
+            Ok(())
+        };
+        bare(&trainer.model)?;
+        if let Device::Cuda(_) = dev.device {
+            tch::Cuda::synchronize(0);
+        }
+        let start = Instant::now();
+        for _ in 0..a.steps {
+            bare(&trainer.model)?;
+        }
+        if let Device::Cuda(_) = dev.device {
+            tch::Cuda::synchronize(0);
+        }
+        let bare_secs = start.elapsed().as_secs_f64() / a.steps.max(1) as f64;
+        trainer.optimizer.zero_grad()?;
         let tflops = flops_per_token * tokens / secs / 1e12;
         let mfu = a
             .peak_tflops
@@ -175,9 +202,10 @@ fn main() -> anyhow::Result<()> {
         let _ = generate::sample(&trainer.model, &prompts, a.gen_tokens, 1.0)?;
         let sampled = (a.gen_batch * a.gen_tokens) as f64 / start.elapsed().as_secs_f64();
         let row = format!(
-            "| {name} | {:.1}M | {:.0} | {secs:.2} | {tflops:.2} | {mfu} | {sampled:.0} |\n",
+            "| {name} | {:.1}M | {:.0} | {secs:.3} | {bare_secs:.3} | {:.2}× | {tflops:.2} | {mfu} | {sampled:.0} |\n",
             params as f64 / 1e6,
-            tokens / secs
+            tokens / secs,
+            secs / bare_secs
         );
         eprint!("{row}");
         table.push_str(&row);
