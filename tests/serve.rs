@@ -33,9 +33,13 @@ impl Drop for Server {
 }
 
 fn start() -> anyhow::Result<Server> {
+    start_with(&fixture())
+}
+
+fn start_with(model: &Path) -> anyhow::Result<Server> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_graft"))
         .args(["serve", "--listen", "127.0.0.1:0", "--model"])
-        .arg(fixture())
+        .arg(model)
         .env("GRAFT_DEVICE", "cpu")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -179,5 +183,62 @@ fn weight_push_round_trip() -> anyhow::Result<()> {
             "served {s} vs trainer {l}"
         );
     }
+    Ok(())
+}
+
+/// The fixture plus a word-level tokenizer.json ("w000" … "w159", split on spaces), so
+/// `text` prompts, decoded `text` answers and stop strings can be checked exactly.
+fn with_tokenizer(dir: &Path) -> anyhow::Result<()> {
+    for e in std::fs::read_dir(fixture())? {
+        let e = e?;
+        std::fs::copy(e.path(), dir.join(e.file_name()))?;
+    }
+    let vocab: serde_json::Map<String, Value> =
+        (0..160).map(|i| (format!("w{i:03}"), json!(i))).collect();
+    let tok = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+        "normalizer": null, "pre_tokenizer": {"type": "WhitespaceSplit"}, "post_processor": null,
+        "decoder": null, "model": {"type": "WordLevel", "vocab": vocab, "unk_token": "w000"}
+    });
+    std::fs::write(dir.join("tokenizer.json"), tok.to_string())?;
+    Ok(())
+}
+
+fn words(ids: &[i64]) -> String {
+    ids.iter()
+        .map(|i| format!("w{i:03}"))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+#[test]
+fn text_prompts_decoded_answers_and_stop_strings() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    with_tokenizer(tmp.path())?;
+    let server = start_with(tmp.path())?;
+    let model = local_model(&fixture())?;
+    let prompt = vec![1i64, 20, 33, 7];
+    let want = generate::sample(&model, std::slice::from_ref(&prompt), 8, 0.0)?[0]
+        .tokens
+        .clone();
+    let body = json!({"text": words(&prompt), "sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": true}});
+    let (status, text) = post(&server.url, "/generate", body)?;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text)?;
+    assert_eq!(v["output_ids"], json!(want));
+    assert_eq!(v["text"], json!(words(&want)));
+    assert_eq!(v["meta_info"]["prompt_tokens"], 4);
+
+    // A stop string ends the answer at its first occurrence (kept in the output).
+    let stop = format!("w{:03}", want[3]);
+    let first = want.iter().position(|&t| t == want[3]).unwrap_or(3);
+    let body = json!({"text": words(&prompt), "sampling_params": {"temperature": 0.0, "max_new_tokens": 8, "ignore_eos": true, "stop": [stop]}});
+    let (_, text) = post(&server.url, "/generate", body)?;
+    let v: Value = serde_json::from_str(&text)?;
+    assert_eq!(v["output_ids"], json!(want[..=first]), "{text}");
+    assert_eq!(
+        v["meta_info"]["finish_reason"],
+        json!({"type": "stop", "matched": stop})
+    );
     Ok(())
 }
