@@ -30,11 +30,13 @@ libtorch_path() {
   "$dir/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"] + "/torch")'
 }
 
-# ready PATH: links $env_dir/libtorch to PATH (relative, so the tree can move) and prints it.
+# ready PATH: links $env_dir/libtorch to PATH (relative, so the tree can move) and prints
+# the link, the same path .cargo/config.toml gives cargo: torch-sys rebuilds whenever
+# LIBTORCH changes, so scripts and plain cargo commands must agree on it.
 ready() {
   local rel="${1#"$env_dir"/}"
   ln -sfn "$rel" "$env_dir/libtorch"
-  echo "$1"
+  echo "$env_dir/libtorch"
 }
 
 want="$("$python" --version 2>&1) ${TORCH_PKGS[*]}"
