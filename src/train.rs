@@ -52,9 +52,12 @@ pub struct TrainArgs {
     /// Padded tokens per micro-batch.
     #[arg(long, default_value_t = 16384)]
     pub micro_batch_tokens: usize,
-    /// k3 KL coefficient against the starting policy (0: off).
+    /// k3 KL coefficient (0: off); needs --ref-model.
     #[arg(long, default_value_t = 0.0)]
     pub kl_coef: f64,
+    /// The frozen reference policy of the KL term (usually the model RL started from).
+    #[arg(long)]
+    pub ref_model: Option<PathBuf>,
     /// Choose each group's rollouts by Balanced Adaptive Rollout (8 of up to 16, 37.5%
     /// to 62.5% positive).
     #[arg(long)]
@@ -72,9 +75,9 @@ pub struct TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
-    if a.kl_coef != 0.0 {
+    if a.kl_coef != 0.0 && a.ref_model.is_none() {
         anyhow::bail!(
-            "--kl-coef needs reference logprobs, which graft train does not compute yet; leave it at 0"
+            "--kl-coef needs --ref-model DIR (the frozen reference policy, usually the model RL started from)"
         );
     }
     let dev = graft_trainer::device::init();
@@ -133,6 +136,7 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
     let config = TrainConfig {
         grpo: GrpoConfig {
             mode,
+            kl_coef: a.kl_coef,
             temperature: a.temperature,
             ..GrpoConfig::default()
         },
@@ -145,6 +149,11 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
         advantage_eps: 1e-6,
     };
     let mut trainer = Trainer::new(model, config)?;
+    if let (Some(dir), true) = (&a.ref_model, a.kl_coef != 0.0) {
+        let reference = Model::load(dir, dev.device, dev.compute_kind())
+            .with_context(|| format!("loading the reference model from {}", dir.display()))?;
+        trainer = trainer.with_reference(reference)?;
+    }
     if a.model.join("optimizer.safetensors").exists() {
         trainer
             .resume(&a.model)
@@ -172,12 +181,13 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             train::log_step(&s);
             writeln!(
                 out,
-                "step {} loss {:.5} reward {:.4} clip {:.4} gap {:.2e} grad_norm {:.4} tokens {} tokens/s {:.0}{}",
+                "step {} loss {:.5} reward {:.4} clip {:.4} gap {:.2e} kl {:.2e} grad_norm {:.4} tokens {} tokens/s {:.0}{}",
                 s.step,
                 s.loss,
                 s.mean_reward,
                 s.clip_fraction,
                 s.logprob_gap,
+                s.kl,
                 s.grad_norm,
                 s.tokens,
                 s.tokens_per_s,

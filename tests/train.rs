@@ -168,3 +168,53 @@ fn graft_train_refuses_samples_without_signal() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// With a KL term the second iteration is pulled toward the reference: its step reports a
+/// positive KL (the policy has moved from the reference after the first step), and
+/// --kl-coef without --ref-model is refused with the fix.
+#[test]
+fn graft_train_with_a_kl_term_reports_the_distance_to_the_reference() -> anyhow::Result<()> {
+    let (samples, _) = rollouts()?;
+    let tmp = tempfile::tempdir()?;
+    let parquet = tmp.path().join("samples.parquet");
+    write_samples_parquet(&samples, &parquet)?;
+    let train =
+        |model: &Path, out: &Path, extra: &[&str]| -> anyhow::Result<std::process::Output> {
+            Ok(Command::new(env!("CARGO_BIN_EXE_graft"))
+                .args(["train", "--lr", "0.01", "--samples"])
+                .arg(&parquet)
+                .arg("--model")
+                .arg(model)
+                .arg("--out")
+                .arg(out)
+                .args(extra)
+                .env("GRAFT_DEVICE", "cpu")
+                .output()?)
+        };
+    let refused = train(&fixture(), &tmp.path().join("x"), &["--kl-coef", "0.1"])?;
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--ref-model"));
+    let step1 = tmp.path().join("step-1");
+    assert!(train(&fixture(), &step1, &[])?.status.success());
+    let fixture = fixture();
+    let fixture = fixture.to_string_lossy();
+    let run = train(
+        &step1,
+        &tmp.path().join("step-2"),
+        &["--kl-coef", "0.1", "--ref-model", &fixture],
+    )?;
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let kl: f64 = stdout
+        .split_whitespace()
+        .skip_while(|w| *w != "kl")
+        .nth(1)
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| anyhow::anyhow!("no kl in: {stdout}"))?;
+    assert!(kl > 0.0, "{stdout}");
+    Ok(())
+}

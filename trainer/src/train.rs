@@ -61,6 +61,8 @@ pub struct StepStats {
     pub clip_fraction: f64,
     /// Mean |logp_old − logp_rollout| over trained tokens (0 in bypass mode).
     pub logprob_gap: f64,
+    /// Mean k3 KL to the reference over trained tokens (0 without one).
+    pub kl: f64,
     pub grad_norm: f64,
     pub skipped: bool,
     pub micro_batches: usize,
@@ -166,11 +168,13 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
     sel
 }
 
-/// The model and its optimizer.
+/// The model and its optimizer (and the frozen reference policy of the KL term, if any).
 pub struct Trainer {
     pub model: Model,
     pub optimizer: AdamW,
     pub config: TrainConfig,
+    /// π_ref of the k3 KL term (`grpo.kl_coef` ≠ 0); see [`Trainer::with_reference`].
+    pub reference: Option<Model>,
 }
 
 impl std::fmt::Debug for Trainer {
@@ -272,7 +276,19 @@ impl Trainer {
             model,
             optimizer,
             config,
+            reference: None,
         })
+    }
+
+    /// Sets the frozen reference policy the k3 KL term pulls toward.
+    pub fn with_reference(mut self, reference: Model) -> Result<Trainer> {
+        if reference.spec() != self.model.spec() {
+            return Err(TrainerError::invalid(
+                "the reference model has another architecture than the trained one",
+            ));
+        }
+        self.reference = Some(reference);
+        Ok(self)
     }
 
     /// One optimizer step over `batch`: the token mean is over all of its trained tokens
@@ -316,13 +332,24 @@ impl Trainer {
             let logp =
                 grpo::token_logprobs(&self.model, &m.ids, cfg.temperature, cfg.logprob_chunk)?;
             let adv = m.adv.f_expand_as(&m.mask)?;
+            let ref_logp = match (&self.reference, cfg.kl_coef != 0.0) {
+                (Some(r), true) => Some(tch::no_grad(|| {
+                    grpo::token_logprobs(r, &m.ids, cfg.temperature, cfg.logprob_chunk)
+                })?),
+                (None, true) => {
+                    return Err(TrainerError::invalid(
+                        "kl_coef is set but the trainer has no reference model (Trainer::with_reference)",
+                    ));
+                }
+                _ => None,
+            };
             let x = TokenInputs {
                 logp: &logp,
                 old_logp: &old,
                 rollout_logp: &rollout,
                 advantages: &adv,
                 mask: &m.mask,
-                ref_logp: None,
+                ref_logp: ref_logp.as_ref(),
             };
             let (loss, s) = grpo::grpo_loss(&cfg, &x, total)?;
             loss.f_backward()?;
@@ -339,6 +366,7 @@ impl Trainer {
             tokens: stats.tokens,
             clip_fraction: stats.clipped / stats.tokens.max(1.0),
             logprob_gap: stats.abs_gap / stats.tokens.max(1.0),
+            kl: stats.kl / stats.tokens.max(1.0),
             grad_norm: outcome.grad_norm,
             skipped: outcome.skipped,
             micro_batches: groups.len(),
@@ -380,6 +408,7 @@ pub fn log_step(s: &StepStats) {
         reward = s.mean_reward,
         clip_fraction = s.clip_fraction,
         logprob_gap = s.logprob_gap,
+        kl = s.kl,
         grad_norm = s.grad_norm,
         tokens = s.tokens,
         tokens_per_s = s.tokens_per_s,
