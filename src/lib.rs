@@ -12,6 +12,8 @@ pub mod rl;
 pub mod records;
 pub mod scripted;
 #[cfg(feature = "trainer")]
+pub mod model;
+#[cfg(feature = "trainer")]
 pub mod serve;
 #[cfg(feature = "trainer")]
 pub mod train;

@@ -10,6 +10,7 @@ pub mod device;
 pub mod engine;
 pub mod error;
 pub mod generate;
+pub mod gguf;
 pub mod grpo;
 pub mod model;
 pub mod optim;

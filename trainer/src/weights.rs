@@ -181,6 +181,12 @@ pub fn write_file(tensors: &[(String, Tensor)], kind: Option<Kind>, path: &Path)
         &tmp,
     )
     .map_err(|e| bad(path, format!("cannot write: {e}")))?;
+    // Readable by the inference server, which may run as another user.
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| TrainerError::io("setting permissions of", &tmp, e))?;
+    }
     std::fs::rename(&tmp, path).map_err(|e| TrainerError::io("renaming into", path, e))
 }
 

