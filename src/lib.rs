@@ -7,12 +7,12 @@ pub mod cli;
 pub mod demo;
 pub mod envd;
 pub mod harness;
-pub mod reconstruct;
-pub mod rl;
-pub mod records;
-pub mod scripted;
 #[cfg(feature = "trainer")]
 pub mod model;
+pub mod reconstruct;
+pub mod records;
+pub mod rl;
+pub mod scripted;
 #[cfg(feature = "trainer")]
 pub mod serve;
 #[cfg(feature = "trainer")]
