@@ -242,3 +242,48 @@ fn text_prompts_decoded_answers_and_stop_strings() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// A real pretrained model through the whole path: SmolLM2's GGUF (scripts/setup-models.sh)
+/// imported by `graft model import` (bf16, with its tokenizer and chat template), served by
+/// `graft serve`, asked in text.
+#[test]
+fn imported_smollm2_answers_text_through_graft_serve() -> anyhow::Result<()> {
+    let env = std::env::var_os("GRAFT_TEST_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join(".graft-test-env"));
+    let gguf = env.join("models/SmolLM2-135M-Instruct.Q4_1.gguf");
+    assert!(
+        gguf.exists(),
+        "{} is missing: run `bash scripts/setup-models.sh`",
+        gguf.display()
+    );
+    let tmp = tempfile::tempdir()?;
+    let dir = tmp.path().join("smollm2");
+    let import = Command::new(env!("CARGO_BIN_EXE_graft"))
+        .args(["model", "import", "--dtype", "bf16", "--gguf"])
+        .arg(&gguf)
+        .arg("--out")
+        .arg(&dir)
+        .output()?;
+    assert!(
+        import.status.success(),
+        "{}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        assert!(dir.join(f).exists(), "{f} was not written");
+    }
+    let server = start_with(&dir)?;
+    let body = json!({"text": "The capital of France is", "sampling_params": {"temperature": 0.0, "max_new_tokens": 3}});
+    let (status, text) = post(&server.url, "/generate", body)?;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text)?;
+    let answer = v["text"].as_str().unwrap_or_default();
+    assert!(answer.starts_with(" Paris"), "SmolLM2 answered {answer:?}");
+    Ok(())
+}
