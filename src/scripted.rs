@@ -71,6 +71,24 @@ const ARGUMENT_PIECES: usize = 4;
 const RESET_FLUSH_PAUSE: Duration = Duration::from_millis(50);
 
 pub async fn run(args: ScriptedArgs) -> anyhow::Result<()> {
+    let (addr, serve) = start(&args).await?;
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "graft scripted-upstream listening on http://{addr}")?;
+        out.flush()?;
+    }
+    serve.await
+}
+
+/// Binds the scripted upstream; returns its address and the future that serves it (until
+/// Ctrl-C, or until it is dropped).
+pub async fn start(
+    args: &ScriptedArgs,
+) -> anyhow::Result<(
+    SocketAddr,
+    impl std::future::Future<Output = anyhow::Result<()>> + use<>,
+)> {
     let script = match &args.script {
         Some(path) => Script::load(path)?,
         None => Script::default(),
@@ -99,12 +117,10 @@ pub async fn run(args: ScriptedArgs) -> anyhow::Result<()> {
     let addr = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "graft scripted-upstream listening on http://{addr}")?;
-        out.flush()?;
-    }
+    Ok((addr, serve(listener, state)))
+}
+
+async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) -> anyhow::Result<()> {
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     loop {
         let accepted = tokio::select! {

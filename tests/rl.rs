@@ -263,3 +263,200 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
     assert_eq!(state["next_step"], 2);
     assert!(state["policy"].as_str().unwrap().ends_with("step-00001"));
 }
+
+/// A run config with its own task file and harness command (collect mode, one rollout per
+/// task per step).
+fn fault_config(
+    dir: &Path,
+    env: &TestEnv,
+    tasks: &str,
+    command: &str,
+    extra: &str,
+) -> std::path::PathBuf {
+    let ex = repo_root().join("examples/rl");
+    let tasks_path = dir.join("tasks.jsonl");
+    std::fs::write(&tasks_path, tasks).unwrap();
+    let n = tasks.lines().filter(|l| !l.trim().is_empty()).count();
+    let text = format!(
+        r#"[run]
+out_dir = "{out}"
+steps = 1
+
+[tasks]
+file = "{tasks}"
+
+[harness]
+command = '''{command}'''
+timeout_secs = 60
+env = {{ AGENT_MAX_STEPS = "4" }}
+mounts = {{ "/mnt/harness" = "{harness}", "/mnt/py" = "{venv}" }}
+
+[backend]
+model_dir = "{model}"
+scripted = "{script}"
+
+[rollout]
+tasks_per_step = {n}
+group_size = 1
+max_group_size = 1
+concurrency = 2
+reward_timeout_secs = 3
+{extra}
+[trainer]
+enabled = false
+"#,
+        out = dir.join("out").display(),
+        tasks = tasks_path.display(),
+        harness = ex.display(),
+        venv = env
+            .sandbox_python()
+            .parent()
+            .unwrap()
+            .parent()
+            .unwrap()
+            .display(),
+        model = env.qwen3_dir().display(),
+        script = ex.join("scripted.json").display(),
+    );
+    let p = dir.join("rl.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+const ADD: &str = "graft-rl-add: write the sum of 17 and 25 into answer.txt.";
+
+#[test]
+fn rl_survives_a_crashing_harness_an_oom_and_a_hanging_reward_and_reports_them() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let check = r#"test \"$(cat answer.txt 2>/dev/null)\" = 42"#;
+    let tasks = format!(
+        "{{\"id\": \"ok\", \"prompt\": \"{ADD}\", \"reward\": {{\"command\": \"{check}\"}}}}\n\
+         {{\"id\": \"crash\", \"prompt\": \"{ADD}\", \"reward\": {{\"command\": \"{check}\"}}}}\n\
+         {{\"id\": \"oom\", \"prompt\": \"{ADD}\", \"reward\": {{\"command\": \"{check}\"}}}}\n\
+         {{\"id\": \"hang\", \"prompt\": \"{ADD}\", \"reward\": {{\"command\": \"sleep 300\"}}}}\n"
+    );
+    // The harness crashes on one task and outgrows the sandbox's memory on another.
+    let command = r#"case "$GRAFT_TASK_ID" in
+  crash) echo "harness crashed" >&2; exit 3 ;;
+  oom) /mnt/py/bin/python -c "x = bytearray(768 << 20); print(len(x))" ;;
+  *) /mnt/py/bin/python /mnt/harness/agent.py ;;
+esac"#;
+    let cfg = fault_config(dir.path(), &env, &tasks, command, "");
+    std::fs::write(
+        &cfg,
+        std::fs::read_to_string(&cfg)
+            .unwrap()
+            .replace("[trainer]", "[envd]\nmemory_mb = 256\n\n[trainer]"),
+    )
+    .unwrap();
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let log = steps(&dir.path().join("out"));
+    let s = &log[0];
+    assert_eq!(s["rollouts"], 4, "{s:#}");
+    // The crash and the OOM are scored by the verifier (0); the hanging reward is excluded.
+    assert_eq!(s["scored"], 3, "{s:#}");
+    assert_eq!(s["reward_failed"], 1, "{s:#}");
+    assert_eq!(s["reward_mean"], 1.0 / 3.0, "{s:#}");
+    let problems = s["problems"].as_array().unwrap();
+    let by_task = |t: &str| {
+        problems
+            .iter()
+            .find(|p| p["task"] == t)
+            .unwrap_or_else(|| panic!("{t}: {s:#}"))
+    };
+    assert_eq!(by_task("crash")["harness_exit"], 3);
+    assert!(
+        by_task("crash")["harness_tail"]
+            .as_str()
+            .unwrap()
+            .contains("harness crashed")
+    );
+    assert_eq!(by_task("oom")["harness_oom"], true, "{s:#}");
+    assert!(
+        by_task("hang")["outcome"]
+            .as_str()
+            .unwrap()
+            .contains("did not finish within 3 s"),
+        "{s:#}"
+    );
+    assert_eq!(s["sandboxes_open"], 0, "{s:#}");
+    assert_eq!(s["sessions_open"], 0, "{s:#}");
+}
+
+#[test]
+fn rl_killed_mid_step_resumes_and_keeps_the_rollouts_that_finished() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = format!(
+        "{{\"id\": \"slow\", \"prompt\": \"{ADD}\", \"reward\": {{\"command\": \"test \\\"$(cat answer.txt 2>/dev/null)\\\" = 42\"}}}}\n"
+    );
+    // Rollout 0 is quick; the others take long enough to be cut off by the kill.
+    let command =
+        r#"[ "$GRAFT_ROLLOUT_INDEX" = 0 ] || sleep 20; /mnt/py/bin/python /mnt/harness/agent.py"#;
+    let cfg = fault_config(dir.path(), &env, &tasks, command, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace(
+            "group_size = 1\nmax_group_size = 1\n",
+            "group_size = 3\nmax_group_size = 6\n",
+        )
+        .replace("concurrency = 2", "concurrency = 3");
+    std::fs::write(&cfg, text).unwrap();
+    let out_dir = dir.path().join("out");
+    let mut child = Command::new(graft_bin())
+        .args(["rl", "--config", cfg.to_str().unwrap()])
+        .env("GRAFT_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Wait until rollout 0 has its reward, then kill -9 graft rl mid-step.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let log = std::fs::read_to_string(out_dir.join("data/sessions.log")).unwrap_or_default();
+        if log.contains("\"reward\"") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reward within 120 s"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        std::fs::read_to_string(out_dir.join("steps.jsonl"))
+            .unwrap_or_default()
+            .trim()
+            .is_empty(),
+        "the step did not finish"
+    );
+    let first = common::records_show(&out_dir.join("data")).len();
+    assert!(first >= 2, "rollout 0's calls are recorded");
+
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("finished before the restart are kept"),
+        "{out}"
+    );
+    let log = steps(&out_dir);
+    assert_eq!(log.len(), 1, "{log:#?}");
+    let s = &log[0];
+    // Rollout 0 from the killed run counts; the two it cut off are failed attempts; two new
+    // rollouts fill the group to 3 scored.
+    assert_eq!(s["scored"], 3, "{s:#}");
+    assert_eq!(s["sessions_open"], 0, "{s:#}");
+    assert_eq!(s["sandboxes_open"], 0, "{s:#}");
+    let interrupted = s["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|p| p["outcome"].as_str().unwrap().contains("interrupted"))
+        .count();
+    assert_eq!(interrupted, 2, "{s:#}");
+}

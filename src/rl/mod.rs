@@ -36,7 +36,6 @@ use graft_reconstruct::sample::write_samples_parquet;
 use graft_recorder::SessionEvent;
 use http::Method;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 
 use config::RlConfig;
 use rollout::{Api, Outcome, Rollout};
@@ -57,70 +56,56 @@ struct Components {
     gateway_url: String,
     envd: Api,
     backends: Vec<String>,
-    _children: Vec<tokio::process::Child>,
     stops: Vec<tokio::sync::oneshot::Sender<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Servers without a stop signal (the scripted backend): aborted at the end.
+    aborts: Vec<tokio::task::JoinHandle<()>>,
 }
 
 impl Components {
+    /// Stops the gateway and envd (they drain and flush), then whatever has no stop signal.
     async fn stop(self) {
         for s in self.stops {
             let _ = s.send(());
         }
-        for t in self.tasks {
-            let _ = t.await;
+        for mut t in self.tasks {
+            if tokio::time::timeout(Duration::from_secs(30), &mut t)
+                .await
+                .is_err()
+            {
+                t.abort();
+            }
+        }
+        for t in self.aborts {
+            t.abort();
         }
     }
 }
 
-/// Starts `graft ARGS` and returns it with the URL it printed (`... listening on http://…`).
-async fn spawn_graft(args: &[&str]) -> anyhow::Result<(tokio::process::Child, String)> {
-    let exe = std::env::current_exe()?;
-    let mut child = tokio::process::Command::new(exe)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .with_context(|| format!("starting graft {}", args.join(" ")))?;
-    let stdout = child.stdout.take().context("no stdout")?;
-    let mut lines = BufReader::new(stdout).lines();
-    let line = tokio::time::timeout(Duration::from_secs(60), lines.next_line())
-        .await
-        .with_context(|| format!("graft {} did not start within 60 s", args[0]))??
-        .with_context(|| format!("graft {} exited before listening", args[0]))?;
-    let url = line
-        .rsplit(' ')
-        .next()
-        .filter(|u| u.starts_with("http"))
-        .with_context(|| format!("unexpected first line from graft {}: {line}", args[0]))?
-        .to_string();
-    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
-    Ok((child, url))
-}
-
 async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
-    let mut children = vec![];
     let mut stops = vec![];
     let mut tasks = vec![];
+    let mut aborts = vec![];
     // The backend.
     let backends = if !cfg.backend.urls.is_empty() {
         cfg.backend.urls.clone()
     } else if let Some(script) = &cfg.backend.scripted {
-        let model = cfg.backend.model_dir.to_string_lossy().to_string();
-        let script = script.to_string_lossy().to_string();
-        let (child, url) = spawn_graft(&[
-            "scripted-upstream",
-            "--listen",
-            "127.0.0.1:0",
-            "--tokenizer",
-            &model,
-            "--script",
-            &script,
-        ])
-        .await?;
-        children.push(child);
-        vec![url]
+        // The scripted upstream in this process: it goes away with it, whatever happens.
+        let args = crate::scripted::ScriptedArgs {
+            listen: ([127, 0, 0, 1], 0).into(),
+            script: Some(script.clone()),
+            expect_key: None,
+            chunk_delay_ms: 0,
+            models: vec!["scripted".into()],
+            tokenizer: Some(cfg.backend.model_dir.clone()),
+        };
+        let (addr, serve) = crate::scripted::start(&args).await?;
+        aborts.push(tokio::spawn(async move {
+            if let Err(e) = serve.await {
+                tracing::error!(error = %format!("{e:#}"), "the scripted backend stopped");
+            }
+        }));
+        vec![format!("http://{addr}")]
     } else {
         bail!("no backend configured");
     };
@@ -169,25 +154,41 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let envd = match &cfg.envd.url {
         Some(u) => Api::new(u, cfg.envd.api_key.clone().map(|k| ("x-api-key", k))),
         None => {
+            // A local envd in this process: its sandboxes die with it (bubblewrap
+            // --die-with-parent), so a killed run leaves nothing running.
             let key = format!("envd-{}", uuid::Uuid::new_v4().simple());
-            let gw_addr = gateway_url.trim_start_matches("http://").to_string();
-            let dir = cfg.run.out_dir.join("envd");
-            let dir = dir.to_string_lossy().to_string();
-            let (child, url) = spawn_graft(&[
-                "envd",
-                "--listen",
-                "127.0.0.1:0",
-                "--backend",
-                "local",
-                "--data-dir",
-                &dir,
-                "--api-key",
-                &key,
-                "--gateway",
-                &gw_addr,
-            ])
-            .await?;
-            children.push(child);
+            let gw_addr: std::net::SocketAddr = gateway_url
+                .trim_start_matches("http://")
+                .parse()
+                .context("the gateway's address")?;
+            let mut ecfg = graft_envd::EnvdConfig::new(
+                ([127, 0, 0, 1], 0).into(),
+                cfg.run.out_dir.join("envd"),
+                key.clone(),
+                crate::envd::agent_command(None)?,
+            );
+            ecfg.gateway = Some(gw_addr);
+            if let Some(m) = cfg.envd.memory_mb {
+                ecfg.defaults.memory_mb = m;
+            }
+            if let Some(p) = cfg.envd.pids {
+                ecfg.defaults.pids = p;
+            }
+            if let Some(c) = cfg.envd.cpus {
+                ecfg.defaults.cpus = c;
+            }
+            let envd = graft_envd::Envd::bind(ecfg)
+                .await
+                .context("envd could not start")?;
+            let url = envd.url();
+            let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+            stops.push(tx);
+            tasks.push(tokio::spawn(async move {
+                envd.serve(async {
+                    let _ = rx.await;
+                })
+                .await;
+            }));
             Api::new(&url, Some(("x-api-key", key)))
         }
     };
@@ -199,9 +200,9 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         gateway_url,
         envd,
         backends,
-        _children: children,
         stops,
         tasks,
+        aborts,
     })
 }
 
@@ -388,7 +389,7 @@ async fn steps(
                 "harness_exit": r.harness_exit, "harness_secs": r.harness_secs})).collect::<Vec<_>>(),
             "problems": rollouts.iter().filter(|r| r.reward().is_none() || r.harness_exit != Some(0)).map(|r| json!({
                 "session": r.session_id, "task": r.task_id, "outcome": format!("{:?}", r.outcome),
-                "harness_exit": r.harness_exit, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
+                "harness_exit": r.harness_exit, "harness_oom": r.harness_oom, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
         });
         writeln!(log, "{line}")?;
         log.sync_data()?;
@@ -455,11 +456,31 @@ async fn run_group(
     sem: &Arc<tokio::sync::Semaphore>,
     step: usize,
 ) -> anyhow::Result<(Vec<Rollout>, &'static str, Vec<usize>)> {
-    let mut rollouts: Vec<Rollout> = vec![];
-    let mut want = cfg.rollout.group_size;
+    let mut rollouts = resumed(cfg, c, task, group).await?;
+    if !rollouts.is_empty() {
+        println!(
+            "  step {step} {group}: {} rollouts finished before the restart are kept",
+            rollouts.len()
+        );
+    }
+    let mut next = rollouts.len();
     loop {
+        let scored: Vec<usize> = (0..rollouts.len())
+            .filter(|&i| rollouts[i].reward().is_some())
+            .collect();
+        let rewards: Vec<f64> = scored
+            .iter()
+            .filter_map(|&i| rollouts[i].reward())
+            .collect();
+        let want = match decide(cfg, &rewards, rollouts.len()) {
+            Decision::More(n) => n,
+            Decision::Take(idx, why) => {
+                let chosen = idx.iter().filter_map(|&k| scored.get(k).copied()).collect();
+                return Ok((rollouts, why, chosen));
+            }
+        };
         let mut jobs = tokio::task::JoinSet::new();
-        for i in rollouts.len()..rollouts.len() + want {
+        for i in next..next + want {
             let (cfg, gw, envd, task, group, sem) = (
                 cfg.clone(),
                 c.gateway.clone(),
@@ -473,6 +494,7 @@ async fn run_group(
                 (i, rollout::run(&cfg, &gw, &envd, &task, &group, i).await)
             });
         }
+        next += want;
         let mut batch = vec![];
         while let Some(j) = jobs.join_next().await {
             match j {
@@ -495,22 +517,82 @@ async fn run_group(
         }
         batch.sort_by_key(|(i, _)| *i);
         rollouts.extend(batch.into_iter().map(|(_, r)| r));
-        // Rewards of the scored rollouts, in the order they were started.
-        let scored: Vec<usize> = (0..rollouts.len())
-            .filter(|&i| rollouts[i].reward().is_some())
-            .collect();
-        let rewards: Vec<f64> = scored
-            .iter()
-            .filter_map(|&i| rollouts[i].reward())
-            .collect();
-        match decide(cfg, &rewards, rollouts.len()) {
-            Decision::More(n) => want = n,
-            Decision::Take(idx, why) => {
-                let chosen = idx.iter().filter_map(|&k| scored.get(k).copied()).collect();
-                return Ok((rollouts, why, chosen));
+    }
+}
+
+/// The rollouts of `group` an earlier, interrupted run finished (rewarded sessions): they
+/// count, and are not run again. Sessions it left open (rollouts cut off by the crash) are
+/// closed now and count as failed attempts.
+async fn resumed(
+    cfg: &RlConfig,
+    c: &Components,
+    task: &tasks::Task,
+    group: &str,
+) -> anyhow::Result<Vec<Rollout>> {
+    let data = cfg.run.out_dir.join("data");
+    if !data.join("sessions.log").exists() {
+        return Ok(vec![]);
+    }
+    let mut order: Vec<(i64, String)> = vec![];
+    let mut rewards = std::collections::HashMap::new();
+    let mut closed = HashSet::new();
+    for ev in graft_recorder::read_session_events(&data)? {
+        match ev {
+            SessionEvent::Created {
+                session_id,
+                group_id,
+                metadata,
+                ..
+            } if group_id.as_deref() == Some(group) => {
+                let i = metadata
+                    .get("rollout")
+                    .and_then(Value::as_i64)
+                    .unwrap_or(i64::MAX);
+                order.push((i, session_id));
             }
+            SessionEvent::Reward {
+                session_id, reward, ..
+            } => {
+                rewards.insert(session_id, reward);
+            }
+            SessionEvent::Closed { session_id, .. } => {
+                closed.insert(session_id);
+            }
+            _ => {}
         }
     }
+    order.sort();
+    let mut out = vec![];
+    for (_, sid) in order {
+        if !closed.contains(&sid) {
+            c.gateway
+                .ok(
+                    Method::POST,
+                    &format!("/graft/sessions/{sid}/close"),
+                    Some(&json!({})),
+                )
+                .await
+                .with_context(|| {
+                    format!("closing session {sid} left open by the interrupted run")
+                })?;
+        }
+        out.push(Rollout {
+            task_id: task.id.clone(),
+            group_id: group.to_string(),
+            outcome: match rewards.get(&sid) {
+                // A reward is posted after the rollout's sandbox is gone: it finished.
+                Some(r) => Outcome::Scored(*r),
+                _ => Outcome::Failed("interrupted by a restart of graft rl".into()),
+            },
+            session_id: sid,
+            harness_exit: None,
+            harness_oom: false,
+            harness_secs: 0.0,
+            reward_secs: 0.0,
+            harness_tail: String::new(),
+        });
+    }
+    Ok(out)
 }
 
 /// One GRPO step on the step's samples with `graft train` (its own process: libtorch stays

@@ -113,6 +113,8 @@ pub struct Rollout {
     pub outcome: Outcome,
     /// The harness's exit code (None when it timed out or never ran).
     pub harness_exit: Option<i64>,
+    /// The sandbox's memory limit killed a process of the harness.
+    pub harness_oom: bool,
     pub harness_secs: f64,
     pub reward_secs: f64,
     /// The tail of the harness's output, for the step log when it failed.
@@ -168,6 +170,7 @@ pub async fn run(
         session_id: session_id.clone(),
         outcome: Outcome::Failed("not started".into()),
         harness_exit: None,
+        harness_oom: false,
         harness_secs: 0.0,
         reward_secs: 0.0,
         harness_tail: String::new(),
@@ -292,6 +295,7 @@ async fn in_sandbox(
     let j = exec(envd, sb, &cfg.harness.command, cfg.harness.timeout_secs).await?;
     r.harness_secs = t.elapsed().as_secs_f64();
     r.harness_exit = j["exit_code"].as_i64();
+    r.harness_oom = j["oom_killed"].as_bool() == Some(true);
     r.harness_tail = tail(
         &format!(
             "{}{}",
