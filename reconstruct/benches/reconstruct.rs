@@ -1058,7 +1058,9 @@ fn exact_prompt(a: &Args, dir: &Path, out: &mut String) {
             json!({"role": "tool", "tool_call_id": format!("call_{}", turns - 1),
                         "content": words.text(&mut rng, 25, 400)}),
         );
-        let reused = builder.prompt(&req, Some(&tools), &[turn.clone()]).unwrap();
+        let reused = builder
+            .prompt(&req, Some(&tools), std::slice::from_ref(&turn))
+            .unwrap();
         let PromptKind::Reused { reused: kept } = reused.kind else {
             panic!("the bench request does not extend its history");
         };
@@ -1066,7 +1068,11 @@ fn exact_prompt(a: &Args, dir: &Path, out: &mut String) {
         let slice = a.retok_secs / 3.0;
         for _ in 0..3 {
             tr.extend(time_loop(slice, 1, || {
-                std::hint::black_box(builder.prompt(&req, Some(&tools), &[turn.clone()]).unwrap());
+                std::hint::black_box(
+                    builder
+                        .prompt(&req, Some(&tools), std::slice::from_ref(&turn))
+                        .unwrap(),
+                );
             }));
             tf.extend(time_loop(slice, 1, || {
                 std::hint::black_box(builder.full(&req, Some(&tools)).unwrap());

@@ -121,12 +121,16 @@ fn agent_loop_reuse_equals_full_tokenization_when_the_template_keeps_history() {
     let (t1, m2, m2_sampled, tools) = agent_loop(&b);
     // Content "Let me look." was sampled, the client sent null: not the same answer.
     assert_eq!(
-        b.prompt(&m2, Some(&tools), &[t1.clone()]).unwrap().kind,
+        b.prompt(&m2, Some(&tools), std::slice::from_ref(&t1))
+            .unwrap()
+            .kind,
         PromptKind::Full
     );
     let mut m2 = m2;
     m2[2]["content"] = json!("Let me look.");
-    let p = b.prompt(&m2, Some(&tools), &[t1.clone()]).unwrap();
+    let p = b
+        .prompt(&m2, Some(&tools), std::slice::from_ref(&t1))
+        .unwrap();
     assert_eq!(
         p.kind,
         PromptKind::Reused {
@@ -149,7 +153,9 @@ fn agent_loop_with_qwen3_keeps_what_was_sampled() {
     let b = builder();
     let (t1, mut m2, m2_sampled, tools) = agent_loop(&b);
     m2[2]["content"] = json!("Let me look.");
-    let p = b.prompt(&m2, Some(&tools), &[t1.clone()]).unwrap();
+    let p = b
+        .prompt(&m2, Some(&tools), std::slice::from_ref(&t1))
+        .unwrap();
     assert_eq!(
         p.kind,
         PromptKind::Reused {
@@ -199,7 +205,7 @@ fn qwen3_think_history_rewrite_keeps_the_sampled_tokens() {
         json!({"role": "assistant", "content": "4"}),
         json!({"role": "user", "content": "And 3+3?"}),
     ]);
-    let p = b.prompt(&m2, None, &[t1.clone()]).unwrap();
+    let p = b.prompt(&m2, None, std::slice::from_ref(&t1)).unwrap();
     assert_eq!(
         p.kind,
         PromptKind::Reused {
@@ -243,7 +249,7 @@ fn a_request_that_changes_history_is_tokenized_in_full() {
         json!({"role": "assistant", "content": "Hello!"}),
         json!({"role": "user", "content": "Bye"}),
     ]);
-    let p = b.prompt(&m2, None, &[t1.clone()]).unwrap();
+    let p = b.prompt(&m2, None, std::slice::from_ref(&t1)).unwrap();
     assert_eq!(p.kind, PromptKind::Full);
     // A different answer than the one sampled: also full.
     let m3 = template_messages(&[
@@ -268,7 +274,7 @@ fn a_truncated_turn_is_closed_with_the_end_of_turn_token() {
         json!({"role": "assistant", "content": "1 2 3"}),
         json!({"role": "user", "content": "go on"}),
     ]);
-    let p = b.prompt(&m2, None, &[t1.clone()]).unwrap();
+    let p = b.prompt(&m2, None, std::slice::from_ref(&t1)).unwrap();
     assert_eq!(p.ids[t1.tokens.len()], eos);
     assert_eq!(
         p.kind,

@@ -269,7 +269,8 @@ impl RlConfig {
                 "rollout.stride, rollout.concurrency and rollout.tasks_per_step must be at least 1"
             );
         }
-        if !(self.harness.timeout_secs > 0.0) || !(r.reward_timeout_secs > 0.0) {
+        let positive = |x: f64| x.is_finite() && x > 0.0;
+        if !positive(self.harness.timeout_secs) || !positive(r.reward_timeout_secs) {
             bail!("harness.timeout_secs and rollout.reward_timeout_secs must be positive");
         }
         if !self.backend.exact {
