@@ -55,6 +55,25 @@ struct State {
 }
 
 pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
+    let (addr, device, serve) = start(&a).await?;
+    {
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "graft serve listening on http://{addr} ({device:?})")?;
+        out.flush()?;
+    }
+    serve.await
+}
+
+/// Loads the model and binds; returns the address, the device, and the future that serves
+/// (until Ctrl-C or SIGTERM, or until it is dropped).
+pub async fn start(
+    a: &ServeArgs,
+) -> anyhow::Result<(
+    std::net::SocketAddr,
+    graft_trainer::tch::Device,
+    impl std::future::Future<Output = anyhow::Result<()>> + use<>,
+)> {
     let dev = graft_trainer::device::init();
     let model = Model::load(&a.model, dev.device, dev.compute_kind())
         .with_context(|| format!("loading the model from {}", a.model.display()))?;
@@ -79,16 +98,10 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     let addr = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    {
-        use std::io::Write as _;
-        let mut out = std::io::stdout().lock();
-        writeln!(
-            out,
-            "graft serve listening on http://{addr} ({:?})",
-            dev.device
-        )?;
-        out.flush()?;
-    }
+    Ok((addr, dev.device, serve(listener, state)))
+}
+
+async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) -> anyhow::Result<()> {
     let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
     let shutdown = crate::cli::shutdown_signal();
     tokio::pin!(shutdown);

@@ -81,8 +81,9 @@ pub struct BackendSection {
     /// The model's HF directory: its tokenizer and chat template (and, with `serve`, its
     /// weights).
     pub model_dir: PathBuf,
-    /// SGLang-compatible servers already running (`http://host:30000`). Empty: graft starts
-    /// one itself (`scripted` for tests, otherwise `graft serve` on `model_dir`).
+    /// SGLang-compatible servers already running (`http://host:30000`). Empty: graft runs
+    /// one itself, in process (`scripted` for tests, otherwise `graft serve` on the policy's
+    /// weights: `trainer.model`, else `model_dir`).
     #[serde(default)]
     pub urls: Vec<String>,
     /// A scripted upstream's script (tests and demos: the model's text is played, the ids
@@ -100,7 +101,8 @@ fn default_true() -> bool {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct EnvdSection {
-    /// A running envd (`http://host:7070`) and its key; empty: an embedded local envd.
+    /// A running envd (`http://host:7070`) and its key (`env::NAME` reads it from the
+    /// environment); empty: an embedded local envd.
     pub url: Option<String>,
     pub api_key: Option<String>,
     /// Sandbox limits.
@@ -278,11 +280,6 @@ impl RlConfig {
                 "backend.exact = false: graft rl trains on exact token ids; passthrough records would be re-tokenized"
             );
         }
-        if self.backend.urls.is_empty() && self.backend.scripted.is_none() {
-            bail!(
-                "no backend: give backend.urls (SGLang-compatible servers) or backend.scripted (tests); `graft serve` as the embedded backend is not wired into graft rl yet"
-            );
-        }
         if self.trainer.enabled && !cfg!(feature = "trainer") {
             bail!(
                 "trainer.enabled = true, but this graft was built without the 'trainer' feature (libtorch); rebuild with default features or set trainer.enabled = false"
@@ -296,5 +293,28 @@ impl RlConfig {
             );
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn the_example_configs_are_valid() {
+        let ex = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rl");
+        let cpu = RlConfig::load(&ex.join("rl.toml")).unwrap();
+        assert!(cpu.backend.urls.is_empty() && cpu.backend.scripted.is_none());
+        assert!(cpu.backend.model_dir.ends_with("models/smollm2"));
+        assert_eq!(cpu.harness.mounts.len(), 1);
+        let cluster = RlConfig::load(&ex.join("rl-cluster.toml")).unwrap();
+        assert_eq!(cluster.backend.urls.len(), 4);
+        assert_eq!(
+            cluster.envd.api_key.as_deref(),
+            Some("env::GRAFT_ENVD_API_KEY")
+        );
+        // Both read the same task file.
+        assert_eq!(cpu.tasks.file, cluster.tasks.file);
     }
 }

@@ -82,6 +82,43 @@ impl Components {
     }
 }
 
+/// `graft serve` on the policy's weights, in this process: the embedded backend.
+#[cfg(feature = "trainer")]
+async fn start_serve(
+    cfg: &RlConfig,
+    aborts: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Vec<String>> {
+    let model = cfg
+        .trainer
+        .model
+        .clone()
+        .unwrap_or_else(|| cfg.backend.model_dir.clone());
+    let args = crate::serve::ServeArgs {
+        model,
+        listen: ([127, 0, 0, 1], 0).into(),
+        max_batch: cfg.rollout.concurrency.max(1),
+        weight_version: "default".into(),
+    };
+    let (addr, device, serve) = crate::serve::start(&args).await?;
+    println!("embedded backend: graft serve on {device:?}");
+    aborts.push(tokio::spawn(async move {
+        if let Err(e) = serve.await {
+            tracing::error!(error = %format!("{e:#}"), "the embedded graft serve stopped");
+        }
+    }));
+    Ok(vec![format!("http://{addr}")])
+}
+
+#[cfg(not(feature = "trainer"))]
+async fn start_serve(
+    _cfg: &RlConfig,
+    _aborts: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Vec<String>> {
+    bail!(
+        "no backend: give backend.urls (SGLang-compatible servers); the embedded `graft serve` needs a graft built with the 'trainer' feature"
+    )
+}
+
 async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let mut stops = vec![];
     let mut tasks = vec![];
@@ -107,7 +144,7 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         }));
         vec![format!("http://{addr}")]
     } else {
-        bail!("no backend configured");
+        start_serve(cfg, &mut aborts).await?
     };
     for b in &backends {
         rollout::wait_ready(&Api::new(b, None), "/health", Duration::from_secs(30))
@@ -152,7 +189,20 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     );
     // envd: given, or local in this process.
     let envd = match &cfg.envd.url {
-        Some(u) => Api::new(u, cfg.envd.api_key.clone().map(|k| ("x-api-key", k))),
+        Some(u) => {
+            let key = match cfg.envd.api_key.as_deref() {
+                Some(k) => Some(match k.strip_prefix("env::") {
+                    Some(var) => std::env::var(var).with_context(|| {
+                        format!(
+                            "envd.api_key names the environment variable {var}, which is not set"
+                        )
+                    })?,
+                    None => k.to_string(),
+                }),
+                None => None,
+            };
+            Api::new(u, key.map(|k| ("x-api-key", k)))
+        }
         None => {
             // A local envd in this process: its sandboxes die with it (bubblewrap
             // --die-with-parent), so a killed run leaves nothing running.

@@ -349,7 +349,7 @@ mod tests {
         let out = raw_output(&reply, "<|im_end|>");
         assert_eq!(
             out,
-            "<think>\nI should look.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\": \"ls\"}}\n</tool_call><|im_end|>"
+            "<think>\nI should look.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\":\"ls\"}}\n</tool_call><|im_end|>"
         );
     }
 }
