@@ -1253,25 +1253,11 @@ impl TokenModel {
     fn prompt_ids(&self, dialect: Dialect, body: &Value) -> Result<Vec<u32>, String> {
         let text = match dialect {
             Dialect::Chat => {
-                let messages: Vec<Value> = body
-                    .get("messages")
-                    .and_then(Value::as_array)
-                    .map(|m| {
-                        m.iter()
-                            .map(|m| {
-                                let mut m = m.clone();
-                                // Templates expect a string: OpenAI clients send null next
-                                // to tool_calls.
-                                if let Some(o) = m.as_object_mut()
-                                    && o.get("content").is_none_or(Value::is_null)
-                                {
-                                    o.insert("content".into(), json!(""));
-                                }
-                                m
-                            })
-                            .collect()
-                    })
-                    .unwrap_or_default();
+                let messages = graft_reconstruct::exact::template_messages(
+                    body.get("messages")
+                        .and_then(Value::as_array)
+                        .map_or(&[][..], Vec::as_slice),
+                );
                 let tools = body
                     .get("tools")
                     .and_then(Value::as_array)

@@ -23,7 +23,7 @@ use graft_reconstruct::exact::{
 use graft_reconstruct::parser::{OutputParser, Piece, ReasoningFormat, ToolCallFormat};
 use graft_reconstruct::retokenize::Model;
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full};
+use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock, mpsc};
@@ -36,7 +36,9 @@ use crate::dialect::{
     responses,
 };
 use crate::error::GatewayError;
-use crate::proxy::{Call, Next, Outcome, Route, UpstreamEvents, close_stream, snippet};
+use crate::proxy::{
+    Call, Next, Outcome, Route, UpstreamEvents, close_stream, collect_upstream, snippet,
+};
 use crate::server::State;
 use crate::sessions::{Session, now_us};
 use crate::sglang::{self, FinishReason, Progress};
@@ -409,7 +411,7 @@ pub(crate) async fn handle(
         };
         let status = resp.status();
         if !status.is_success() {
-            let bytes = collect(timeout, &backend, resp).await.unwrap_or_default();
+            let bytes = collect_upstream(&call, resp).await.unwrap_or_default();
             state.metrics.upstream_inflight.dec();
             drop((gate, permit));
             let detail = crate::proxy::upstream_message(&bytes);
@@ -487,24 +489,6 @@ async fn send(
     match tokio::time::timeout(timeout, client.request(req)).await {
         Ok(Ok(r)) => Ok(r),
         Ok(Err(e)) => Err(GatewayError::UpstreamUnreachable {
-            upstream: backend.to_string(),
-            detail: error_chain(&e),
-        }),
-        Err(_) => Err(GatewayError::UpstreamTimeout {
-            upstream: backend.to_string(),
-            secs: timeout.as_secs(),
-        }),
-    }
-}
-
-async fn collect(
-    timeout: Duration,
-    backend: &str,
-    resp: Response<Incoming>,
-) -> Result<Bytes, GatewayError> {
-    match tokio::time::timeout(timeout, resp.into_body().collect()).await {
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-        Ok(Err(e)) => Err(GatewayError::UpstreamStream {
             upstream: backend.to_string(),
             detail: error_chain(&e),
         }),
@@ -683,7 +667,7 @@ async fn whole(
     let Some(ex) = call.state.exact.as_ref() else {
         return Err(GatewayError::Internal("exact mode is not set up".into()));
     };
-    let bytes = collect(ex.timeout, backend, resp).await;
+    let bytes = collect_upstream(call, resp).await;
     let mut o = Outcome {
         status: StatusCode::OK.as_u16(),
         upstream_time: t_up.elapsed(),

@@ -574,7 +574,10 @@ pub(crate) async fn collect_upstream(
     call: &Call,
     resp: Response<Incoming>,
 ) -> Result<Bytes, GatewayError> {
-    let upstream = call.state.upstream.base_url().to_string();
+    let upstream = call
+        .backend
+        .clone()
+        .unwrap_or_else(|| call.state.upstream.base_url().to_string());
     let limit = call.state.cfg.max_response_bytes;
     let collected = tokio::time::timeout(
         call.state.upstream.timeout(),
@@ -716,7 +719,10 @@ impl UpstreamEvents {
         UpstreamEvents {
             body,
             splitter: Splitter::default(),
-            upstream: call.state.upstream.base_url().to_string(),
+            upstream: call
+                .backend
+                .clone()
+                .unwrap_or_else(|| call.state.upstream.base_url().to_string()),
             idle: call.state.upstream.timeout(),
             max_event: call.state.cfg.max_response_bytes,
             pending: Default::default(),

@@ -203,20 +203,11 @@ fn extension<'a>(
     (same_history && same_message(&turn.answer, &messages[n])).then(|| &messages[n + 1..])
 }
 
-/// Messages in the form templates take: `content` a string where the client sent `null`
-/// (next to tool calls) or nothing. HF templates, Qwen3's among them, fail on `null`.
+/// Messages in the form templates take (see [`crate::retokenize::template_message`]).
 pub fn template_messages(messages: &[Value]) -> Vec<Value> {
     messages
         .iter()
-        .map(|m| {
-            let mut m = m.clone();
-            if let Some(o) = m.as_object_mut()
-                && o.get("content").is_none_or(Value::is_null)
-            {
-                o.insert("content".into(), json!(""));
-            }
-            m
-        })
+        .map(crate::retokenize::template_message)
         .collect()
 }
 

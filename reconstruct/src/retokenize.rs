@@ -55,13 +55,13 @@ impl Model {
         tools: Option<&[Value]>,
         answer: &Value,
     ) -> Result<(Vec<u32>, Vec<u32>), Skip> {
-        let messages: Vec<Value> = messages.iter().map(for_template).collect();
+        let messages: Vec<Value> = messages.iter().map(template_message).collect();
         let prompt = self
             .template
             .render(&messages, tools, true, &self.extra)
             .map_err(|e| Skip::Template(e.to_string()))?;
         let mut all = messages;
-        all.push(for_template(answer));
+        all.push(template_message(answer));
         let full = self
             .template
             .render(&all, tools, false, &self.extra)
@@ -111,9 +111,10 @@ impl Model {
     }
 }
 
-/// HF templates expect `content` to be a string: OpenAI clients send `null` next to
-/// `tool_calls`, which the Qwen3 template (like HF itself) cannot render.
-fn for_template(m: &Value) -> Value {
+/// A message in the form templates take. HF templates expect `content` to be a string:
+/// OpenAI clients send `null` next to `tool_calls`, which the Qwen3 template (like HF
+/// itself) cannot render, so a missing or `null` content becomes `""`.
+pub fn template_message(m: &Value) -> Value {
     let mut m = m.clone();
     if let Some(o) = m.as_object_mut()
         && o.get("content").is_none_or(Value::is_null)
