@@ -94,55 +94,11 @@ fn start(script: &str, upstream_args: &[&str], gateway_args: &[&str]) -> Setup {
     }
 }
 
-async fn open_session(gw: &str) -> (String, String) {
-    let s = http::post_json(
-        &format!("{gw}/graft/sessions"),
-        &[],
-        &json!({"group_id": "g"}),
-    )
-    .await
-    .json();
-    (
-        s["session_id"].as_str().unwrap().to_string(),
-        s["base_url"].as_str().unwrap().to_string(),
-    )
-}
-
-/// Rebuilds the assistant message (content, reasoning, tool calls) from chat chunks.
-fn assemble(chunks: &[Value]) -> Value {
-    let (mut content, mut reasoning) = (String::new(), String::new());
-    let mut calls: Vec<Value> = vec![];
-    for c in chunks {
-        for ch in c["choices"].as_array().unwrap() {
-            let d = &ch["delta"];
-            content.push_str(d["content"].as_str().unwrap_or_default());
-            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or_default());
-            for tc in d["tool_calls"].as_array().into_iter().flatten() {
-                let i = tc["index"].as_u64().unwrap() as usize;
-                if i == calls.len() {
-                    calls.push(json!({"id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}));
-                }
-                let prev = calls[i]["function"]["arguments"]
-                    .as_str()
-                    .unwrap()
-                    .to_string();
-                calls[i]["function"]["arguments"] =
-                    json!(prev + tc["function"]["arguments"].as_str().unwrap_or_default());
-            }
-        }
-    }
-    let mut m = json!({"role": "assistant", "content": content, "reasoning_content": reasoning});
-    if !calls.is_empty() {
-        m["tool_calls"] = Value::Array(calls);
-    }
-    m
-}
-
 /// One three-call session: a tool call, the answer to its result, then a second user turn
 /// (where Qwen3's template drops the earlier `<think>` blocks). The client echoes each answer
 /// back WITHOUT its reasoning, as most clients do. Returns the session id.
 async fn session(gw: &str, stream: bool) -> String {
-    let (sid, base) = open_session(gw).await;
+    let (sid, base) = common::open_session(gw).await;
     let mut messages = vec![
         json!({"role": "system", "content": "You run shell commands."}),
         json!({"role": "user", "content": "list the files please"}),
@@ -174,7 +130,7 @@ async fn session(gw: &str, stream: bool) -> String {
             assert!(chunks.len() > 4, "streamed in several chunks: {chunks:#?}");
             let usage = &chunks.last().unwrap()["usage"];
             assert!(usage["completion_tokens"].as_u64().unwrap() > 5, "{usage}");
-            assemble(&chunks)
+            common::assemble_chat(&chunks)
         } else {
             let v = r.json();
             assert_eq!(v["object"], "chat.completion");
@@ -360,7 +316,7 @@ async fn exact_chat_sessions_keep_sampled_tokens_through_qwen3_history_rewrites(
 async fn exact_streaming_sends_tokens_while_the_backend_is_still_generating() {
     // 300 ms between the backend's events: the answer takes several seconds to generate.
     let s = start(SCRIPT, &["--chunk-delay-ms", "300"], &[]);
-    let (sid, base) = open_session(&s.gateway.url).await;
+    let (sid, base) = common::open_session(&s.gateway.url).await;
     let body = json!({"model": "qwen3", "stream": true,
         "messages": [{"role": "user", "content": "tell a long story"}]});
     let resp = http::post_stream(&format!("{base}/chat/completions"), &body).await;
@@ -419,7 +375,7 @@ async fn exact_streaming_sends_tokens_while_the_backend_is_still_generating() {
 async fn pause_holds_new_calls_until_resume_and_waits_for_calls_in_flight() {
     let s = start(SCRIPT, &["--chunk-delay-ms", "100"], &[]);
     let gw = s.gateway.url.clone();
-    let (sid, base) = open_session(&gw).await;
+    let (sid, base) = common::open_session(&gw).await;
     let story = json!({"model": "qwen3", "stream": true,
         "messages": [{"role": "user", "content": "tell a long story"}]});
     // A call in flight: pause must wait for it to finish, not abort it.
@@ -507,7 +463,7 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
     );
     let mut sids = vec![];
     for _ in 0..2 {
-        let (sid, base) = open_session(&gw.url).await;
+        let (sid, base) = common::open_session(&gw.url).await;
         for text in ["hello", "again"] {
             let r = http::post_json(
                 &format!("{base}/chat/completions"),
@@ -658,7 +614,7 @@ async fn backend_faults_get_clear_errors_in_the_clients_dialect_and_lose_nothing
         &["--chunk-delay-ms", "50"],
         &["--config", config.to_str().unwrap()],
     );
-    let (sid, base) = open_session(&s.gateway.url).await;
+    let (sid, base) = common::open_session(&s.gateway.url).await;
     let url = format!("{base}/chat/completions");
     // A good call first: it must survive everything after it.
     let ok = http::post_json(&url, &[], &chat("hello", false)).await;

@@ -75,57 +75,11 @@ fn start() -> Setup {
     }
 }
 
-async fn open_session(gw: &str) -> (String, String) {
-    let s = http::post_json(
-        &format!("{gw}/graft/sessions"),
-        &[],
-        &json!({"group_id": "g"}),
-    )
-    .await
-    .json();
-    (
-        s["session_id"].as_str().unwrap().to_string(),
-        s["base_url"].as_str().unwrap().to_string(),
-    )
-}
-
-/// Rebuilds the assistant message from chat chunks (content and tool calls).
-fn assemble(chunks: &[Value]) -> Value {
-    let mut content = String::new();
-    let mut calls: Vec<Value> = vec![];
-    for c in chunks {
-        for ch in c["choices"].as_array().unwrap() {
-            let d = &ch["delta"];
-            if let Some(t) = d["content"].as_str() {
-                content.push_str(t);
-            }
-            for tc in d["tool_calls"].as_array().into_iter().flatten() {
-                let i = tc["index"].as_u64().unwrap() as usize;
-                if i == calls.len() {
-                    calls.push(json!({"id": tc["id"], "type": "function", "function": {"name": tc["function"]["name"], "arguments": ""}}));
-                }
-                if let Some(a) = tc["function"]["arguments"].as_str() {
-                    let prev = calls[i]["function"]["arguments"]
-                        .as_str()
-                        .unwrap()
-                        .to_string();
-                    calls[i]["function"]["arguments"] = json!(prev + a);
-                }
-            }
-        }
-    }
-    let mut m = json!({"role": "assistant", "content": if content.is_empty() { Value::Null } else { json!(content) }});
-    if !calls.is_empty() {
-        m["tool_calls"] = Value::Array(calls);
-    }
-    m
-}
-
 /// A two-turn tool session: the model calls `bash`, gets the tool's output, answers.
 /// Returns the session id. `logprobs_on_turn2`: the client itself asks for logprobs on the
 /// second call (graft must leave its choice and its logprobs alone).
 async fn session(gw: &str, stream: bool, first: &str, logprobs_on_turn2: bool) -> String {
-    let (sid, base) = open_session(gw).await;
+    let (sid, base) = common::open_session(gw).await;
     let mut messages = vec![
         json!({"role": "system", "content": "You run shell commands."}),
         json!({"role": "user", "content": first}),
@@ -156,7 +110,7 @@ async fn session(gw: &str, stream: bool, first: &str, logprobs_on_turn2: bool) -
                     assert!(ch["logprobs"].is_null(), "logprobs nobody asked for: {c}");
                 }
             }
-            assemble(&chunks)
+            common::assemble_chat(&chunks)
         } else {
             let v = r.json();
             assert_no_id_fields(&v, "a JSON answer");
@@ -376,7 +330,7 @@ async fn completions_and_client_requested_ids_pass_through() {
     let s = start();
     let gw = s.gateway.url.clone();
     let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
-    let (sid, base) = open_session(&gw).await;
+    let (sid, base) = common::open_session(&gw).await;
 
     // Legacy completions, JSON and SSE: ids recorded, none shown.
     for stream in [false, true] {
@@ -456,7 +410,7 @@ async fn completions_and_client_requested_ids_pass_through() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn translated_responses_calls_record_the_upstreams_ids_too() {
     let s = start();
-    let (sid, base) = open_session(&s.gateway.url).await;
+    let (sid, base) = common::open_session(&s.gateway.url).await;
     let tools = json!([{"type": "function", "name": "bash", "description": "Run a shell command",
         "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}]);
     for stream in [false, true] {

@@ -29,7 +29,7 @@ use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock, mpsc};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::body::{GBody, channel_body, full};
+use crate::body::{GBody, channel_body};
 use crate::config::ExactConfig;
 use crate::dialect::{
     Answer, Conversation, Delta, Finish, StreamEmitter, TokenUsage, ToolCall, anthropic, chat,
@@ -716,20 +716,7 @@ async fn whole(
     let rendered = render(call, &job, &a);
     settle(call, job, &p, &a, &mut o, true);
     o.response = Some(rendered);
-    let wait = call.commit(&o, false).await?;
-    call.observe(o.upstream_time, wait, None);
-    let body = o
-        .response
-        .as_ref()
-        .map(Value::to_string)
-        .unwrap_or_default();
-    let mut resp = Response::new(full(Bytes::from(body)));
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    call.headers(&mut resp);
-    Ok(resp)
+    call.answer_json(&o).await
 }
 
 /// A streamed answer: each backend event's new ids are decoded and parsed, and whatever is

@@ -358,6 +358,25 @@ impl Call {
         }
     }
 
+    /// Records a whole answer (under sync durability this waits for the fsync), then hands
+    /// `o.response` to the client as JSON.
+    pub(crate) async fn answer_json(&self, o: &Outcome) -> Result<Response<GBody>, GatewayError> {
+        let wait = self.commit(o, false).await?;
+        self.observe(o.upstream_time, wait, None);
+        let body = o
+            .response
+            .as_ref()
+            .map(Value::to_string)
+            .unwrap_or_default();
+        let mut resp = Response::new(full(Bytes::from(body)));
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        self.headers(&mut resp);
+        Ok(resp)
+    }
+
     pub(crate) fn headers(&self, resp: &mut Response<GBody>) {
         if let Ok(v) = HeaderValue::from_str(&self.call_id) {
             resp.headers_mut().insert("x-graft-call-id", v);

@@ -6,12 +6,12 @@
 use std::time::Instant;
 
 use bytes::Bytes;
-use http::{HeaderValue, Response, StatusCode, header};
+use http::{Response, StatusCode};
 use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-use crate::body::{GBody, full};
+use crate::body::GBody;
 use crate::dialect::chat::{self, ChunkReader};
 use crate::dialect::{Answer, Conversation, Finish, StreamEmitter, anthropic, responses};
 use crate::error::GatewayError;
@@ -92,20 +92,7 @@ pub(crate) async fn whole(
             o.finish_reason = Some(finish_label(answer.finish));
             o.normalized_response = serde_json::to_value(&answer).ok();
             o.response = Some(rendered);
-            let wait = call.commit(&o, false).await?;
-            call.observe(o.upstream_time, wait, None);
-            let body = o
-                .response
-                .as_ref()
-                .map(Value::to_string)
-                .unwrap_or_default();
-            let mut resp = Response::new(full(Bytes::from(body)));
-            resp.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("application/json"),
-            );
-            call.headers(&mut resp);
-            Ok(resp)
+            call.answer_json(&o).await
         }
         Err(e) => Err(call.fail(o, e).await),
     }

@@ -821,3 +821,55 @@ impl Proc {
         )
     }
 }
+
+/// Opens a session in group `g` through the session API; returns (session_id, base_url).
+pub async fn open_session(gw: &str) -> (String, String) {
+    let s = http::post_json(
+        &format!("{gw}/graft/sessions"),
+        &[],
+        &serde_json::json!({"group_id": "g"}),
+    )
+    .await
+    .json();
+    (
+        s["session_id"].as_str().unwrap().to_string(),
+        s["base_url"].as_str().unwrap().to_string(),
+    )
+}
+
+/// Rebuilds the assistant message from Chat Completions chunks: content (null when there
+/// is none), `reasoning_content` (when there is some), tool calls.
+pub fn assemble_chat(chunks: &[Value]) -> Value {
+    let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut calls: Vec<Value> = vec![];
+    for c in chunks {
+        for ch in c["choices"].as_array().unwrap() {
+            let d = &ch["delta"];
+            content.push_str(d["content"].as_str().unwrap_or_default());
+            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or_default());
+            for tc in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = tc["index"].as_u64().unwrap() as usize;
+                if i == calls.len() {
+                    calls.push(serde_json::json!({"id": tc["id"], "type": "function",
+                        "function": {"name": tc["function"]["name"], "arguments": ""}}));
+                }
+                let prev = calls[i]["function"]["arguments"]
+                    .as_str()
+                    .unwrap()
+                    .to_string();
+                calls[i]["function"]["arguments"] = serde_json::json!(
+                    prev + tc["function"]["arguments"].as_str().unwrap_or_default()
+                );
+            }
+        }
+    }
+    let mut m = serde_json::json!({"role": "assistant",
+        "content": if content.is_empty() { Value::Null } else { serde_json::json!(content) }});
+    if !reasoning.is_empty() {
+        m["reasoning_content"] = serde_json::json!(reasoning);
+    }
+    if !calls.is_empty() {
+        m["tool_calls"] = Value::Array(calls);
+    }
+    m
+}
