@@ -14,8 +14,9 @@
 //! balanced set or drops the group; with `trainer.enabled` each step then runs `graft train`
 //! on the selected sessions' samples (its own process) and pushes the new weights to the
 //! backends (the gateway holds new calls meanwhile), so the next step's records carry the
-//! new `weight_version`. Not wired yet: `graft serve` as the embedded backend, rollouts of
-//! the next step overlapping training.
+//! new `weight_version`. With no backend URL or script, `graft serve` runs in this process
+//! on the policy's weights (not yet exercised end to end by a test). Not wired yet:
+//! rollouts of the next step overlapping training.
 
 pub mod config;
 pub mod rollout;
