@@ -22,14 +22,14 @@ use graft_reconstruct::exact::{
 };
 use graft_reconstruct::parser::{OutputParser, Piece, ReasoningFormat, ToolCallFormat};
 use graft_reconstruct::retokenize::Model;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
+use http::{HeaderMap, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock, mpsc};
 use tracing::{Instrument, info, info_span, warn};
 
-use crate::body::{GBody, channel_body};
+use crate::body::GBody;
 use crate::config::ExactConfig;
 use crate::dialect::{
     Answer, Conversation, Delta, Finish, StreamEmitter, TokenUsage, ToolCall, anthropic, chat,
@@ -435,15 +435,7 @@ pub(crate) async fn handle(
             return Err(call.fail(o, e).await);
         }
         if call.stream {
-            let (tx, body) = channel_body(64);
-            let mut out = Response::new(body);
-            out.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            out.headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            call.headers(&mut out);
+            let (tx, out) = call.sse_response();
             tokio::spawn(
                 async move {
                     pump(call, job, resp.into_body(), tx, t_up).await;

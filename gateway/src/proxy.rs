@@ -377,6 +377,20 @@ impl Call {
         Ok(resp)
     }
 
+    /// The client's SSE response (its events come through the returned sender).
+    pub(crate) fn sse_response(&self) -> (mpsc::Sender<Bytes>, Response<GBody>) {
+        let (tx, body) = channel_body(64);
+        let mut out = Response::new(body);
+        out.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        out.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        self.headers(&mut out);
+        (tx, out)
+    }
+
     pub(crate) fn headers(&self, resp: &mut Response<GBody>) {
         if let Ok(v) = HeaderValue::from_str(&self.call_id) {
             resp.headers_mut().insert("x-graft-call-id", v);
@@ -552,15 +566,7 @@ pub async fn handle(
             .and_then(|v| v.to_str().ok())
             .is_some_and(|v| v.starts_with("text/event-stream"));
         if call.stream && resp.status().is_success() && is_sse {
-            let (tx, body) = channel_body(64);
-            let mut out = Response::new(body);
-            out.headers_mut().insert(
-                header::CONTENT_TYPE,
-                HeaderValue::from_static("text/event-stream"),
-            );
-            out.headers_mut()
-                .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
-            call.headers(&mut out);
+            let (tx, out) = call.sse_response();
             tokio::spawn(
                 async move {
                     match translation {
