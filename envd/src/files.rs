@@ -10,7 +10,7 @@
 
 use std::io::{Read, Write};
 use std::os::unix::fs::PermissionsExt as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 
 use cap_std::fs::{Dir, OpenOptions};
 
@@ -25,36 +25,13 @@ pub struct Owner {
 }
 
 /// Checks a path from a request: relative, no `..`, no NUL. `.` and empty components are
-/// dropped. The empty path is the workspace itself.
+/// dropped. The empty path is the workspace itself. (The agent crate holds the check, so
+/// the Kubernetes backend's in-sandbox agent applies the same rule.)
 pub fn clean_path(raw: &str) -> Result<PathBuf, EnvdError> {
-    let refuse = |reason: &str| EnvdError::PathRefused {
+    graft_envd_agent::path::clean_relative(raw).map_err(|reason| EnvdError::PathRefused {
         path: raw.to_owned(),
         reason: reason.to_owned(),
-    };
-    if raw.contains('\0') {
-        return Err(refuse("it contains a NUL byte"));
-    }
-    if raw.starts_with('/') {
-        return Err(refuse(
-            "absolute paths are not accepted; paths are relative to the sandbox workspace (/workspace), e.g. 'src/main.py'",
-        ));
-    }
-    let mut out = PathBuf::new();
-    for c in Path::new(raw).components() {
-        match c {
-            Component::Normal(p) => out.push(p),
-            Component::CurDir => {}
-            Component::ParentDir => {
-                return Err(refuse(
-                    "'..' is not accepted; name the file by its path below the workspace",
-                ));
-            }
-            Component::RootDir | Component::Prefix(_) => {
-                return Err(refuse("absolute paths are not accepted"));
-            }
-        }
-    }
-    Ok(out)
+    })
 }
 
 fn map_io(path: &Path, what: &str, e: std::io::Error) -> EnvdError {

@@ -10,6 +10,13 @@
 //!
 //! Usage: `envd-agent [--forward 127.0.0.1:PORT=/path/to.sock] -- PROGRAM [ARGS...]`
 //!
+//! In the Kubernetes backend the same binary is the sandbox container's entrypoint in
+//! server mode (`envd-agent serve`, see [`server`]): it answers envd over HTTP on the
+//! Pod IP, authenticated by the sandbox's own token, and runs each exec under itself in
+//! shim mode (`envd-agent --subreaper -- PROGRAM ...`: a child subreaper that gathers the
+//! exec's orphans and kills whatever is left when the command ends). An init container
+//! puts it into the Pod with `envd-agent install DEST`.
+//!
 //! std + rustix only: `cargo build --release -p graft-envd-agent --example envd-agent
 //! --target x86_64-unknown-linux-musl` gives a static binary for any root filesystem.
 
@@ -17,15 +24,56 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 
+pub mod path;
+pub mod server;
+pub mod tree;
+pub mod workspace;
+
+/// Where the gateway forward relays to: envd's unix socket (local backend) or the
+/// gateway's address (Kubernetes backend, allowed by the sandbox's NetworkPolicy).
+#[derive(Debug, Clone, PartialEq)]
+pub enum ForwardTarget {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl ForwardTarget {
+    /// `/path/to.sock` or `HOST_IP:PORT`.
+    pub fn parse(v: &str) -> Result<Self, String> {
+        if v.starts_with('/') {
+            return Ok(ForwardTarget::Unix(PathBuf::from(v)));
+        }
+        v.parse().map(ForwardTarget::Tcp).map_err(|e| {
+            format!("'{v}' is neither a socket path (/...) nor an IP:PORT address: {e}")
+        })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct AgentArgs {
-    pub forward: Option<(SocketAddr, PathBuf)>,
+    pub forward: Option<(SocketAddr, ForwardTarget)>,
+    /// Shim mode: become a child subreaper and kill what is left of the command's
+    /// process tree when it ends (when the agent is not a PID namespace's pid 1).
+    pub subreaper: bool,
     pub argv: Vec<String>,
+}
+
+/// `ADDR=TARGET` of `--forward`.
+pub fn parse_forward(v: &str) -> Result<(SocketAddr, ForwardTarget), String> {
+    let (addr, target) = v
+        .split_once('=')
+        .ok_or_else(|| format!("--forward '{v}': expected ADDR=SOCKET or ADDR=IP:PORT"))?;
+    let addr: SocketAddr = addr
+        .parse()
+        .map_err(|e| format!("--forward '{v}': '{addr}' is not an address: {e}"))?;
+    let target = ForwardTarget::parse(target).map_err(|e| format!("--forward '{v}': {e}"))?;
+    Ok((addr, target))
 }
 
 /// Parses the agent's arguments (the ones after `envd-agent` or `graft envd agent`).
 pub fn parse_args(args: &[String]) -> Result<AgentArgs, String> {
     let mut forward = None;
+    let mut subreaper = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -33,20 +81,19 @@ pub fn parse_args(args: &[String]) -> Result<AgentArgs, String> {
                 let v = it
                     .next()
                     .ok_or("--forward needs a value: 127.0.0.1:PORT=/path/to.sock")?;
-                let (addr, sock) = v
-                    .split_once('=')
-                    .ok_or_else(|| format!("--forward '{v}': expected ADDR=SOCKET"))?;
-                let addr: SocketAddr = addr
-                    .parse()
-                    .map_err(|e| format!("--forward '{v}': '{addr}' is not an address: {e}"))?;
-                forward = Some((addr, PathBuf::from(sock)));
+                forward = Some(parse_forward(v)?);
             }
+            "--subreaper" => subreaper = true,
             "--" => {
                 let argv: Vec<String> = it.cloned().collect();
                 if argv.is_empty() {
                     return Err("no command after --".to_owned());
                 }
-                return Ok(AgentArgs { forward, argv });
+                return Ok(AgentArgs {
+                    forward,
+                    subreaper,
+                    argv,
+                });
             }
             other => {
                 return Err(format!(
@@ -58,31 +105,58 @@ pub fn parse_args(args: &[String]) -> Result<AgentArgs, String> {
     Err("no command; usage: envd-agent [--forward ADDR=SOCKET] -- PROGRAM [ARGS...]".to_owned())
 }
 
-fn relay(tcp: TcpStream, sock: &std::path::Path) {
-    let unix = match UnixStream::connect(sock) {
-        Ok(u) => u,
-        Err(e) => {
-            eprintln!(
-                "envd-agent: the gateway forward {} is unreachable: {e}",
-                sock.display()
-            );
-            return;
-        }
-    };
-    let (Ok(mut tcp_r), Ok(mut unix_r)) = (tcp.try_clone(), unix.try_clone()) else {
+/// A stream the forward relays to, split into halves.
+trait Duplex: std::io::Read + std::io::Write + Send + Sized + 'static {
+    fn split(&self) -> std::io::Result<Self>;
+    fn close_write(&self);
+}
+
+impl Duplex for TcpStream {
+    fn split(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn close_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+impl Duplex for UnixStream {
+    fn split(&self) -> std::io::Result<Self> {
+        self.try_clone()
+    }
+    fn close_write(&self) {
+        let _ = self.shutdown(std::net::Shutdown::Write);
+    }
+}
+
+fn pipe<S: Duplex>(tcp: TcpStream, out: S) {
+    let (Ok(mut tcp_r), Ok(mut out_r)) = (tcp.try_clone(), out.split()) else {
         return;
     };
-    let (mut tcp_w, mut unix_w) = (tcp, unix);
+    let (mut tcp_w, mut out_w) = (tcp, out);
     let up = std::thread::spawn(move || {
-        let _ = std::io::copy(&mut tcp_r, &mut unix_w);
-        let _ = unix_w.shutdown(std::net::Shutdown::Write);
+        let _ = std::io::copy(&mut tcp_r, &mut out_w);
+        out_w.close_write();
     });
-    let _ = std::io::copy(&mut unix_r, &mut tcp_w);
-    let _ = tcp_w.shutdown(std::net::Shutdown::Write);
+    let _ = std::io::copy(&mut out_r, &mut tcp_w);
+    tcp_w.close_write();
     let _ = up.join();
 }
 
-fn start_forward(addr: SocketAddr, sock: PathBuf) {
+fn relay(tcp: TcpStream, target: &ForwardTarget) {
+    let r = match target {
+        ForwardTarget::Unix(sock) => UnixStream::connect(sock).map(|u| pipe(tcp, u)),
+        ForwardTarget::Tcp(addr) => TcpStream::connect(addr).map(|t| {
+            let _ = t.set_nodelay(true);
+            pipe(tcp, t)
+        }),
+    };
+    if let Err(e) = r {
+        eprintln!("envd-agent: the gateway forward to {target:?} is unreachable: {e}");
+    }
+}
+
+fn start_forward(addr: SocketAddr, target: ForwardTarget) {
     let listener = match TcpListener::bind(addr) {
         Ok(l) => l,
         Err(e) => {
@@ -93,16 +167,24 @@ fn start_forward(addr: SocketAddr, sock: PathBuf) {
     std::thread::spawn(move || {
         for conn in listener.incoming() {
             let Ok(conn) = conn else { continue };
-            let sock = sock.clone();
-            std::thread::spawn(move || relay(conn, &sock));
+            let target = target.clone();
+            std::thread::spawn(move || relay(conn, &target));
         }
     });
 }
 
 /// Runs the agent; returns the exit code to exit with.
 pub fn run(args: AgentArgs) -> i32 {
-    if let Some((addr, sock)) = args.forward {
-        start_forward(addr, sock);
+    if let Some((addr, target)) = args.forward {
+        start_forward(addr, target);
+    }
+    if args.subreaper {
+        // Orphans of the command are reparented to this process (not to the container's
+        // pid 1), so they can be found and killed when the command ends.
+        if let Err(e) = rustix::process::set_child_subreaper(Some(rustix::process::getpid())) {
+            eprintln!("envd-agent: cannot become a child subreaper: {e}");
+            return 125;
+        }
     }
     let Some((prog, rest)) = args.argv.split_first() else {
         return 127;
@@ -124,11 +206,22 @@ pub fn run(args: AgentArgs) -> i32 {
     loop {
         match rustix::process::wait(rustix::process::WaitOptions::empty()) {
             Ok(Some((pid, status))) if pid.as_raw_nonzero().get() == main_pid => {
-                return match (status.exit_status(), status.terminating_signal()) {
+                let code = match (status.exit_status(), status.terminating_signal()) {
                     (Some(c), _) => c,
                     (None, Some(sig)) => 128 + sig,
                     (None, None) => 1,
                 };
+                if args.subreaper {
+                    // No process outlives its exec (as with a PID namespace's pid 1).
+                    let me = rustix::process::getpid().as_raw_nonzero().get();
+                    tree::kill_descendants(me, &|| {
+                        while let Ok(Some(_)) =
+                            rustix::process::wait(rustix::process::WaitOptions::NOHANG)
+                        {
+                        }
+                    });
+                }
+                return code;
             }
             Ok(_) => {}
             Err(rustix::io::Errno::INTR) => {}
@@ -140,13 +233,45 @@ pub fn run(args: AgentArgs) -> i32 {
     }
 }
 
-/// `main` of the standalone binary and of `graft envd agent`.
+/// `main` of the standalone binary and of `graft envd agent`: `serve ...` (server mode),
+/// `install DEST` (copy this binary, for an init container), or the exec mode.
 pub fn main_with(args: &[String]) -> i32 {
+    match args.first().map(String::as_str) {
+        Some("serve") => return server::main(&args[1..]),
+        Some("install") => return install(&args[1..]),
+        _ => {}
+    }
     match parse_args(args) {
         Ok(a) => run(a),
         Err(e) => {
             eprintln!("envd-agent: {e}");
             2
+        }
+    }
+}
+
+/// `install DEST`: copies this executable to DEST (mode 755, atomically). The Kubernetes
+/// backend's init container runs it from the agent image (which needs no shell or `cp`)
+/// to put the agent into the Pod's `emptyDir`.
+fn install(args: &[String]) -> i32 {
+    let [dest] = args else {
+        eprintln!("envd-agent: usage: envd-agent install DEST");
+        return 2;
+    };
+    let dest = PathBuf::from(dest);
+    let tmp = dest.with_extension("envd-agent-tmp");
+    let r = std::env::current_exe()
+        .and_then(|me| std::fs::copy(me, &tmp))
+        .and_then(|_| {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        })
+        .and_then(|()| std::fs::rename(&tmp, &dest));
+    match r {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("envd-agent: cannot install to {}: {e}", dest.display());
+            1
         }
     }
 }
@@ -175,8 +300,22 @@ mod tests {
             a.forward,
             Some((
                 "127.0.0.1:4000".parse().unwrap(),
-                PathBuf::from("/run/g.sock")
+                ForwardTarget::Unix(PathBuf::from("/run/g.sock"))
             ))
+        );
+        assert!(!a.subreaper);
+        let a = parse_args(&s(&[
+            "--subreaper",
+            "--forward",
+            "127.0.0.1:4000=10.0.0.7:8400",
+            "--",
+            "x",
+        ]))
+        .unwrap();
+        assert!(a.subreaper);
+        assert_eq!(
+            a.forward.unwrap().1,
+            ForwardTarget::Tcp("10.0.0.7:8400".parse().unwrap())
         );
         assert!(parse_args(&s(&["--"])).is_err());
         assert!(parse_args(&s(&["--forward", "nope", "--", "x"])).is_err());
@@ -219,7 +358,7 @@ mod tests {
             .unwrap()
             .port();
         let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        start_forward(addr, sock);
+        start_forward(addr, ForwardTarget::Unix(sock));
         let mut c = TcpStream::connect(addr).unwrap();
         c.write_all(b"hello").unwrap();
         let mut out = [0u8; 5];
