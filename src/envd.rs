@@ -50,8 +50,10 @@ pub struct ServeArgs {
     /// address is printed).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    #[arg(long, value_enum, default_value = "local")]
-    pub backend: Backend,
+    /// Where sandboxes run [default: local, or `backend` in the config file]; kubernetes
+    /// takes its settings from the file's [kubernetes] section.
+    #[arg(long, value_enum)]
+    pub backend: Option<Backend>,
     /// Where sandboxes live [default: graft-envd-data].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
@@ -151,11 +153,6 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
         std::process::exit(graft_envd::agent::main_with(&a));
     }
     let s = args.serve;
-    if let Backend::Kubernetes = s.backend {
-        bail!(
-            "--backend kubernetes is not built yet (issue 6); use --backend local on one machine"
-        );
-    }
     let agent = agent_command(s.agent.clone())?;
     let mut cfg = EnvdConfig::new(
         "127.0.0.1:7070".parse()?,
@@ -169,6 +166,11 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
     }
     if let Some(v) = s.listen {
         cfg.listen = v;
+    }
+    match s.backend {
+        Some(Backend::Local) => cfg.backend = graft_envd::BackendKind::Local,
+        Some(Backend::Kubernetes) => cfg.backend = graft_envd::BackendKind::Kubernetes,
+        None => {}
     }
     if let Some(v) = s.data_dir {
         cfg.data_dir = v;

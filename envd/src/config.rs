@@ -1,5 +1,6 @@
 //! envd's runtime configuration (the CLI fills it from flags and environment).
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -52,9 +53,89 @@ pub struct DefaultLimits {
     pub cpus: f64,
 }
 
+/// Where sandboxes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// bubblewrap + cgroups on this host (the default).
+    Local,
+    /// A Pod per sandbox on a Kubernetes cluster (`[kubernetes]` settings).
+    Kubernetes,
+}
+
+/// The Kubernetes backend's settings (`[kubernetes]` in envd.toml).
+#[derive(Debug, Clone)]
+pub struct KubeConfig {
+    /// Namespace of the sandbox Pods; the client's default namespace when unset (in a Pod:
+    /// envd's own).
+    pub namespace: Option<String>,
+    /// Tells this envd's Pods from another envd's in the same namespace (label
+    /// `graft.dev/envd`); the reaper deletes every Pod with this label that it does not
+    /// know.
+    pub instance: String,
+    /// Image holding the static `envd-agent` (the init container copies it into the Pod).
+    pub agent_image: String,
+    /// Path of the agent binary inside `agent_image`.
+    pub agent_image_path: String,
+    pub agent_port: u16,
+    /// `imagePullPolicy` of both containers (`Always`, `IfNotPresent`, `Never`); unset:
+    /// Kubernetes' default.
+    pub image_pull_policy: Option<String>,
+    /// Image of a sandbox whose create request names none; unset: `image` is required.
+    pub default_image: Option<String>,
+    /// How long exec and files calls wait for a new sandbox's Pod to become ready.
+    pub ready_timeout: Duration,
+    /// How often the cluster is listed for Pods and NetworkPolicies no sandbox owns.
+    pub reconcile_interval: Duration,
+    /// Labels of envd's own Pods: the only peers allowed to reach a sandbox's agent port.
+    /// Empty: any source may connect (the per-sandbox token still guards every call).
+    pub envd_pod_labels: BTreeMap<String, String>,
+    /// The gateway as a NetworkPolicy peer: its Pods' labels (and namespace labels).
+    /// Empty: an ipBlock of the gateway's address (`gateway`), which works for a gateway
+    /// outside the cluster but not for a Service IP.
+    pub gateway_pod_labels: BTreeMap<String, String>,
+    pub gateway_namespace_labels: BTreeMap<String, String>,
+    pub run_as_user: Option<i64>,
+    /// `runtimeClassName` of sandbox Pods (gVisor, Kata: a stronger boundary than runc).
+    pub runtime_class: Option<String>,
+    /// Drop every Linux capability in the sandbox container (a root process inside
+    /// cannot chown, setuid, bind low ports, ...). On by default.
+    pub drop_all_capabilities: bool,
+    /// `sizeLimit` of the workspace `emptyDir`.
+    pub workspace_size_mb: Option<u64>,
+}
+
+impl Default for KubeConfig {
+    fn default() -> Self {
+        KubeConfig {
+            namespace: None,
+            instance: "envd".to_owned(),
+            agent_image: String::new(),
+            agent_image_path: "/envd-agent".to_owned(),
+            agent_port: 7071,
+            image_pull_policy: None,
+            default_image: None,
+            ready_timeout: Duration::from_secs(300),
+            reconcile_interval: Duration::from_secs(30),
+            envd_pod_labels: BTreeMap::from([(
+                "app.kubernetes.io/name".to_owned(),
+                "graft-envd".to_owned(),
+            )]),
+            gateway_pod_labels: BTreeMap::new(),
+            gateway_namespace_labels: BTreeMap::new(),
+            run_as_user: None,
+            runtime_class: None,
+            drop_all_capabilities: true,
+            workspace_size_mb: None,
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct EnvdConfig {
     pub listen: SocketAddr,
+    pub backend: BackendKind,
+    pub kubernetes: KubeConfig,
     pub data_dir: PathBuf,
     /// The key every request but `/healthz` and `/openapi.json` must send in `X-API-Key`.
     pub api_key: String,
@@ -93,6 +174,8 @@ impl EnvdConfig {
     ) -> Self {
         EnvdConfig {
             listen,
+            backend: BackendKind::Local,
+            kubernetes: KubeConfig::default(),
             data_dir,
             api_key,
             gateway: None,
@@ -126,6 +209,7 @@ impl EnvdConfig {
 #[serde(deny_unknown_fields)]
 pub struct FileConfig {
     pub listen: Option<SocketAddr>,
+    pub backend: Option<BackendKind>,
     pub data_dir: Option<PathBuf>,
     pub api_key: Option<String>,
     /// graft's gateway: `HOST:PORT` or `http://HOST:PORT`.
@@ -139,6 +223,78 @@ pub struct FileConfig {
     pub defaults: FileDefaults,
     #[serde(default)]
     pub limits: FileLimits,
+    #[serde(default)]
+    pub kubernetes: FileKube,
+}
+
+#[derive(Debug, Clone, Default, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileKube {
+    pub namespace: Option<String>,
+    pub instance: Option<String>,
+    pub agent_image: Option<String>,
+    pub agent_image_path: Option<String>,
+    pub agent_port: Option<u16>,
+    pub image_pull_policy: Option<String>,
+    pub default_image: Option<String>,
+    pub ready_timeout_secs: Option<u64>,
+    pub reconcile_interval_secs: Option<u64>,
+    pub envd_pod_labels: Option<BTreeMap<String, String>>,
+    pub gateway_pod_labels: Option<BTreeMap<String, String>>,
+    pub gateway_namespace_labels: Option<BTreeMap<String, String>>,
+    pub run_as_user: Option<i64>,
+    pub runtime_class: Option<String>,
+    pub drop_all_capabilities: Option<bool>,
+    pub workspace_size_mb: Option<u64>,
+}
+
+impl FileKube {
+    fn apply(&self, k: &mut KubeConfig) {
+        let FileKube {
+            namespace,
+            instance,
+            agent_image,
+            agent_image_path,
+            agent_port,
+            image_pull_policy,
+            default_image,
+            ready_timeout_secs,
+            reconcile_interval_secs,
+            envd_pod_labels,
+            gateway_pod_labels,
+            gateway_namespace_labels,
+            run_as_user,
+            runtime_class,
+            drop_all_capabilities,
+            workspace_size_mb,
+        } = self.clone();
+        k.namespace = namespace.or(k.namespace.take());
+        k.instance = instance.unwrap_or(std::mem::take(&mut k.instance));
+        k.agent_image = agent_image.unwrap_or(std::mem::take(&mut k.agent_image));
+        k.agent_image_path = agent_image_path.unwrap_or(std::mem::take(&mut k.agent_image_path));
+        k.agent_port = agent_port.unwrap_or(k.agent_port);
+        k.image_pull_policy = image_pull_policy.or(k.image_pull_policy.take());
+        k.default_image = default_image.or(k.default_image.take());
+        if let Some(v) = ready_timeout_secs {
+            k.ready_timeout = Duration::from_secs(v);
+        }
+        if let Some(v) = reconcile_interval_secs {
+            k.reconcile_interval = Duration::from_secs(v.max(1));
+        }
+        if let Some(v) = envd_pod_labels {
+            k.envd_pod_labels = v;
+        }
+        if let Some(v) = gateway_pod_labels {
+            k.gateway_pod_labels = v;
+        }
+        if let Some(v) = gateway_namespace_labels {
+            k.gateway_namespace_labels = v;
+        }
+        k.run_as_user = run_as_user.or(k.run_as_user);
+        k.runtime_class = runtime_class.or(k.runtime_class.take());
+        k.drop_all_capabilities = drop_all_capabilities.unwrap_or(k.drop_all_capabilities);
+        k.workspace_size_mb = workspace_size_mb.or(k.workspace_size_mb);
+    }
 }
 
 #[derive(Debug, Clone, Default, serde::Deserialize)]
@@ -199,6 +355,10 @@ impl FileConfig {
         if let Some(v) = self.listen {
             cfg.listen = v;
         }
+        if let Some(v) = self.backend {
+            cfg.backend = v;
+        }
+        self.kubernetes.apply(&mut cfg.kubernetes);
         if let Some(v) = &self.data_dir {
             cfg.data_dir = v.clone();
         }
@@ -317,6 +477,28 @@ impl EnvdConfig {
         if self.max_file_bytes == 0 || self.max_output_bytes == 0 {
             return bad("max_file_bytes and max_output_bytes must be above 0".to_owned());
         }
+        if self.backend == BackendKind::Kubernetes {
+            let k = &self.kubernetes;
+            if k.agent_image.is_empty() {
+                return bad("the kubernetes backend needs [kubernetes] agent_image: an image holding the static envd-agent (deploy/kubernetes/README.md says how to build it)".to_owned());
+            }
+            if !crate::kubernetes::label_value_ok(&k.instance) {
+                return bad(format!(
+                    "[kubernetes] instance '{}' must be a Kubernetes label value (1 to 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)",
+                    k.instance
+                ));
+            }
+            if let Some(p) = &k.image_pull_policy
+                && !["Always", "IfNotPresent", "Never"].contains(&p.as_str())
+            {
+                return bad(format!(
+                    "[kubernetes] image_pull_policy '{p}': give Always, IfNotPresent or Never"
+                ));
+            }
+            if k.ready_timeout.is_zero() {
+                return bad("[kubernetes] ready_timeout_secs must be above 0".to_owned());
+            }
+        }
         Ok(())
     }
 }
@@ -363,6 +545,23 @@ mod tests {
             "max_output_bytes",
             "kill_grace_secs",
             "reap_interval_ms",
+            "backend",
+            "namespace",
+            "instance",
+            "agent_image",
+            "agent_image_path",
+            "agent_port",
+            "image_pull_policy",
+            "default_image",
+            "ready_timeout_secs",
+            "reconcile_interval_secs",
+            "envd_pod_labels",
+            "gateway_pod_labels",
+            "gateway_namespace_labels",
+            "run_as_user",
+            "runtime_class",
+            "drop_all_capabilities",
+            "workspace_size_mb",
         ] {
             assert!(
                 text.lines()
@@ -382,6 +581,32 @@ mod tests {
         assert_eq!(cfg.api_key, "literal-key");
         assert_eq!(cfg.defaults.memory_mb, 2048);
         assert_eq!(cfg.kill_grace, Duration::from_secs(2));
+        assert_eq!(cfg.backend, BackendKind::Local);
+        assert_eq!(cfg.kubernetes.agent_port, 7071);
+        // Switched to kubernetes, the example's [kubernetes] section is valid too.
+        cfg.backend = BackendKind::Kubernetes;
+        cfg.validate().unwrap();
+    }
+
+    #[test]
+    fn kubernetes_settings_are_checked_at_start() {
+        let mut c = base();
+        c.api_key = "k".to_owned();
+        c.backend = BackendKind::Kubernetes;
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("agent_image"), "{e}");
+        let f: FileConfig = toml::from_str(
+            "backend = \"kubernetes\"\n[kubernetes]\nagent_image = \"reg/agent:1\"\ninstance = \"-bad\"\n",
+        )
+        .unwrap();
+        f.apply(&mut c).unwrap();
+        assert_eq!(c.kubernetes.agent_image, "reg/agent:1");
+        let e = c.validate().unwrap_err().to_string();
+        assert!(e.contains("instance '-bad'"), "{e}");
+        let e = toml::from_str::<FileConfig>("[kubernetes]\nagent_imag = \"x\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("agent_imag"), "{e}");
     }
 
     #[test]

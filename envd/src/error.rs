@@ -69,6 +69,23 @@ pub enum EnvdError {
     },
     #[error("the sandbox backend failed: {0}")]
     Backend(String),
+    /// A sandbox that exists but cannot serve now (its Pod is not ready, failed or gone).
+    #[error("sandbox '{id}' is not available: {reason}")]
+    SandboxUnavailable { id: String, reason: String },
+    /// The Kubernetes API answered an error (or could not be reached: `code` None).
+    #[error("the Kubernetes API {what}: {message}")]
+    Kube {
+        what: String,
+        code: Option<u16>,
+        message: String,
+    },
+    /// An error the in-sandbox agent answered, with envd's status and type for it.
+    #[error("{message}")]
+    Agent {
+        status: u16,
+        kind: &'static str,
+        message: String,
+    },
 }
 
 impl EnvdError {
@@ -101,6 +118,15 @@ impl EnvdError {
             PathRefused { .. } => StatusCode::FORBIDDEN,
             PatchFailed { .. } => StatusCode::UNPROCESSABLE_ENTITY,
             Io { .. } | Backend(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            SandboxUnavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            Kube { code, .. } => match code {
+                Some(400 | 422) => StatusCode::BAD_REQUEST,
+                None | Some(429) | Some(500..) => StatusCode::SERVICE_UNAVAILABLE,
+                Some(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            },
+            Agent { status, .. } => {
+                StatusCode::from_u16(*status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            }
         }
     }
 
@@ -128,6 +154,13 @@ impl EnvdError {
             PatchFailed { .. } => "patch_failed",
             Io { .. } => "io_error",
             Backend(_) => "backend_error",
+            SandboxUnavailable { .. } => "sandbox_unavailable",
+            Kube { code, .. } => match code {
+                Some(400 | 422) => "invalid_request",
+                None | Some(429) | Some(500..) => "backend_unavailable",
+                Some(_) => "backend_error",
+            },
+            Agent { kind, .. } => kind,
         }
     }
 

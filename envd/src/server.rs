@@ -19,6 +19,8 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, info, warn};
 
+use crate::backend::Backend;
+use crate::config::BackendKind;
 use crate::config::EnvdConfig;
 use crate::error::{EnvdError, StartError};
 use crate::files::clean_path;
@@ -35,10 +37,47 @@ pub struct Envd {
 }
 
 impl Envd {
+    /// Binds `cfg.listen` with the configured backend (kubernetes: the client from
+    /// KUBECONFIG or the Pod's service account).
     pub async fn bind(cfg: EnvdConfig) -> Result<Self, StartError> {
+        if cfg.backend == BackendKind::Kubernetes {
+            cfg.validate()?;
+            let client = kube::Client::try_default().await.map_err(|e| {
+                StartError::Config(format!(
+                    "the kubernetes backend cannot reach a cluster: {e}; run envd in a Pod with a service account (deploy/kubernetes/) or set KUBECONFIG"
+                ))
+            })?;
+            return Self::bind_kubernetes(cfg, client).await;
+        }
         cfg.validate()?;
         let cfg = Arc::new(cfg);
-        let backend = LocalBackend::new(cfg.clone()).await?;
+        let backend = Backend::Local(LocalBackend::new(cfg.clone()).await?);
+        Self::listen(cfg, backend).await
+    }
+
+    /// Binds with the kubernetes backend over `client` (tests give a mock API server's).
+    /// Pods and NetworkPolicies of this envd's instance that an earlier run left are
+    /// deleted before it answers.
+    pub async fn bind_kubernetes(
+        mut cfg: EnvdConfig,
+        client: kube::Client,
+    ) -> Result<Self, StartError> {
+        cfg.backend = BackendKind::Kubernetes;
+        cfg.validate()?;
+        let cfg = Arc::new(cfg);
+        let backend = Backend::Kubernetes(Box::new(crate::kubernetes::KubeBackend::new(
+            cfg.clone(),
+            client,
+        )));
+        let envd = Self::listen(cfg, backend).await?;
+        let n = envd.svc.reconcile(true).await;
+        if n > 0 {
+            info!(n, "deleted sandboxes an earlier envd left in the cluster");
+        }
+        Ok(envd)
+    }
+
+    async fn listen(cfg: Arc<EnvdConfig>, backend: Backend) -> Result<Self, StartError> {
         let listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| StartError::Bind {
@@ -64,7 +103,7 @@ impl Envd {
 
     /// Whether cgroup limits are enforced on this host.
     pub fn limits_enforced(&self) -> bool {
-        self.svc.backend.cgroups.enforced()
+        self.svc.backend.limits_enforced()
     }
 
     /// Serves until `shutdown` resolves, then deletes every sandbox.
@@ -121,7 +160,7 @@ impl Envd {
         reaper.abort();
         info!("shutting down: deleting every sandbox");
         svc.delete_all().await;
-        svc.backend.cgroups.remove_group();
+        svc.backend.shutdown();
         let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
     }
 }
@@ -310,9 +349,11 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
             if method != Method::GET && method != Method::POST {
                 return Err(not_allowed("GET, POST"));
             }
-            // A local sandbox is ready once created.
+            // A local sandbox is ready once created; a Pod when the watch says so.
+            let timeout = query_secs(&req, "timeout_secs")?;
             let sb = svc.get(id)?;
             sb.touch();
+            svc.ready(&sb, timeout).await?;
             Ok(to_json(StatusCode::OK, &svc.info(&sb)))
         }
         ["sandboxes", id, "heartbeat"] => {
@@ -459,7 +500,7 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
             sb.touch();
             let dir = query(&req, "dir")?.unwrap_or_default();
             let rel = clean_path(&dir)?;
-            let entries = sb.workspace().list(&rel)?;
+            let entries = svc.list_files(&sb, &rel).await?;
             Ok(to_json(
                 StatusCode::OK,
                 &json!({"dir": rel.display().to_string(), "entries": entries}),
@@ -476,7 +517,7 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
             sb.touch();
             match method {
                 Method::GET => {
-                    let data = sb.workspace().read(&rel, svc.cfg.max_file_bytes)?;
+                    let data = svc.read_file(&sb, &rel).await?;
                     Ok(full(StatusCode::OK, "application/octet-stream", data))
                 }
                 Method::PUT | Method::POST => {
@@ -501,7 +542,7 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
                         }
                         r => r?,
                     };
-                    let n = sb.workspace().write(&rel, &body, mode)?;
+                    let n = svc.write_file(&sb, &rel, body, mode).await?;
                     Ok(json_response(
                         StatusCode::OK,
                         &json!({"path": rel.display().to_string(), "bytes": n}),
@@ -510,7 +551,7 @@ async fn route(svc: Arc<Service>, req: Request<Incoming>) -> Result<Response<Bod
                 Method::DELETE => {
                     let recursive =
                         query(&req, "recursive")?.is_some_and(|v| v == "true" || v == "1");
-                    sb.workspace().remove(&rel, recursive)?;
+                    svc.remove_file(&sb, &rel, recursive).await?;
                     Ok(json_response(
                         StatusCode::OK,
                         &json!({"path": rel.display().to_string(), "deleted": true}),

@@ -1,23 +1,42 @@
 //! The service behind the HTTP API: the sandbox registry, jobs with idempotency keys, TTL
-//! and heartbeat reaping. Backend-independent except for the calls into [`LocalBackend`].
+//! and heartbeat reaping — the same for both backends ([`Backend`]); only where a sandbox
+//! lives ([`Place`]) differs: a directory and bubblewrap runs on this host, or a Pod whose
+//! agent is called over HTTP.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
+use crate::agent_client::Endpoint;
+use crate::backend::Backend;
 use crate::config::{EnvdConfig, HarnessRequest};
 use crate::error::EnvdError;
 use crate::files::{Owner, Workspace, clean_path};
+use crate::kubernetes::{KubeBackend, KubeSandbox};
 use crate::local::{ExecSpec, LocalBackend, OutputEvent, SandboxPaths, WORKSPACE};
 use crate::model::{
-    CreateSandbox, CreateSnapshot, ExecRequest, GatewaySession, JobInfo, Limits, Mount,
+    CreateSandbox, CreateSnapshot, DirEntry, ExecRequest, GatewaySession, JobInfo, Limits, Mount,
     NetworkPolicy, SandboxInfo, SnapshotInfo,
 };
+
+/// A job that could not start.
+fn failed_job(mut info: JobInfo, e: &EnvdError) -> JobInfo {
+    info.state = "failed";
+    info.error = Some(e.to_string());
+    info.finished_at_ms = Some(now_ms());
+    info.duration_ms = Some(now_ms().saturating_sub(info.started_at_ms));
+    info
+}
+
+fn not_kube() -> EnvdError {
+    EnvdError::Backend("a Kubernetes sandbox on an envd without the kubernetes backend".to_owned())
+}
 
 fn now_ms() -> u64 {
     std::time::SystemTime::now()
@@ -113,9 +132,37 @@ struct Jobs {
     order: Vec<String>,
 }
 
+/// Where a sandbox lives.
+pub enum Place {
+    /// A directory under the data dir; every exec a bubblewrap run.
+    Local {
+        paths: SandboxPaths,
+        workspace: Workspace,
+        forward: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    },
+    /// A Pod; exec and files go to its agent.
+    Kube {
+        sb: KubeSandbox,
+        /// Harness files to write once the Pod is ready.
+        pending_files: tokio::sync::Mutex<Vec<(PathBuf, String)>>,
+    },
+}
+
+/// What a create has checked, for the backend to make.
+struct NewSandbox {
+    id: String,
+    limits: Limits,
+    env: BTreeMap<String, String>,
+    labels: BTreeMap<String, String>,
+    network: NetworkPolicy,
+    gateway_url: Option<String>,
+    ttl: Duration,
+    harness_files: Vec<(PathBuf, String)>,
+}
+
 pub struct Sandbox {
     pub id: String,
-    paths: SandboxPaths,
+    place: Place,
     limits: Limits,
     env: BTreeMap<String, String>,
     labels: BTreeMap<String, String>,
@@ -128,8 +175,6 @@ pub struct Sandbox {
     touched: Mutex<(Instant, u64)>,
     jobs: Mutex<Jobs>,
     deleting: AtomicBool,
-    forward: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    workspace: Workspace,
 }
 
 impl Sandbox {
@@ -149,10 +194,6 @@ impl Sandbox {
     fn expired(&self, now: Instant) -> bool {
         let (t, _) = *lock(&self.touched);
         now.duration_since(t) > self.ttl && self.running_jobs().is_empty()
-    }
-
-    pub fn workspace(&self) -> &Workspace {
-        &self.workspace
     }
 
     pub fn job(&self, id: &str) -> Result<Arc<Job>, EnvdError> {
@@ -178,7 +219,7 @@ impl Sandbox {
 
 pub struct Service {
     pub cfg: Arc<EnvdConfig>,
-    pub backend: LocalBackend,
+    pub backend: Backend,
     pub metrics: crate::metrics::Metrics,
     sandboxes: Mutex<Registry>,
     snapshots: Mutex<HashMap<String, SnapshotInfo>>,
@@ -230,10 +271,10 @@ fn session_env(gw: &str, s: &GatewaySession) -> BTreeMap<String, String> {
 impl Service {
     /// The service over `backend`, with the snapshots an earlier run left (they are data;
     /// sandboxes are not kept).
-    pub fn new(cfg: Arc<EnvdConfig>, backend: LocalBackend) -> Self {
+    pub fn new(cfg: Arc<EnvdConfig>, backend: Backend) -> Self {
         let mut snapshots = HashMap::new();
-        let dir = backend.data_dir().join("snapshots");
-        if let Ok(rd) = std::fs::read_dir(&dir) {
+        let dir = backend.local().map(|l| l.data_dir().join("snapshots"));
+        if let Some(Ok(rd)) = dir.as_ref().map(std::fs::read_dir) {
             for e in rd.flatten() {
                 let meta = e.path().join("meta.json");
                 match std::fs::read(&meta)
@@ -260,7 +301,10 @@ impl Service {
     }
 
     fn snapshot_dir(&self, id: &str) -> PathBuf {
-        self.backend.data_dir().join("snapshots").join(id)
+        match self.backend.local() {
+            Some(l) => l.data_dir().join("snapshots").join(id),
+            None => PathBuf::from("snapshots").join(id),
+        }
     }
 
     /// Copies the sandbox's workspace into a new snapshot.
@@ -270,6 +314,12 @@ impl Service {
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, EnvdError> {
         sb.touch();
+        let (Some(local), Place::Local { paths, .. }) = (self.backend.local(), &sb.place) else {
+            return Err(EnvdError::BadRequest(
+                "snapshots need the local backend (a Pod's workspace is an emptyDir on its node)"
+                    .to_owned(),
+            ));
+        };
         let id = match req.id {
             Some(id) if !valid_id(&id) => {
                 return Err(EnvdError::BadRequest(format!(
@@ -283,7 +333,7 @@ impl Service {
         if lock(&self.snapshots).contains_key(&id) || dir.exists() {
             return Err(EnvdError::SnapshotExists(id));
         }
-        let parent = self.backend.data_dir().join("snapshots");
+        let parent = local.data_dir().join("snapshots");
         std::fs::create_dir_all(&parent)
             .map_err(|e| EnvdError::io(format!("cannot create {}", parent.display()), e))?;
         // create_dir, not _all: of two requests for one id, exactly one gets it.
@@ -298,8 +348,8 @@ impl Service {
         }
         let copied = {
             let tree = dir.join("tree");
-            let backend_paths = sb.paths.clone();
-            let owner = self.backend.owner;
+            let backend_paths = paths.clone();
+            let owner = local.owner;
             let r = tokio::task::spawn_blocking(move || {
                 let d = cap_std::fs::Dir::open_ambient_dir(
                     &backend_paths.workspace,
@@ -391,19 +441,24 @@ impl Service {
 
     pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
         let (_, touched_ms) = *lock(&sb.touched);
+        let state = match (&self.backend, &sb.place) {
+            _ if sb.deleting.load(Ordering::SeqCst) => "deleting",
+            (Backend::Kubernetes(k), Place::Kube { .. }) => k.state(&sb.id).api_state(),
+            _ => "ready",
+        };
+        let processes = match (&self.backend, &sb.place) {
+            (Backend::Local(l), Place::Local { .. }) => l.processes(&sb.id),
+            _ => None,
+        };
         SandboxInfo {
             id: sb.id.clone(),
-            state: if sb.deleting.load(Ordering::SeqCst) {
-                "deleting"
-            } else {
-                "ready"
-            },
-            backend: "local",
+            state,
+            backend: self.backend.name(),
             created_at_ms: sb.created_at_ms,
             expires_at_ms: touched_ms + sb.ttl.as_millis() as u64,
             ttl_secs: sb.ttl.as_secs(),
             limits: sb.limits.clone(),
-            limits_enforced: self.backend.cgroups.enforced(),
+            limits_enforced: self.backend.limits_enforced(),
             network: sb.network,
             gateway_url: sb.gateway_url.clone(),
             workspace: WORKSPACE,
@@ -411,7 +466,7 @@ impl Service {
             labels: sb.labels.clone(),
             mounts: sb.mounts.clone(),
             from_snapshot: sb.from_snapshot.clone(),
-            processes: self.backend.processes(&sb.id),
+            processes,
             jobs_running: sb.running_jobs().len(),
         }
     }
@@ -438,32 +493,19 @@ impl Service {
             Some(id) => id,
             None => uuid::Uuid::new_v4().simple().to_string(),
         };
-        let image_root = match &req.image {
-            Some(image) => {
-                let image = PathBuf::from(image);
-                let cache = self.backend.data_dir().join("images");
-                Some(
-                    tokio::task::spawn_blocking(move || crate::image::rootfs(&image, &cache))
-                        .await
-                        .map_err(|e| {
-                            EnvdError::Backend(format!("unpacking the image failed: {e}"))
-                        })??,
-                )
+        if let Backend::Kubernetes(_) = &self.backend {
+            crate::kubernetes::check_id(&id)?;
+            let local_only = [
+                ("rootfs", req.rootfs.is_some()),
+                ("mounts", !req.mounts.is_empty()),
+                ("from_snapshot", req.from_snapshot.is_some()),
+            ];
+            if let Some((field, _)) = local_only.iter().find(|(_, given)| *given) {
+                return Err(EnvdError::BadRequest(format!(
+                    "`{field}` needs the local backend; on kubernetes a sandbox is a Pod: give `image` (a registry reference) and put what it needs into the image"
+                )));
             }
-            None => None,
-        };
-        let rootfs = match req.rootfs {
-            Some(r) => {
-                let p = PathBuf::from(&r);
-                if !p.is_absolute() || !p.is_dir() {
-                    return Err(EnvdError::BadRequest(format!(
-                        "rootfs '{r}' is not an absolute path to a directory on the envd host"
-                    )));
-                }
-                Some(p)
-            }
-            None => image_root,
-        };
+        }
         let d = self.cfg.defaults;
         let limits = Limits {
             cpus: req.cpus.unwrap_or(d.cpus),
@@ -548,10 +590,133 @@ impl Service {
             }
         }
         env.extend(req.env);
+        let common = NewSandbox {
+            id,
+            limits,
+            env,
+            labels: req.labels,
+            network,
+            gateway_url,
+            ttl,
+            harness_files,
+        };
+        let sb = match &self.backend {
+            Backend::Local(local) => {
+                self.create_local(
+                    local,
+                    common,
+                    req.image,
+                    req.rootfs,
+                    req.mounts,
+                    req.from_snapshot,
+                )
+                .await?
+            }
+            Backend::Kubernetes(kube) => {
+                let image = req
+                    .image
+                    .or_else(|| self.cfg.kubernetes.default_image.clone())
+                    .ok_or_else(|| {
+                        EnvdError::BadRequest(
+                            "`image` is required on the kubernetes backend (a registry reference such as python:3.12-slim); or set [kubernetes] default_image".to_owned(),
+                        )
+                    })?;
+                self.create_kube(kube, common, &image).await?
+            }
+        };
+        {
+            let mut reg = lock(&self.sandboxes);
+            reg.creating.remove(&sb.id);
+            reg.live.insert(sb.id.clone(), sb.clone());
+        }
+        self.metrics.created.inc();
+        self.metrics.sandboxes.inc();
+        self.metrics
+            .create_seconds
+            .observe(started.elapsed().as_secs_f64());
+        info!(sandbox = %sb.id, backend = self.backend.name(), "sandbox created");
+        Ok(self.info(&sb))
+    }
 
+    /// Reserves `id` in the registry while a backend creates it.
+    fn reserve(&self, id: &str, snapshot: Option<&String>, exists: bool) -> Result<(), EnvdError> {
+        let mut reg = lock(&self.sandboxes);
+        if reg.live.contains_key(id) || reg.creating.contains_key(id) || exists {
+            return Err(EnvdError::SandboxExists(id.to_owned()));
+        }
+        // Under the registry lock, so a snapshot cannot be deleted in between.
+        if let Some(snap) = snapshot
+            && !lock(&self.snapshots).contains_key(snap)
+        {
+            return Err(EnvdError::SnapshotNotFound(snap.clone()));
+        }
+        reg.creating.insert(id.to_owned(), snapshot.cloned());
+        Ok(())
+    }
+
+    fn sandbox(
+        &self,
+        n: NewSandbox,
+        place: Place,
+        mounts: Vec<Mount>,
+        snap: Option<String>,
+    ) -> Arc<Sandbox> {
+        Arc::new(Sandbox {
+            id: n.id,
+            place,
+            limits: n.limits,
+            env: n.env,
+            labels: n.labels,
+            mounts,
+            from_snapshot: snap,
+            network: n.network,
+            gateway_url: n.gateway_url,
+            created_at_ms: now_ms(),
+            ttl: n.ttl,
+            touched: Mutex::new((Instant::now(), now_ms())),
+            jobs: Mutex::new(Jobs::default()),
+            deleting: AtomicBool::new(false),
+        })
+    }
+
+    async fn create_local(
+        &self,
+        backend: &LocalBackend,
+        n: NewSandbox,
+        image: Option<String>,
+        rootfs: Option<String>,
+        req_mounts: Vec<Mount>,
+        from_snapshot: Option<String>,
+    ) -> Result<Arc<Sandbox>, EnvdError> {
+        let image_root = match &image {
+            Some(image) => {
+                let image = PathBuf::from(image);
+                let cache = backend.data_dir().join("images");
+                Some(
+                    tokio::task::spawn_blocking(move || crate::image::rootfs(&image, &cache))
+                        .await
+                        .map_err(|e| {
+                            EnvdError::Backend(format!("unpacking the image failed: {e}"))
+                        })??,
+                )
+            }
+            None => None,
+        };
+        let rootfs = match rootfs {
+            Some(r) => {
+                let p = PathBuf::from(&r);
+                if !p.is_absolute() || !p.is_dir() {
+                    return Err(EnvdError::BadRequest(format!(
+                        "rootfs '{r}' is not an absolute path to a directory on the envd host"
+                    )));
+                }
+                Some(p)
+            }
+            None => image_root,
+        };
         let taken = crate::local::taken_root_names(rootfs.as_deref());
         let mut mounts = Vec::new();
-        for m in &req.mounts {
+        for m in &req_mounts {
             let src = PathBuf::from(&m.source);
             if !src.is_absolute() || !src.exists() {
                 return Err(EnvdError::BadRequest(format!(
@@ -577,33 +742,18 @@ impl Service {
                 }
             }
         }
-        let mut paths = self
-            .backend
-            .paths(&id, rootfs, network == NetworkPolicy::Gateway);
+        let mut paths = backend.paths(&n.id, rootfs, n.network == NetworkPolicy::Gateway);
         paths.mounts = mounts;
-        if let Some(snap) = &req.from_snapshot {
+        if let Some(snap) = &from_snapshot {
             paths.lower = Some(self.snapshot_dir(snap).join("tree"));
         }
-        {
-            let mut reg = lock(&self.sandboxes);
-            if reg.live.contains_key(&id) || reg.creating.contains_key(&id) || paths.dir.exists() {
-                return Err(EnvdError::SandboxExists(id));
-            }
-            // Under the registry lock, so a snapshot cannot be deleted in between.
-            if let Some(snap) = &req.from_snapshot
-                && !lock(&self.snapshots).contains_key(snap)
-            {
-                return Err(EnvdError::SnapshotNotFound(snap.clone()));
-            }
-            // Reserve the id while the backend works.
-            reg.creating.insert(id.clone(), req.from_snapshot.clone());
-        }
+        self.reserve(&n.id, from_snapshot.as_ref(), paths.dir.exists())?;
         let mut forward = None;
         let created = async {
-            forward = self.backend.create(&paths, &limits).await?;
-            let owner = self.backend.owner.map(|(uid, gid)| Owner { uid, gid });
+            forward = backend.create(&paths, &n.limits).await?;
+            let owner = backend.owner.map(|(uid, gid)| Owner { uid, gid });
             let workspace = Workspace::open(&paths.workspace, owner)?;
-            for (rel, body) in &harness_files {
+            for (rel, body) in &n.harness_files {
                 workspace.write(rel, body.as_bytes(), 0o644)?;
             }
             Ok::<_, EnvdError>(workspace)
@@ -615,41 +765,170 @@ impl Service {
                 if let Some(f) = forward.take() {
                     f.abort();
                 }
-                let _ = self.backend.delete(&paths).await;
-                lock(&self.sandboxes).creating.remove(&id);
+                let _ = backend.delete(&paths).await;
+                lock(&self.sandboxes).creating.remove(&n.id);
                 return Err(e);
             }
         };
-        let sb = Arc::new(Sandbox {
-            id: id.clone(),
+        let place = Place::Local {
             paths,
-            limits,
-            env,
-            labels: req.labels,
-            mounts: req.mounts,
-            from_snapshot: req.from_snapshot,
-            network,
-            gateway_url,
-            created_at_ms: now_ms(),
-            ttl,
-            touched: Mutex::new((Instant::now(), now_ms())),
-            jobs: Mutex::new(Jobs::default()),
-            deleting: AtomicBool::new(false),
-            forward: Mutex::new(forward),
             workspace,
-        });
-        {
-            let mut reg = lock(&self.sandboxes);
-            reg.creating.remove(&id);
-            reg.live.insert(id.clone(), sb.clone());
+            forward: Mutex::new(forward),
+        };
+        Ok(self.sandbox(n, place, req_mounts, from_snapshot))
+    }
+
+    async fn create_kube(
+        &self,
+        backend: &KubeBackend,
+        mut n: NewSandbox,
+        image: &str,
+    ) -> Result<Arc<Sandbox>, EnvdError> {
+        self.reserve(&n.id, None, false)?;
+        let created = backend
+            .create(crate::kubernetes::KubeCreate {
+                id: &n.id,
+                image,
+                limits: &n.limits,
+                network: n.network,
+                ttl: n.ttl,
+            })
+            .await;
+        let kube = match created {
+            Ok(k) => k,
+            Err(e) => {
+                lock(&self.sandboxes).creating.remove(&n.id);
+                return Err(e);
+            }
+        };
+        // Harness files are written through the agent once the Pod is ready.
+        let files = std::mem::take(&mut n.harness_files);
+        let place = Place::Kube {
+            sb: kube,
+            pending_files: tokio::sync::Mutex::new(files),
+        };
+        Ok(self.sandbox(n, place, Vec::new(), None))
+    }
+
+    /// Waits until the sandbox can serve (a Pod: ready by the watch, its harness files
+    /// written); returns the agent's endpoint on kubernetes, None for a local sandbox.
+    pub async fn ready(
+        &self,
+        sb: &Sandbox,
+        timeout: Option<Duration>,
+    ) -> Result<Option<Endpoint>, EnvdError> {
+        let (
+            Backend::Kubernetes(kube),
+            Place::Kube {
+                sb: k,
+                pending_files,
+            },
+        ) = (&self.backend, &sb.place)
+        else {
+            return Ok(None);
+        };
+        let timeout = timeout.unwrap_or(self.cfg.kubernetes.ready_timeout);
+        let ip = kube.wait_ready(&sb.id, timeout).await?;
+        let ep = Endpoint {
+            sandbox: sb.id.clone(),
+            ip,
+            token: k.token.clone(),
+        };
+        let mut pending = pending_files.lock().await;
+        while let Some((rel, body)) = pending.first() {
+            kube.agent
+                .write(
+                    &ep,
+                    &rel.display().to_string(),
+                    Bytes::from(body.clone()),
+                    0o644,
+                )
+                .await?;
+            pending.remove(0);
         }
-        self.metrics.created.inc();
-        self.metrics.sandboxes.inc();
-        self.metrics
-            .create_seconds
-            .observe(started.elapsed().as_secs_f64());
-        info!(sandbox = %id, "sandbox created");
-        Ok(self.info(&sb))
+        Ok(Some(ep))
+    }
+
+    /// Lists a directory of the sandbox's workspace.
+    pub async fn list_files(&self, sb: &Sandbox, rel: &Path) -> Result<Vec<DirEntry>, EnvdError> {
+        match (&sb.place, self.ready(sb, None).await?) {
+            (Place::Local { workspace, .. }, _) => workspace.list(rel),
+            (Place::Kube { .. }, Some(ep)) => {
+                self.kube()?
+                    .agent
+                    .list(&ep, &rel.display().to_string())
+                    .await
+            }
+            (Place::Kube { .. }, None) => Err(not_kube()),
+        }
+    }
+
+    pub async fn read_file(&self, sb: &Sandbox, rel: &Path) -> Result<Vec<u8>, EnvdError> {
+        let max = self.cfg.max_file_bytes;
+        match (&sb.place, self.ready(sb, None).await?) {
+            (Place::Local { workspace, .. }, _) => workspace.read(rel, max),
+            (Place::Kube { .. }, Some(ep)) => {
+                let r = self
+                    .kube()?
+                    .agent
+                    .read(&ep, &rel.display().to_string(), max)
+                    .await;
+                match r {
+                    Err(EnvdError::Agent {
+                        kind: "too_large", ..
+                    }) => Err(EnvdError::TooLarge {
+                        limit: max,
+                        hint: "the file is larger than the files API's limit (--max-file-bytes); read it in parts with exec (e.g. `split`, `head -c`)",
+                    }),
+                    r => r,
+                }
+            }
+            (Place::Kube { .. }, None) => Err(not_kube()),
+        }
+    }
+
+    pub async fn write_file(
+        &self,
+        sb: &Sandbox,
+        rel: &Path,
+        data: Bytes,
+        mode: u32,
+    ) -> Result<u64, EnvdError> {
+        match (&sb.place, self.ready(sb, None).await?) {
+            (Place::Local { workspace, .. }, _) => workspace.write(rel, &data, mode),
+            (Place::Kube { .. }, Some(ep)) => {
+                self.kube()?
+                    .agent
+                    .write(&ep, &rel.display().to_string(), data, mode)
+                    .await
+            }
+            (Place::Kube { .. }, None) => Err(not_kube()),
+        }
+    }
+
+    pub async fn remove_file(
+        &self,
+        sb: &Sandbox,
+        rel: &Path,
+        recursive: bool,
+    ) -> Result<(), EnvdError> {
+        match (&sb.place, self.ready(sb, None).await?) {
+            (Place::Local { workspace, .. }, _) => workspace.remove(rel, recursive),
+            (Place::Kube { .. }, Some(ep)) => {
+                self.kube()?
+                    .agent
+                    .remove(&ep, &rel.display().to_string(), recursive)
+                    .await
+            }
+            (Place::Kube { .. }, None) => Err(not_kube()),
+        }
+    }
+
+    fn kube(&self) -> Result<&KubeBackend, EnvdError> {
+        match &self.backend {
+            Backend::Kubernetes(k) => Ok(k),
+            Backend::Local(_) => Err(not_kube()),
+        }
     }
 
     /// Kills the sandbox's jobs, then removes it. Later requests for it get 404.
@@ -665,10 +944,16 @@ impl Service {
         for j in &running {
             j.wait(Some(Duration::from_secs(30))).await;
         }
-        if let Some(f) = lock(&sb.forward).take() {
-            f.abort();
-        }
-        let r = self.backend.delete(&sb.paths).await;
+        let r = match (&self.backend, &sb.place) {
+            (Backend::Local(l), Place::Local { paths, forward, .. }) => {
+                if let Some(f) = lock(forward).take() {
+                    f.abort();
+                }
+                l.delete(paths).await
+            }
+            (Backend::Kubernetes(k), Place::Kube { sb: ks, .. }) => k.delete(ks).await,
+            _ => Err(not_kube()),
+        };
         lock(&self.sandboxes).live.remove(id);
         self.metrics.sandboxes.dec();
         let reason = if why.contains("ttl") {
@@ -741,7 +1026,10 @@ impl Service {
             Some(c) if c.starts_with('/') => c.to_owned(),
             Some(c) => {
                 let rel = clean_path(c)?;
-                if !sb.workspace.is_dir(&rel)? {
+                // A Pod's agent checks the cwd itself (the job fails with a clear error).
+                if let Place::Local { workspace, .. } = &sb.place
+                    && !workspace.is_dir(&rel)?
+                {
                     return Err(EnvdError::BadRequest(format!(
                         "cwd '{c}' is not a directory in the workspace; create it first (e.g. PUT a file below it, or exec `mkdir -p`)"
                     )));
@@ -808,10 +1096,7 @@ impl Service {
         let job2 = job.clone();
         tokio::spawn(async move {
             let base = job2.info();
-            let info = svc
-                .backend
-                .run(&sb2.paths, &job2.id, spec, base, events, kill_rx)
-                .await;
+            let info = svc.run(&sb2, &job2.id, spec, base, events, kill_rx).await;
             if let Some(e) = &info.error {
                 warn!(sandbox = %sb2.id, job = %job2.id, error = %e, "job ended with an error");
             }
@@ -832,8 +1117,39 @@ impl Service {
         Ok((job, true))
     }
 
-    /// Deletes sandboxes whose TTL ran out since their last request or heartbeat.
+    /// Runs one exec on the sandbox's backend.
+    async fn run(
+        &self,
+        sb: &Sandbox,
+        job: &str,
+        spec: ExecSpec,
+        base: JobInfo,
+        events: broadcast::Sender<OutputEvent>,
+        kill: watch::Receiver<bool>,
+    ) -> JobInfo {
+        match (&self.backend, &sb.place) {
+            (Backend::Local(l), Place::Local { paths, .. }) => {
+                l.run(paths, job, spec, base, events, kill).await
+            }
+            (Backend::Kubernetes(k), Place::Kube { .. }) => {
+                let ep = match self.ready(sb, None).await {
+                    Ok(Some(ep)) => ep,
+                    Ok(None) => return failed_job(base, &not_kube()),
+                    Err(e) => return failed_job(base, &e),
+                };
+                k.agent
+                    .run(&ep, job, spec, self.cfg.kill_grace, base, events, kill)
+                    .await
+            }
+            _ => failed_job(base, &not_kube()),
+        }
+    }
+
+    /// Deletes sandboxes whose TTL ran out since their last request or heartbeat; on
+    /// kubernetes also, every `reconcile_interval`, Pods and NetworkPolicies of this envd
+    /// that no sandbox owns.
     pub async fn reap(&self) {
+        self.reconcile(false).await;
         let now = Instant::now();
         let expired: Vec<String> = lock(&self.sandboxes)
             .live
@@ -844,6 +1160,29 @@ impl Service {
         for id in expired {
             if let Err(e) = self.delete(&id, "ttl expired").await {
                 warn!(sandbox = %id, error = %e, "could not reap the sandbox");
+            }
+        }
+    }
+
+    /// Kubernetes: deletes the cluster's objects of this envd that no sandbox owns (all of
+    /// them at start, when the registry is empty). Returns how many were deleted.
+    pub async fn reconcile(&self, force: bool) -> usize {
+        let Backend::Kubernetes(k) = &self.backend else {
+            return 0;
+        };
+        let known = || {
+            let reg = lock(&self.sandboxes);
+            reg.live
+                .keys()
+                .chain(reg.creating.keys())
+                .cloned()
+                .collect::<std::collections::HashSet<String>>()
+        };
+        match k.reconcile(force, known).await {
+            Ok(n) => n,
+            Err(e) => {
+                warn!(error = %e, "could not reconcile the sandboxes with the cluster");
+                0
             }
         }
     }

@@ -349,9 +349,21 @@ impl Server {
         let _ = lock(&out).shutdown(std::net::Shutdown::Both);
     }
 
-    fn run(&self, job: &str, spec: ExecSpec, out: &Arc<Mutex<TcpStream>>) -> ExecResult {
+    /// A path inside the sandbox with `/workspace` standing for the workspace directory
+    /// (the same in a Pod; a temporary directory in tests).
+    fn in_sandbox(&self, p: &str) -> PathBuf {
+        match p.strip_prefix("/workspace") {
+            Some(rest) if rest.is_empty() || rest.starts_with('/') => {
+                self.opts.workspace.join(rest.trim_start_matches('/'))
+            }
+            _ => PathBuf::from(p),
+        }
+    }
+
+    fn run(&self, job: &str, mut spec: ExecSpec, out: &Arc<Mutex<TcpStream>>) -> ExecResult {
         let mut result = ExecResult::default();
-        if !std::path::Path::new(&spec.cwd).is_dir() {
+        let cwd = self.in_sandbox(&spec.cwd);
+        if !cwd.is_dir() {
             result.exit_code = Some(126);
             result.error = Some(format!(
                 "cwd '{}' is not a directory in the sandbox; create it first (e.g. exec `mkdir -p`)",
@@ -361,7 +373,10 @@ impl Server {
         }
         let mut env: Vec<(String, String)> = vec![
             ("PATH".into(), PATH_IN.into()),
-            ("HOME".into(), "/workspace".into()),
+            (
+                "HOME".into(),
+                self.in_sandbox("/workspace").display().to_string(),
+            ),
             ("LANG".into(), "C.UTF-8".into()),
             ("GRAFT_SANDBOX_ID".into(), self.opts.sandbox_id.clone()),
         ];
@@ -372,7 +387,7 @@ impl Server {
             .args(&spec.argv)
             .env_clear()
             .envs(env)
-            .current_dir(&spec.cwd)
+            .current_dir(&cwd)
             .stdin(if spec.stdin.is_some() {
                 Stdio::piped()
             } else {
@@ -398,7 +413,7 @@ impl Server {
         };
         let shim = child.id() as i32;
         lock(&self.jobs).insert(job.to_owned(), Job { kill: tx.clone() });
-        if let (Some(mut w), Some(data)) = (child.stdin.take(), spec.stdin) {
+        if let (Some(mut w), Some(data)) = (child.stdin.take(), spec.stdin.take()) {
             std::thread::spawn(move || {
                 let _ = w.write_all(&data);
             });
@@ -463,20 +478,18 @@ impl Server {
         };
         drop(tx);
         let deadline = started + spec.timeout;
-        let status = loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            match rx.recv_timeout(left) {
-                Ok(Msg::Exited(s)) => break s,
-                Ok(Msg::Kill) => {
-                    result.killed = true;
-                    break terminate(shim, Duration::ZERO, &rx);
-                }
-                Err(mpsc::RecvTimeoutError::Timeout) => {
-                    result.timed_out = true;
-                    break terminate(shim, spec.grace, &rx);
-                }
-                Err(mpsc::RecvTimeoutError::Disconnected) => break None,
+        let left = deadline.saturating_duration_since(Instant::now());
+        let status = match rx.recv_timeout(left) {
+            Ok(Msg::Exited(s)) => s,
+            Ok(Msg::Kill) => {
+                result.killed = true;
+                terminate(shim, Duration::ZERO, &rx)
             }
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                result.timed_out = true;
+                terminate(shim, spec.grace, &rx)
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => None,
         };
         let _ = waiter.join();
         lock(&self.shims).remove(&shim);
@@ -525,12 +538,9 @@ fn terminate(
             tree::signal(p, Signal::TERM);
         }
         let until = Instant::now() + grace;
-        loop {
-            match rx.recv_timeout(until.saturating_duration_since(Instant::now())) {
-                Ok(Msg::Exited(s)) => return s,
-                Ok(Msg::Kill) => break,
-                Err(_) => break,
-            }
+        if let Ok(Msg::Exited(s)) = rx.recv_timeout(until.saturating_duration_since(Instant::now()))
+        {
+            return s;
         }
     }
     tree::kill_descendants(shim, &|| {});

@@ -1,0 +1,724 @@
+//! The Kubernetes backend: a Pod per sandbox.
+//!
+//! ```text
+//! Pod graft-sbx-<id>   labels app.kubernetes.io/managed-by=graft-envd,
+//!                             graft.dev/envd=<instance>, graft.dev/sandbox=<id>
+//!   init container envd-agent-install (agent image): envd-agent install /.graft/bin/envd-agent
+//!   container sandbox (the task's image, unmodified):
+//!     /.graft/bin/envd-agent serve --listen 0.0.0.0:<agent_port> --workspace /workspace
+//!         [--forward 127.0.0.1:<sandbox_gateway_port>=<gateway ip:port>]
+//!     env GRAFT_ENVD_AGENT_TOKEN=<the sandbox's token>; requests = limits (cpu, memory)
+//!   volumes: emptyDir graft-agent (/.graft/bin, read-only in the sandbox), emptyDir workspace
+//! NetworkPolicy graft-sbx-<id>: ingress only from envd's Pods to the agent port; egress
+//!   only to the gateway (network "gateway") or nothing (network "none")
+//! ```
+//!
+//! Readiness comes from one LIST+WATCH of the Pods with this envd's labels
+//! (`kube::runtime::watcher`, which lists again after a `410 Gone`); exec and files go to
+//! the agent at the Pod IP over HTTP with the sandbox's token ([`crate::agent_client`]).
+//! The reaper lists the cluster every `reconcile_interval` and deletes Pods and
+//! NetworkPolicies of this instance that no sandbox in the registry owns (left by an
+//! earlier envd, or by a create that failed half-way).
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use kube::runtime::watcher;
+use serde_json::json;
+use tokio::sync::watch;
+use tracing::{debug, info, warn};
+
+use crate::config::{EnvdConfig, KubeConfig};
+use crate::error::EnvdError;
+use crate::model::{Limits, NetworkPolicy};
+
+pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
+pub const INSTANCE_LABEL: &str = "graft.dev/envd";
+pub const SANDBOX_LABEL: &str = "graft.dev/sandbox";
+const AGENT_DIR: &str = "/.graft/bin";
+const AGENT_IN_POD: &str = "/.graft/bin/envd-agent";
+const TOKEN_ENV: &str = graft_envd_agent::server::TOKEN_ENV;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// A Kubernetes label value: at most 63 of `A-Za-z0-9-_.`, alphanumeric at both ends.
+pub fn label_value_ok(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
+/// A sandbox id that makes a valid Pod name and label: `graft-sbx-<id>` is a DNS label.
+pub fn check_id(id: &str) -> Result<(), EnvdError> {
+    let b = id.as_bytes();
+    let ok = !b.is_empty()
+        && b.len() <= 53
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[b.len() - 1] != b'-';
+    if ok {
+        Ok(())
+    } else {
+        Err(EnvdError::BadRequest(format!(
+            "id '{id}': on the kubernetes backend an id names a Pod, so use 1 to 53 of a-z, 0-9 and '-', not ending in '-' (or leave `id` out)"
+        )))
+    }
+}
+
+pub fn pod_name(id: &str) -> String {
+    format!("graft-sbx-{id}")
+}
+
+/// What the watch last saw of a sandbox's Pod.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PodState {
+    pub phase: String,
+    pub ready: bool,
+    pub ip: Option<String>,
+    /// Why it is not running (image pull errors, a failed init container, eviction).
+    pub reason: Option<String>,
+    /// Deleted from the cluster.
+    pub gone: bool,
+}
+
+impl PodState {
+    fn of(pod: &Pod) -> Self {
+        let Some(st) = &pod.status else {
+            return PodState {
+                phase: "Pending".to_owned(),
+                ..PodState::default()
+            };
+        };
+        let ready = st
+            .conditions
+            .as_ref()
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let mut reasons = Vec::new();
+        if let Some(r) = &st.reason {
+            reasons.push(format!("{r}: {}", st.message.clone().unwrap_or_default()));
+        }
+        let statuses = st
+            .init_container_statuses
+            .iter()
+            .flatten()
+            .chain(st.container_statuses.iter().flatten());
+        for cs in statuses {
+            let Some(state) = &cs.state else { continue };
+            if let Some(w) = &state.waiting
+                && let Some(r) = &w.reason
+                && r != "ContainerCreating"
+                && r != "PodInitializing"
+            {
+                reasons.push(format!(
+                    "container {} is waiting: {r} {}",
+                    cs.name,
+                    w.message.clone().unwrap_or_default()
+                ));
+            }
+            if let Some(t) = &state.terminated
+                && t.exit_code != 0
+            {
+                reasons.push(format!(
+                    "container {} exited with {} ({})",
+                    cs.name,
+                    t.exit_code,
+                    t.reason.clone().unwrap_or_default()
+                ));
+            }
+        }
+        PodState {
+            phase: st.phase.clone().unwrap_or_else(|| "Pending".to_owned()),
+            ready,
+            ip: st.pod_ip.clone().filter(|ip| !ip.is_empty()),
+            reason: (!reasons.is_empty()).then(|| reasons.join("; ").trim().to_owned()),
+            gone: false,
+        }
+    }
+
+    fn terminal(&self) -> bool {
+        self.gone || self.phase == "Failed" || self.phase == "Succeeded"
+    }
+
+    /// `pending`, `ready` or `failed`, as the API reports a sandbox.
+    pub fn api_state(&self) -> &'static str {
+        if self.terminal() {
+            "failed"
+        } else if self.ready && self.ip.is_some() {
+            "ready"
+        } else {
+            "pending"
+        }
+    }
+
+    fn describe(&self) -> String {
+        let mut s = if self.gone {
+            "its Pod was deleted from the cluster".to_owned()
+        } else {
+            format!("its Pod is {}", self.phase)
+        };
+        if let Some(r) = &self.reason {
+            s.push_str(&format!(" ({r})"));
+        }
+        s
+    }
+}
+
+/// A sandbox on the cluster: its Pod's name and the token its agent wants.
+#[derive(Debug)]
+pub struct KubeSandbox {
+    pub id: String,
+    pub pod: String,
+    pub token: String,
+}
+
+/// What a create needs from the service.
+pub struct KubeCreate<'a> {
+    pub id: &'a str,
+    pub image: &'a str,
+    pub limits: &'a Limits,
+    pub network: NetworkPolicy,
+    pub ttl: Duration,
+}
+
+pub struct KubeBackend {
+    cfg: Arc<EnvdConfig>,
+    pods: Api<Pod>,
+    policies: Api<KubeNetworkPolicy>,
+    namespace: String,
+    selector: String,
+    /// Sandbox id → what the watch last saw of its Pod.
+    states: Arc<Mutex<HashMap<String, PodState>>>,
+    /// Bumped on every change of `states`.
+    changed: watch::Sender<u64>,
+    /// Times the watch (re)listed the Pods.
+    lists: Arc<std::sync::atomic::AtomicU64>,
+    watcher: tokio::task::JoinHandle<()>,
+    last_reconcile: tokio::sync::Mutex<Option<Instant>>,
+    pub agent: crate::agent_client::AgentClient,
+}
+
+impl Drop for KubeBackend {
+    fn drop(&mut self) {
+        self.watcher.abort();
+    }
+}
+
+/// A `kube::Error` as envd's error, naming what was attempted.
+pub fn kube_error(what: impl Into<String>, e: kube::Error) -> EnvdError {
+    let what = what.into();
+    match e {
+        kube::Error::Api(s) => {
+            let hint = if s.code == 403 {
+                " (envd's service account lacks a permission; apply deploy/kubernetes/role.yaml)"
+            } else {
+                ""
+            };
+            EnvdError::Kube {
+                what,
+                code: Some(s.code),
+                message: format!("{} ({}, {}){hint}", s.message, s.code, s.reason),
+            }
+        }
+        other => EnvdError::Kube {
+            what,
+            code: None,
+            message: format!("{other}; is the API server reachable?"),
+        },
+    }
+}
+
+fn is_code(e: &kube::Error, code: u16) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == code)
+}
+
+impl KubeBackend {
+    /// The backend over `client`; starts the Pod watch.
+    pub fn new(cfg: Arc<EnvdConfig>, client: kube::Client) -> Self {
+        let k = &cfg.kubernetes;
+        let namespace = k
+            .namespace
+            .clone()
+            .unwrap_or_else(|| client.default_namespace().to_owned());
+        let selector = format!("{MANAGED_BY}=graft-envd,{INSTANCE_LABEL}={}", k.instance);
+        let pods: Api<Pod> = Api::namespaced(client.clone(), &namespace);
+        let policies: Api<KubeNetworkPolicy> = Api::namespaced(client, &namespace);
+        let states = Arc::new(Mutex::new(HashMap::new()));
+        let (changed, _) = watch::channel(0u64);
+        let lists = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let watcher = tokio::spawn(watch_pods(
+            pods.clone(),
+            selector.clone(),
+            states.clone(),
+            changed.clone(),
+            lists.clone(),
+        ));
+        KubeBackend {
+            agent: crate::agent_client::AgentClient::new(k.agent_port),
+            cfg,
+            pods,
+            policies,
+            namespace,
+            selector,
+            states,
+            changed,
+            lists,
+            watcher,
+            last_reconcile: tokio::sync::Mutex::new(None),
+        }
+    }
+
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// How many times the watch has listed the Pods (1 at start, one more per re-list).
+    pub fn lists(&self) -> u64 {
+        self.lists.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn kcfg(&self) -> &KubeConfig {
+        &self.cfg.kubernetes
+    }
+
+    fn labels(&self, id: &str) -> BTreeMap<String, String> {
+        BTreeMap::from([
+            (MANAGED_BY.to_owned(), "graft-envd".to_owned()),
+            (INSTANCE_LABEL.to_owned(), self.kcfg().instance.clone()),
+            (SANDBOX_LABEL.to_owned(), id.to_owned()),
+        ])
+    }
+
+    /// The sandbox's Pod.
+    pub fn pod_spec(&self, c: &KubeCreate<'_>, token: &str) -> serde_json::Value {
+        let k = self.kcfg();
+        let cpu = format!("{}m", ((c.limits.cpus * 1000.0).round() as u64).max(1));
+        let memory = format!("{}Mi", c.limits.memory_mb);
+        let resources = json!({
+            "requests": {"cpu": cpu, "memory": memory},
+            "limits": {"cpu": cpu, "memory": memory},
+        });
+        let mut container_sc = json!({"allowPrivilegeEscalation": false});
+        if k.drop_all_capabilities {
+            container_sc["capabilities"] = json!({"drop": ["ALL"]});
+        }
+        let mut args = vec![
+            AGENT_IN_POD.to_owned(),
+            "serve".to_owned(),
+            "--listen".to_owned(),
+            format!("0.0.0.0:{}", k.agent_port),
+            "--workspace".to_owned(),
+            crate::local::WORKSPACE.to_owned(),
+            "--sandbox-id".to_owned(),
+            c.id.to_owned(),
+            "--max-body-bytes".to_owned(),
+            (self.cfg.max_file_bytes + 64 * 1024 + self.cfg.max_output_bytes).to_string(),
+        ];
+        if c.network == NetworkPolicy::Gateway
+            && let Some(gw) = self.cfg.gateway
+        {
+            args.push("--forward".to_owned());
+            args.push(format!("127.0.0.1:{}={gw}", self.cfg.sandbox_gateway_port));
+        }
+        let mut workspace = json!({"name": "workspace", "emptyDir": {}});
+        if let Some(mb) = k.workspace_size_mb {
+            workspace["emptyDir"]["sizeLimit"] = json!(format!("{mb}Mi"));
+        }
+        let mut pod_sc = json!({"seccompProfile": {"type": "RuntimeDefault"}});
+        if let Some(uid) = k.run_as_user {
+            pod_sc["runAsUser"] = json!(uid);
+        }
+        let mut init = json!({
+            "name": "envd-agent-install",
+            "image": k.agent_image,
+            "command": [k.agent_image_path, "install", AGENT_IN_POD],
+            "resources": resources,
+            "securityContext": container_sc,
+            "volumeMounts": [{"name": "graft-agent", "mountPath": AGENT_DIR}],
+        });
+        let mut main = json!({
+            "name": "sandbox",
+            "image": c.image,
+            "command": args,
+            "workingDir": crate::local::WORKSPACE,
+            "env": [{"name": TOKEN_ENV, "value": token}],
+            "ports": [{"name": "envd-agent", "containerPort": k.agent_port, "protocol": "TCP"}],
+            "readinessProbe": {
+                "httpGet": {"path": "/healthz", "port": k.agent_port},
+                "periodSeconds": 1,
+                "failureThreshold": 3,
+            },
+            "resources": resources,
+            "securityContext": container_sc,
+            "volumeMounts": [
+                {"name": "graft-agent", "mountPath": AGENT_DIR, "readOnly": true},
+                {"name": "workspace", "mountPath": crate::local::WORKSPACE},
+            ],
+        });
+        if let Some(p) = &k.image_pull_policy {
+            init["imagePullPolicy"] = json!(p);
+            main["imagePullPolicy"] = json!(p);
+        }
+        let mut spec = json!({
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": false,
+            "enableServiceLinks": false,
+            "terminationGracePeriodSeconds": 1,
+            "hostname": "sandbox",
+            "securityContext": pod_sc,
+            "initContainers": [init],
+            "containers": [main],
+            "volumes": [{"name": "graft-agent", "emptyDir": {}}, workspace],
+        });
+        if let Some(rc) = &k.runtime_class {
+            spec["runtimeClassName"] = json!(rc);
+        }
+        json!({
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {
+                "name": pod_name(c.id),
+                "labels": self.labels(c.id),
+                "annotations": {"graft.dev/ttl-secs": c.ttl.as_secs().to_string()},
+            },
+            "spec": spec,
+        })
+    }
+
+    /// The sandbox's NetworkPolicy: ingress to the agent port from envd only; egress to the
+    /// gateway's port (network "gateway") or nowhere (network "none").
+    pub fn network_policy(&self, id: &str, network: NetworkPolicy) -> serde_json::Value {
+        let k = self.kcfg();
+        let mut ingress = json!({"ports": [{"protocol": "TCP", "port": k.agent_port}]});
+        if !k.envd_pod_labels.is_empty() {
+            ingress["from"] = json!([{"podSelector": {"matchLabels": k.envd_pod_labels}}]);
+        }
+        let egress = match (network, self.cfg.gateway) {
+            (NetworkPolicy::Gateway, Some(gw)) => {
+                let peer = if k.gateway_pod_labels.is_empty() {
+                    json!({"ipBlock": {"cidr": cidr(gw)}})
+                } else {
+                    let mut p = json!({"podSelector": {"matchLabels": k.gateway_pod_labels}});
+                    if !k.gateway_namespace_labels.is_empty() {
+                        p["namespaceSelector"] = json!({"matchLabels": k.gateway_namespace_labels});
+                    }
+                    p
+                };
+                json!([{"to": [peer], "ports": [{"protocol": "TCP", "port": gw.port()}]}])
+            }
+            _ => json!([]),
+        };
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": {"name": pod_name(id), "labels": self.labels(id)},
+            "spec": {
+                "podSelector": {"matchLabels": {
+                    INSTANCE_LABEL: k.instance,
+                    SANDBOX_LABEL: id,
+                }},
+                "policyTypes": ["Ingress", "Egress"],
+                "ingress": [ingress],
+                "egress": egress,
+            },
+        })
+    }
+
+    /// Creates the sandbox's NetworkPolicy, then its Pod (the policy first, so the Pod
+    /// never runs without it). The Pod becomes ready later; [`Self::wait_ready`] waits.
+    pub async fn create(&self, c: KubeCreate<'_>) -> Result<KubeSandbox, EnvdError> {
+        check_id(c.id)?;
+        let token = format!(
+            "{}{}",
+            uuid::Uuid::new_v4().simple(),
+            uuid::Uuid::new_v4().simple()
+        );
+        let name = pod_name(c.id);
+        let np: KubeNetworkPolicy = serde_json::from_value(self.network_policy(c.id, c.network))
+            .map_err(|e| EnvdError::Backend(format!("cannot build the NetworkPolicy: {e}")))?;
+        let pod: Pod = serde_json::from_value(self.pod_spec(&c, &token))
+            .map_err(|e| EnvdError::Backend(format!("cannot build the Pod: {e}")))?;
+        lock(&self.states).insert(
+            c.id.to_owned(),
+            PodState {
+                phase: "Pending".to_owned(),
+                ..PodState::default()
+            },
+        );
+        let pp = PostParams::default();
+        let created = async {
+            match self.policies.create(&pp, &np).await {
+                Ok(_) => {}
+                Err(e) if is_code(&e, 409) => {
+                    return Err(EnvdError::SandboxExists(c.id.to_owned()));
+                }
+                Err(e) => {
+                    return Err(kube_error(
+                        format!(
+                            "refused to create NetworkPolicy {name} in namespace {}",
+                            self.namespace
+                        ),
+                        e,
+                    ));
+                }
+            }
+            match self.pods.create(&pp, &pod).await {
+                Ok(_) => Ok(()),
+                Err(e) if is_code(&e, 409) => Err(EnvdError::SandboxExists(c.id.to_owned())),
+                Err(e) => Err(kube_error(
+                    format!(
+                        "refused to create Pod {name} in namespace {}",
+                        self.namespace
+                    ),
+                    e,
+                )),
+            }
+        }
+        .await;
+        if let Err(e) = created {
+            lock(&self.states).remove(c.id);
+            // Whatever was made is removed (a 409 means the objects are someone else's:
+            // those stay, and the reaper removes them if no sandbox owns them).
+            if !matches!(e, EnvdError::SandboxExists(_)) {
+                let _ = self.delete_objects(&name).await;
+            }
+            return Err(e);
+        }
+        info!(sandbox = %c.id, pod = %name, namespace = %self.namespace, "sandbox Pod created");
+        Ok(KubeSandbox {
+            id: c.id.to_owned(),
+            pod: name,
+            token,
+        })
+    }
+
+    async fn delete_objects(&self, name: &str) -> Result<(), EnvdError> {
+        let dp = DeleteParams {
+            grace_period_seconds: Some(1),
+            ..DeleteParams::default()
+        };
+        let pod = match self.pods.delete(name, &dp).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 404) => Ok(()),
+            Err(e) => Err(kube_error(format!("refused to delete Pod {name}"), e)),
+        };
+        let np = match self.policies.delete(name, &DeleteParams::default()).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_code(&e, 404) => Ok(()),
+            Err(e) => Err(kube_error(
+                format!("refused to delete NetworkPolicy {name}"),
+                e,
+            )),
+        };
+        pod.and(np)
+    }
+
+    /// Deletes the sandbox's Pod and NetworkPolicy (already gone is fine).
+    pub async fn delete(&self, sb: &KubeSandbox) -> Result<(), EnvdError> {
+        let r = self.delete_objects(&sb.pod).await;
+        lock(&self.states).remove(&sb.id);
+        r
+    }
+
+    /// What the watch last saw of the sandbox's Pod.
+    pub fn state(&self, id: &str) -> PodState {
+        lock(&self.states).get(id).cloned().unwrap_or_default()
+    }
+
+    /// Waits until the sandbox's Pod is Running and Ready (by the watch) and returns its
+    /// IP; fails at once when the Pod failed or was deleted, and after `timeout`.
+    pub async fn wait_ready(&self, id: &str, timeout: Duration) -> Result<String, EnvdError> {
+        let mut rx = self.changed.subscribe();
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let st = self.state(id);
+            if st.terminal() {
+                return Err(EnvdError::SandboxUnavailable {
+                    id: id.to_owned(),
+                    reason: format!("{}; delete it and create a new one", st.describe()),
+                });
+            }
+            if st.ready
+                && let Some(ip) = st.ip
+            {
+                return Ok(ip);
+            }
+            if tokio::time::timeout_at(deadline, rx.changed())
+                .await
+                .is_err()
+            {
+                let seen = if st.phase.is_empty() {
+                    "the watch has not seen its Pod yet".to_owned()
+                } else {
+                    st.describe()
+                };
+                return Err(EnvdError::SandboxUnavailable {
+                    id: id.to_owned(),
+                    reason: format!(
+                        "not ready after {:.0?} ({seen}); wait longer with GET /sandboxes/{id}/wait?timeout_secs=N",
+                        timeout
+                    ),
+                });
+            }
+        }
+    }
+
+    /// Deletes Pods and NetworkPolicies of this instance that no sandbox owns, at most
+    /// once per `reconcile_interval` unless `force`. `known` is read after the cluster was
+    /// listed, so a sandbox created meanwhile is never taken for a leftover.
+    pub async fn reconcile(
+        &self,
+        force: bool,
+        known: impl Fn() -> HashSet<String>,
+    ) -> Result<usize, EnvdError> {
+        let mut last = self.last_reconcile.lock().await;
+        if !force && last.is_some_and(|t| t.elapsed() < self.kcfg().reconcile_interval) {
+            return Ok(0);
+        }
+        *last = Some(Instant::now());
+        let lp = ListParams::default().labels(&self.selector);
+        let pods = self
+            .pods
+            .list(&lp)
+            .await
+            .map_err(|e| kube_error("refused to list sandbox Pods", e))?;
+        let policies = self
+            .policies
+            .list(&lp)
+            .await
+            .map_err(|e| kube_error("refused to list sandbox NetworkPolicies", e))?;
+        let known = known();
+        lock(&self.states).retain(|id, _| known.contains(id));
+        let owner = |labels: &Option<BTreeMap<String, String>>| {
+            labels
+                .as_ref()
+                .and_then(|l| l.get(SANDBOX_LABEL))
+                .cloned()
+                .unwrap_or_default()
+        };
+        let mut leftovers: Vec<(String, String)> = Vec::new();
+        for p in &pods.items {
+            let id = owner(&p.metadata.labels);
+            if !known.contains(&id)
+                && let Some(n) = &p.metadata.name
+            {
+                leftovers.push((id, n.clone()));
+            }
+        }
+        for np in &policies.items {
+            let id = owner(&np.metadata.labels);
+            if !known.contains(&id)
+                && let Some(n) = &np.metadata.name
+                && !leftovers.iter().any(|(_, m)| m == n)
+            {
+                leftovers.push((id, n.clone()));
+            }
+        }
+        let mut n = 0;
+        for (id, name) in leftovers {
+            info!(sandbox = %id, object = %name, "deleting a sandbox no registry entry owns (left by an earlier envd or a failed create)");
+            match self.delete_objects(&name).await {
+                Ok(()) => n += 1,
+                Err(e) => warn!(object = %name, error = %e, "could not delete a leftover"),
+            }
+        }
+        Ok(n)
+    }
+}
+
+fn cidr(a: SocketAddr) -> String {
+    match a {
+        SocketAddr::V4(v) => format!("{}/32", v.ip()),
+        SocketAddr::V6(v) => format!("{}/128", v.ip()),
+    }
+}
+
+/// The Pod watch: LIST, then WATCH from the list's resourceVersion; the watcher lists
+/// again after `410 Gone` (an expired resourceVersion) or a broken stream. A re-list
+/// replaces every state, so a Pod deleted while the watch was down is seen as gone.
+async fn watch_pods(
+    api: Api<Pod>,
+    selector: String,
+    states: Arc<Mutex<HashMap<String, PodState>>>,
+    changed: watch::Sender<u64>,
+    lists: Arc<std::sync::atomic::AtomicU64>,
+) {
+    let cfg = watcher::Config::default().labels(&selector);
+    let mut stream = watcher::watcher(api, cfg).boxed();
+    let mut listing: Option<HashMap<String, PodState>> = None;
+    let mut backoff = Duration::from_millis(100);
+    let id_of = |p: &Pod| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SANDBOX_LABEL))
+            .cloned()
+    };
+    let bump = || changed.send_modify(|n| *n += 1);
+    while let Some(ev) = stream.next().await {
+        match ev {
+            Ok(watcher::Event::Init) => listing = Some(HashMap::new()),
+            Ok(watcher::Event::InitApply(p)) => {
+                if let (Some(l), Some(id)) = (listing.as_mut(), id_of(&p)) {
+                    l.insert(id, PodState::of(&p));
+                }
+            }
+            Ok(watcher::Event::InitDone) => {
+                let listed = listing.take().unwrap_or_default();
+                {
+                    let mut s = lock(&states);
+                    for (id, st) in s.iter_mut() {
+                        match listed.get(id) {
+                            Some(new) => *st = new.clone(),
+                            // Listed before: its Pod is gone now. Never seen: its create
+                            // may still be on the way.
+                            None if !st.phase.is_empty() && st.phase != "Pending" => {
+                                st.gone = true;
+                            }
+                            None => {}
+                        }
+                    }
+                    for (id, st) in listed {
+                        s.entry(id).or_insert(st);
+                    }
+                }
+                lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                debug!("sandbox Pods listed");
+                bump();
+                backoff = Duration::from_millis(100);
+            }
+            Ok(watcher::Event::Apply(p)) => {
+                if let Some(id) = id_of(&p) {
+                    lock(&states).insert(id, PodState::of(&p));
+                    bump();
+                }
+                backoff = Duration::from_millis(100);
+            }
+            Ok(watcher::Event::Delete(p)) => {
+                if let Some(id) = id_of(&p)
+                    && let Some(st) = lock(&states).get_mut(&id)
+                {
+                    st.gone = true;
+                    bump();
+                }
+            }
+            Err(e) => {
+                // A 410 lands here too; the watcher lists again on the next poll.
+                warn!(error = %e, "the sandbox Pod watch failed; listing again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
