@@ -460,3 +460,432 @@ fn rl_killed_mid_step_resumes_and_keeps_the_rollouts_that_finished() {
         .count();
     assert_eq!(interrupted, 2, "{s:#}");
 }
+
+/// A tiny random Qwen3 over a byte-level vocabulary (256 byte tokens, no merges, ChatML's
+/// special tokens), with a ChatML template: any text is tokenized exactly, the model is small
+/// enough to train dozens of steps on CPU in seconds, and `graft serve` runs it.
+#[cfg(feature = "trainer")]
+fn tiny_byte_model(dir: &Path) {
+    use graft_trainer::model::Model;
+    use graft_trainer::tch::{Device, Kind};
+    use serde_json::json;
+    // GPT-2's byte → printable character map, as the ByteLevel pre-tokenizer uses it.
+    let mut bytes: Vec<u32> = (0x21..=0x7E)
+        .chain(0xA1..=0xAC)
+        .chain(0xAE..=0xFF)
+        .collect();
+    let mut chars = bytes.clone();
+    let mut extra = 0;
+    for b in 0..256 {
+        if !bytes.contains(&b) {
+            bytes.push(b);
+            chars.push(256 + extra);
+            extra += 1;
+        }
+    }
+    let mut vocab = serde_json::Map::new();
+    for (b, c) in bytes.iter().zip(&chars) {
+        vocab.insert(char::from_u32(*c).unwrap().to_string(), json!(b));
+    }
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            json!({"id": 256 + i, "content": t, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    let level = json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true});
+    let tokenizer = json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": level, "post_processor": null, "decoder": level,
+        "model": {"type": "BPE", "dropout": null, "unk_token": null,
+                  "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                  "fuse_unk": false, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let config = json!({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+        "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
+        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+        "head_dim": 8, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0, "tie_word_embeddings": true, "attention_bias": false,
+        "hidden_act": "silu", "bos_token_id": 256, "eos_token_id": 258, "dtype": "float32"
+    });
+    let m = Model::random(config.clone(), Device::Cpu, Kind::Float, 7).unwrap();
+    graft_trainer::weights::write_dir(dir, &config, &m.named_parameters(), Kind::Float, 1 << 30)
+        .unwrap();
+    std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
+    std::fs::write(
+        dir.join("tokenizer_config.json"),
+        json!({"chat_template": template, "eos_token": "<|im_end|>", "bos_token": null,
+               "pad_token": "<|endoftext|>"})
+        .to_string(),
+    )
+    .unwrap();
+}
+
+/// GRPO learns through the whole loop: `graft rl` with the embedded `graft serve` (no
+/// backend URL, no script) sampling a tiny random model, a real openai-SDK client in envd
+/// sandboxes, the gateway in exact mode, reconstruct, `graft train` and weight pushes. The
+/// task is verifiable and graded: the reward is the share of lowercase ASCII letters among
+/// the 12 bytes the model may answer with (about 1 in 10 at random). The mean reward of the
+/// last steps must clearly exceed that of the first. Rollouts of a step overlap the previous
+/// step's training (`max_staleness = 1`), so the records also show calls served by two
+/// weight versions within a step.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_learns_a_toy_task_through_graft_serve_exact_mode_and_reconstruct() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-bytes");
+    tiny_byte_model(&model);
+    // The harness: one chat completion over plain HTTP (python's standard library: the
+    // openai SDK's import alone would dominate this test's time); the answer goes to a file.
+    let harness = r#"import json, os, urllib.request
+
+body = {
+    "model": os.environ["GRAFT_MODEL"],
+    "messages": [{"role": "user", "content": os.environ["GRAFT_TASK_PROMPT"]}],
+    "max_tokens": 12,
+    "temperature": 1.0,
+}
+req = urllib.request.Request(
+    os.environ["OPENAI_BASE_URL"].rstrip("/") + "/chat/completions",
+    data=json.dumps(body).encode(),
+    headers={"content-type": "application/json",
+             "authorization": "Bearer " + os.environ.get("OPENAI_API_KEY", "")},
+)
+answer = json.load(urllib.request.urlopen(req, timeout=60))["choices"][0]["message"]["content"]
+open("answer.txt", "w").write(answer or "")
+"#;
+    std::fs::write(dir.path().join("harness.py"), harness).unwrap();
+    let reward = "/mnt/py/bin/python -c 'b = open(\\\"answer.txt\\\", \\\"rb\\\").read(); print(min(1.0, sum(97 <= c <= 122 for c in b) / 12))'";
+    let tasks: String = ["a word", "another word", "a name", "a greeting"]
+        .iter()
+        .enumerate()
+        .map(|(i, what)| {
+            format!(
+                "{{\"id\": \"letters-{i}\", \"prompt\": \"Write {what}.\", \"reward\": {{\"command\": \"{reward}\", \"parse\": \"stdout\"}}}}\n"
+            )
+        })
+        .collect();
+    std::fs::write(dir.path().join("tasks.jsonl"), tasks).unwrap();
+    let steps_n = 30;
+    let cfg = dir.path().join("rl.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"[run]
+out_dir = "out"
+steps = {steps_n}
+seed = 3
+
+[tasks]
+file = "tasks.jsonl"
+
+[harness]
+command = "/mnt/py/bin/python /mnt/rl/harness.py"
+timeout_secs = 60
+mounts = {{ "/mnt/py" = "{venv}" }}
+
+[backend]
+model_dir = "{model}"
+
+[rollout]
+tasks_per_step = 4
+group_size = 8
+max_group_size = 8
+concurrency = 8
+selection = "group"
+max_staleness = 1
+
+[trainer]
+lr = 0.005
+"#,
+            venv = env
+                .sandbox_python()
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .display(),
+            model = model.display(),
+        ),
+    )
+    .unwrap();
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains("embedded backend: graft serve"), "{out}");
+    let out_dir = dir.path().join("out");
+    let log = steps(&out_dir);
+    assert_eq!(log.len(), steps_n, "{out}");
+    let rewards: Vec<f64> = log
+        .iter()
+        .map(|s| s["reward_mean"].as_f64().unwrap())
+        .collect();
+    let mean = |r: &[f64]| r.iter().sum::<f64>() / r.len() as f64;
+    let (first, last) = (mean(&rewards[..5]), mean(&rewards[steps_n - 5..]));
+    eprintln!("reward per step: {rewards:.3?}");
+    assert!(
+        last > first + 0.25 && last > 0.5,
+        "the mean reward did not rise clearly: first 5 steps {first:.3}, last 5 {last:.3}: {rewards:.3?}"
+    );
+    for (i, s) in log.iter().enumerate() {
+        assert_eq!(s["step"], i);
+        assert_eq!(s["scored"], 32, "{s:#}");
+        assert_eq!(s["sandboxes_open"], 0, "{s:#}");
+        assert_eq!(s["sessions_open"], 0, "{s:#}");
+        assert_eq!(s["drift_events"], 0, "{s:#}");
+        if s["samples"] != 0 {
+            assert_eq!(
+                s["train"]["weight_version"],
+                format!("step-{i:05}"),
+                "{s:#}"
+            );
+        }
+    }
+    // Bounded staleness: every call of step s was served by the weights of step s-2 or s-1
+    // (the previous step trains while step s runs).
+    let recs = common::records_show(&out_dir.join("data"));
+    assert_eq!(recs.len(), 32 * steps_n);
+    let version_step = |v: &str| -> i64 {
+        if v == "default" {
+            -1
+        } else {
+            v.trim_start_matches("step-").parse().unwrap()
+        }
+    };
+    let mut mixed = 0;
+    for s in 1..steps_n as i64 {
+        let vs: std::collections::BTreeSet<i64> = recs
+            .iter()
+            .filter(|r| {
+                r["group_id"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with(&format!("step{s}-"))
+            })
+            .map(|r| version_step(r["weight_version"].as_str().unwrap()))
+            .collect();
+        assert!(
+            vs.iter().all(|v| *v == s - 2 || *v == s - 1),
+            "step {s} sampled by {vs:?}"
+        );
+        mixed += usize::from(vs.len() > 1);
+    }
+    eprintln!(
+        "{mixed} of {} steps sampled by two weight versions",
+        steps_n - 1
+    );
+    // The samples trained on are exactly what the backend produced: loss tokens and their
+    // logprobs are the recorded completion ids and logprobs.
+    let samples = read_samples_parquet(Path::new(
+        log[steps_n - 1]["samples_file"].as_str().unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(samples.len(), 32);
+    for x in &samples {
+        let rec = recs
+            .iter()
+            .find(|r| r["session_id"] == x.session_id.as_str())
+            .unwrap();
+        let ids: Vec<u32> = rec["completion_token_ids"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_u64().unwrap() as u32)
+            .collect();
+        let trained: Vec<u32> = x
+            .tokens
+            .iter()
+            .zip(&x.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(t, _)| *t)
+            .collect();
+        assert_eq!(trained, ids, "{}", x.sample_id);
+    }
+}
+
+/// The backend restarts mid-step: `graft rl` notices (its health watchdog), holds the
+/// gateway's new calls while the backend is away, pushes the policy's current weights to it
+/// again once it is back (it restarts on its start-up weights), and excludes the rollout
+/// whose call was in flight when the backend died (not the policy's doing). Nothing
+/// finished is lost; the step log reports it all.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_survives_the_backend_restarting_mid_step_and_repushes_the_weights() {
+    use std::io::BufRead as _;
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny-qwen3");
+    tiny_qwen3(&model);
+    // The example script, plus a prompt the backend never answers: rollout 0 of step 1 sends
+    // it, so a call is surely in flight when the backend is killed.
+    let mut script: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("examples/rl/scripted.json")).unwrap(),
+    )
+    .unwrap();
+    script["rules"].as_array_mut().unwrap().insert(
+        0,
+        serde_json::json!({"match": "graft-rl-hang", "role": "user", "fault": "hang",
+                           "reply": {"content": "never sent"}}),
+    );
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let qwen3 = env.qwen3_dir();
+    let backend_args = [
+        "scripted-upstream",
+        "--listen",
+        listen.as_str(),
+        "--script",
+        script_path.to_str().unwrap(),
+        "--tokenizer",
+        qwen3.to_str().unwrap(),
+    ];
+    let start_backend = || {
+        common::Proc::spawn_env(
+            "upstream",
+            &backend_args,
+            &[],
+            "graft scripted-upstream listening on",
+            None,
+        )
+    };
+    let mut backend = start_backend();
+    let tasks = format!(
+        "{{\"id\": \"alternate\", \"prompt\": \"{ADD}\", \"reward\": {{\"command\": \"[ $((GRAFT_ROLLOUT_INDEX % 2)) -eq 0 ]\"}}}}\n"
+    );
+    // In step 1 (step 0's line is in the step log, visible under /mnt/rl/out), rollout 0
+    // asks the question the backend hangs on.
+    let command = r#"if [ "$GRAFT_ROLLOUT_INDEX" = 0 ] && [ -s /mnt/rl/out/steps.jsonl ]; then export GRAFT_TASK_PROMPT="graft-rl-hang: wait"; fi; /mnt/py/bin/python /mnt/harness/agent.py"#;
+    let cfg = fault_config(dir.path(), &env, &tasks, command, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("steps = 1", "steps = 2")
+        .replace(
+            &format!(
+                "scripted = \"{}\"",
+                repo_root().join("examples/rl/scripted.json").display()
+            ),
+            &format!("urls = [\"http://{listen}\"]\nhealth_interval_secs = 0.2\nrestart_wait_secs = 60"),
+        )
+        .replace(
+            "group_size = 1\nmax_group_size = 1\n",
+            "group_size = 4\nmax_group_size = 8\nstride = 2\nmin_positive = 0.25\nmax_positive = 0.75\n",
+        )
+        .replace(
+            "[trainer]\nenabled = false\n",
+            &format!("[trainer]\nenabled = true\nmodel = \"{}\"\nlr = 0.0001\n", model.display()),
+        );
+    assert!(text.contains("urls = "), "{text}");
+    std::fs::write(&cfg, text).unwrap();
+    let mut child = Command::new(graft_bin())
+        .args(["rl", "--config", cfg.to_str().unwrap()])
+        .env("GRAFT_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    std::thread::spawn(move || {
+        for line in stdout.lines().map_while(Result::ok) {
+            let _ = tx.send(line);
+        }
+    });
+    let mut printed = vec![];
+    let mut gateway = None;
+    while gateway.is_none() {
+        let line = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("graft rl printed no components line ({e}): {printed:#?}"));
+        if let Some(rest) = line.split("; gateway ").nth(1) {
+            gateway = rest.split_whitespace().next().map(str::to_string);
+        }
+        printed.push(line);
+    }
+    let gateway = gateway.unwrap();
+    // Wait for step 1's hanging call to be in flight at the gateway, then kill the backend.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(180);
+    loop {
+        let metrics = rt
+            .block_on(common::http::get(&format!("{gateway}/metrics"), &[]))
+            .text();
+        if metrics.lines().any(|l| l == "graft_upstream_inflight 1")
+            && std::fs::read_to_string(dir.path().join("out/steps.jsonl"))
+                .is_ok_and(|s| !s.trim().is_empty())
+        {
+            // Step 1's calls other than the hanging one end in milliseconds: make sure the
+            // one in flight is the hanging one.
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let again = rt
+                .block_on(common::http::get(&format!("{gateway}/metrics"), &[]))
+                .text();
+            if again.lines().any(|l| l == "graft_upstream_inflight 1") {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "step 1's hanging call never started"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    backend.kill9();
+    std::thread::sleep(std::time::Duration::from_secs(2));
+    let _backend = start_backend();
+    let status = child.wait().unwrap();
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert!(status.success(), "{err}");
+    let out_dir = dir.path().join("out");
+    let log = steps(&out_dir);
+    assert_eq!(log.len(), 2, "{log:#?}");
+    let s = &log[1];
+    assert!(s["backend_failed"].as_u64().unwrap() >= 1, "{s:#}");
+    assert_eq!(s["groups"][0]["selected"], 4, "{s:#}");
+    assert_eq!(s["sandboxes_open"], 0, "{s:#}");
+    assert_eq!(s["sessions_open"], 0, "{s:#}");
+    let events = s["backend_events"].as_array().unwrap();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "restarted" && e["repushed"] == "step-00000"),
+        "{s:#}"
+    );
+    let hung = s["problems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["outcome"].as_str().unwrap().starts_with("BackendFailed"))
+        .unwrap_or_else(|| panic!("{s:#}"));
+    // Every call of step 1 the backend answered was served by step 0's weights: before the
+    // restart, and after it because they were pushed again.
+    let recs = common::records_show(&out_dir.join("data"));
+    let step1: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r["group_id"].as_str().unwrap().starts_with("step1-"))
+        .collect();
+    assert!(
+        step1
+            .iter()
+            .any(|r| r["session_id"] == hung["session"] && r["outcome"] == "upstream_error"),
+        "the failed call is recorded: {step1:#?}"
+    );
+    let answered: Vec<&&Value> = step1.iter().filter(|r| r["outcome"] == "ok").collect();
+    assert!(answered.len() >= 8, "{step1:#?}");
+    for r in answered {
+        assert_eq!(r["weight_version"], "step-00000", "{r:#}");
+    }
+}

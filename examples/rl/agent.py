@@ -3,7 +3,9 @@
 It gets its task in GRAFT_TASK_PROMPT and talks to whatever OPENAI_BASE_URL points at (in a
 `graft rl` run: its own gateway session, set by envd inside its sandbox). One tool, `bash`,
 runs a command in the working directory. It stops when the model answers without a tool
-call, or after AGENT_MAX_STEPS model calls. Nothing in it knows about graft.
+call, or after AGENT_MAX_STEPS model calls (each at most AGENT_MAX_TOKENS tokens). Its last
+answer is also written to final_answer.txt, so a verifier can check an answer given in
+words. Nothing in it knows about graft.
 """
 
 import json
@@ -40,10 +42,12 @@ def main() -> None:
         {"role": "user", "content": os.environ["GRAFT_TASK_PROMPT"]},
     ]
     steps = 0
+    max_tokens = int(os.environ.get("AGENT_MAX_TOKENS", "512"))
     for _ in range(int(os.environ.get("AGENT_MAX_STEPS", "6"))):
         steps += 1
         r = client.chat.completions.create(
-            model=model, messages=messages, tools=TOOLS, max_tokens=512, temperature=1.0
+            model=model, messages=messages, tools=TOOLS, max_tokens=max_tokens,
+            temperature=1.0,
         )
         msg = r.choices[0].message
         turn = {"role": "assistant", "content": msg.content or ""}
@@ -63,6 +67,9 @@ def main() -> None:
                 )
                 out = f"{(p.stdout + p.stderr)[-4000:]}[exit {p.returncode}]"
             messages.append({"role": "tool", "tool_call_id": tc.id, "content": out})
+    answers = [m["content"] for m in messages if m["role"] == "assistant"]
+    with open("final_answer.txt", "w") as f:
+        f.write(answers[-1] if answers else "")
     print(json.dumps({"model_calls": steps}))
 
 

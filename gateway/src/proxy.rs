@@ -306,7 +306,8 @@ impl Call {
     ) -> Result<Duration, GatewayError> {
         let rec = self.build_record(o, client_gone);
         let t = Instant::now();
-        self.session.count_call();
+        self.session
+            .count_call(rec.outcome == Cause::Upstream.outcome());
         self.state.metrics.records_written.inc();
         let res = self.state.recorder.record(rec).await;
         let waited = t.elapsed();

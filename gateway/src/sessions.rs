@@ -21,6 +21,9 @@ pub struct Session {
     closed: AtomicBool,
     reward: Mutex<Option<(f64, Value)>>,
     calls: AtomicU64,
+    /// Calls of this session that failed at the backend (unreachable, 5xx, timeout, broken
+    /// stream): a rollout with any is not the policy's doing.
+    upstream_errors: AtomicU64,
 }
 
 impl Session {
@@ -33,6 +36,7 @@ impl Session {
             closed: AtomicBool::new(false),
             reward: Mutex::new(None),
             calls: AtomicU64::new(0),
+            upstream_errors: AtomicU64::new(0),
         }
     }
 
@@ -40,8 +44,12 @@ impl Session {
         self.closed.load(Ordering::Acquire)
     }
 
-    pub fn count_call(&self) {
+    /// Counts a recorded call; `upstream_failed` when the backend, not the client, failed it.
+    pub fn count_call(&self, upstream_failed: bool) {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        if upstream_failed {
+            self.upstream_errors.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     pub fn view(&self) -> Value {
@@ -54,6 +62,7 @@ impl Session {
             "reward": reward.as_ref().map(|r| r.0),
             "reward_info": reward.map(|r| r.1),
             "calls": self.calls.load(Ordering::Relaxed),
+            "upstream_errors": self.upstream_errors.load(Ordering::Relaxed),
             "metadata": self.metadata,
         })
     }

@@ -92,6 +92,24 @@ pub struct BackendSection {
     pub scripted: Option<PathBuf>,
     #[serde(default = "default_true")]
     pub exact: bool,
+    /// How often graft rl checks that every backend answers `GET /health`. A backend that
+    /// stops answering (restarting, crashed) is waited for: the gateway holds new calls
+    /// meanwhile, and once it is back the policy's current weights are pushed to it again
+    /// if it lost them (its `weight_version` differs).
+    #[serde(default = "default_health_interval")]
+    pub health_interval_secs: f64,
+    /// How long a backend may stay away before the run gives up on it (calls then fail and
+    /// their rollouts are excluded).
+    #[serde(default = "default_restart_wait")]
+    pub restart_wait_secs: f64,
+}
+
+fn default_health_interval() -> f64 {
+    1.0
+}
+
+fn default_restart_wait() -> f64 {
+    300.0
 }
 
 fn default_true() -> bool {
@@ -138,6 +156,27 @@ pub struct RolloutSection {
     pub min_positive: f64,
     #[serde(default = "default_max_positive")]
     pub max_positive: f64,
+    /// A rollout counts as positive for the band when its reward is above this.
+    #[serde(default)]
+    pub positive_above: f64,
+    /// Which rollouts of a group are trained on: `bar` (Balanced Adaptive Rollout, for
+    /// pass/fail rewards) or `group` (the first `group_size` scored rollouts, for graded
+    /// rewards; a group whose rewards are all equal has no signal and is dropped).
+    #[serde(default)]
+    pub selection: Selection,
+    /// 0: each step's rollouts wait for the previous step's weights. 1: the next step's
+    /// rollouts run while a step trains (they are sampled by weights at most one step
+    /// old; each call's `weight_version` is recorded, and the step log counts them).
+    #[serde(default)]
+    pub max_staleness: usize,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Selection {
+    #[default]
+    Bar,
+    Group,
 }
 
 fn default_min_positive() -> f64 {
@@ -177,6 +216,9 @@ impl Default for RolloutSection {
             reward_timeout_secs: default_reward_timeout(),
             min_positive: default_min_positive(),
             max_positive: default_max_positive(),
+            positive_above: 0.0,
+            selection: Selection::Bar,
+            max_staleness: 0,
         }
     }
 }
@@ -291,6 +333,19 @@ impl RlConfig {
                 r.min_positive,
                 r.max_positive
             );
+        }
+        if r.max_staleness > 1 {
+            bail!(
+                "rollout.max_staleness = {}: graft rl overlaps at most one step of rollouts with training (0 or 1)",
+                r.max_staleness
+            );
+        }
+        if !r.positive_above.is_finite() {
+            bail!("rollout.positive_above must be a number");
+        }
+        let b = &self.backend;
+        if !positive(b.health_interval_secs) || !positive(b.restart_wait_secs) {
+            bail!("backend.health_interval_secs and backend.restart_wait_secs must be positive");
         }
         Ok(())
     }

@@ -18,7 +18,9 @@
 //! on the policy's weights (not yet exercised end to end by a test). Not wired yet:
 //! rollouts of the next step overlapping training.
 
+mod backends;
 pub mod config;
+mod progress;
 pub mod rollout;
 pub mod tasks;
 
@@ -38,6 +40,7 @@ use graft_recorder::SessionEvent;
 use http::Method;
 use serde_json::{Value, json};
 
+use backends::Shared;
 use config::RlConfig;
 use rollout::{Api, Outcome, Rollout};
 
@@ -57,6 +60,8 @@ struct Components {
     gateway_url: String,
     envd: Api,
     backends: Vec<String>,
+    /// The backends' health and weights, shared by the step loop and the watchdog.
+    shared: Arc<Shared>,
     stops: Vec<tokio::sync::oneshot::Sender<()>>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Servers without a stop signal (the scripted backend): aborted at the end.
@@ -246,11 +251,19 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     rollout::wait_ready(&envd, "/healthz", Duration::from_secs(30))
         .await
         .context("envd does not answer GET /healthz")?;
+    let shared = Arc::new(Shared::default());
+    aborts.push(tokio::spawn(backends::watch(
+        cfg.clone(),
+        gateway.clone(),
+        backends.clone(),
+        shared.clone(),
+    )));
     Ok(Components {
         gateway,
         gateway_url,
         envd,
         backends,
+        shared,
         stops,
         tasks,
         aborts,
@@ -259,8 +272,9 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
 
 #[derive(serde::Serialize, serde::Deserialize, Default)]
 struct State {
+    /// The first step not finished (trained and logged); step s runs tasks from
+    /// s × tasks_per_step on.
     next_step: usize,
-    task_cursor: usize,
     /// The policy's current weights (the last step's checkpoint); None: the starting model.
     #[serde(default)]
     policy: Option<PathBuf>,
@@ -349,6 +363,42 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
     result
 }
 
+/// What one step's rollouts left: the input of its training, and of its log line.
+struct Collected {
+    step: usize,
+    started: Instant,
+    rollouts: Vec<Rollout>,
+    groups: Vec<Value>,
+    samples_path: PathBuf,
+    summary: Summary,
+    /// Calls of the step's sessions per `weight_version` of the backend that served them.
+    versions: std::collections::BTreeMap<String, usize>,
+    t_rollouts: f64,
+    t_reconstruct: f64,
+}
+
+/// What training a step did.
+struct Trained {
+    log: Value,
+    t_train: f64,
+    t_push: f64,
+    /// The new policy checkpoint and the version the backends now serve.
+    policy: Option<PathBuf>,
+    version: Option<String>,
+}
+
+impl Trained {
+    fn skipped(why: &str) -> Trained {
+        Trained {
+            log: json!({"skipped": why}),
+            t_train: 0.0,
+            t_push: 0.0,
+            policy: None,
+            version: None,
+        }
+    }
+}
+
 async fn steps(
     cfg: &RlConfig,
     tasks: &[tasks::Task],
@@ -360,103 +410,215 @@ async fn steps(
     if state.next_step > 0 {
         println!("resuming at step {} (state.json)", state.next_step);
     }
+    c.shared
+        .set_expected(state.policy.clone(), state.weight_version.clone());
     let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(out.join("steps.jsonl"))?;
+    let progress = Arc::new(progress::Progress::new(cfg.run.steps));
     let sem = Arc::new(tokio::sync::Semaphore::new(cfg.rollout.concurrency));
-    while state.next_step < cfg.run.steps {
-        let step = state.next_step;
-        let t_step = Instant::now();
-        let mut rollouts: Vec<Rollout> = vec![];
-        let mut selected: HashSet<String> = HashSet::new();
-        let mut groups: Vec<Value> = vec![];
-        for k in 0..cfg.rollout.tasks_per_step {
-            let task = &tasks[(state.task_cursor + k) % tasks.len()];
-            let group = format!("step{step}-{}", task.id);
-            let (mut rs, decision, chosen) = run_group(cfg, c, task, &group, &sem, step).await?;
-            selected.extend(chosen.iter().map(|i| rs[*i].session_id.clone()));
-            groups.push(json!({"group": group, "rollouts": rs.len(), "decision": decision, "selected": chosen.len()}));
-            rollouts.append(&mut rs);
-        }
-        let t_rollouts = t_step.elapsed().as_secs_f64();
-        // Samples of this step's scored sessions.
-        let t = Instant::now();
-        let samples_path = out.join("samples").join(format!("step-{step:05}.parquet"));
-        let summary = samples(model, &out.join("data"), &selected, &samples_path)?;
-        let t_reconstruct = t.elapsed().as_secs_f64();
-        let (train, t_train, t_push) = if cfg.trainer.enabled && summary.samples > 0 {
-            train_step(cfg, c, &mut state, step, &samples_path).await?
-        } else {
-            let why = if cfg.trainer.enabled {
-                "no selected samples"
+    // A step whose training runs while the next step's rollouts are collected.
+    let mut pending: Option<(Collected, tokio::task::JoinHandle<anyhow::Result<Trained>>)> = None;
+    let mut step = state.next_step;
+    let result = async {
+        while step < cfg.run.steps {
+            progress.start_step(step);
+            let col = collect(cfg, tasks, model, c, step, &sem, &progress).await?;
+            if let Some((prev, h)) = pending.take() {
+                let trained = h.await.context("the training task failed")??;
+                progress.training(None);
+                finish(cfg, c, &mut state, &mut log, prev, trained, &progress).await?;
+            }
+            let h = spawn_training(cfg, c, &state, &col);
+            progress.training(Some(step));
+            if cfg.rollout.max_staleness == 0 {
+                let trained = h.await.context("the training task failed")??;
+                progress.training(None);
+                finish(cfg, c, &mut state, &mut log, col, trained, &progress).await?;
             } else {
-                "trainer.enabled = false"
-            };
-            (json!({"skipped": why}), 0.0, 0.0)
-        };
-        let rewards: Vec<f64> = rollouts.iter().filter_map(Rollout::reward).collect();
-        // Nothing may be left behind by a step: every sandbox deleted, every session closed.
-        let sandboxes_open = c
-            .envd
-            .ok(Method::GET, "/sandboxes", None)
-            .await
-            .map(|v| v["sandboxes"].as_array().map_or(0, Vec::len))
-            .unwrap_or(usize::MAX);
-        let sessions_open = c
-            .gateway
-            .ok(Method::GET, "/graft/sessions", None)
-            .await
-            .map(|v| {
-                v["sessions"].as_array().map_or(0, |a| {
-                    a.iter()
-                        .filter(|s| s["closed"] == false && s["session_id"] != "default")
-                        .count()
-                })
-            })
-            .unwrap_or(usize::MAX);
-        let count = |f: fn(&Outcome) -> bool| rollouts.iter().filter(|r| f(&r.outcome)).count();
-        let line = json!({
-            "step": step,
-            "rollouts": rollouts.len(),
-            "scored": rewards.len(),
-            "timed_out": count(|o| matches!(o, Outcome::TimedOut)),
-            "reward_failed": count(|o| matches!(o, Outcome::RewardFailed(_))),
-            "failed": count(|o| matches!(o, Outcome::Failed(_))),
-            "reward_mean": if rewards.is_empty() { Value::Null } else { json!(rewards.iter().sum::<f64>() / rewards.len() as f64) },
-            "samples": summary.samples,
-            "trained_tokens": summary.trained_tokens,
-            "drift_events": summary.drift_events,
-            "samples_file": samples_path,
-            "sandboxes_open": sandboxes_open,
-            "sessions_open": sessions_open,
-            "groups": groups,
-            "train": train,
-            "weight_version": state.weight_version,
-            "secs": {"rollout": t_rollouts, "reconstruct": t_reconstruct, "train": t_train, "push": t_push,
-                     "reward_in_rollouts": rollouts.iter().map(|r| r.reward_secs).sum::<f64>()},
-            "rollout_list": rollouts.iter().map(|r| json!({
-                "session": r.session_id, "task": r.task_id, "reward": r.reward(),
-                "harness_exit": r.harness_exit, "harness_secs": r.harness_secs})).collect::<Vec<_>>(),
-            "problems": rollouts.iter().filter(|r| r.reward().is_none() || r.harness_exit != Some(0)).map(|r| json!({
-                "session": r.session_id, "task": r.task_id, "outcome": format!("{:?}", r.outcome),
-                "harness_exit": r.harness_exit, "harness_oom": r.harness_oom, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
-        });
-        writeln!(log, "{line}")?;
-        log.sync_data()?;
-        println!(
-            "step {step}: {} rollouts, {} scored, reward mean {}, {} samples ({} trained tokens), {:.1} s",
-            rollouts.len(),
-            rewards.len(),
-            line["reward_mean"],
-            summary.samples,
-            summary.trained_tokens,
-            t_step.elapsed().as_secs_f64()
-        );
-        state.next_step += 1;
-        state.task_cursor = (state.task_cursor + cfg.rollout.tasks_per_step) % tasks.len();
-        write_state(out, &state)?;
+                pending = Some((col, h));
+            }
+            step += 1;
+        }
+        if let Some((prev, h)) = pending.take() {
+            let trained = h.await.context("the training task failed")??;
+            progress.training(None);
+            finish(cfg, c, &mut state, &mut log, prev, trained, &progress).await?;
+        }
+        anyhow::Ok(())
     }
+    .await;
+    progress.finish();
+    result
+}
+
+/// Runs one step's groups and reconstructs the scored sessions of its selected rollouts.
+async fn collect(
+    cfg: &RlConfig,
+    tasks: &[tasks::Task],
+    model: &Model,
+    c: &Components,
+    step: usize,
+    sem: &Arc<tokio::sync::Semaphore>,
+    progress: &Arc<progress::Progress>,
+) -> anyhow::Result<Collected> {
+    let started = Instant::now();
+    let mut rollouts: Vec<Rollout> = vec![];
+    let mut selected: HashSet<String> = HashSet::new();
+    let mut groups: Vec<Value> = vec![];
+    for k in 0..cfg.rollout.tasks_per_step {
+        let task = &tasks[(step * cfg.rollout.tasks_per_step + k) % tasks.len()];
+        let group = format!("step{step}-{}", task.id);
+        let (mut rs, decision, chosen) =
+            run_group(cfg, c, task, &group, sem, step, progress).await?;
+        selected.extend(chosen.iter().map(|i| rs[*i].session_id.clone()));
+        groups.push(json!({"group": group, "rollouts": rs.len(), "decision": decision, "selected": chosen.len()}));
+        rollouts.append(&mut rs);
+    }
+    let t_rollouts = started.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let samples_path = cfg
+        .run
+        .out_dir
+        .join("samples")
+        .join(format!("step-{step:05}.parquet"));
+    let all: HashSet<String> = rollouts.iter().map(|r| r.session_id.clone()).collect();
+    let (summary, versions) = samples(
+        model,
+        &cfg.run.out_dir.join("data"),
+        &selected,
+        &all,
+        &samples_path,
+    )?;
+    Ok(Collected {
+        step,
+        started,
+        rollouts,
+        groups,
+        samples_path,
+        summary,
+        versions,
+        t_rollouts,
+        t_reconstruct: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// Starts training on a collected step (or decides there is nothing to train).
+fn spawn_training(
+    cfg: &RlConfig,
+    c: &Components,
+    state: &State,
+    col: &Collected,
+) -> tokio::task::JoinHandle<anyhow::Result<Trained>> {
+    if !cfg.trainer.enabled {
+        return tokio::spawn(async { Ok(Trained::skipped("trainer.enabled = false")) });
+    }
+    if col.summary.samples == 0 {
+        return tokio::spawn(async { Ok(Trained::skipped("no selected samples")) });
+    }
+    let policy = state
+        .policy
+        .clone()
+        .or_else(|| cfg.trainer.model.clone())
+        .unwrap_or_else(|| cfg.backend.model_dir.clone());
+    let (cfg, gateway, backends, shared, step, samples) = (
+        cfg.clone(),
+        c.gateway.clone(),
+        c.backends.clone(),
+        c.shared.clone(),
+        col.step,
+        col.samples_path.clone(),
+    );
+    tokio::spawn(async move {
+        train_step(&cfg, &gateway, &backends, &shared, &policy, step, &samples).await
+    })
+}
+
+/// Writes a step's log line and moves the run's state past it.
+async fn finish(
+    cfg: &RlConfig,
+    c: &Components,
+    state: &mut State,
+    log: &mut std::fs::File,
+    col: Collected,
+    trained: Trained,
+    progress: &progress::Progress,
+) -> anyhow::Result<()> {
+    if let Some(p) = trained.policy.clone() {
+        state.policy = Some(p);
+    }
+    if let Some(v) = trained.version.clone() {
+        state.weight_version = Some(v);
+    }
+    let rollouts = &col.rollouts;
+    let summary = &col.summary;
+    let rewards: Vec<f64> = rollouts.iter().filter_map(Rollout::reward).collect();
+    // Nothing may be left behind by a step: every sandbox deleted, every session closed.
+    let sandboxes_open = c
+        .envd
+        .ok(Method::GET, "/sandboxes", None)
+        .await
+        .map(|v| v["sandboxes"].as_array().map_or(0, Vec::len))
+        .unwrap_or(usize::MAX);
+    let sessions_open = c
+        .gateway
+        .ok(Method::GET, "/graft/sessions", None)
+        .await
+        .map(|v| {
+            v["sessions"].as_array().map_or(0, |a| {
+                a.iter()
+                    .filter(|s| s["closed"] == false && s["session_id"] != "default")
+                    .count()
+            })
+        })
+        .unwrap_or(usize::MAX);
+    let count = |f: fn(&Outcome) -> bool| rollouts.iter().filter(|r| f(&r.outcome)).count();
+    let step = col.step;
+    let line = json!({
+        "step": step,
+        "rollouts": rollouts.len(),
+        "scored": rewards.len(),
+        "timed_out": count(|o| matches!(o, Outcome::TimedOut)),
+        "reward_failed": count(|o| matches!(o, Outcome::RewardFailed(_))),
+        "backend_failed": count(|o| matches!(o, Outcome::BackendFailed(_))),
+        "failed": count(|o| matches!(o, Outcome::Failed(_))),
+        "reward_mean": if rewards.is_empty() { Value::Null } else { json!(rewards.iter().sum::<f64>() / rewards.len() as f64) },
+        "samples": summary.samples,
+        "trained_tokens": summary.trained_tokens,
+        "drift_events": summary.drift_events,
+        "samples_file": col.samples_path,
+        "sandboxes_open": sandboxes_open,
+        "sessions_open": sessions_open,
+        "groups": col.groups,
+        "train": trained.log,
+        "weight_version": state.weight_version,
+        "call_weight_versions": col.versions,
+        "backend_events": c.shared.take_events(),
+        "secs": {"step": col.started.elapsed().as_secs_f64(), "rollout": col.t_rollouts,
+                 "reconstruct": col.t_reconstruct, "train": trained.t_train, "push": trained.t_push,
+                 "harness_in_rollouts": rollouts.iter().map(|r| r.harness_secs).sum::<f64>(),
+                 "reward_in_rollouts": rollouts.iter().map(|r| r.reward_secs).sum::<f64>()},
+        "rollout_list": rollouts.iter().map(|r| json!({
+            "session": r.session_id, "task": r.task_id, "reward": r.reward(),
+            "harness_exit": r.harness_exit, "harness_secs": r.harness_secs})).collect::<Vec<_>>(),
+        "problems": rollouts.iter().filter(|r| r.reward().is_none() || r.harness_exit != Some(0)).map(|r| json!({
+            "session": r.session_id, "task": r.task_id, "outcome": format!("{:?}", r.outcome),
+            "harness_exit": r.harness_exit, "harness_oom": r.harness_oom, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
+    });
+    writeln!(log, "{line}")?;
+    log.sync_data()?;
+    progress.println(format!(
+        "step {step}: {} rollouts, {} scored, reward mean {}, {} samples ({} trained tokens), {:.1} s",
+        rollouts.len(),
+        rewards.len(),
+        line["reward_mean"],
+        summary.samples,
+        summary.trained_tokens,
+        col.started.elapsed().as_secs_f64()
+    ));
+    state.next_step = step + 1;
+    write_state(&cfg.run.out_dir, state)?;
     Ok(())
 }
 
@@ -470,6 +632,18 @@ enum Decision {
 fn decide(cfg: &RlConfig, rewards: &[f64], attempts: usize) -> Decision {
     let r = &cfg.rollout;
     let room = r.max_group_size.saturating_sub(attempts);
+    if cfg.trainer.enabled && r.selection == config::Selection::Group {
+        if rewards.len() < r.group_size && room > 0 {
+            return Decision::More((r.group_size - rewards.len()).min(room));
+        }
+        let take: Vec<usize> = (0..rewards.len().min(r.group_size)).collect();
+        let first = take.first().map(|&i| rewards[i]);
+        return if take.len() < 2 || take.iter().all(|&i| Some(rewards[i]) == first) {
+            Decision::Take(vec![], "dropped: no learning signal")
+        } else {
+            Decision::Take(take, "group")
+        };
+    }
     #[cfg(feature = "trainer")]
     if cfg.trainer.enabled {
         use graft_trainer::bar::{BarConfig, BarDecision, select};
@@ -479,7 +653,7 @@ fn decide(cfg: &RlConfig, rewards: &[f64], attempts: usize) -> Decision {
             stride: r.stride,
             min_positive: r.min_positive,
             max_positive: r.max_positive,
-            positive_above: 0.0,
+            positive_above: r.positive_above,
         };
         return match select(rewards, &bar) {
             BarDecision::Select { indices, relaxed } => {
@@ -506,13 +680,14 @@ async fn run_group(
     group: &str,
     sem: &Arc<tokio::sync::Semaphore>,
     step: usize,
+    progress: &Arc<progress::Progress>,
 ) -> anyhow::Result<(Vec<Rollout>, &'static str, Vec<usize>)> {
     let mut rollouts = resumed(cfg, c, task, group).await?;
     if !rollouts.is_empty() {
-        println!(
+        progress.println(format!(
             "  step {step} {group}: {} rollouts finished before the restart are kept",
             rollouts.len()
-        );
+        ));
     }
     let mut next = rollouts.len();
     loop {
@@ -532,17 +707,21 @@ async fn run_group(
         };
         let mut jobs = tokio::task::JoinSet::new();
         for i in next..next + want {
-            let (cfg, gw, envd, task, group, sem) = (
+            let (cfg, gw, envd, task, group, sem, progress) = (
                 cfg.clone(),
                 c.gateway.clone(),
                 c.envd.clone(),
                 task.clone(),
                 group.to_string(),
                 sem.clone(),
+                progress.clone(),
             );
             jobs.spawn(async move {
                 let _permit = sem.acquire_owned().await;
-                (i, rollout::run(&cfg, &gw, &envd, &task, &group, i).await)
+                progress.rollout_started();
+                let r = rollout::run(&cfg, &gw, &envd, &task, &group, i).await;
+                progress.rollout_done(r.as_ref().ok().and_then(Rollout::reward));
+                (i, r)
             });
         }
         next += want;
@@ -550,16 +729,16 @@ async fn run_group(
         while let Some(j) = jobs.join_next().await {
             match j {
                 Ok((i, Ok(r))) => {
-                    match &r.outcome {
-                        Outcome::Scored(x) => println!(
+                    progress.println(match &r.outcome {
+                        Outcome::Scored(x) => format!(
                             "  step {step} {} rollout {}: reward {x}",
                             r.task_id, r.session_id
                         ),
-                        o => println!(
+                        o => format!(
                             "  step {step} {} rollout {}: {o:?}",
                             r.task_id, r.session_id
                         ),
-                    }
+                    });
                     batch.push((i, r));
                 }
                 Ok((_, Err(e))) => bail!("a rollout could not be run: {e:#}"),
@@ -648,20 +827,17 @@ async fn resumed(
 
 /// One GRPO step on the step's samples with `graft train` (its own process: libtorch stays
 /// out of this one), then the new weights pushed to every backend while the gateway holds
-/// new calls. Returns the step's train log, and the train and push times.
+/// new calls.
 #[cfg(feature = "trainer")]
 async fn train_step(
     cfg: &RlConfig,
-    c: &Components,
-    state: &mut State,
+    gateway: &Api,
+    backends: &[String],
+    shared: &Arc<Shared>,
+    policy: &Path,
     step: usize,
     samples: &Path,
-) -> anyhow::Result<(Value, f64, f64)> {
-    let policy = state
-        .policy
-        .clone()
-        .or_else(|| cfg.trainer.model.clone())
-        .unwrap_or_else(|| cfg.backend.model_dir.clone());
+) -> anyhow::Result<Trained> {
     let ckpt = cfg
         .run
         .out_dir
@@ -674,7 +850,7 @@ async fn train_step(
         .arg("--samples")
         .arg(samples)
         .arg("--model")
-        .arg(&policy)
+        .arg(policy)
         .arg("--out")
         .arg(&ckpt)
         .arg("--lr")
@@ -684,6 +860,7 @@ async fn train_step(
         .arg("--seed")
         .arg((cfg.run.seed as i64 + step as i64).to_string())
         .stdin(Stdio::null())
+        .kill_on_drop(true)
         .output()
         .await
         .context("running graft train")?;
@@ -692,11 +869,9 @@ async fn train_step(
     let stderr = String::from_utf8_lossy(&o.stderr);
     if !o.status.success() {
         if stderr.contains("no sample has a learning signal") {
-            return Ok((
-                json!({"skipped": "no learning signal in the selected samples"}),
-                t_train,
-                0.0,
-            ));
+            let mut s = Trained::skipped("no learning signal in the selected samples");
+            s.t_train = t_train;
+            return Ok(s);
         }
         bail!(
             "graft train failed at step {step} ({}): {}",
@@ -717,57 +892,44 @@ async fn train_step(
     let mut t_push = 0.0;
     if cfg.trainer.push {
         let t = Instant::now();
-        c.gateway
-            .ok(Method::POST, "/graft/backend/pause", Some(&json!({})))
-            .await?;
         let path = std::fs::canonicalize(&ckpt)?;
-        let mut result = Ok(());
-        for b in &c.backends {
-            let (b, path, version) = (b.clone(), path.clone(), version.clone());
-            result = tokio::task::spawn_blocking(move || {
-                graft_trainer::push::push_weights(&b, &path, &version)
-            })
+        shared
+            .push(cfg, gateway, backends, &path, &version)
             .await
-            .context("the weight push task failed")?
-            .map_err(anyhow::Error::from);
-            if result.is_err() {
-                break;
-            }
-        }
-        c.gateway
-            .ok(Method::POST, "/graft/backend/resume", Some(&json!({})))
-            .await?;
-        result.context("pushing the new weights")?;
+            .context("pushing the new weights")?;
         t_push = t.elapsed().as_secs_f64();
-        state.weight_version = Some(version.clone());
     }
-    state.policy = Some(ckpt.clone());
-    Ok((
-        json!({"log": log, "checkpoint": ckpt, "weight_version": version, "pushed": cfg.trainer.push}),
+    Ok(Trained {
+        log: json!({"log": log, "checkpoint": ckpt, "weight_version": version, "pushed": cfg.trainer.push}),
         t_train,
         t_push,
-    ))
+        policy: Some(ckpt),
+        version: cfg.trainer.push.then_some(version),
+    })
 }
 
 #[cfg(not(feature = "trainer"))]
 async fn train_step(
     _cfg: &RlConfig,
-    _c: &Components,
-    _state: &mut State,
+    _gateway: &Api,
+    _backends: &[String],
+    _shared: &Arc<Shared>,
+    _policy: &Path,
     _step: usize,
     _samples: &Path,
-) -> anyhow::Result<(Value, f64, f64)> {
+) -> anyhow::Result<Trained> {
     bail!("this graft was built without the 'trainer' feature")
 }
 
 /// The exact-mode records of `sessions` merged into samples (with their rewards), written to
-/// `path`.
+/// `path`; and the calls of all the step's sessions (`all`) counted by `weight_version`.
 fn samples(
     model: &Model,
     data: &Path,
     sessions: &HashSet<String>,
+    all: &HashSet<String>,
     path: &Path,
-) -> anyhow::Result<Summary> {
+) -> anyhow::Result<(Summary, std::collections::BTreeMap<String, usize>)> {
     let (tok_fp, tpl_fp) = model.fingerprints();
     let mut rewards = std::collections::HashMap::new();
     for ev in graft_recorder::read_session_events(data)? {
@@ -780,7 +942,17 @@ fn samples(
     }
     let mut by_session: std::collections::BTreeMap<String, (Option<String>, Vec<CallTokens>)> =
         Default::default();
+    let mut versions = std::collections::BTreeMap::new();
     for rec in graft_recorder::read_records(data)? {
+        if all.contains(&rec.session_id) {
+            *versions
+                .entry(
+                    rec.weight_version
+                        .clone()
+                        .unwrap_or_else(|| "unknown".into()),
+                )
+                .or_insert(0) += 1;
+        }
         if !sessions.contains(&rec.session_id) {
             continue;
         }
@@ -814,5 +986,5 @@ fn samples(
         std::fs::create_dir_all(dir)?;
     }
     write_samples_parquet(&samples, path)?;
-    Ok(Summary::of(&results))
+    Ok((Summary::of(&results), versions))
 }

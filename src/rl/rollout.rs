@@ -101,6 +101,9 @@ pub enum Outcome {
     TimedOut,
     /// The harness ran but the reward command failed or hung: excluded.
     RewardFailed(String),
+    /// Some of the session's model calls failed at the backend (it went away mid-call): not
+    /// the policy's doing, so the rollout is excluded and not scored.
+    BackendFailed(String),
     /// Set-up or the harness itself could not run: excluded.
     Failed(String),
 }
@@ -179,7 +182,7 @@ pub async fn run(
     match sandbox {
         Err(e) => r.outcome = Outcome::Failed(format!("{e:#}")),
         Ok(sb) => {
-            r.outcome = match in_sandbox(cfg, envd, task, &sb, &mut r).await {
+            r.outcome = match in_sandbox(cfg, gateway, &session_id, envd, task, &sb, &mut r).await {
                 Ok(o) => o,
                 Err(e) => Outcome::Failed(format!("{e:#}")),
             };
@@ -275,6 +278,8 @@ async fn exec(envd: &Api, sb: &str, command: &str, timeout: f64) -> anyhow::Resu
 
 async fn in_sandbox(
     cfg: &RlConfig,
+    gateway: &Api,
+    session_id: &str,
     envd: &Api,
     task: &Task,
     sb: &str,
@@ -306,6 +311,16 @@ async fn in_sandbox(
     );
     if j["timed_out"].as_bool() == Some(true) {
         return Ok(Outcome::TimedOut);
+    }
+    let session = gateway
+        .ok(Method::GET, &format!("/graft/sessions/{session_id}"), None)
+        .await
+        .context("reading the session's call counts")?;
+    if let Some(n) = session["upstream_errors"].as_u64().filter(|n| *n > 0) {
+        return Ok(Outcome::BackendFailed(format!(
+            "{n} of the session's {} model calls failed at the backend",
+            session["calls"]
+        )));
     }
     // A harness that crashed still gets scored: the reward command decides.
     let t = Instant::now();

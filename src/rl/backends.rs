@@ -1,0 +1,220 @@
+//! The inference backends during a run: weight pushes, and a watchdog for backends that go
+//! away (restarted, crashed, rescheduled).
+//!
+//! Every `backend.health_interval_secs` each backend is asked `GET /health`. One that does
+//! not answer is waited for (up to `backend.restart_wait_secs`) while the gateway holds new
+//! calls (`/graft/backend/pause`), so rollouts that had not yet called it lose nothing but
+//! time. When it answers again, its `weight_version` (`GET /get_model_info`) is compared
+//! with the version the run last pushed: a restarted backend serves its start-up weights,
+//! so the policy's current checkpoint is pushed to it again before the gateway lets calls
+//! through. Each outage is an event in the step log (`backend_events`). Calls that were in
+//! flight when it went away fail; the gateway counts them per session and their rollouts
+//! are excluded (`Outcome::BackendFailed`).
+//!
+//! A push (after a training step) and the watchdog's recovery take the same lock, so the
+//! gateway is paused and resumed by one of them at a time.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use http::Method;
+use serde_json::{Value, json};
+
+use super::config::RlConfig;
+use super::rollout::Api;
+
+#[derive(Default)]
+pub struct Shared {
+    /// Held while the gateway is paused for a push or a backend's recovery.
+    lock: tokio::sync::Mutex<()>,
+    /// The checkpoint and `weight_version` the backends should serve (None: their own
+    /// start-up weights).
+    expected: Mutex<(Option<PathBuf>, Option<String>)>,
+    events: Mutex<Vec<Value>>,
+}
+
+fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Shared {
+    pub fn set_expected(&self, policy: Option<PathBuf>, version: Option<String>) {
+        *guard(&self.expected) = (policy, version);
+    }
+
+    /// The backend events since the last call.
+    pub fn take_events(&self) -> Vec<Value> {
+        std::mem::take(&mut *guard(&self.events))
+    }
+
+    fn event(&self, v: Value) {
+        tracing::warn!(event = %v, "backend event");
+        guard(&self.events).push(v);
+    }
+
+    /// Pushes `ckpt` as `version` to every backend while the gateway holds new calls. A
+    /// backend that fails the push is waited for (it may be restarting) and pushed again
+    /// once.
+    pub async fn push(
+        &self,
+        cfg: &RlConfig,
+        gateway: &Api,
+        backends: &[String],
+        ckpt: &Path,
+        version: &str,
+    ) -> anyhow::Result<()> {
+        let _g = self.lock.lock().await;
+        gateway
+            .ok(Method::POST, "/graft/backend/pause", Some(&json!({})))
+            .await?;
+        let mut result = Ok(());
+        for b in backends {
+            let mut r = push_one(b, ckpt, version).await;
+            if let Err(e) = &r {
+                let first = format!("{e:#}");
+                let t = Instant::now();
+                tracing::warn!(backend = %b, error = %first, "the weight push failed; waiting for the backend");
+                if wait_healthy(b, cfg.backend.restart_wait_secs).await {
+                    r = push_one(b, ckpt, version).await;
+                    self.event(json!({"backend": b, "event": "push retried after the backend came back",
+                        "first_error": first, "waited_secs": t.elapsed().as_secs_f64(), "ok": r.is_ok()}));
+                }
+            }
+            if r.is_err() {
+                result = r;
+                break;
+            }
+        }
+        let resumed = gateway
+            .ok(Method::POST, "/graft/backend/resume", Some(&json!({})))
+            .await;
+        result?;
+        resumed?;
+        self.set_expected(Some(ckpt.to_path_buf()), Some(version.to_string()));
+        Ok(())
+    }
+}
+
+#[cfg(feature = "trainer")]
+async fn push_one(backend: &str, ckpt: &Path, version: &str) -> anyhow::Result<()> {
+    let (b, p, v) = (backend.to_string(), ckpt.to_path_buf(), version.to_string());
+    tokio::task::spawn_blocking(move || graft_trainer::push::push_weights(&b, &p, &v))
+        .await
+        .context("the weight push task failed")?
+        .with_context(|| format!("pushing {} to {backend}", ckpt.display()))
+}
+
+#[cfg(not(feature = "trainer"))]
+async fn push_one(backend: &str, _ckpt: &Path, _version: &str) -> anyhow::Result<()> {
+    anyhow::bail!(
+        "cannot push weights to {backend}: this graft was built without the 'trainer' feature"
+    )
+}
+
+async fn healthy(backend: &str) -> bool {
+    let api = Api::new(backend, None);
+    matches!(
+        tokio::time::timeout(Duration::from_secs(5), api.call(Method::GET, "/health", None)).await,
+        Ok(Ok((s, _))) if (200..300).contains(&s)
+    )
+}
+
+async fn wait_healthy(backend: &str, within_secs: f64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs_f64(within_secs);
+    loop {
+        if healthy(backend).await {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+/// The watchdog: runs until the run ends (it is aborted then).
+pub async fn watch(cfg: RlConfig, gateway: Api, backends: Vec<String>, shared: Arc<Shared>) {
+    let interval = Duration::from_secs_f64(cfg.backend.health_interval_secs);
+    let mut gave_up: HashSet<String> = HashSet::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        for b in &backends {
+            let ok = healthy(b).await;
+            if ok && gave_up.remove(b) {
+                // Back after the run gave up on it: check its weights like any recovery.
+                recover(&cfg, &gateway, b, &shared, Instant::now()).await;
+            } else if !ok
+                && !gave_up.contains(b)
+                && !recover(&cfg, &gateway, b, &shared, Instant::now()).await
+            {
+                gave_up.insert(b.clone());
+            }
+        }
+    }
+}
+
+/// Holds the gateway's calls until `backend` answers again and serves the expected weights.
+/// false when it did not come back in time.
+async fn recover(
+    cfg: &RlConfig,
+    gateway: &Api,
+    backend: &str,
+    shared: &Shared,
+    since: Instant,
+) -> bool {
+    let _g = shared.lock.lock().await;
+    let was_down = !healthy(backend).await;
+    // New calls wait at the gateway rather than fail against a backend that is away. The
+    // pause returns once the calls in flight are done; those to a dead backend end quickly,
+    // a hung one at the gateway's upstream timeout, so this does not wait for it forever.
+    if was_down {
+        let paused = tokio::time::timeout(
+            Duration::from_secs(30),
+            gateway.ok(Method::POST, "/graft/backend/pause", Some(&json!({}))),
+        )
+        .await;
+        if !matches!(paused, Ok(Ok(_))) {
+            tracing::warn!(backend, "the gateway did not confirm the pause in time");
+        }
+    }
+    if was_down && !wait_healthy(backend, cfg.backend.restart_wait_secs).await {
+        shared.event(json!({"backend": backend, "event": "did not come back",
+            "gave_up_after_secs": since.elapsed().as_secs_f64()}));
+        resume(gateway).await;
+        return false;
+    }
+    let (ckpt, want) = guard(&shared.expected).clone();
+    let serving = Api::new(backend, None)
+        .ok(Method::GET, "/get_model_info", None)
+        .await
+        .ok()
+        .and_then(|v| v["weight_version"].as_str().map(str::to_string));
+    let mut ev = json!({"backend": backend, "event": if was_down { "restarted" } else { "checked" },
+        "down_secs": since.elapsed().as_secs_f64(), "serving": serving});
+    if let (Some(ckpt), Some(want)) = (ckpt, want)
+        && serving.as_deref() != Some(want.as_str())
+    {
+        let r = push_one(backend, &ckpt, &want).await;
+        ev["repushed"] = json!(want);
+        ev["repush_error"] = json!(r.as_ref().err().map(|e| format!("{e:#}")));
+    }
+    if was_down || ev.get("repushed").is_some() {
+        shared.event(ev);
+    }
+    if was_down {
+        resume(gateway).await;
+    }
+    true
+}
+
+async fn resume(gateway: &Api) {
+    if let Err(e) = gateway
+        .ok(Method::POST, "/graft/backend/resume", Some(&json!({})))
+        .await
+    {
+        tracing::error!(error = %format!("{e:#}"), "the gateway could not be resumed after a backend outage");
+    }
+}
