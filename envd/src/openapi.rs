@@ -82,7 +82,7 @@ pub fn document() -> Value {
                     "mounts": {"type": "array", "items": {"type": "object", "required": ["source", "target"], "properties": {"source": {"type": "string"}, "target": {"type": "string"}}}, "description": "read-only bind mounts of host paths (targets outside the root's own directories, e.g. /mnt/tools)"}
                 }},
                 "Sandbox": {"type": "object", "properties": {
-                    "id": {"type": "string"}, "state": {"type": "string", "enum": ["ready", "deleting"]}, "backend": {"type": "string"},
+                    "id": {"type": "string"}, "state": {"type": "string", "enum": ["pending", "ready", "failed", "deleting"]}, "backend": {"type": "string", "enum": ["local", "kubernetes"]},
                     "created_at_ms": {"type": "integer"}, "expires_at_ms": {"type": "integer"}, "ttl_secs": {"type": "integer"},
                     "limits": {"type": "object", "properties": {"cpus": {"type": "number"}, "memory_mb": {"type": "integer"}, "pids": {"type": "integer"}}},
                     "limits_enforced": {"type": "boolean"}, "network": {"type": "string"}, "gateway_url": {"type": ["string", "null"]},
@@ -132,7 +132,7 @@ pub fn document() -> Value {
                 "get": op("get a sandbox", None, ("200", r("Sandbox"))),
                 "delete": op("delete a sandbox (kills its jobs)", None, ("200", json!({"type": "object"})))
             },
-            "/sandboxes/{id}/wait": {"parameters": [id.clone()], "get": op("wait until the sandbox is ready (a local one is ready once created)", None, ("200", r("Sandbox")))},
+            "/sandboxes/{id}/wait": {"parameters": [id.clone(), {"name": "timeout_secs", "in": "query", "schema": {"type": "number"}}], "get": op("wait until the sandbox is ready (a local one is ready once created; a Pod when the watch sees it Running and Ready, up to timeout_secs, else 503 sandbox_unavailable)", None, ("200", r("Sandbox")))},
             "/sandboxes/{id}/heartbeat": {"parameters": [id.clone()], "post": op("renew the TTL", None, ("200", r("Sandbox")))},
             "/sandboxes/{id}/exec": {"parameters": [id.clone()], "post": op("run a command (sync: 200 with the job; background: 202; stream: text/event-stream)", Some(json_body("ExecRequest")), ("200", r("Job")))},
             "/sandboxes/{id}/jobs": {"parameters": [id.clone()], "get": op("list jobs", None, ("200", json!({"type": "object", "properties": {"jobs": {"type": "array", "items": r("Job")}}})))},

@@ -194,26 +194,9 @@ fn error_response(e: &EnvdError) -> Response<Body> {
     json_response(status, &e.body())
 }
 
+/// Percent-decoding, shared with the agent (which decodes envd's requests the same way).
 fn percent_decode(s: &str) -> Result<String, EnvdError> {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'%' {
-            let hex = b
-                .get(i + 1..i + 3)
-                .and_then(|h| std::str::from_utf8(h).ok())
-                .and_then(|h| u8::from_str_radix(h, 16).ok())
-                .ok_or_else(|| EnvdError::BadRequest(format!("'{s}' has a bad percent escape")))?;
-            out.push(hex);
-            i += 3;
-        } else {
-            out.push(b[i]);
-            i += 1;
-        }
-    }
-    String::from_utf8(out)
-        .map_err(|_| EnvdError::BadRequest(format!("'{s}' is not UTF-8 once decoded")))
+    graft_envd_agent::server::percent_decode(s).map_err(EnvdError::BadRequest)
 }
 
 fn query(req: &Request<Incoming>, name: &str) -> Result<Option<String>, EnvdError> {

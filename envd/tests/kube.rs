@@ -1213,3 +1213,109 @@ async fn a_restarted_envd_deletes_the_pods_the_previous_one_left() {
     assert!(cluster.pods.lock().unwrap().is_empty());
     assert!(cluster.policies.lock().unwrap().is_empty());
 }
+
+/// `deploy/kubernetes/role.yaml`'s rules: resource → verbs.
+fn role_rules() -> BTreeMap<String, Vec<String>> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/role.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let list = |l: &str| -> Vec<String> {
+        let inner = &l[l.find('[').unwrap() + 1..l.rfind(']').unwrap()];
+        inner
+            .split(',')
+            .map(|s| s.trim().trim_matches('"').to_owned())
+            .filter(|s| !s.is_empty())
+            .collect()
+    };
+    let mut rules = BTreeMap::new();
+    let mut resources = Vec::new();
+    for line in text.lines().map(str::trim) {
+        if line.starts_with("resources:") {
+            resources = list(line);
+        } else if line.starts_with("verbs:") {
+            for r in &resources {
+                rules.insert(r.clone(), list(line));
+            }
+        }
+    }
+    rules
+}
+
+#[tokio::test]
+async fn the_role_grants_exactly_the_verbs_envd_uses() {
+    let cluster = Arc::new(Cluster::default());
+    cluster.put_pod_silently("left", "pod-pending.json");
+    cluster.policies.lock().unwrap().insert(
+        "graft-sbx-left".to_owned(),
+        fixture("networkpolicy.json", "left", 7),
+    );
+    let env = start_with(cluster.clone(), |_| {}).await;
+    create(&env, json!({"id": "rbac", "image": "python:3.12-slim"})).await;
+    eventually("the watch is open", || {
+        env.cluster.sent().iter().any(Sent::is_watch)
+    })
+    .await;
+    let (status, _) = call(&env, Method::DELETE, "/sandboxes/rbac", None).await;
+    assert_eq!(status, StatusCode::OK);
+    let mut used: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for s in env.cluster.sent() {
+        let (resource, collection) = if s.path.starts_with(&pods_path()) {
+            ("pods", pods_path())
+        } else if s.path.starts_with(&np_path()) {
+            ("networkpolicies", np_path())
+        } else {
+            panic!("envd called {} {}", s.method, s.path)
+        };
+        let named = s.path != collection;
+        let verb = match (s.method.clone(), named) {
+            (Method::GET, _) if s.is_watch() => "watch",
+            (Method::GET, false) => "list",
+            (Method::GET, true) => "get",
+            (Method::POST, _) => "create",
+            (Method::DELETE, _) => "delete",
+            (m, _) => panic!("unexpected {m} {}", s.path),
+        };
+        let v = used.entry(resource.to_owned()).or_default();
+        if !v.iter().any(|x| x == verb) {
+            v.push(verb.to_owned());
+        }
+    }
+    let mut granted = role_rules();
+    for v in granted.values_mut().chain(used.values_mut()) {
+        v.sort();
+    }
+    assert_eq!(
+        used, granted,
+        "role.yaml must grant what envd uses, and no more"
+    );
+    env.shutdown().await;
+}
+
+#[test]
+fn the_deployed_envd_toml_is_valid_for_the_kubernetes_backend() {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../deploy/kubernetes/envd.toml");
+    let file = graft_envd::config::FileConfig::load(&path).unwrap();
+    let mut cfg = EnvdConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        PathBuf::from("d"),
+        String::new(),
+        AgentCommand {
+            exe: PathBuf::from("a"),
+            args: vec![],
+        },
+    );
+    let file = graft_envd::config::FileConfig {
+        api_key: Some("k".to_owned()),
+        ..file
+    };
+    file.apply(&mut cfg).unwrap();
+    cfg.validate().unwrap();
+    assert_eq!(cfg.backend, graft_envd::BackendKind::Kubernetes);
+    assert_eq!(
+        cfg.kubernetes
+            .envd_pod_labels
+            .get("app.kubernetes.io/name")
+            .map(String::as_str),
+        Some("graft-envd"),
+        "deployment.yaml labels envd's Pods app.kubernetes.io/name=graft-envd"
+    );
+}
