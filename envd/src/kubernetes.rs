@@ -67,12 +67,13 @@ pub fn check_id(id: &str) -> Result<(), EnvdError> {
         && b.len() <= 53
         && b.iter()
             .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+        && b[0] != b'-'
         && b[b.len() - 1] != b'-';
     if ok {
         Ok(())
     } else {
         Err(EnvdError::BadRequest(format!(
-            "id '{id}': on the kubernetes backend an id names a Pod, so use 1 to 53 of a-z, 0-9 and '-', not ending in '-' (or leave `id` out)"
+            "id '{id}': on the kubernetes backend an id names a Pod, so use 1 to 53 of a-z, 0-9 and '-', not starting or ending with '-' (or leave `id` out)"
         )))
     }
 }
@@ -720,5 +721,54 @@ async fn watch_pods(
                 backoff = (backoff * 2).min(Duration::from_secs(10));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_and_label_values_follow_kubernetes_rules() {
+        for ok in ["a", "sb-1", "0123456789abcdef0123456789abcdef"] {
+            assert!(check_id(ok).is_ok(), "{ok}");
+        }
+        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(54)] {
+            assert!(check_id(bad).is_err(), "{bad}");
+        }
+        assert!(label_value_ok("envd-1.a_b"));
+        for bad in ["", "-x", "x.", &"x".repeat(64)] {
+            assert!(!label_value_ok(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pod_state_reads_readiness_and_reasons_from_the_status() {
+        let pod = |status: serde_json::Value| -> Pod {
+            serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status}))
+                .unwrap()
+        };
+        let s = PodState::of(&pod(serde_json::json!({
+            "phase": "Running", "podIP": "10.1.2.3",
+            "conditions": [{"type": "Ready", "status": "True"}]
+        })));
+        assert_eq!(
+            (s.api_state(), s.ip.as_deref()),
+            ("ready", Some("10.1.2.3"))
+        );
+        let s = PodState::of(&pod(serde_json::json!({
+            "phase": "Running", "podIP": "10.1.2.3",
+            "conditions": [{"type": "Ready", "status": "False"}]
+        })));
+        assert_eq!(s.api_state(), "pending");
+        let s = PodState::of(&pod(
+            serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}),
+        ));
+        assert_eq!(s.api_state(), "failed");
+        assert!(
+            s.describe().contains("Evicted: low on memory"),
+            "{}",
+            s.describe()
+        );
     }
 }

@@ -1319,3 +1319,50 @@ fn the_deployed_envd_toml_is_valid_for_the_kubernetes_backend() {
         "deployment.yaml labels envd's Pods app.kubernetes.io/name=graft-envd"
     );
 }
+
+#[tokio::test]
+async fn a_gateway_session_is_injected_and_harness_files_are_written_once_the_pod_is_ready() {
+    use graft_envd::{HarnessRenderer, HarnessRequest, RenderedHarness};
+    let render = |r: &HarnessRequest| {
+        Ok(RenderedHarness {
+            env: vec![(
+                "HARNESS_CFG".to_owned(),
+                "/workspace/.h/config.toml".to_owned(),
+            )],
+            files: vec![(
+                ".h/config.toml".to_owned(),
+                format!("base_url = \"{}\"\n", r.base_url),
+            )],
+        })
+    };
+    let env = start_with(Arc::new(Cluster::default()), |c| {
+        c.harnesses = Some(HarnessRenderer(Arc::new(render)));
+    })
+    .await;
+    create(
+        &env,
+        json!({"id": "sbh", "image": "python:3.12-slim",
+               "gateway_session": {"session_id": "s1", "api_key": "k1", "harness": "h"}}),
+    )
+    .await;
+    let pod = body_of(&env.cluster.sent(), Method::POST, &pods_path());
+    let agent = start_agent(env.agent_port, &token_of(&pod), "sbh");
+    assert!(
+        !agent.ws.path().join(".h").exists(),
+        "written before the Pod was ready"
+    );
+    env.cluster.set_pod("sbh", "pod-running-ready.json");
+    let (_, v) = call(
+        &env,
+        Method::POST,
+        "/sandboxes/sbh/exec",
+        Some(json!({"command": "echo $OPENAI_BASE_URL $OPENAI_API_KEY $HARNESS_CFG; cat .h/config.toml"})),
+    )
+    .await;
+    assert_eq!(v["exit_code"], 0, "{v}");
+    assert_eq!(
+        v["stdout"],
+        "http://127.0.0.1:4000/s/s1/v1 k1 /workspace/.h/config.toml\nbase_url = \"http://127.0.0.1:4000/s/s1/v1\"\n"
+    );
+    env.shutdown().await;
+}

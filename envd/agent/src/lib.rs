@@ -365,4 +365,31 @@ mod tests {
         c.read_exact(&mut out).unwrap();
         assert_eq!(&out, b"olleh");
     }
+
+    #[test]
+    fn forward_relays_tcp_to_a_tcp_gateway() {
+        use std::io::{Read, Write};
+        // The Kubernetes backend's case: the gateway is an IP:PORT the Pod may reach.
+        let gw = TcpListener::bind("127.0.0.1:0").unwrap();
+        let target = ForwardTarget::parse(&gw.local_addr().unwrap().to_string()).unwrap();
+        std::thread::spawn(move || {
+            let (mut c, _) = gw.accept().unwrap();
+            let mut buf = [0u8; 4];
+            c.read_exact(&mut buf).unwrap();
+            c.write_all(&buf.map(|b| b.to_ascii_uppercase())).unwrap();
+        });
+        let port = TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+        start_forward(addr, target);
+        let mut c = TcpStream::connect(addr).unwrap();
+        c.write_all(b"ping").unwrap();
+        let mut out = [0u8; 4];
+        c.read_exact(&mut out).unwrap();
+        assert_eq!(&out, b"PING");
+        assert!(ForwardTarget::parse("gateway.svc:80").is_err());
+    }
 }
