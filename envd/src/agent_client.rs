@@ -178,11 +178,6 @@ impl AgentClient {
             .map(|_| ())
     }
 
-    pub async fn is_dir(&self, ep: &Endpoint, rel: &str) -> Result<bool, EnvdError> {
-        let q = format!("/stat?path={}", percent_encode(rel));
-        Ok(self.call(ep, Method::GET, &q, Bytes::new(), 1024).await? == "dir")
-    }
-
     pub async fn list(&self, ep: &Endpoint, rel: &str) -> Result<Vec<DirEntry>, EnvdError> {
         let q = format!("/list?path={}", percent_encode(rel));
         let body = self

@@ -70,7 +70,16 @@ impl Envd {
             client,
         )));
         let envd = Self::listen(cfg, backend).await?;
-        let n = envd.svc.reconcile(true).await;
+        // Also the first check that the API server answers and the Role is right.
+        let n = envd.svc.reconcile(true).await.map_err(|e| {
+            StartError::Config(format!(
+                "the kubernetes backend cannot list its sandboxes in namespace '{}': {e}",
+                match &envd.svc.backend {
+                    Backend::Kubernetes(k) => k.namespace().to_owned(),
+                    Backend::Local(_) => String::new(),
+                }
+            ))
+        })?;
         if n > 0 {
             info!(n, "deleted sandboxes an earlier envd left in the cluster");
         }

@@ -1149,7 +1149,9 @@ impl Service {
     /// kubernetes also, every `reconcile_interval`, Pods and NetworkPolicies of this envd
     /// that no sandbox owns.
     pub async fn reap(&self) {
-        self.reconcile(false).await;
+        if let Err(e) = self.reconcile(false).await {
+            warn!(error = %e, "could not reconcile the sandboxes with the cluster");
+        }
         let now = Instant::now();
         let expired: Vec<String> = lock(&self.sandboxes)
             .live
@@ -1166,9 +1168,9 @@ impl Service {
 
     /// Kubernetes: deletes the cluster's objects of this envd that no sandbox owns (all of
     /// them at start, when the registry is empty). Returns how many were deleted.
-    pub async fn reconcile(&self, force: bool) -> usize {
+    pub async fn reconcile(&self, force: bool) -> Result<usize, EnvdError> {
         let Backend::Kubernetes(k) = &self.backend else {
-            return 0;
+            return Ok(0);
         };
         let known = || {
             let reg = lock(&self.sandboxes);
@@ -1178,13 +1180,7 @@ impl Service {
                 .cloned()
                 .collect::<std::collections::HashSet<String>>()
         };
-        match k.reconcile(force, known).await {
-            Ok(n) => n,
-            Err(e) => {
-                warn!(error = %e, "could not reconcile the sandboxes with the cluster");
-                0
-            }
-        }
+        k.reconcile(force, known).await
     }
 
     /// Deletes every sandbox (envd is shutting down).

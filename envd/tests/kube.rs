@@ -71,6 +71,8 @@ struct Cluster {
     rv: AtomicU64,
     /// A fixture (and its status code) to answer the next Pod create with.
     pod_create_error: Mutex<Option<(u16, &'static str)>>,
+    /// A Status to answer every LIST with.
+    list_error: Mutex<Option<(u16, Value)>>,
 }
 
 fn json_response(status: u16, v: &Value) -> Response<MockBody> {
@@ -182,6 +184,10 @@ impl Cluster {
                     .header("content-type", "application/json")
                     .body(StreamBody::new(stream).boxed_unsync())
                     .unwrap()
+            }
+            (Method::GET, None) if self.list_error.lock().unwrap().is_some() => {
+                let (code, st) = self.list_error.lock().unwrap().clone().unwrap();
+                json_response(code, &st)
             }
             (Method::GET, None) => {
                 let mut list = fixture(list_fixture, "", self.next_rv());
@@ -1365,4 +1371,34 @@ async fn a_gateway_session_is_injected_and_harness_files_are_written_once_the_po
         "http://127.0.0.1:4000/s/s1/v1 k1 /workspace/.h/config.toml\nbase_url = \"http://127.0.0.1:4000/s/s1/v1\"\n"
     );
     env.shutdown().await;
+}
+
+#[tokio::test]
+async fn envd_does_not_start_when_it_may_not_list_its_pods() {
+    let cluster = Arc::new(Cluster::default());
+    let mut st = fixture("status-403-forbidden.json", "x", 0);
+    st["message"] = json!(st["message"].as_str().unwrap().replace("create", "list"));
+    *cluster.list_error.lock().unwrap() = Some((403, st));
+    let mut cfg = EnvdConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        PathBuf::from("unused"),
+        KEY.to_owned(),
+        AgentCommand {
+            exe: PathBuf::from("unused"),
+            args: vec![],
+        },
+    );
+    cfg.kubernetes.agent_image = AGENT_IMAGE.to_owned();
+    let e = match Envd::bind_kubernetes(cfg, api_client(cluster)).await {
+        Ok(_) => panic!("envd started without permission to list its Pods"),
+        Err(e) => e.to_string(),
+    };
+    assert!(
+        e.contains("cannot list its sandboxes in namespace 'sandboxes'"),
+        "{e}"
+    );
+    assert!(
+        e.contains("cannot list resource \"pods\"") && e.contains("role.yaml"),
+        "{e}"
+    );
 }

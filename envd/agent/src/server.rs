@@ -17,8 +17,7 @@
 //! - `POST /kill?job=ID` — kill a running exec now.
 //! - `GET|PUT|DELETE /files?path=REL` (`max=` bytes for GET, `mode=` octal for PUT,
 //!   `recursive=1` for DELETE), `GET /list?path=REL` (records of four NUL-terminated
-//!   fields: kind, size, mode (octal), name), `GET /stat?path=REL` (`dir` or `other`).
-//!   Errors are `TYPE\nMESSAGE` with the status envd should answer with.
+//!   fields: kind, size, mode (octal), name). Errors are `TYPE\nMESSAGE` with the status envd should answer with.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{Read, Write};
@@ -292,20 +291,6 @@ impl Server {
                         (200, "application/octet-stream", out)
                     })
             }
-            ("GET", "/stat") => self
-                .ws
-                .is_dir(&req.query("path").unwrap_or_default())
-                .map(|d| {
-                    (
-                        200,
-                        "text/plain",
-                        if d {
-                            b"dir".to_vec()
-                        } else {
-                            b"other".to_vec()
-                        },
-                    )
-                }),
             (m, p) => Err(FsError {
                 status: 404,
                 kind: "no_route",

@@ -310,16 +310,6 @@ impl Workspace {
                 .map_err(|e| map_errno(&rel, "cannot remove", e))
         }
     }
-
-    /// Whether `raw` names a directory inside the workspace.
-    pub fn is_dir(&self, raw: &str) -> Result<bool, FsError> {
-        let rel = crate::path::clean_relative(raw).map_err(|r| FsError::refused(raw, r))?;
-        match self.open_beneath(&rel, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()) {
-            Ok(_) => Ok(true),
-            Err(Errno::NOENT | Errno::NOTDIR) => Ok(false),
-            Err(e) => Err(map_errno(&rel, "cannot stat", e)),
-        }
-    }
 }
 
 fn io_err(path: &Path, what: &str, e: std::io::Error) -> FsError {
@@ -414,8 +404,6 @@ mod tests {
             b"host"
         );
         assert!(!outside.path().join("new").exists());
-        assert!(w.is_dir("a/b").unwrap());
-        assert!(!w.is_dir("a/b/c.bin").unwrap());
         assert_eq!(w.list("dir").unwrap_err().status, 403);
         // Removing a symlink removes the link, never its target.
         w.remove("dir", true).unwrap();
