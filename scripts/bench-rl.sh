@@ -32,8 +32,8 @@ done
 
 bash scripts/setup-libtorch.sh > /dev/null
 bash scripts/setup-test-env.sh > /dev/null
-cargo build --release --locked --bin graft < /dev/null
-graft="$repo/target/release/graft"
+cargo build --release --locked --bin graft --bin envd-agent < /dev/null
+graft="${CARGO_TARGET_DIR:-$repo/target}/release/graft"
 if [[ ! -f models/smollm2/config.json ]]; then
   gguf="$(bash scripts/setup-models.sh)"
   "$graft" model import --gguf "$gguf" --out models/smollm2
@@ -119,7 +119,7 @@ print("| phase (baseline run, mean per step) | seconds | share of step |")
 print("|---|---|---|")
 for name, k in rows:
     v = mean([s["secs"][k] for s in base])
-    print(f"| {name} | {v:.2f} | {v / total:.1%} |")
+    print(f"| {name} | {v:.3f} | {v / total:.1%} |")
 print(f"| **step** | **{total:.2f}** | 100% |")
 rollouts = sum(s["rollouts"] for s in base)
 harness = mean([s["secs"]["harness_in_rollouts"] / max(1, s["rollouts"]) for s in base])

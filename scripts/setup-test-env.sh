@@ -13,7 +13,8 @@
 #   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
-# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh
+# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh [sandbox]
+# (`sandbox`: only bubblewrap and the sandbox venv, which the graft rl example needs)
 # GRAFT_TEST_ENV overrides the target directory (the tests honour the same variable).
 set -euo pipefail
 
@@ -107,6 +108,12 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 echo "setup-test-env: bubblewrap up to date ($(bwrap --version))"
+
+# `sandbox` alone: what the graft rl example needs (scripts/demo.sh).
+if [[ "${1:-}" == "sandbox" ]]; then
+  VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0"
+  exit 0
+fi
 
 # The parts are independent: run them side by side, then report each failure.
 # Codex ships its native binary as an optional dependency (@openai/codex-linux-x64 etc.),

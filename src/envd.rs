@@ -250,15 +250,21 @@ pub fn agent_command(explicit: Option<PathBuf>) -> anyhow::Result<AgentCommand> 
     }
     let me = std::env::current_exe().context("cannot find this binary")?;
     let sibling = me.with_file_name("envd-agent");
-    Ok(if sibling.is_file() {
-        AgentCommand {
+    if sibling.is_file() {
+        return Ok(AgentCommand {
             exe: sibling,
             args: vec![],
-        }
-    } else {
-        AgentCommand {
-            exe: me,
-            args: vec!["envd".to_owned(), "agent".to_owned()],
-        }
+        });
+    }
+    // This binary links libtorch, which a sandbox cannot see: it cannot be the agent.
+    if cfg!(feature = "trainer") {
+        anyhow::bail!(
+            "envd needs its in-sandbox agent, the `envd-agent` binary, beside {} (this graft links libtorch, which sandboxes cannot load); build it too: cargo build --release --bin graft --bin envd-agent",
+            me.display()
+        );
+    }
+    Ok(AgentCommand {
+        exe: me,
+        args: vec!["envd".to_owned(), "agent".to_owned()],
     })
 }

@@ -169,23 +169,30 @@ fn rl_refuses_a_bad_config_with_the_reason() {
     assert!(out.contains("bogus"), "{out}");
 }
 
-/// A tiny random Qwen3 on the real Qwen3 vocabulary (so it can train on the ids the scripted
-/// backend produced), written as an HF directory.
+/// A tiny random Qwen3 (2 layers, hidden 32) with `vocab_size` tokens and the given special
+/// ids, written as an HF directory (weights and config.json).
 #[cfg(feature = "trainer")]
-fn tiny_qwen3(dir: &Path) {
+fn write_tiny_qwen3(dir: &Path, vocab_size: u32, bos: u32, eos: u32) {
     use graft_trainer::model::Model;
     use graft_trainer::tch::{Device, Kind};
     let config = serde_json::json!({
         "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "vocab_size": 151936, "hidden_size": 32, "intermediate_size": 64,
+        "vocab_size": vocab_size, "hidden_size": 32, "intermediate_size": 64,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 16, "max_position_embeddings": 8192, "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0, "tie_word_embeddings": true, "attention_bias": false,
-        "hidden_act": "silu", "bos_token_id": 151643, "eos_token_id": 151645, "dtype": "float32"
+        "hidden_act": "silu", "bos_token_id": bos, "eos_token_id": eos, "dtype": "float32"
     });
     let m = Model::random(config.clone(), Device::Cpu, Kind::Float, 7).unwrap();
     graft_trainer::weights::write_dir(dir, &config, &m.named_parameters(), Kind::Float, 1 << 30)
         .unwrap();
+}
+
+/// A tiny random Qwen3 on the real Qwen3 vocabulary (so it can train on the ids the scripted
+/// backend produced).
+#[cfg(feature = "trainer")]
+fn tiny_qwen3(dir: &Path) {
+    write_tiny_qwen3(dir, 151936, 151643, 151645);
 }
 
 #[cfg(feature = "trainer")]
@@ -466,8 +473,6 @@ fn rl_killed_mid_step_resumes_and_keeps_the_rollouts_that_finished() {
 /// enough to train dozens of steps on CPU in seconds, and `graft serve` runs it.
 #[cfg(feature = "trainer")]
 fn tiny_byte_model(dir: &Path) {
-    use graft_trainer::model::Model;
-    use graft_trainer::tch::{Device, Kind};
     use serde_json::json;
     // GPT-2's byte → printable character map, as the ByteLevel pre-tokenizer uses it.
     let mut bytes: Vec<u32> = (0x21..=0x7E)
@@ -506,17 +511,7 @@ fn tiny_byte_model(dir: &Path) {
                   "vocab": vocab, "merges": []}
     });
     let template = "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    let config = json!({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-        "vocab_size": 259, "hidden_size": 32, "intermediate_size": 64,
-        "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "head_dim": 8, "max_position_embeddings": 4096, "rms_norm_eps": 1e-6,
-        "rope_theta": 10000.0, "tie_word_embeddings": true, "attention_bias": false,
-        "hidden_act": "silu", "bos_token_id": 256, "eos_token_id": 258, "dtype": "float32"
-    });
-    let m = Model::random(config.clone(), Device::Cpu, Kind::Float, 7).unwrap();
-    graft_trainer::weights::write_dir(dir, &config, &m.named_parameters(), Kind::Float, 1 << 30)
-        .unwrap();
+    write_tiny_qwen3(dir, 259, 256, 258);
     std::fs::write(dir.join("tokenizer.json"), tokenizer.to_string()).unwrap();
     std::fs::write(
         dir.join("tokenizer_config.json"),
@@ -528,8 +523,8 @@ fn tiny_byte_model(dir: &Path) {
 }
 
 /// GRPO learns through the whole loop: `graft rl` with the embedded `graft serve` (no
-/// backend URL, no script) sampling a tiny random model, a real openai-SDK client in envd
-/// sandboxes, the gateway in exact mode, reconstruct, `graft train` and weight pushes. The
+/// backend URL, no script) sampling a tiny random model, a real HTTP client (python's
+/// urllib) in envd sandboxes, the gateway in exact mode, reconstruct, `graft train` and weight pushes. The
 /// task is verifiable and graded: the reward is the share of lowercase ASCII letters among
 /// the 12 bytes the model may answer with (about 1 in 10 at random). The mean reward of the
 /// last steps must clearly exceed that of the first. Rollouts of a step overlap the previous

@@ -1,15 +1,16 @@
 //! The inference backends during a run: weight pushes, and a watchdog for backends that go
 //! away (restarted, crashed, rescheduled).
 //!
-//! Every `backend.health_interval_secs` each backend is asked `GET /health`. One that does
-//! not answer is waited for (up to `backend.restart_wait_secs`) while the gateway holds new
-//! calls (`/graft/backend/pause`), so rollouts that had not yet called it lose nothing but
-//! time. When it answers again, its `weight_version` (`GET /get_model_info`) is compared
-//! with the version the run last pushed: a restarted backend serves its start-up weights,
-//! so the policy's current checkpoint is pushed to it again before the gateway lets calls
-//! through. Each outage is an event in the step log (`backend_events`). Calls that were in
-//! flight when it went away fail; the gateway counts them per session and their rollouts
-//! are excluded (`Outcome::BackendFailed`).
+//! Every `backend.health_interval_secs` each backend is asked `GET /health` and, once the
+//! run has pushed weights, `GET /get_model_info` (a restart quicker than the interval shows
+//! as the wrong `weight_version`). One that does not answer is waited for (up to
+//! `backend.restart_wait_secs`) while the gateway holds new calls (`/graft/backend/pause`),
+//! so rollouts that had not yet called it lose nothing but time. When it answers again, its
+//! `weight_version` is compared with the version the run last pushed: a restarted backend
+//! serves its start-up weights, so the policy's current checkpoint is pushed to it again
+//! before the gateway lets calls through. Each outage is an event in the step log
+//! (`backend_events`). Calls that were in flight when it went away fail; the gateway counts
+//! them per session and their rollouts are excluded (`Outcome::BackendFailed`).
 //!
 //! A push (after a training step) and the watchdog's recovery take the same lock, so the
 //! gateway is paused and resumed by one of them at a time.
@@ -122,6 +123,20 @@ async fn healthy(backend: &str) -> bool {
     )
 }
 
+/// The `weight_version` a backend reports (`GET /get_model_info`), if it says.
+async fn serving_version(backend: &str) -> Option<String> {
+    let api = Api::new(backend, None);
+    match tokio::time::timeout(
+        Duration::from_secs(5),
+        api.ok(Method::GET, "/get_model_info", None),
+    )
+    .await
+    {
+        Ok(Ok(v)) => v["weight_version"].as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
 async fn wait_healthy(backend: &str, within_secs: f64) -> bool {
     let deadline = Instant::now() + Duration::from_secs_f64(within_secs);
     loop {
@@ -142,15 +157,22 @@ pub async fn watch(cfg: RlConfig, gateway: Api, backends: Vec<String>, shared: A
     loop {
         tokio::time::sleep(interval).await;
         for b in &backends {
-            let ok = healthy(b).await;
-            if ok && gave_up.remove(b) {
-                // Back after the run gave up on it: check its weights like any recovery.
+            if !healthy(b).await {
+                if !gave_up.contains(b)
+                    && !recover(&cfg, &gateway, b, &shared, Instant::now()).await
+                {
+                    gave_up.insert(b.clone());
+                }
+                continue;
+            }
+            // Up. A restart quicker than the interval shows as weights it should not have.
+            let want = guard(&shared.expected).1.clone();
+            let stale = match (want, serving_version(b).await) {
+                (Some(w), Some(v)) => w != v,
+                _ => false,
+            };
+            if gave_up.remove(b) || stale {
                 recover(&cfg, &gateway, b, &shared, Instant::now()).await;
-            } else if !ok
-                && !gave_up.contains(b)
-                && !recover(&cfg, &gateway, b, &shared, Instant::now()).await
-            {
-                gave_up.insert(b.clone());
             }
         }
     }
@@ -187,11 +209,7 @@ async fn recover(
         return false;
     }
     let (ckpt, want) = guard(&shared.expected).clone();
-    let serving = Api::new(backend, None)
-        .ok(Method::GET, "/get_model_info", None)
-        .await
-        .ok()
-        .and_then(|v| v["weight_version"].as_str().map(str::to_string));
+    let serving = serving_version(backend).await;
     let mut ev = json!({"backend": backend, "event": if was_down { "restarted" } else { "checked" },
         "down_secs": since.elapsed().as_secs_f64(), "serving": serving});
     if let (Some(ckpt), Some(want)) = (ckpt, want)

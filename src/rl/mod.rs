@@ -52,6 +52,12 @@ pub struct RlArgs {
     /// Print the plan and check that every component answers; start nothing else.
     #[arg(long)]
     pub dry_run: bool,
+    /// Run this many steps instead of the config's `run.steps`.
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Keep the run here instead of the config's `run.out_dir`.
+    #[arg(long)]
+    pub out_dir: Option<PathBuf>,
 }
 
 /// The running components.
@@ -303,7 +309,13 @@ fn write_state(out: &Path, s: &State) -> anyhow::Result<()> {
 }
 
 pub async fn run(args: RlArgs) -> anyhow::Result<()> {
-    let cfg = RlConfig::load(&args.config)?;
+    let mut cfg = RlConfig::load(&args.config)?;
+    if let Some(n) = args.steps {
+        cfg.run.steps = n;
+    }
+    if let Some(d) = &args.out_dir {
+        cfg.run.out_dir = std::path::absolute(d)?;
+    }
     let tasks = tasks::load(&cfg.tasks.file)?;
     let model = Model::from_dir(&cfg.backend.model_dir).with_context(|| {
         format!(
@@ -339,6 +351,16 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         prompt_tokens,
         cfg.harness.command,
         cfg.harness.timeout_secs
+    );
+    println!(
+        "expected tokens per step: at least {}–{} prompt tokens from the task prompts alone (the harness's system prompt, tools and every further turn come on top; each step's line in steps.jsonl has the trained tokens); overlap: {}",
+        per_step_min * prompt_tokens,
+        per_step_max * prompt_tokens,
+        if r.max_staleness == 0 {
+            "none (max_staleness = 0)"
+        } else {
+            "the next step's rollouts run while a step trains (max_staleness = 1)"
+        }
     );
     std::fs::create_dir_all(&cfg.run.out_dir)
         .with_context(|| format!("creating {}", cfg.run.out_dir.display()))?;
