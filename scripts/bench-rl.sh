@@ -61,6 +61,7 @@ config() { # name staleness
 out_dir = "$1"
 steps = $steps
 seed = 1
+keep_checkpoints = 1
 
 [tasks]
 file = "tasks.jsonl"
@@ -98,6 +99,7 @@ for run in baseline overlap; do
     || { tail -20 "$work/$run.log" >&2; exit 1; }
   t1=$(date +%s.%N)
   wall[$run]=$(python3 -c "print($t1 - $t0)")
+  rm -rf "$work/$run/checkpoints"   # SmolLM2's weights + optimizer state: 2 GB a step
 done
 
 python3 - "$work" "$steps" "${wall[baseline]}" "${wall[overlap]}" > "$work/table.md" <<'EOF'

@@ -675,6 +675,19 @@ lr = 0.005
         "{mixed} of {} steps sampled by two weight versions",
         steps_n - 1
     );
+    // Old checkpoints are pruned (run.keep_checkpoints = 2 by default); the policy stays.
+    let mut kept: Vec<String> = std::fs::read_dir(out_dir.join("checkpoints"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    kept.sort();
+    assert_eq!(
+        kept,
+        [
+            format!("step-{:05}", steps_n - 2),
+            format!("step-{:05}", steps_n - 1)
+        ]
+    );
     // The samples trained on are exactly what the backend produced: loss tokens and their
     // logprobs are the recorded completion ids and logprobs.
     let samples = read_samples_parquet(Path::new(

@@ -33,6 +33,15 @@ pub struct RunSection {
     pub steps: usize,
     #[serde(default)]
     pub seed: u64,
+    /// Checkpoints kept in `<out_dir>/checkpoints` (each holds the weights and the optimizer
+    /// state); older ones are deleted once a newer step is finished. The current policy is
+    /// always kept. 0: keep every one.
+    #[serde(default = "default_keep_checkpoints")]
+    pub keep_checkpoints: usize,
+}
+
+fn default_keep_checkpoints() -> usize {
+    2
 }
 
 #[derive(Debug, Clone, Deserialize)]

@@ -641,7 +641,39 @@ async fn finish(
     ));
     state.next_step = step + 1;
     write_state(&cfg.run.out_dir, state)?;
+    prune_checkpoints(cfg, state);
     Ok(())
+}
+
+/// Deletes all but the newest `run.keep_checkpoints` step checkpoints, never the policy the
+/// run continues from (state.json, already written, names it).
+fn prune_checkpoints(cfg: &RlConfig, state: &State) {
+    let keep = cfg.run.keep_checkpoints;
+    let dir = cfg.run.out_dir.join("checkpoints");
+    if keep == 0 {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    let mut steps: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            p.file_name()
+                .and_then(|n| n.to_str())
+                .is_some_and(|n| n.starts_with("step-"))
+        })
+        .collect();
+    steps.sort();
+    let old = steps.len().saturating_sub(keep);
+    for p in &steps[..old] {
+        if state.policy.as_deref() == Some(p.as_path()) {
+            continue;
+        }
+        if let Err(e) = std::fs::remove_dir_all(p) {
+            tracing::warn!(checkpoint = %p.display(), error = %e, "could not delete an old checkpoint");
+        }
+    }
 }
 
 /// What to do with a group given its rewards so far: `Ok(indices)` to train on (into the
