@@ -462,8 +462,10 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
         &[],
     );
     let mut sids = vec![];
+    let mut bases = vec![];
     for _ in 0..2 {
         let (sid, base) = common::open_session(&gw.url).await;
+        bases.push(base.clone());
         for text in ["hello", "again"] {
             let r = http::post_json(
                 &format!("{base}/chat/completions"),
@@ -492,6 +494,58 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
         x[0], y[0],
         "two sessions share one backend while the other is idle"
     );
+
+    // Pausing one backend holds only the calls pinned to it.
+    let one = json!({"backend": x[0]});
+    let r = http::post_json(&format!("{}/graft/backend/pause", gw.url), &[], &one).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let url = format!("{}/chat/completions", bases[0]);
+    let held = tokio::spawn(async move {
+        http::post_json(
+            &url,
+            &[],
+            &json!({"model": "qwen3", "messages": [{"role": "user", "content": "held"}]}),
+        )
+        .await
+    });
+    let other = http::post_json(
+        &format!("{}/chat/completions", bases[1]),
+        &[],
+        &json!({"model": "qwen3", "messages": [{"role": "user", "content": "goes on"}]}),
+    )
+    .await;
+    assert_eq!(other.status, 200, "{}", other.text());
+    let status = http::get(&format!("{}/graft/backend/status", gw.url), &[])
+        .await
+        .json();
+    assert_eq!(status["paused_backends"], json!([x[0]]), "{status}");
+    // The scripted backend answers in milliseconds: a second is plenty to go through.
+    tokio::time::sleep(std::time::Duration::from_millis(1000)).await;
+    assert!(
+        !held.is_finished(),
+        "a call to the paused backend went through"
+    );
+    let r = http::post_json(&format!("{}/graft/backend/resume", gw.url), &[], &one).await;
+    assert_eq!(r.json()["was_paused"], true);
+    let r = held.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    // A backend the gateway does not have: a 400 that lists the ones it has.
+    let r = http::post_json(
+        &format!("{}/graft/backend/pause", gw.url),
+        &[],
+        &json!({"backend": "http://127.0.0.1:9"}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        msg.contains("http://127.0.0.1:9") && msg.contains(&y[0]),
+        "{msg}"
+    );
+    let status = http::get(&format!("{}/graft/backend/status", gw.url), &[])
+        .await
+        .json();
+    assert_eq!(status["paused"], false, "{status}");
 
     // /v1/completions has no conversation to render: refused with a message that says so.
     let r = http::post_json(

@@ -9,8 +9,8 @@
 //!
 //! A session is pinned to one backend (its first call picks the one with the fewest
 //! sessions), so the backend's prefix cache keeps serving it. `pause` holds new calls before
-//! they reach a backend and returns once the calls in flight are done; `resume` lets them go
-//! (weight updates happen in between: nothing is aborted).
+//! they reach a backend (one backend, or all) and returns once the calls in flight there are
+//! done; `resume` lets them go (weight updates happen in between: nothing is aborted).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -112,8 +112,10 @@ pub struct Exact {
     history: usize,
     history_budget: usize,
     sessions: Mutex<Histories>,
-    gate: Arc<RwLock<()>>,
-    paused: tokio::sync::Mutex<Option<OwnedRwLockWriteGuard<()>>>,
+    /// One gate per backend: a call holds its backend's for reading while the backend has
+    /// it; a pause takes it for writing.
+    gates: Vec<Arc<RwLock<()>>>,
+    paused: tokio::sync::Mutex<Vec<Option<OwnedRwLockWriteGuard<()>>>>,
 }
 
 impl Exact {
@@ -140,8 +142,12 @@ impl Exact {
             history: cfg.history_per_session,
             history_budget: cfg.history_max_tokens,
             sessions: Mutex::new(Histories::default()),
-            gate: Arc::new(RwLock::new(())),
-            paused: tokio::sync::Mutex::new(None),
+            gates: cfg
+                .backends
+                .iter()
+                .map(|_| Arc::new(RwLock::new(())))
+                .collect(),
+            paused: tokio::sync::Mutex::new(cfg.backends.iter().map(|_| None).collect()),
         })
     }
 
@@ -227,23 +233,52 @@ impl Exact {
         self.sessions.lock().map(|h| h.held).unwrap_or(0)
     }
 
-    /// Holds new calls and waits until the calls in flight are done. Returns how long that took.
-    pub async fn pause(&self) -> Duration {
+    /// The index of a configured backend, by its URL (a trailing `/` ignored).
+    pub fn backend_index(&self, url: &str) -> Option<usize> {
+        let url = url.trim_end_matches('/');
+        self.backends
+            .iter()
+            .position(|b| b.trim_end_matches('/') == url)
+    }
+
+    /// Holds new calls to `backend` (every backend when None) and waits until its calls in
+    /// flight are done. Calls pinned to other backends go on. Returns how long that took.
+    pub async fn pause(&self, backend: Option<usize>) -> Duration {
         let t = Instant::now();
         let mut paused = self.paused.lock().await;
-        if paused.is_none() {
-            *paused = Some(self.gate.clone().write_owned().await);
+        for (i, slot) in paused.iter_mut().enumerate() {
+            if backend.is_none_or(|b| b == i)
+                && slot.is_none()
+                && let Some(gate) = self.gates.get(i)
+            {
+                *slot = Some(gate.clone().write_owned().await);
+            }
         }
         t.elapsed()
     }
 
-    /// Lets held calls go. Returns whether the gateway was paused.
-    pub async fn resume(&self) -> bool {
-        self.paused.lock().await.take().is_some()
+    /// Lets held calls to `backend` (every backend when None) go. Returns whether any of
+    /// them was paused.
+    pub async fn resume(&self, backend: Option<usize>) -> bool {
+        let mut paused = self.paused.lock().await;
+        let mut was = false;
+        for (i, slot) in paused.iter_mut().enumerate() {
+            if backend.is_none_or(|b| b == i) {
+                was |= slot.take().is_some();
+            }
+        }
+        was
     }
 
-    pub async fn is_paused(&self) -> bool {
-        self.paused.lock().await.is_some()
+    /// The backends now paused.
+    pub async fn paused_backends(&self) -> Vec<String> {
+        let paused = self.paused.lock().await;
+        self.backends
+            .iter()
+            .zip(paused.iter())
+            .filter(|(_, p)| p.is_some())
+            .map(|(b, _)| b.clone())
+            .collect()
     }
 
     fn parser(&self, call_id: &str, starts_in_reasoning: bool, tools: &[Value]) -> OutputParser {
@@ -386,7 +421,11 @@ pub(crate) async fn handle(
         include_usage,
         created: now_us() / 1_000_000,
     };
-    let gate_lock = ex.gate.clone();
+    let gate_lock = ex
+        .gates
+        .get(backend_index)
+        .cloned()
+        .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
     let client = ex.client.clone();
     let timeout = ex.timeout;
     let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream = call.stream, mode = "exact");

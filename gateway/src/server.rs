@@ -587,7 +587,9 @@ fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), Gat
 
 /// Exact mode's backend control, for weight updates: `POST /graft/backend/pause` holds new
 /// calls and returns once the calls in flight are done; `POST /graft/backend/resume` lets
-/// them go; `GET /graft/backend` says which backends there are and whether calls are held.
+/// them go; both take an optional `{"backend": URL}` to act on one backend (calls pinned to
+/// the others go on); `GET /graft/backend/status` says which backends there are and which
+/// are paused.
 async fn backend_admin(
     state: &State,
     req: Request<Incoming>,
@@ -600,30 +602,68 @@ async fn backend_admin(
             "/graft/backend/* is for exact mode (the gateway calls the backend itself); this gateway runs in passthrough mode",
         ));
     };
-    match (req.method().clone(), path) {
+    let method = req.method().clone();
+    // `{"backend": URL}` picks one backend; no body, `{}` or no such key: all of them.
+    let target = if method == Method::POST {
+        let body = proxy::read_body(req.into_body(), 64 * 1024, state.cfg.body_timeout).await?;
+        let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            serde_json::from_slice(&body)
+                .map_err(|e| GatewayError::InvalidJson(format!("backend control body: {e}")))?
+        };
+        match v.get("backend") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(url)) => Some(ex.backend_index(url).ok_or_else(|| {
+                GatewayError::field(
+                    "backend",
+                    format!(
+                        "'{url}' is not one of this gateway's exact-mode backends: {}",
+                        ex.backends().join(", ")
+                    ),
+                )
+            })?),
+            Some(other) => {
+                return Err(GatewayError::field(
+                    "backend",
+                    format!("'backend' must be a backend URL (a string), got {other}"),
+                ));
+            }
+        }
+    } else {
+        None
+    };
+    let which = target
+        .and_then(|i| ex.backends().get(i).cloned())
+        .unwrap_or_else(|| "all".into());
+    match (method, path) {
         (Method::POST, "/graft/backend/pause") => {
-            let waited = ex.pause().await;
+            let waited = ex.pause(target).await;
             info!(
+                backend = %which,
                 waited_ms = waited.as_millis() as u64,
                 "exact mode paused: new calls wait"
             );
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"paused": true, "drained_in_ms": waited.as_secs_f64() * 1e3}),
+                &json!({"paused": true, "backend": which, "drained_in_ms": waited.as_secs_f64() * 1e3}),
             ))
         }
         (Method::POST, "/graft/backend/resume") => {
-            let was = ex.resume().await;
-            info!(was_paused = was, "exact mode resumed");
+            let was = ex.resume(target).await;
+            info!(backend = %which, was_paused = was, "exact mode resumed");
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"paused": false, "was_paused": was}),
+                &json!({"paused": false, "backend": which, "was_paused": was}),
             ))
         }
-        (Method::GET, "/graft/backend/status") => Ok(json_response(
-            StatusCode::OK,
-            &json!({"paused": ex.is_paused().await, "backends": ex.backends()}),
-        )),
+        (Method::GET, "/graft/backend/status") => {
+            let paused = ex.paused_backends().await;
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"paused": !paused.is_empty(), "paused_backends": paused, "backends": ex.backends()}),
+            ))
+        }
         (m, _) => Err(GatewayError::NotFound {
             method: m.to_string(),
             path: path.to_string(),

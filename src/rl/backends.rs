@@ -4,16 +4,17 @@
 //! Every `backend.health_interval_secs` each backend is asked `GET /health` and, once the
 //! run has pushed weights, `GET /get_model_info` (a restart quicker than the interval shows
 //! as the wrong `weight_version`). One that does not answer is waited for (up to
-//! `backend.restart_wait_secs`) while the gateway holds new calls (`/graft/backend/pause`),
-//! so rollouts that had not yet called it lose nothing but time. When it answers again, its
+//! `backend.restart_wait_secs`) while the gateway holds the new calls pinned to it
+//! (`/graft/backend/pause {"backend": URL}`; calls to the other backends go on), so
+//! rollouts that had not yet called it lose nothing but time. When it answers again, its
 //! `weight_version` is compared with the version the run last pushed: a restarted backend
 //! serves its start-up weights, so the policy's current checkpoint is pushed to it again
 //! before the gateway lets calls through. Each outage is an event in the step log
 //! (`backend_events`). Calls that were in flight when it went away fail; the gateway counts
 //! them per session and their rollouts are excluded (`Outcome::BackendFailed`).
 //!
-//! A push (after a training step) and the watchdog's recovery take the same lock, so the
-//! gateway is paused and resumed by one of them at a time.
+//! A push (after a training step) and the watchdog's recovery take the same lock, so a
+//! backend is paused and resumed by one of them at a time.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -56,9 +57,9 @@ impl Shared {
         guard(&self.events).push(v);
     }
 
-    /// Pushes `ckpt` as `version` to every backend while the gateway holds new calls. A
-    /// backend that fails the push is waited for (it may be restarting) and pushed again
-    /// once.
+    /// Pushes `ckpt` as `version` to every backend, one at a time, while the gateway holds
+    /// the calls pinned to that one. A backend that fails the push is waited for (it may be
+    /// restarting) and pushed again once.
     pub async fn push(
         &self,
         cfg: &RlConfig,
@@ -68,11 +69,12 @@ impl Shared {
         version: &str,
     ) -> anyhow::Result<()> {
         let _g = self.lock.lock().await;
-        gateway
-            .ok(Method::POST, "/graft/backend/pause", Some(&json!({})))
-            .await?;
-        let mut result = Ok(());
+        // One backend at a time: calls pinned to the others go on meanwhile.
         for b in backends {
+            let one = json!({"backend": b});
+            gateway
+                .ok(Method::POST, "/graft/backend/pause", Some(&one))
+                .await?;
             let mut r = push_one(b, ckpt, version).await;
             if let Err(e) = &r {
                 let first = format!("{e:#}");
@@ -84,16 +86,12 @@ impl Shared {
                         "first_error": first, "waited_secs": t.elapsed().as_secs_f64(), "ok": r.is_ok()}));
                 }
             }
-            if r.is_err() {
-                result = r;
-                break;
-            }
+            let resumed = gateway
+                .ok(Method::POST, "/graft/backend/resume", Some(&one))
+                .await;
+            r?;
+            resumed?;
         }
-        let resumed = gateway
-            .ok(Method::POST, "/graft/backend/resume", Some(&json!({})))
-            .await;
-        result?;
-        resumed?;
         self.set_expected(Some(ckpt.to_path_buf()), Some(version.to_string()));
         Ok(())
     }
@@ -195,7 +193,11 @@ async fn recover(
     if was_down {
         let paused = tokio::time::timeout(
             Duration::from_secs(30),
-            gateway.ok(Method::POST, "/graft/backend/pause", Some(&json!({}))),
+            gateway.ok(
+                Method::POST,
+                "/graft/backend/pause",
+                Some(&json!({"backend": backend})),
+            ),
         )
         .await;
         if !matches!(paused, Ok(Ok(_))) {
@@ -205,7 +207,7 @@ async fn recover(
     if was_down && !wait_healthy(backend, cfg.backend.restart_wait_secs).await {
         shared.event(json!({"backend": backend, "event": "did not come back",
             "gave_up_after_secs": since.elapsed().as_secs_f64()}));
-        resume(gateway).await;
+        resume(gateway, backend).await;
         return false;
     }
     let (ckpt, want) = guard(&shared.expected).clone();
@@ -223,14 +225,18 @@ async fn recover(
         shared.event(ev);
     }
     if was_down {
-        resume(gateway).await;
+        resume(gateway, backend).await;
     }
     true
 }
 
-async fn resume(gateway: &Api) {
+async fn resume(gateway: &Api, backend: &str) {
     if let Err(e) = gateway
-        .ok(Method::POST, "/graft/backend/resume", Some(&json!({})))
+        .ok(
+            Method::POST,
+            "/graft/backend/resume",
+            Some(&json!({"backend": backend})),
+        )
         .await
     {
         tracing::error!(error = %format!("{e:#}"), "the gateway could not be resumed after a backend outage");
