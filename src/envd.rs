@@ -122,6 +122,12 @@ fn workspace_path(path: &str) -> (String, Option<(String, String)>) {
     (p.split_whitespace().next().unwrap_or(p).to_owned(), None)
 }
 
+/// envd's harness injection wired to the repository's `harness-configs/` (`graft envd`,
+/// and the envd `graft rl` runs in process).
+pub fn harness_renderer() -> HarnessRenderer {
+    HarnessRenderer(std::sync::Arc::new(render_harness))
+}
+
 /// Fills a harness from `harness-configs/` for a sandbox (HOME is the workspace there).
 fn render_harness(r: &HarnessRequest) -> Result<RenderedHarness, String> {
     use crate::harness;
@@ -225,7 +231,7 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
         }
         cfg.kill_grace = Duration::from_secs_f64(v);
     }
-    cfg.harnesses = Some(HarnessRenderer(std::sync::Arc::new(render_harness)));
+    cfg.harnesses = Some(harness_renderer());
     let gateway = cfg.gateway;
     let envd = Envd::bind(cfg).await.context("envd could not start")?;
     tracing::info!(

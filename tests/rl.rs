@@ -151,6 +151,38 @@ fn rl_collects_rewarded_samples_in_sandboxes_and_resumes_after_the_last_step() {
     assert_eq!(common::records_show(&out_dir.join("data")).len(), 16);
 }
 
+/// `harness.name` picks an entry of `harness-configs/`: envd writes its config into each
+/// rollout's sandbox, pointed at that rollout's session (here Codex's `config.toml` under
+/// `CODEX_HOME`, and its key variable), and the harness command finds it there.
+#[test]
+fn rl_fills_a_named_harness_config_for_each_rollout() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let tasks = "{\"id\": \"configured\", \"prompt\": \"check\", \"reward\": {\"command\": \"test \\\"$(cat answer.txt)\\\" = ok\"}}\n";
+    let command = r#"f="$CODEX_HOME/config.toml"; grep -q "model_provider = \"graft\"" "$f" && grep -q "/s/$GRAFT_SESSION_ID/v1" "$f" && [ -n "$GRAFT_API_KEY" ] && echo ok > answer.txt; cat "$f""#;
+    let cfg = fault_config(dir.path(), &env, tasks, command, "");
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("[backend]", "name = \"codex\"\n\n[backend]");
+    std::fs::write(&cfg, text).unwrap();
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let s = &steps(&dir.path().join("out"))[0];
+    assert_eq!(s["reward_mean"], 1.0, "{s:#}");
+
+    // An unknown harness is refused before anything starts, naming the known ones.
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("name = \"codex\"", "name = \"nonesuch\"");
+    std::fs::write(&cfg, text).unwrap();
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(
+        out.contains("harness.name = \"nonesuch\"") && out.contains("codex"),
+        "{out}"
+    );
+}
+
 #[test]
 fn rl_refuses_a_bad_config_with_the_reason() {
     let dir = tempfile::tempdir().unwrap();

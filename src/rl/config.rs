@@ -73,6 +73,12 @@ pub struct HarnessSection {
     /// The model name the harness is told to use.
     #[serde(default = "default_model_name")]
     pub model: String,
+    /// An entry of `harness-configs/` (`codex`, `mini-swe-agent`, `aider`, ...): envd sets
+    /// its variables and writes its config files into the sandbox's workspace, pointed at the
+    /// rollout's session (e.g. Codex's `config.toml` under `CODEX_HOME`). `command` still
+    /// starts it.
+    #[serde(default)]
+    pub name: Option<String>,
 }
 
 fn default_harness_timeout() -> f64 {
@@ -325,6 +331,9 @@ impl RlConfig {
         let positive = |x: f64| x.is_finite() && x > 0.0;
         if !positive(self.harness.timeout_secs) || !positive(r.reward_timeout_secs) {
             bail!("harness.timeout_secs and rollout.reward_timeout_secs must be positive");
+        }
+        if let Some(name) = &self.harness.name {
+            crate::harness::find(name).with_context(|| format!("harness.name = \"{name}\""))?;
         }
         if !self.backend.exact {
             bail!(

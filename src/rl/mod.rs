@@ -230,6 +230,7 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
                 crate::envd::agent_command(None)?,
             );
             ecfg.gateway = Some(gw_addr);
+            ecfg.harnesses = Some(crate::envd::harness_renderer());
             if let Some(m) = cfg.envd.memory_mb {
                 ecfg.defaults.memory_mb = m;
             }

@@ -238,7 +238,8 @@ async fn create_sandbox(
         "env": env,
         "labels": {"task": task.id},
         "ttl_secs": (cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
-        "gateway_session": {"session_id": session_id, "api_key": api_key, "model": cfg.harness.model},
+        "gateway_session": {"session_id": session_id, "api_key": api_key, "model": cfg.harness.model,
+                            "harness": cfg.harness.name},
         "mounts": mounts,
     });
     if let Some(r) = &task.rootfs {
