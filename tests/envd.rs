@@ -28,10 +28,15 @@ struct Envd {
 
 impl Envd {
     fn start(args: &[&str]) -> Envd {
+        Self::start_at("data", args)
+    }
+
+    /// envd with its data dir at `sub` below a fresh temporary directory.
+    fn start_at(sub: &str, args: &[&str]) -> Envd {
         let dir = tempfile::tempdir().unwrap();
         // The sandbox user must be able to reach the workspaces below it.
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
-        let data = dir.path().join("data");
+        let data = dir.path().join(sub);
         let proc = Proc::envd(&data, KEY, args);
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
@@ -762,6 +767,23 @@ fn exec_cannot_touch_the_host_outside_its_workspace() {
     e.sh_ok(&other, "echo secret > s");
     let r = e.sh(&id, &format!("cat {data}/sandboxes/{other}/workspace/s"));
     assert_ne!(r["exit_code"], 0, "{r:#}");
+}
+
+/// A data dir deep enough that a sandbox's forward socket path is longer than a Unix socket
+/// address may be (108 bytes): the forward still works.
+#[test]
+fn the_gateway_forward_works_under_a_deep_data_dir() {
+    let stack = Stack::start();
+    let gw = stack.gateway.authority().to_owned();
+    let deep = format!("{}/data", "a-rather-long-folder-name".repeat(3));
+    let e = Envd::start_at(&deep, &["--gateway", &gw]);
+    assert!(e.data.as_os_str().len() > 60, "{}", e.data.display());
+    let id = e.create(json!({}));
+    let ok = e.sh_ok(&id, "curl -sS --max-time 20 $GRAFT_GATEWAY_URL/healthz");
+    assert!(
+        ok.contains("ok"),
+        "the gateway answers through the forward: {ok}"
+    );
 }
 
 #[test]

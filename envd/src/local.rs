@@ -364,8 +364,19 @@ impl LocalBackend {
         std::fs::create_dir(&run).map_err(io(format!("cannot create {}", run.display())))?;
         set_mode(&run, 0o755).map_err(io(format!("cannot chmod {}", run.display())))?;
         let sock = run.join("gateway.sock");
-        let listener = tokio::net::UnixListener::bind(&sock)
+        // A socket path must fit sun_path (108 bytes); a deep data dir does not. Bind through
+        // /proc/self/fd/<the run dir>/, which names the same place in a few bytes.
+        let run_fd =
+            std::fs::File::open(&run).map_err(io(format!("cannot open {}", run.display())))?;
+        let bind_at = if sock.as_os_str().len() < 100 {
+            sock.clone()
+        } else {
+            use std::os::fd::AsRawFd as _;
+            PathBuf::from(format!("/proc/self/fd/{}/gateway.sock", run_fd.as_raw_fd()))
+        };
+        let listener = tokio::net::UnixListener::bind(&bind_at)
             .map_err(io(format!("cannot listen on {}", sock.display())))?;
+        drop(run_fd);
         set_mode(&sock, 0o666).map_err(io(format!("cannot chmod {}", sock.display())))?;
         let id = p.id.clone();
         Ok(Some(tokio::spawn(async move {
