@@ -46,13 +46,7 @@ enabled = false
         out = dir.join("out").display(),
         tasks = ex.join("tasks.jsonl").display(),
         harness = ex.display(),
-        venv = env
-            .sandbox_python()
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .display(),
+        venv = env.sandbox_venv().display(),
         model = env.qwen3_dir().display(),
         script = ex.join("scripted.json").display(),
     );
@@ -347,13 +341,7 @@ enabled = false
         out = dir.join("out").display(),
         tasks = tasks_path.display(),
         harness = ex.display(),
-        venv = env
-            .sandbox_python()
-            .parent()
-            .unwrap()
-            .parent()
-            .unwrap()
-            .display(),
+        venv = env.sandbox_venv().display(),
         model = env.qwen3_dir().display(),
         script = ex.join("scripted.json").display(),
     );
@@ -632,13 +620,7 @@ max_staleness = 1
 [trainer]
 lr = 0.005
 "#,
-            venv = env
-                .sandbox_python()
-                .parent()
-                .unwrap()
-                .parent()
-                .unwrap()
-                .display(),
+            venv = env.sandbox_venv().display(),
             model = model.display(),
         ),
     )

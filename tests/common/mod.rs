@@ -124,6 +124,12 @@ impl TestEnv {
         p
     }
 
+    /// The sandbox venv's folder (what a harness mounts as its python).
+    pub fn sandbox_venv(&self) -> PathBuf {
+        self.sandbox_python();
+        self.root.join("sandbox")
+    }
+
     /// Python of the aider venv.
     pub fn aider_python(&self) -> PathBuf {
         self.root.join("aider").join("bin").join("python")
