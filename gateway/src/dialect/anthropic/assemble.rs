@@ -2,6 +2,9 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::dialect::StreamAssembler;
+use crate::sse::Event;
+
 /// Rebuilds the final `message` object from parsed stream events (the JSON of each `data:`
 /// line), the way the Anthropic SDKs accumulate a stream.
 #[derive(Debug, Default)]
@@ -158,5 +161,28 @@ impl AnthropicAssembler {
         }
         m.insert("content".into(), Value::Array(content));
         Some(Value::Object(m))
+    }
+}
+
+/// An Anthropic stream's last word is `message_stop`; the finish reason is the message's
+/// `stop_reason`.
+impl StreamAssembler for AnthropicAssembler {
+    fn push(&mut self, event: &Value) {
+        AnthropicAssembler::push(self, event);
+    }
+
+    fn is_terminal(&self, _ev: &Event, parsed: Option<&Value>) -> bool {
+        parsed.and_then(|v| v.get("type")).and_then(Value::as_str) == Some("message_stop")
+    }
+
+    fn finish(&self) -> Option<Value> {
+        AnthropicAssembler::finish(self)
+    }
+
+    fn finish_reason(&self, response: Option<&Value>) -> Option<String> {
+        response
+            .and_then(|r| r.get("stop_reason"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
     }
 }

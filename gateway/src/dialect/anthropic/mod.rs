@@ -25,3 +25,47 @@ pub use assemble::AnthropicAssembler;
 pub use render::{error_body, render_answer};
 pub use request::parse_request;
 pub use stream::{AnthropicStream, error_event, stream};
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::dialect::{Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter};
+use crate::error::GatewayError;
+
+/// Anthropic Messages (`/v1/messages`), with Anthropic's own error shapes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Anthropic;
+
+impl Dialect for Anthropic {
+    fn kind(&self) -> DialectKind {
+        DialectKind::AnthropicMessages
+    }
+
+    fn parse(&self, body: &Value) -> Result<Conversation, GatewayError> {
+        parse_request(body)
+    }
+
+    fn render(&self, conv: &Conversation, answer: &Answer, id: &str) -> Value {
+        render_answer(conv, answer, id)
+    }
+
+    fn emitter(&self, conv: &Conversation, id: &str, _created: i64) -> Box<dyn StreamEmitter> {
+        Box::new(stream(conv, id))
+    }
+
+    fn assembler(&self) -> Box<dyn StreamAssembler> {
+        Box::new(AnthropicAssembler::new())
+    }
+
+    fn error_body(&self, e: &GatewayError) -> Value {
+        error_body(e)
+    }
+
+    fn error_event(&self, e: &GatewayError, _response_id: &str) -> Bytes {
+        error_event(e)
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "msg_"
+    }
+}

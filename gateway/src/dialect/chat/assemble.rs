@@ -5,7 +5,8 @@
 use serde_json::{Map, Value, json};
 
 use super::render::parse_answer;
-use crate::dialect::{Answer, Delta, Finish};
+use crate::dialect::{Answer, Delta, Finish, StreamAssembler};
+use crate::sse::Event;
 
 /// Rebuilds a `chat.completion` (or `text_completion`) object from its streamed chunks.
 #[derive(Debug, Default)]
@@ -237,6 +238,25 @@ impl Assembler {
             out.insert("usage".into(), u.clone());
         }
         Value::Object(out)
+    }
+}
+
+/// The passthrough tee of Chat Completions and Completions streams: they end with `data: [DONE]`.
+impl StreamAssembler for Assembler {
+    fn push(&mut self, event: &Value) {
+        Assembler::push(self, event);
+    }
+
+    fn is_terminal(&self, ev: &Event, _parsed: Option<&Value>) -> bool {
+        ev.is_done()
+    }
+
+    fn finish(&self) -> Option<Value> {
+        (self.chunks > 0).then(|| Assembler::finish(self))
+    }
+
+    fn finish_reason(&self, _response: Option<&Value>) -> Option<String> {
+        Assembler::finish_reason(self)
     }
 }
 

@@ -286,6 +286,12 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         stream: obj.get("stream").and_then(Value::as_bool).unwrap_or(false),
         extra,
         notes,
+        include_usage: obj
+            .get("stream_options")
+            .and_then(|o| o.get("include_usage"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        prompt: None,
     })
 }
 

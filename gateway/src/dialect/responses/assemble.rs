@@ -5,6 +5,8 @@ use std::collections::{BTreeMap, HashMap};
 use serde_json::{Map, Value, json};
 
 use super::render::output_text_part;
+use crate::dialect::StreamAssembler;
+use crate::sse::Event;
 
 /// Rebuilds the final response object from Responses stream events (parsed JSON, in order).
 #[derive(Debug, Default, Clone)]
@@ -232,5 +234,31 @@ impl ResponsesAssembler {
             }
         }
         Some(Value::Object(resp))
+    }
+}
+
+/// A Responses stream's last word is its terminal event; the finish reason is the response's
+/// `status` (`completed`, `incomplete`, `failed`).
+impl StreamAssembler for ResponsesAssembler {
+    fn push(&mut self, event: &Value) {
+        ResponsesAssembler::push(self, event);
+    }
+
+    fn is_terminal(&self, _ev: &Event, parsed: Option<&Value>) -> bool {
+        matches!(
+            parsed.and_then(|v| v.get("type")).and_then(Value::as_str),
+            Some("response.completed" | "response.incomplete" | "response.failed")
+        )
+    }
+
+    fn finish(&self) -> Option<Value> {
+        ResponsesAssembler::finish(self)
+    }
+
+    fn finish_reason(&self, response: Option<&Value>) -> Option<String> {
+        response
+            .and_then(|r| r.get("status"))
+            .and_then(Value::as_str)
+            .map(str::to_string)
     }
 }

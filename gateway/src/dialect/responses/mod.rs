@@ -27,3 +27,47 @@ pub use assemble::ResponsesAssembler;
 pub use render::render_answer;
 pub use request::{CUSTOM_TOOLS_KEY, parse_request};
 pub use stream::{ResponsesStream, error_event, stream};
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::dialect::{Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter};
+use crate::error::GatewayError;
+
+/// OpenAI Responses (`/v1/responses`). The stream emitter stamps `created_at` itself.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Responses;
+
+impl Dialect for Responses {
+    fn kind(&self) -> DialectKind {
+        DialectKind::Responses
+    }
+
+    fn parse(&self, body: &Value) -> Result<Conversation, GatewayError> {
+        parse_request(body)
+    }
+
+    fn render(&self, conv: &Conversation, answer: &Answer, id: &str) -> Value {
+        render_answer(conv, answer, id)
+    }
+
+    fn emitter(&self, conv: &Conversation, id: &str, _created: i64) -> Box<dyn StreamEmitter> {
+        Box::new(stream(conv, id))
+    }
+
+    fn assembler(&self) -> Box<dyn StreamAssembler> {
+        Box::new(ResponsesAssembler::new())
+    }
+
+    fn error_body(&self, e: &GatewayError) -> Value {
+        e.body()
+    }
+
+    fn error_event(&self, e: &GatewayError, response_id: &str) -> Bytes {
+        error_event(e, response_id)
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "resp_"
+    }
+}
