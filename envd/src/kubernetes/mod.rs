@@ -15,28 +15,38 @@
 //!
 //! Readiness comes from one LIST+WATCH of the Pods with this envd's labels
 //! (`kube::runtime::watcher`, which lists again after a `410 Gone`); exec and files go to
-//! the agent at the Pod IP over HTTP with the sandbox's token ([`crate::agent_client`]).
+//! the agent at the Pod IP over HTTP with the sandbox's token ([`agent_client`]).
 //! The reaper lists the cluster every `reconcile_interval` and deletes Pods and
 //! NetworkPolicies of this instance that no sandbox in the registry owns (left by an
 //! earlier envd, or by a create that failed half-way).
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+pub mod agent_client;
+
+use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures_util::StreamExt;
+use futures_util::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::watcher;
 use serde_json::json;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 use tracing::{debug, info, warn};
 
+use crate::backend::{KnownIds, SandboxBackend};
 use crate::config::{EnvdConfig, KubeConfig};
 use crate::error::EnvdError;
-use crate::model::{Limits, NetworkPolicy};
+use crate::model::{
+    CreateSandbox, DirEntry, ExecSpec, JobInfo, Limits, NetworkPolicy, OutputEvent, SandboxSpec,
+    SnapshotInfo, WORKSPACE,
+};
+use agent_client::{AgentClient, Endpoint};
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const INSTANCE_LABEL: &str = "graft.dev/envd";
@@ -207,7 +217,16 @@ pub struct KubeBackend {
     lists: Arc<std::sync::atomic::AtomicU64>,
     watcher: tokio::task::JoinHandle<()>,
     last_reconcile: tokio::sync::Mutex<Option<Instant>>,
-    pub agent: crate::agent_client::AgentClient,
+    agent: AgentClient,
+    /// Sandbox id → its Pod, its token and the harness files still to write.
+    sandboxes: Mutex<HashMap<String, Arc<KubeEntry>>>,
+}
+
+/// What the backend keeps of one sandbox.
+struct KubeEntry {
+    sb: KubeSandbox,
+    /// Harness files to write through the agent once the Pod is ready.
+    pending_files: tokio::sync::Mutex<Vec<(PathBuf, String)>>,
 }
 
 impl Drop for KubeBackend {
@@ -266,7 +285,8 @@ impl KubeBackend {
             lists.clone(),
         ));
         KubeBackend {
-            agent: crate::agent_client::AgentClient::new(k.agent_port),
+            agent: AgentClient::new(k.agent_port),
+            sandboxes: Mutex::new(HashMap::new()),
             cfg,
             pods,
             policies,
@@ -320,7 +340,7 @@ impl KubeBackend {
             "--listen".to_owned(),
             format!("0.0.0.0:{}", k.agent_port),
             "--workspace".to_owned(),
-            crate::local::WORKSPACE.to_owned(),
+            WORKSPACE.to_owned(),
             "--sandbox-id".to_owned(),
             c.id.to_owned(),
             "--max-body-bytes".to_owned(),
@@ -352,7 +372,7 @@ impl KubeBackend {
             "name": "sandbox",
             "image": c.image,
             "command": args,
-            "workingDir": crate::local::WORKSPACE,
+            "workingDir": WORKSPACE,
             "env": [{"name": TOKEN_ENV, "value": token}],
             "ports": [{"name": "envd-agent", "containerPort": k.agent_port, "protocol": "TCP"}],
             "readinessProbe": {
@@ -364,7 +384,7 @@ impl KubeBackend {
             "securityContext": container_sc,
             "volumeMounts": [
                 {"name": "graft-agent", "mountPath": AGENT_DIR, "readOnly": true},
-                {"name": "workspace", "mountPath": crate::local::WORKSPACE},
+                {"name": "workspace", "mountPath": WORKSPACE},
             ],
         });
         if let Some(p) = &k.image_pull_policy {
@@ -438,7 +458,7 @@ impl KubeBackend {
 
     /// Creates the sandbox's NetworkPolicy, then its Pod (the policy first, so the Pod
     /// never runs without it). The Pod becomes ready later; [`Self::wait_ready`] waits.
-    pub async fn create(&self, c: KubeCreate<'_>) -> Result<KubeSandbox, EnvdError> {
+    pub async fn create_pod(&self, c: KubeCreate<'_>) -> Result<KubeSandbox, EnvdError> {
         check_id(c.id)?;
         let token = format!(
             "{}{}",
@@ -526,14 +546,83 @@ impl KubeBackend {
     }
 
     /// Deletes the sandbox's Pod and NetworkPolicy (already gone is fine).
-    pub async fn delete(&self, sb: &KubeSandbox) -> Result<(), EnvdError> {
-        let r = self.delete_objects(&sb.pod).await;
-        lock(&self.states).remove(&sb.id);
+    async fn delete_sandbox(&self, id: &str) -> Result<(), EnvdError> {
+        let entry = lock(&self.sandboxes)
+            .remove(id)
+            .ok_or_else(|| EnvdError::SandboxNotFound(id.to_owned()))?;
+        let r = self.delete_objects(&entry.sb.pod).await;
+        lock(&self.states).remove(id);
         r
     }
 
+    /// Makes the sandbox's Pod from the task's image (or `[kubernetes] default_image`);
+    /// its harness files are written through the agent once the Pod is ready.
+    async fn create_sandbox(&self, spec: SandboxSpec) -> Result<(), EnvdError> {
+        let image = spec
+            .image
+            .clone()
+            .or_else(|| self.kcfg().default_image.clone())
+            .ok_or_else(|| {
+                EnvdError::BadRequest(
+                    "`image` is required on the kubernetes backend (a registry reference such as python:3.12-slim); or set [kubernetes] default_image".to_owned(),
+                )
+            })?;
+        let sb = self
+            .create_pod(KubeCreate {
+                id: &spec.id,
+                image: &image,
+                limits: &spec.limits,
+                network: spec.network,
+                ttl: spec.ttl,
+            })
+            .await?;
+        let entry = KubeEntry {
+            sb,
+            pending_files: tokio::sync::Mutex::new(spec.files),
+        };
+        lock(&self.sandboxes).insert(spec.id, Arc::new(entry));
+        Ok(())
+    }
+
+    fn entry(&self, id: &str) -> Result<Arc<KubeEntry>, EnvdError> {
+        lock(&self.sandboxes)
+            .get(id)
+            .cloned()
+            .ok_or_else(|| EnvdError::SandboxNotFound(id.to_owned()))
+    }
+
+    /// Waits until the sandbox's Pod is ready (`ready_timeout` when `timeout` is None),
+    /// writes its pending harness files, and returns its agent's endpoint.
+    pub async fn endpoint(
+        &self,
+        id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<Endpoint, EnvdError> {
+        let entry = self.entry(id)?;
+        let timeout = timeout.unwrap_or(self.kcfg().ready_timeout);
+        let ip = self.wait_ready(id, timeout).await?;
+        let ep = Endpoint {
+            sandbox: id.to_owned(),
+            ip,
+            token: entry.sb.token.clone(),
+        };
+        let mut pending = entry.pending_files.lock().await;
+        while let Some((rel, body)) = pending.first() {
+            self.agent
+                .write(
+                    &ep,
+                    &rel.display().to_string(),
+                    Bytes::from(body.clone()),
+                    0o644,
+                )
+                .await?;
+            pending.remove(0);
+        }
+        Ok(ep)
+    }
+
     /// What the watch last saw of the sandbox's Pod.
-    pub fn state(&self, id: &str) -> PodState {
+    pub fn pod_state(&self, id: &str) -> PodState {
         lock(&self.states).get(id).cloned().unwrap_or_default()
     }
 
@@ -543,7 +632,7 @@ impl KubeBackend {
         let mut rx = self.changed.subscribe();
         let deadline = tokio::time::Instant::now() + timeout;
         loop {
-            let st = self.state(id);
+            let st = self.pod_state(id);
             if st.terminal() {
                 return Err(EnvdError::SandboxUnavailable {
                     id: id.to_owned(),
@@ -578,10 +667,10 @@ impl KubeBackend {
     /// Deletes Pods and NetworkPolicies of this instance that no sandbox owns, at most
     /// once per `reconcile_interval` unless `force`. `known` is read after the cluster was
     /// listed, so a sandbox created meanwhile is never taken for a leftover.
-    pub async fn reconcile(
+    async fn reconcile_cluster(
         &self,
         force: bool,
-        known: impl Fn() -> HashSet<String>,
+        known: KnownIds<'_>,
     ) -> Result<usize, EnvdError> {
         let mut last = self.last_reconcile.lock().await;
         if !force && last.is_some_and(|t| t.elapsed() < self.kcfg().reconcile_interval) {
@@ -635,6 +724,163 @@ impl KubeBackend {
             }
         }
         Ok(n)
+    }
+}
+
+impl SandboxBackend for KubeBackend {
+    fn name(&self) -> &'static str {
+        "kubernetes"
+    }
+
+    /// The kubelet enforces them (requests = limits; a pids limit is a node setting there,
+    /// not a Pod's).
+    fn limits_enforced(&self) -> bool {
+        true
+    }
+
+    fn check_create(&self, id: &str, req: &CreateSandbox) -> Result<(), EnvdError> {
+        check_id(id)?;
+        let local_only = [
+            ("rootfs", req.rootfs.is_some()),
+            ("mounts", !req.mounts.is_empty()),
+            ("from_snapshot", req.from_snapshot.is_some()),
+        ];
+        if let Some((field, _)) = local_only.iter().find(|(_, given)| *given) {
+            return Err(EnvdError::BadRequest(format!(
+                "`{field}` needs the local backend; on kubernetes a sandbox is a Pod: give `image` (a registry reference) and put what it needs into the image"
+            )));
+        }
+        Ok(())
+    }
+
+    fn create(&self, spec: SandboxSpec) -> BoxFuture<'_, Result<(), EnvdError>> {
+        Box::pin(self.create_sandbox(spec))
+    }
+
+    fn ready<'a>(
+        &'a self,
+        id: &'a str,
+        timeout: Option<Duration>,
+    ) -> BoxFuture<'a, Result<(), EnvdError>> {
+        Box::pin(async move { self.endpoint(id, timeout).await.map(|_| ()) })
+    }
+
+    fn state(&self, id: &str) -> &'static str {
+        self.pod_state(id).api_state()
+    }
+
+    fn processes(&self, _id: &str) -> Option<u64> {
+        None
+    }
+
+    /// The Pod's agent checks the cwd itself (the job fails with a clear error).
+    fn cwd_exists(&self, _id: &str, _rel: &Path) -> Result<bool, EnvdError> {
+        Ok(true)
+    }
+
+    fn exec<'a>(
+        &'a self,
+        id: &'a str,
+        job: &'a str,
+        spec: ExecSpec,
+        base: JobInfo,
+        events: broadcast::Sender<OutputEvent>,
+        kill: watch::Receiver<bool>,
+    ) -> BoxFuture<'a, JobInfo> {
+        Box::pin(async move {
+            let ep = match self.endpoint(id, None).await {
+                Ok(ep) => ep,
+                Err(e) => return base.failed(e.to_string()),
+            };
+            self.agent
+                .run(&ep, job, spec, self.cfg.kill_grace, base, events, kill)
+                .await
+        })
+    }
+
+    fn list_files<'a>(
+        &'a self,
+        id: &'a str,
+        rel: &'a Path,
+    ) -> BoxFuture<'a, Result<Vec<DirEntry>, EnvdError>> {
+        Box::pin(async move {
+            let ep = self.endpoint(id, None).await?;
+            self.agent.list(&ep, &rel.display().to_string()).await
+        })
+    }
+
+    fn read_file<'a>(
+        &'a self,
+        id: &'a str,
+        rel: &'a Path,
+        max: usize,
+    ) -> BoxFuture<'a, Result<Vec<u8>, EnvdError>> {
+        Box::pin(async move {
+            let ep = self.endpoint(id, None).await?;
+            match self.agent.read(&ep, &rel.display().to_string(), max).await {
+                Err(EnvdError::Agent {
+                    kind: "too_large", ..
+                }) => Err(EnvdError::TooLarge {
+                    limit: max,
+                    hint: "the file is larger than the files API's limit (--max-file-bytes); read it in parts with exec (e.g. `split`, `head -c`)",
+                }),
+                r => r,
+            }
+        })
+    }
+
+    fn write_file<'a>(
+        &'a self,
+        id: &'a str,
+        rel: &'a Path,
+        data: Bytes,
+        mode: u32,
+    ) -> BoxFuture<'a, Result<u64, EnvdError>> {
+        Box::pin(async move {
+            let ep = self.endpoint(id, None).await?;
+            self.agent
+                .write(&ep, &rel.display().to_string(), data, mode)
+                .await
+        })
+    }
+
+    fn remove_file<'a>(
+        &'a self,
+        id: &'a str,
+        rel: &'a Path,
+        recursive: bool,
+    ) -> BoxFuture<'a, Result<(), EnvdError>> {
+        Box::pin(async move {
+            let ep = self.endpoint(id, None).await?;
+            self.agent
+                .remove(&ep, &rel.display().to_string(), recursive)
+                .await
+        })
+    }
+
+    fn delete<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EnvdError>> {
+        Box::pin(self.delete_sandbox(id))
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        _id: &'a str,
+        _snapshot: &'a str,
+    ) -> BoxFuture<'a, Result<SnapshotInfo, EnvdError>> {
+        Box::pin(async {
+            Err(EnvdError::BadRequest(
+                "snapshots need the local backend (a Pod's workspace is an emptyDir on its node)"
+                    .to_owned(),
+            ))
+        })
+    }
+
+    fn reconcile<'a>(
+        &'a self,
+        force: bool,
+        known: KnownIds<'a>,
+    ) -> BoxFuture<'a, Result<usize, EnvdError>> {
+        Box::pin(self.reconcile_cluster(force, known))
     }
 }
 
