@@ -13,6 +13,10 @@
 //!   only to the gateway (network "gateway") or nothing (network "none")
 //! ```
 //!
+//! The objects and their rules are in `pod.rs`, the watch in `pod_watch.rs`, the agent's
+//! client in `agent_client.rs`; this file is the backend: create, readiness, exec and
+//! files through the agent, delete, reconcile.
+//!
 //! Readiness comes from one LIST+WATCH of the Pods with this envd's labels
 //! (`kube::runtime::watcher`, which lists again after a `410 Gone`); exec and files go to
 //! the agent at the Pod IP over HTTP with the sandbox's token ([`agent_client`]).
@@ -21,169 +25,37 @@
 //! earlier envd, or by a create that failed half-way).
 
 pub mod agent_client;
+mod pod;
+mod pod_watch;
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures_util::StreamExt;
 use futures_util::future::BoxFuture;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::networking::v1::NetworkPolicy as KubeNetworkPolicy;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use kube::runtime::watcher;
-use serde_json::json;
 use tokio::sync::{broadcast, watch};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use crate::backend::{KnownIds, SandboxBackend};
 use crate::config::{EnvdConfig, KubeConfig};
 use crate::error::EnvdError;
 use crate::model::{
-    CreateSandbox, DirEntry, ExecSpec, JobInfo, Limits, NetworkPolicy, OutputEvent, SandboxSpec,
-    SnapshotInfo, WORKSPACE,
+    CreateSandbox, DirEntry, ExecSpec, JobInfo, OutputEvent, SandboxSpec, SnapshotInfo,
 };
 use agent_client::{AgentClient, Endpoint};
+pub use pod::{KubeCreate, PodState, check_id, label_value_ok, pod_name};
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const INSTANCE_LABEL: &str = "graft.dev/envd";
 pub const SANDBOX_LABEL: &str = "graft.dev/sandbox";
-const AGENT_DIR: &str = "/.graft/bin";
-const AGENT_IN_POD: &str = "/.graft/bin/envd-agent";
-const TOKEN_ENV: &str = graft_envd_agent::server::TOKEN_ENV;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// A Kubernetes label value: at most 63 of `A-Za-z0-9-_.`, alphanumeric at both ends.
-pub fn label_value_ok(v: &str) -> bool {
-    let b = v.as_bytes();
-    !b.is_empty()
-        && b.len() <= 63
-        && b.iter()
-            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
-        && b[0].is_ascii_alphanumeric()
-        && b[b.len() - 1].is_ascii_alphanumeric()
-}
-
-/// A sandbox id that makes a valid Pod name and label: `graft-sbx-<id>` is a DNS label.
-pub fn check_id(id: &str) -> Result<(), EnvdError> {
-    let b = id.as_bytes();
-    let ok = !b.is_empty()
-        && b.len() <= 53
-        && b.iter()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
-        && b[0] != b'-'
-        && b[b.len() - 1] != b'-';
-    if ok {
-        Ok(())
-    } else {
-        Err(EnvdError::BadRequest(format!(
-            "id '{id}': on the kubernetes backend an id names a Pod, so use 1 to 53 of a-z, 0-9 and '-', not starting or ending with '-' (or leave `id` out)"
-        )))
-    }
-}
-
-pub fn pod_name(id: &str) -> String {
-    format!("graft-sbx-{id}")
-}
-
-/// What the watch last saw of a sandbox's Pod.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct PodState {
-    pub phase: String,
-    pub ready: bool,
-    pub ip: Option<String>,
-    /// Why it is not running (image pull errors, a failed init container, eviction).
-    pub reason: Option<String>,
-    /// Deleted from the cluster.
-    pub gone: bool,
-}
-
-impl PodState {
-    fn of(pod: &Pod) -> Self {
-        let Some(st) = &pod.status else {
-            return PodState {
-                phase: "Pending".to_owned(),
-                ..PodState::default()
-            };
-        };
-        let ready = st
-            .conditions
-            .as_ref()
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
-        let mut reasons = Vec::new();
-        if let Some(r) = &st.reason {
-            reasons.push(format!("{r}: {}", st.message.clone().unwrap_or_default()));
-        }
-        let statuses = st
-            .init_container_statuses
-            .iter()
-            .flatten()
-            .chain(st.container_statuses.iter().flatten());
-        for cs in statuses {
-            let Some(state) = &cs.state else { continue };
-            if let Some(w) = &state.waiting
-                && let Some(r) = &w.reason
-                && r != "ContainerCreating"
-                && r != "PodInitializing"
-            {
-                reasons.push(format!(
-                    "container {} is waiting: {r} {}",
-                    cs.name,
-                    w.message.clone().unwrap_or_default()
-                ));
-            }
-            if let Some(t) = &state.terminated
-                && t.exit_code != 0
-            {
-                reasons.push(format!(
-                    "container {} exited with {} ({})",
-                    cs.name,
-                    t.exit_code,
-                    t.reason.clone().unwrap_or_default()
-                ));
-            }
-        }
-        PodState {
-            phase: st.phase.clone().unwrap_or_else(|| "Pending".to_owned()),
-            ready,
-            ip: st.pod_ip.clone().filter(|ip| !ip.is_empty()),
-            reason: (!reasons.is_empty()).then(|| reasons.join("; ").trim().to_owned()),
-            gone: false,
-        }
-    }
-
-    fn terminal(&self) -> bool {
-        self.gone || self.phase == "Failed" || self.phase == "Succeeded"
-    }
-
-    /// `pending`, `ready` or `failed`, as the API reports a sandbox.
-    pub fn api_state(&self) -> &'static str {
-        if self.terminal() {
-            "failed"
-        } else if self.ready && self.ip.is_some() {
-            "ready"
-        } else {
-            "pending"
-        }
-    }
-
-    fn describe(&self) -> String {
-        let mut s = if self.gone {
-            "its Pod was deleted from the cluster".to_owned()
-        } else {
-            format!("its Pod is {}", self.phase)
-        };
-        if let Some(r) = &self.reason {
-            s.push_str(&format!(" ({r})"));
-        }
-        s
-    }
 }
 
 /// A sandbox on the cluster: its Pod's name and the token its agent wants.
@@ -192,15 +64,6 @@ pub struct KubeSandbox {
     pub id: String,
     pub pod: String,
     pub token: String,
-}
-
-/// What a create needs from the service.
-pub struct KubeCreate<'a> {
-    pub id: &'a str,
-    pub image: &'a str,
-    pub limits: &'a Limits,
-    pub network: NetworkPolicy,
-    pub ttl: Duration,
 }
 
 pub struct KubeBackend {
@@ -277,7 +140,7 @@ impl KubeBackend {
         let states = Arc::new(Mutex::new(HashMap::new()));
         let (changed, _) = watch::channel(0u64);
         let lists = Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let watcher = tokio::spawn(watch_pods(
+        let watcher = tokio::spawn(pod_watch::watch_pods(
             pods.clone(),
             selector.clone(),
             states.clone(),
@@ -311,149 +174,6 @@ impl KubeBackend {
 
     fn kcfg(&self) -> &KubeConfig {
         &self.cfg.kubernetes
-    }
-
-    fn labels(&self, id: &str) -> BTreeMap<String, String> {
-        BTreeMap::from([
-            (MANAGED_BY.to_owned(), "graft-envd".to_owned()),
-            (INSTANCE_LABEL.to_owned(), self.kcfg().instance.clone()),
-            (SANDBOX_LABEL.to_owned(), id.to_owned()),
-        ])
-    }
-
-    /// The sandbox's Pod.
-    pub fn pod_spec(&self, c: &KubeCreate<'_>, token: &str) -> serde_json::Value {
-        let k = self.kcfg();
-        let cpu = format!("{}m", ((c.limits.cpus * 1000.0).round() as u64).max(1));
-        let memory = format!("{}Mi", c.limits.memory_mb);
-        let resources = json!({
-            "requests": {"cpu": cpu, "memory": memory},
-            "limits": {"cpu": cpu, "memory": memory},
-        });
-        let mut container_sc = json!({"allowPrivilegeEscalation": false});
-        if k.drop_all_capabilities {
-            container_sc["capabilities"] = json!({"drop": ["ALL"]});
-        }
-        let mut args = vec![
-            AGENT_IN_POD.to_owned(),
-            "serve".to_owned(),
-            "--listen".to_owned(),
-            format!("0.0.0.0:{}", k.agent_port),
-            "--workspace".to_owned(),
-            WORKSPACE.to_owned(),
-            "--sandbox-id".to_owned(),
-            c.id.to_owned(),
-            "--max-body-bytes".to_owned(),
-            (self.cfg.max_file_bytes + 64 * 1024 + self.cfg.max_output_bytes).to_string(),
-        ];
-        if c.network == NetworkPolicy::Gateway
-            && let Some(gw) = self.cfg.gateway
-        {
-            args.push("--forward".to_owned());
-            args.push(format!("127.0.0.1:{}={gw}", self.cfg.sandbox_gateway_port));
-        }
-        let mut workspace = json!({"name": "workspace", "emptyDir": {}});
-        if let Some(mb) = k.workspace_size_mb {
-            workspace["emptyDir"]["sizeLimit"] = json!(format!("{mb}Mi"));
-        }
-        let mut pod_sc = json!({"seccompProfile": {"type": "RuntimeDefault"}});
-        if let Some(uid) = k.run_as_user {
-            pod_sc["runAsUser"] = json!(uid);
-        }
-        let mut init = json!({
-            "name": "envd-agent-install",
-            "image": k.agent_image,
-            "command": [k.agent_image_path, "install", AGENT_IN_POD],
-            "resources": resources,
-            "securityContext": container_sc,
-            "volumeMounts": [{"name": "graft-agent", "mountPath": AGENT_DIR}],
-        });
-        let mut main = json!({
-            "name": "sandbox",
-            "image": c.image,
-            "command": args,
-            "workingDir": WORKSPACE,
-            "env": [{"name": TOKEN_ENV, "value": token}],
-            "ports": [{"name": "envd-agent", "containerPort": k.agent_port, "protocol": "TCP"}],
-            "readinessProbe": {
-                "httpGet": {"path": "/healthz", "port": k.agent_port},
-                "periodSeconds": 1,
-                "failureThreshold": 3,
-            },
-            "resources": resources,
-            "securityContext": container_sc,
-            "volumeMounts": [
-                {"name": "graft-agent", "mountPath": AGENT_DIR, "readOnly": true},
-                {"name": "workspace", "mountPath": WORKSPACE},
-            ],
-        });
-        if let Some(p) = &k.image_pull_policy {
-            init["imagePullPolicy"] = json!(p);
-            main["imagePullPolicy"] = json!(p);
-        }
-        let mut spec = json!({
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": false,
-            "enableServiceLinks": false,
-            "terminationGracePeriodSeconds": 1,
-            "hostname": "sandbox",
-            "securityContext": pod_sc,
-            "initContainers": [init],
-            "containers": [main],
-            "volumes": [{"name": "graft-agent", "emptyDir": {}}, workspace],
-        });
-        if let Some(rc) = &k.runtime_class {
-            spec["runtimeClassName"] = json!(rc);
-        }
-        json!({
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {
-                "name": pod_name(c.id),
-                "labels": self.labels(c.id),
-                "annotations": {"graft.dev/ttl-secs": c.ttl.as_secs().to_string()},
-            },
-            "spec": spec,
-        })
-    }
-
-    /// The sandbox's NetworkPolicy: ingress to the agent port from envd only; egress to the
-    /// gateway's port (network "gateway") or nowhere (network "none").
-    pub fn network_policy(&self, id: &str, network: NetworkPolicy) -> serde_json::Value {
-        let k = self.kcfg();
-        let mut ingress = json!({"ports": [{"protocol": "TCP", "port": k.agent_port}]});
-        if !k.envd_pod_labels.is_empty() {
-            ingress["from"] = json!([{"podSelector": {"matchLabels": k.envd_pod_labels}}]);
-        }
-        let egress = match (network, self.cfg.gateway) {
-            (NetworkPolicy::Gateway, Some(gw)) => {
-                let peer = if k.gateway_pod_labels.is_empty() {
-                    json!({"ipBlock": {"cidr": cidr(gw)}})
-                } else {
-                    let mut p = json!({"podSelector": {"matchLabels": k.gateway_pod_labels}});
-                    if !k.gateway_namespace_labels.is_empty() {
-                        p["namespaceSelector"] = json!({"matchLabels": k.gateway_namespace_labels});
-                    }
-                    p
-                };
-                json!([{"to": [peer], "ports": [{"protocol": "TCP", "port": gw.port()}]}])
-            }
-            _ => json!([]),
-        };
-        json!({
-            "apiVersion": "networking.k8s.io/v1",
-            "kind": "NetworkPolicy",
-            "metadata": {"name": pod_name(id), "labels": self.labels(id)},
-            "spec": {
-                "podSelector": {"matchLabels": {
-                    INSTANCE_LABEL: k.instance,
-                    SANDBOX_LABEL: id,
-                }},
-                "policyTypes": ["Ingress", "Egress"],
-                "ingress": [ingress],
-                "egress": egress,
-            },
-        })
     }
 
     /// Creates the sandbox's NetworkPolicy, then its Pod (the policy first, so the Pod
@@ -881,140 +601,5 @@ impl SandboxBackend for KubeBackend {
         known: KnownIds<'a>,
     ) -> BoxFuture<'a, Result<usize, EnvdError>> {
         Box::pin(self.reconcile_cluster(force, known))
-    }
-}
-
-fn cidr(a: SocketAddr) -> String {
-    match a {
-        SocketAddr::V4(v) => format!("{}/32", v.ip()),
-        SocketAddr::V6(v) => format!("{}/128", v.ip()),
-    }
-}
-
-/// The Pod watch: LIST, then WATCH from the list's resourceVersion; the watcher lists
-/// again after `410 Gone` (an expired resourceVersion) or a broken stream. A re-list
-/// replaces every state, so a Pod deleted while the watch was down is seen as gone.
-async fn watch_pods(
-    api: Api<Pod>,
-    selector: String,
-    states: Arc<Mutex<HashMap<String, PodState>>>,
-    changed: watch::Sender<u64>,
-    lists: Arc<std::sync::atomic::AtomicU64>,
-) {
-    let cfg = watcher::Config::default().labels(&selector);
-    let mut stream = watcher::watcher(api, cfg).boxed();
-    let mut listing: Option<HashMap<String, PodState>> = None;
-    let mut backoff = Duration::from_millis(100);
-    let id_of = |p: &Pod| {
-        p.metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SANDBOX_LABEL))
-            .cloned()
-    };
-    let bump = || changed.send_modify(|n| *n += 1);
-    while let Some(ev) = stream.next().await {
-        match ev {
-            Ok(watcher::Event::Init) => listing = Some(HashMap::new()),
-            Ok(watcher::Event::InitApply(p)) => {
-                if let (Some(l), Some(id)) = (listing.as_mut(), id_of(&p)) {
-                    l.insert(id, PodState::of(&p));
-                }
-            }
-            Ok(watcher::Event::InitDone) => {
-                let listed = listing.take().unwrap_or_default();
-                {
-                    let mut s = lock(&states);
-                    for (id, st) in s.iter_mut() {
-                        match listed.get(id) {
-                            Some(new) => *st = new.clone(),
-                            // Listed before: its Pod is gone now. Never seen: its create
-                            // may still be on the way.
-                            None if !st.phase.is_empty() && st.phase != "Pending" => {
-                                st.gone = true;
-                            }
-                            None => {}
-                        }
-                    }
-                    for (id, st) in listed {
-                        s.entry(id).or_insert(st);
-                    }
-                }
-                lists.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                debug!("sandbox Pods listed");
-                bump();
-                backoff = Duration::from_millis(100);
-            }
-            Ok(watcher::Event::Apply(p)) => {
-                if let Some(id) = id_of(&p) {
-                    lock(&states).insert(id, PodState::of(&p));
-                    bump();
-                }
-                backoff = Duration::from_millis(100);
-            }
-            Ok(watcher::Event::Delete(p)) => {
-                if let Some(id) = id_of(&p)
-                    && let Some(st) = lock(&states).get_mut(&id)
-                {
-                    st.gone = true;
-                    bump();
-                }
-            }
-            Err(e) => {
-                // A 410 lands here too; the watcher lists again on the next poll.
-                warn!(error = %e, "the sandbox Pod watch failed; listing again");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ids_and_label_values_follow_kubernetes_rules() {
-        for ok in ["a", "sb-1", "0123456789abcdef0123456789abcdef"] {
-            assert!(check_id(ok).is_ok(), "{ok}");
-        }
-        for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"a".repeat(54)] {
-            assert!(check_id(bad).is_err(), "{bad}");
-        }
-        assert!(label_value_ok("envd-1.a_b"));
-        for bad in ["", "-x", "x.", &"x".repeat(64)] {
-            assert!(!label_value_ok(bad), "{bad}");
-        }
-    }
-
-    #[test]
-    fn pod_state_reads_readiness_and_reasons_from_the_status() {
-        let pod = |status: serde_json::Value| -> Pod {
-            serde_json::from_value(serde_json::json!({"metadata": {"name": "p"}, "status": status}))
-                .unwrap()
-        };
-        let s = PodState::of(&pod(serde_json::json!({
-            "phase": "Running", "podIP": "10.1.2.3",
-            "conditions": [{"type": "Ready", "status": "True"}]
-        })));
-        assert_eq!(
-            (s.api_state(), s.ip.as_deref()),
-            ("ready", Some("10.1.2.3"))
-        );
-        let s = PodState::of(&pod(serde_json::json!({
-            "phase": "Running", "podIP": "10.1.2.3",
-            "conditions": [{"type": "Ready", "status": "False"}]
-        })));
-        assert_eq!(s.api_state(), "pending");
-        let s = PodState::of(&pod(
-            serde_json::json!({"phase": "Failed", "reason": "Evicted", "message": "low on memory"}),
-        ));
-        assert_eq!(s.api_state(), "failed");
-        assert!(
-            s.describe().contains("Evicted: low on memory"),
-            "{}",
-            s.describe()
-        );
     }
 }
