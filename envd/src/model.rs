@@ -218,8 +218,9 @@ impl JobInfo {
 
 /// A create the service has checked (id, limits, TTL, network, harness files), for a
 /// backend to make. The backend-specific fields (`image`, `rootfs`, `mounts`,
-/// `from_snapshot`) are the request's, for the backend to check and use or refuse.
-#[derive(Debug, Clone)]
+/// `from_snapshot`) are the request's, for the backend to check and use or refuse. Not
+/// `Debug`: the harness files carry the session's key.
+#[derive(Clone)]
 pub struct SandboxSpec {
     pub id: String,
     pub limits: Limits,
