@@ -561,22 +561,16 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
         .json();
     assert_eq!(status["paused"], false, "{status}");
 
-    // /v1/completions has no conversation to render: refused with a message that says so.
+    // /v1/completions is served in exact mode (raw text, tokenized as is), but what one
+    // choice per call cannot hold is refused with a message naming the field.
     let r = http::post_json(
         &format!("{}/v1/completions", gw.url),
         &[],
-        &json!({"model": "qwen3", "prompt": "hi"}),
+        &json!({"model": "qwen3", "prompt": ["one", "two"]}),
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("exact mode"),
-        "{}",
-        r.text()
-    );
+    assert_eq!(r.json()["error"]["param"], "prompt", "{}", r.text());
     // A backend that is down: a 502 in the client's dialect, recorded; the gateway stays up.
     drop(b);
     drop(a);

@@ -163,7 +163,9 @@ pub(crate) trait Answering: Send {
     /// emitter writes the client's events).
     fn relays(&self) -> bool;
     /// Whether an answer with this status and content type is read as an event stream.
-    fn streams(&self, status: StatusCode, is_sse: bool) -> bool;
+    fn streams(&self, status: StatusCode, is_sse: bool) -> bool {
+        status.is_success() && is_sse
+    }
     /// One upstream event (its JSON parsed unless it is `[DONE]`).
     fn event(
         &mut self,
@@ -185,6 +187,28 @@ pub(crate) trait Answering: Send {
         bytes: bytes::Bytes,
         o: &mut Outcome,
     ) -> Result<Whole, GatewayError>;
+}
+
+/// The JSON of an upstream event that carries answer content: `None` for `[DONE]` and for
+/// events without data; an error event becomes the error that ends the stream.
+pub(crate) fn content_event<'a>(
+    ev: &Event,
+    parsed: Option<&'a mut Value>,
+    upstream: &str,
+) -> Result<Option<&'a mut Value>, GatewayError> {
+    if ev.is_done() {
+        return Ok(None);
+    }
+    let Some(v) = parsed else {
+        return Ok(None);
+    };
+    if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
+        return Err(GatewayError::UpstreamStream {
+            upstream: upstream.to_string(),
+            detail: format!("the upstream sent an error event: {err}"),
+        });
+    }
+    Ok(Some(v))
 }
 
 impl Leg {

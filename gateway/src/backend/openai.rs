@@ -265,10 +265,6 @@ impl Answering for Passthrough {
         true
     }
 
-    fn streams(&self, status: StatusCode, is_sse: bool) -> bool {
-        status.is_success() && is_sse
-    }
-
     fn event(
         &mut self,
         ev: &mut Event,

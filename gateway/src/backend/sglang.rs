@@ -29,7 +29,7 @@ use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 use tracing::{info, warn};
 
-use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole};
+use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
 use crate::config::{BackendHttp, ExactConfig};
 use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall};
 use crate::error::GatewayError;
@@ -687,18 +687,9 @@ impl Answering for Generate {
         _o: &mut Outcome,
     ) -> Result<Piece, GatewayError> {
         self.events += 1;
-        if ev.is_done() {
-            return Ok(Piece::Skip);
-        }
-        let Some(v) = parsed else {
+        let Some(v) = content_event(ev, parsed, &self.backend)? else {
             return Ok(Piece::Skip);
         };
-        if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(GatewayError::UpstreamStream {
-                upstream: self.backend.clone(),
-                detail: format!("the backend sent an error event: {err}"),
-            });
-        }
         let new = self
             .progress
             .push(v)

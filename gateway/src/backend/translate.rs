@@ -8,7 +8,7 @@ use http::{HeaderValue, StatusCode};
 use serde_json::Value;
 
 use super::openai::finish_capture;
-use super::{Answering, Finished, Piece, Whole};
+use super::{Answering, Finished, Piece, Whole, content_event};
 use crate::dialect::Delta;
 use crate::dialect::Finish;
 use crate::dialect::chat::{self, ChunkReader};
@@ -58,10 +58,6 @@ impl Answering for Translate {
         false
     }
 
-    fn streams(&self, status: StatusCode, is_sse: bool) -> bool {
-        status.is_success() && is_sse
-    }
-
     fn event(
         &mut self,
         ev: &mut Event,
@@ -69,19 +65,10 @@ impl Answering for Translate {
         _o: &mut Outcome,
     ) -> Result<Piece, GatewayError> {
         self.events += 1;
-        if ev.is_done() {
-            self.saw_done = true;
-            return Ok(Piece::Skip);
-        }
-        let Some(v) = parsed else {
+        self.saw_done |= ev.is_done();
+        let Some(v) = content_event(ev, parsed, &self.upstream)? else {
             return Ok(Piece::Skip);
         };
-        if let Some(err) = v.get("error").filter(|e| !e.is_null()) {
-            return Err(GatewayError::UpstreamStream {
-                upstream: self.upstream.clone(),
-                detail: format!("the upstream sent an error event: {err}"),
-            });
-        }
         self.capture.push(v);
         Ok(Piece::Deltas {
             deltas: self.reader.push(v),
