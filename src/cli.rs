@@ -62,10 +62,13 @@ impl Command {
     /// `graft demo` (which talks to a person).
     fn is_demo(&self) -> bool {
         #[cfg(feature = "testkit")]
-        if matches!(self, Command::Demo(_)) {
-            return true;
+        {
+            matches!(self, Command::Demo(_))
         }
-        false
+        #[cfg(not(feature = "testkit"))]
+        {
+            false
+        }
     }
 }
 

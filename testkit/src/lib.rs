@@ -11,7 +11,7 @@
 //!
 //! What it says is chosen by [`Script`] rules matched against the request (see
 //! [`Rule`]); with no matching rule it echoes `You said: <last user text>`.
-//! Faults are chosen by the request's `model` field (see [`faults`]), because the gateway
+//! Faults are chosen by the request's `model` field (see `faults.rs`), because the gateway
 //! forwards request bodies unchanged.
 //!
 //! With `--tokenizer DIR` (a HF model directory) it also answers like vLLM does to
@@ -21,11 +21,11 @@
 //! the Hermes `<tool_call>` form Qwen3 uses, then the end-of-turn token), split across SSE
 //! chunks along with the text, and each logprob is `-(id % 97) / 100`. Usage then counts
 //! those tokens. Without `--tokenizer` nothing of this happens. It then also serves SGLang's
-//! native `/generate` and control routes ([`sglang`], in `graft-wire`'s types).
+//! native `/generate` and control routes (`sglang.rs`, in `graft-wire`'s types).
 //!
-//! Layout: [`script`] (the script file and what it looks at in a request), [`openai`] (Chat
-//! Completions and Completions answers, JSON and SSE), [`sglang`] (the SGLang-native side),
-//! [`tokens`] (token ids with `--tokenizer`), [`faults`], `server` (the accept loop, routing,
+//! Layout: [`script`] (the script file and what it looks at in a request), `openai` (Chat
+//! Completions and Completions answers, JSON and SSE), `sglang` (the SGLang-native side),
+//! [`tokens`] (token ids with `--tokenizer`), `faults`, `server` (the accept loop, routing,
 //! the SSE body).
 
 use std::net::SocketAddr;
@@ -36,11 +36,11 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
-pub mod faults;
-pub mod openai;
+mod faults;
+mod openai;
 pub mod script;
 mod server;
-pub mod sglang;
+mod sglang;
 #[cfg(test)]
 mod tests;
 pub mod tokens;

@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 
 use crate::ARGUMENT_PIECES;
 use crate::script::{Prompt, Reply, ScriptToolCall, count_words};
-use crate::tokens::{TokenAnswer, scripted_logprob};
+use crate::tokens::TokenAnswer;
 
 pub(crate) struct Meta {
     pub(crate) id: u64,

@@ -86,7 +86,7 @@ pub(crate) enum Dialect {
 pub(crate) struct Abort;
 
 impl std::fmt::Display for Abort {
-    pub(crate) fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str("scripted-upstream: connection aborted on purpose (fault-reset)")
     }
 }
@@ -378,7 +378,7 @@ impl Body for SseBody {
     type Data = Bytes;
     type Error = std::io::Error;
 
-    pub(crate) fn poll_frame(
+    fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
@@ -419,11 +419,11 @@ impl Body for SseBody {
         }
     }
 
-    pub(crate) fn is_end_stream(&self) -> bool {
+    fn is_end_stream(&self) -> bool {
         self.events.len() == 0 && self.abort_after.is_none()
     }
 
-    pub(crate) fn size_hint(&self) -> SizeHint {
+    fn size_hint(&self) -> SizeHint {
         // Unknown on purpose: SSE goes out chunked.
         SizeHint::default()
     }

@@ -5,6 +5,7 @@ use anyhow::Context as _;
 use serde_json::{Value, json};
 
 use crate::openai::{Meta, Piece, chat_pieces, completion_pieces};
+use crate::script::Reply;
 use crate::server::Dialect;
 
 /// A model's chat template and tokenizer, for answering like vLLM with token ids.
