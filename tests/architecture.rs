@@ -14,11 +14,29 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// The host's target triple (`rustc -vV`), so `cargo metadata` reads only the packages this
+/// platform builds (and needs none it has not downloaded).
+fn host() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let out = Command::new(rustc)
+        .arg("-vV")
+        .current_dir(root())
+        .output()
+        .expect("rustc -vV runs");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .expect("rustc -vV names the host")
+        .trim()
+        .to_owned()
+}
+
 /// `cargo metadata` of the workspace, default features (what `cargo build` builds).
 fn metadata() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline"])
+        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform"])
+        .arg(host())
         .current_dir(root())
         .output()
         .expect("cargo metadata runs");
