@@ -3,6 +3,7 @@
 //!     Workspace table in `docs/ARCHITECTURE.md` ("may depend on"), no more, no fewer;
 //! (b) the default `graft` build (default features) does not contain the scripted upstream
 //!     (`graft-testkit`), not even through another crate.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
@@ -35,7 +36,13 @@ fn host() -> String {
 fn metadata() -> Value {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
     let out = Command::new(cargo)
-        .args(["metadata", "--format-version", "1", "--offline", "--filter-platform"])
+        .args([
+            "metadata",
+            "--format-version",
+            "1",
+            "--offline",
+            "--filter-platform",
+        ])
         .arg(host())
         .current_dir(root())
         .output()
