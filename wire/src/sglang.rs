@@ -451,8 +451,9 @@ pub struct ModelInfo {
     pub paused: Option<bool>,
 }
 
-/// SGLang's error body (`create_error_response` in its OpenAI-compatible layer, also used by
-/// the native routes): `{"object": "error", "message", "type", "param", "code"}`.
+/// An error body in the shape of SGLang's `ErrorResponse` (its OpenAI-compatible protocol
+/// module): `{"object": "error", "message", "type", "param", "code"}`. `graft serve` and the
+/// scripted upstream answer their errors so.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorResponse {
     #[serde(default = "error_object")]
