@@ -194,9 +194,9 @@ pub fn gateway_config(args: &GatewayArgs) -> anyhow::Result<GatewayConfig> {
 
 async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
     let cfg = gateway_config(&args)?;
-    let data_dir = cfg.data_dir.clone();
-    let durability = cfg.durability;
-    let upstream = cfg.upstream_url.clone();
+    let data_dir = cfg.recorder.data_dir.clone();
+    let durability = cfg.recorder.durability;
+    let upstream = cfg.backend.describe();
     let gw = Gateway::bind(cfg)
         .await
         .context("the gateway could not start")?;

@@ -395,11 +395,25 @@ async fn pause_holds_new_calls_until_resume_and_waits_for_calls_in_flight() {
     });
     let paused = http::post_json(&format!("{gw}/graft/backend/pause"), &[], &json!({})).await;
     assert_eq!(paused.status, 200, "{}", paused.text());
-    assert!(reader.is_finished() || reader.await.is_ok());
-    // The call in flight completed and was recorded before pause returned.
+    // The call in flight completed and was recorded before pause returned: its record is
+    // read now, before anything waits for the stream (the story takes seconds to stream, so
+    // a pause that returned early finds no record here).
     let recs = common::records_show(&s.data);
-    assert_eq!(recs.iter().filter(|r| r["session_id"] == sid).count(), 1);
+    assert_eq!(
+        recs.iter().filter(|r| r["session_id"] == sid).count(),
+        1,
+        "pause returned before the call in flight was done"
+    );
     assert_eq!(recs[0]["outcome"], "ok");
+    assert!(
+        paused.json()["drained_in_ms"].as_f64().unwrap() > 200.0,
+        "{}",
+        paused.text()
+    );
+    assert!(
+        reader.await.unwrap() > 1,
+        "the stream in flight ended without [DONE]"
+    );
 
     // While paused a new call waits.
     let url = format!("{base}/chat/completions");
@@ -547,22 +561,16 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
         .json();
     assert_eq!(status["paused"], false, "{status}");
 
-    // /v1/completions has no conversation to render: refused with a message that says so.
+    // /v1/completions is served in exact mode (raw text, tokenized as is), but what one
+    // choice per call cannot hold is refused with a message naming the field.
     let r = http::post_json(
         &format!("{}/v1/completions", gw.url),
         &[],
-        &json!({"model": "qwen3", "prompt": "hi"}),
+        &json!({"model": "qwen3", "prompt": ["one", "two"]}),
     )
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
-    assert!(
-        r.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("exact mode"),
-        "{}",
-        r.text()
-    );
+    assert_eq!(r.json()["error"]["param"], "prompt", "{}", r.text());
     // A backend that is down: a 502 in the client's dialect, recorded; the gateway stays up.
     drop(b);
     drop(a);
@@ -781,4 +789,86 @@ async fn backend_faults_get_clear_errors_in_the_clients_dialect_and_lose_nothing
         .find(|r| r["request"]["messages"][0]["content"] == "graft-fault-reset")
         .unwrap();
     assert!(!ids(&reset["completion_token_ids"]).is_empty(), "{reset:#}");
+}
+
+/// Completions in exact mode (a fourth dialect on the same pipeline): the raw prompt is
+/// tokenized as it is (no chat template), the answer comes back as `text_completion` to the
+/// openai SDK, whole and streamed, and the record holds exactly the ids sent and sampled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completions_in_exact_mode_send_the_raw_prompt_ids_through_the_openai_sdk() {
+    let s = start(SCRIPT, &[], &[]);
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let target = common::Target {
+        base_url: base.clone(),
+        session_header: None,
+        api_key: "sk-graft-test".into(),
+        model: "qwen3".into(),
+    };
+    let out = tokio::task::spawn_blocking(move || {
+        TestEnv::get().py_client("openai_sdk.py", &["completions"], &target)
+    })
+    .await
+    .unwrap();
+    let prompt = "graft-completion: Once upon a time";
+    assert_eq!(out["object"], "text_completion", "{out:#}");
+    assert_eq!(out["content"], format!("You said: {prompt}"), "{out:#}");
+    assert_eq!(out["finish_reason"], "stop", "{out:#}");
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let prompt_ids = tok.encode(prompt).unwrap();
+    assert_eq!(out["usage"]["prompt_tokens"], prompt_ids.len(), "{out:#}");
+
+    // Streamed, by hand: text_completion chunks, the finish reason last, then [DONE].
+    let r = http::post_json(
+        &format!("{base}/completions"),
+        &[],
+        &json!({"model": "qwen3", "prompt": "say it streamed", "stream": true}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    assert!(chunks.len() > 2, "{chunks:#?}");
+    assert!(
+        chunks.iter().all(|c| c["object"] == "text_completion"),
+        "{chunks:#?}"
+    );
+    let text: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["text"].as_str())
+        .collect();
+    assert_eq!(text, "You said: say it streamed");
+    assert_eq!(
+        chunks
+            .iter()
+            .rev()
+            .find_map(|c| c["choices"][0]["finish_reason"].as_str()),
+        Some("stop")
+    );
+
+    let recs = common::records_show(&s.data);
+    let recs: Vec<&Value> = recs.iter().filter(|r| r["session_id"] == sid).collect();
+    assert_eq!(recs.len(), 2);
+    for (r, (p, said)) in recs.iter().zip([
+        (prompt, out["content"].as_str().unwrap()),
+        ("say it streamed", "You said: say it streamed"),
+    ]) {
+        assert_eq!(r["dialect"], "completions", "{r:#}");
+        assert_eq!(r["upstream_dialect"], "sglang_generate");
+        assert_eq!(r["outcome"], "ok", "{r:#}");
+        // The prompt ids are the raw text's, with no template around them.
+        assert_eq!(ids(&r["prompt_token_ids"]), tok.encode(p).unwrap(), "{r:#}");
+        let completion = ids(&r["completion_token_ids"]);
+        assert_eq!(
+            tok.decode(&completion).unwrap(),
+            format!("{said}<|im_end|>")
+        );
+        assert_eq!(
+            r["completion_logprobs"].as_array().unwrap().len(),
+            completion.len()
+        );
+    }
 }

@@ -7,13 +7,10 @@
 
 /// The in-sandbox agent (its own crate, `envd/agent`, so it can be built static).
 pub use graft_envd_agent as agent;
-pub mod agent_client;
 pub mod backend;
-pub mod cgroup;
 pub mod config;
 pub mod error;
 pub mod files;
-pub mod image;
 pub mod kubernetes;
 pub mod local;
 pub mod metrics;
@@ -21,7 +18,6 @@ pub mod model;
 pub mod openapi;
 pub mod server;
 pub mod service;
-pub mod snapshot;
 
 pub use config::{
     AgentCommand, BackendKind, DefaultLimits, EnvdConfig, HarnessRenderer, HarnessRequest,

@@ -1,8 +1,23 @@
-//! The API's request and response bodies.
+//! The backend-neutral types: the API's request and response bodies, and what the service
+//! hands a [`crate::backend::SandboxBackend`] (a checked create, a checked exec, the output
+//! of a running job).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
 
+use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+
+/// Where the workspace appears inside every sandbox (and its default working directory).
+pub const WORKSPACE: &str = "/workspace";
+
+pub(crate) fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
 
 /// What a sandbox may reach on the network. Both deny every route out; `gateway` adds
 /// graft's gateway as a loopback port inside the sandbox.
@@ -187,6 +202,56 @@ pub struct JobInfo {
     pub finished_at_ms: Option<u64>,
     pub duration_ms: Option<u64>,
     pub idempotency_key: Option<String>,
+}
+
+impl JobInfo {
+    /// This job as one that could not start (or could not reach its sandbox).
+    pub fn failed(mut self, error: String) -> JobInfo {
+        let now = now_ms();
+        self.state = "failed";
+        self.error = Some(error);
+        self.finished_at_ms = Some(now);
+        self.duration_ms = Some(now.saturating_sub(self.started_at_ms));
+        self
+    }
+}
+
+/// A create the service has checked (id, limits, TTL, network, harness files), for a
+/// backend to make. The backend-specific fields (`image`, `rootfs`, `mounts`,
+/// `from_snapshot`) are the request's, for the backend to check and use or refuse. Not
+/// `Debug`: the harness files carry the session's key.
+#[derive(Clone)]
+pub struct SandboxSpec {
+    pub id: String,
+    pub limits: Limits,
+    pub network: NetworkPolicy,
+    pub ttl: Duration,
+    pub image: Option<String>,
+    pub rootfs: Option<String>,
+    pub mounts: Vec<Mount>,
+    pub from_snapshot: Option<String>,
+    /// Harness config files (workspace-relative, already cleaned) to be in the workspace
+    /// before the first exec.
+    pub files: Vec<(PathBuf, String)>,
+}
+
+/// What an exec runs, checked by the service.
+#[derive(Debug, Clone)]
+pub struct ExecSpec {
+    pub argv: Vec<String>,
+    /// Absolute path inside the sandbox.
+    pub cwd: String,
+    pub env: BTreeMap<String, String>,
+    pub timeout: Duration,
+    pub stdin: Option<Vec<u8>>,
+    pub max_output_bytes: usize,
+}
+
+/// Output of a running job, as it is produced (for streaming).
+#[derive(Debug, Clone)]
+pub enum OutputEvent {
+    Stdout(Bytes),
+    Stderr(Bytes),
 }
 
 /// `GET /sandboxes/{id}/files?dir=` entries.

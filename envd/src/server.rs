@@ -19,13 +19,14 @@ use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
 use tracing::{debug, info, warn};
 
-use crate::backend::Backend;
+use crate::backend::SandboxBackend;
 use crate::config::BackendKind;
 use crate::config::EnvdConfig;
 use crate::error::{EnvdError, StartError};
 use crate::files::clean_path;
-use crate::local::{LocalBackend, OutputEvent};
-use crate::model::{ApplyPatch, CreateSandbox, CreateSnapshot, ExecRequest};
+use crate::kubernetes::KubeBackend;
+use crate::local::LocalBackend;
+use crate::model::{ApplyPatch, CreateSandbox, CreateSnapshot, ExecRequest, OutputEvent};
 use crate::service::{Job, Service};
 
 pub type Body = BoxBody<Bytes, Infallible>;
@@ -51,7 +52,7 @@ impl Envd {
         }
         cfg.validate()?;
         let cfg = Arc::new(cfg);
-        let backend = Backend::Local(LocalBackend::new(cfg.clone()).await?);
+        let backend = Arc::new(LocalBackend::new(cfg.clone()).await?);
         Self::listen(cfg, backend).await
     }
 
@@ -65,19 +66,13 @@ impl Envd {
         cfg.backend = BackendKind::Kubernetes;
         cfg.validate()?;
         let cfg = Arc::new(cfg);
-        let backend = Backend::Kubernetes(Box::new(crate::kubernetes::KubeBackend::new(
-            cfg.clone(),
-            client,
-        )));
-        let envd = Self::listen(cfg, backend).await?;
+        let backend = KubeBackend::new(cfg.clone(), client);
+        let namespace = backend.namespace().to_owned();
+        let envd = Self::listen(cfg, Arc::new(backend)).await?;
         // Also the first check that the API server answers and the Role is right.
         let n = envd.svc.reconcile(true).await.map_err(|e| {
             StartError::Config(format!(
-                "the kubernetes backend cannot list its sandboxes in namespace '{}': {e}",
-                match &envd.svc.backend {
-                    Backend::Kubernetes(k) => k.namespace().to_owned(),
-                    Backend::Local(_) => String::new(),
-                }
+                "the kubernetes backend cannot list its sandboxes in namespace '{namespace}': {e}"
             ))
         })?;
         if n > 0 {
@@ -86,7 +81,10 @@ impl Envd {
         Ok(envd)
     }
 
-    async fn listen(cfg: Arc<EnvdConfig>, backend: Backend) -> Result<Self, StartError> {
+    async fn listen(
+        cfg: Arc<EnvdConfig>,
+        backend: Arc<dyn SandboxBackend>,
+    ) -> Result<Self, StartError> {
         let listener = TcpListener::bind(cfg.listen)
             .await
             .map_err(|source| StartError::Bind {

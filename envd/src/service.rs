@@ -1,10 +1,10 @@
-//! The service behind the HTTP API: the sandbox registry, jobs with idempotency keys, TTL
-//! and heartbeat reaping — the same for both backends ([`Backend`]); only where a sandbox
-//! lives ([`Place`]) differs: a directory and bubblewrap runs on this host, or a Pod whose
-//! agent is called over HTTP.
+//! The service behind the HTTP API: validation, the sandbox registry, jobs with
+//! idempotency keys, snapshots' bookkeeping, TTL and heartbeat reaping — the same for every
+//! backend. Where a sandbox lives (a directory and bubblewrap runs on this host, or a Pod
+//! whose agent is called over HTTP) is the [`SandboxBackend`]'s business alone.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -13,37 +13,15 @@ use bytes::Bytes;
 use tokio::sync::{broadcast, watch};
 use tracing::{info, warn};
 
-use crate::agent_client::Endpoint;
-use crate::backend::Backend;
+use crate::backend::SandboxBackend;
 use crate::config::{EnvdConfig, HarnessRequest};
 use crate::error::EnvdError;
-use crate::files::{Owner, Workspace, clean_path};
-use crate::kubernetes::{KubeBackend, KubeSandbox};
-use crate::local::{ExecSpec, LocalBackend, OutputEvent, SandboxPaths, WORKSPACE};
+use crate::files::clean_path;
 use crate::model::{
-    CreateSandbox, CreateSnapshot, DirEntry, ExecRequest, GatewaySession, JobInfo, Limits, Mount,
-    NetworkPolicy, SandboxInfo, SnapshotInfo,
+    CreateSandbox, CreateSnapshot, DirEntry, ExecRequest, ExecSpec, GatewaySession, JobInfo,
+    Limits, Mount, NetworkPolicy, OutputEvent, SandboxInfo, SandboxSpec, SnapshotInfo, WORKSPACE,
+    now_ms,
 };
-
-/// A job that could not start.
-fn failed_job(mut info: JobInfo, e: &EnvdError) -> JobInfo {
-    info.state = "failed";
-    info.error = Some(e.to_string());
-    info.finished_at_ms = Some(now_ms());
-    info.duration_ms = Some(now_ms().saturating_sub(info.started_at_ms));
-    info
-}
-
-fn not_kube() -> EnvdError {
-    EnvdError::Backend("a Kubernetes sandbox on an envd without the kubernetes backend".to_owned())
-}
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
@@ -132,37 +110,8 @@ struct Jobs {
     order: Vec<String>,
 }
 
-/// Where a sandbox lives.
-pub enum Place {
-    /// A directory under the data dir; every exec a bubblewrap run.
-    Local {
-        paths: SandboxPaths,
-        workspace: Workspace,
-        forward: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    },
-    /// A Pod; exec and files go to its agent.
-    Kube {
-        sb: KubeSandbox,
-        /// Harness files to write once the Pod is ready.
-        pending_files: tokio::sync::Mutex<Vec<(PathBuf, String)>>,
-    },
-}
-
-/// What a create has checked, for the backend to make.
-struct NewSandbox {
-    id: String,
-    limits: Limits,
-    env: BTreeMap<String, String>,
-    labels: BTreeMap<String, String>,
-    network: NetworkPolicy,
-    gateway_url: Option<String>,
-    ttl: Duration,
-    harness_files: Vec<(PathBuf, String)>,
-}
-
 pub struct Sandbox {
     pub id: String,
-    place: Place,
     limits: Limits,
     env: BTreeMap<String, String>,
     labels: BTreeMap<String, String>,
@@ -219,7 +168,7 @@ impl Sandbox {
 
 pub struct Service {
     pub cfg: Arc<EnvdConfig>,
-    pub backend: Backend,
+    pub backend: Arc<dyn SandboxBackend>,
     pub metrics: crate::metrics::Metrics,
     sandboxes: Mutex<Registry>,
     snapshots: Mutex<HashMap<String, SnapshotInfo>>,
@@ -271,39 +220,18 @@ fn session_env(gw: &str, s: &GatewaySession) -> BTreeMap<String, String> {
 impl Service {
     /// The service over `backend`, with the snapshots an earlier run left (they are data;
     /// sandboxes are not kept).
-    pub fn new(cfg: Arc<EnvdConfig>, backend: Backend) -> Self {
-        let mut snapshots = HashMap::new();
-        let dir = backend.local().map(|l| l.data_dir().join("snapshots"));
-        if let Some(Ok(rd)) = dir.as_ref().map(std::fs::read_dir) {
-            for e in rd.flatten() {
-                let meta = e.path().join("meta.json");
-                match std::fs::read(&meta)
-                    .ok()
-                    .and_then(|b| serde_json::from_slice::<SnapshotInfo>(&b).ok())
-                {
-                    Some(m) => {
-                        snapshots.insert(m.snapshot_id.clone(), m);
-                    }
-                    // A snapshot without its meta file was never finished.
-                    None => {
-                        let _ = std::fs::remove_dir_all(e.path());
-                    }
-                }
-            }
-        }
+    pub fn new(cfg: Arc<EnvdConfig>, backend: Arc<dyn SandboxBackend>) -> Self {
+        let snapshots = backend
+            .saved_snapshots()
+            .into_iter()
+            .map(|m| (m.snapshot_id.clone(), m))
+            .collect();
         Service {
             cfg,
             backend,
             metrics: crate::metrics::Metrics::new(),
             sandboxes: Mutex::new(Registry::default()),
             snapshots: Mutex::new(snapshots),
-        }
-    }
-
-    fn snapshot_dir(&self, id: &str) -> PathBuf {
-        match self.backend.local() {
-            Some(l) => l.data_dir().join("snapshots").join(id),
-            None => PathBuf::from("snapshots").join(id),
         }
     }
 
@@ -314,12 +242,6 @@ impl Service {
         req: CreateSnapshot,
     ) -> Result<SnapshotInfo, EnvdError> {
         sb.touch();
-        let (Some(local), Place::Local { paths, .. }) = (self.backend.local(), &sb.place) else {
-            return Err(EnvdError::BadRequest(
-                "snapshots need the local backend (a Pod's workspace is an emptyDir on its node)"
-                    .to_owned(),
-            ));
-        };
         let id = match req.id {
             Some(id) if !valid_id(&id) => {
                 return Err(EnvdError::BadRequest(format!(
@@ -329,56 +251,12 @@ impl Service {
             Some(id) => id,
             None => format!("snap-{}", uuid::Uuid::new_v4().simple()),
         };
-        let dir = self.snapshot_dir(&id);
-        if lock(&self.snapshots).contains_key(&id) || dir.exists() {
+        if lock(&self.snapshots).contains_key(&id) {
             return Err(EnvdError::SnapshotExists(id));
         }
-        let parent = local.data_dir().join("snapshots");
-        std::fs::create_dir_all(&parent)
-            .map_err(|e| EnvdError::io(format!("cannot create {}", parent.display()), e))?;
-        // create_dir, not _all: of two requests for one id, exactly one gets it.
-        match std::fs::create_dir(&dir) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                return Err(EnvdError::SnapshotExists(id));
-            }
-            Err(e) => {
-                return Err(EnvdError::io(format!("cannot create {}", dir.display()), e));
-            }
-        }
-        let copied = {
-            let tree = dir.join("tree");
-            let backend_paths = paths.clone();
-            let owner = local.owner;
-            let r = tokio::task::spawn_blocking(move || {
-                let d = cap_std::fs::Dir::open_ambient_dir(
-                    &backend_paths.workspace,
-                    cap_std::ambient_authority(),
-                )
-                .map_err(|e| EnvdError::io("cannot open the workspace", e))?;
-                crate::snapshot::copy_tree(&d, &tree, owner)
-            })
-            .await
-            .map_err(|e| EnvdError::Backend(format!("the snapshot copy failed: {e}")))
-            .and_then(|r| r);
-            if r.is_err() {
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-            r?
-        };
-        let info = SnapshotInfo {
-            snapshot_id: id.clone(),
-            source_sandbox: sb.id.clone(),
-            created_at_ms: now_ms(),
-            files: copied.files,
-            bytes: copied.bytes,
-        };
-        let meta = serde_json::to_vec_pretty(&info)
-            .map_err(|e| EnvdError::Backend(format!("cannot encode the snapshot's meta: {e}")))?;
-        std::fs::write(dir.join("meta.json"), meta)
-            .map_err(|e| EnvdError::io(format!("cannot write {}", dir.display()), e))?;
+        let info = self.backend.snapshot(&sb.id, &id).await?;
         lock(&self.snapshots).insert(id.clone(), info.clone());
-        info!(snapshot = %id, sandbox = %sb.id, files = copied.files, bytes = copied.bytes, "snapshot taken");
+        info!(snapshot = %id, sandbox = %sb.id, files = info.files, bytes = info.bytes, "snapshot taken");
         Ok(info)
     }
 
@@ -422,9 +300,7 @@ impl Service {
             }
             lock(&self.snapshots).remove(id);
         }
-        let dir = self.snapshot_dir(id);
-        std::fs::remove_dir_all(&dir)
-            .map_err(|e| EnvdError::io(format!("cannot remove {}", dir.display()), e))
+        self.backend.delete_snapshot(id)
     }
 
     pub fn get(&self, id: &str) -> Result<Arc<Sandbox>, EnvdError> {
@@ -441,15 +317,12 @@ impl Service {
 
     pub fn info(&self, sb: &Sandbox) -> SandboxInfo {
         let (_, touched_ms) = *lock(&sb.touched);
-        let state = match (&self.backend, &sb.place) {
-            _ if sb.deleting.load(Ordering::SeqCst) => "deleting",
-            (Backend::Kubernetes(k), Place::Kube { .. }) => k.state(&sb.id).api_state(),
-            _ => "ready",
+        let state = if sb.deleting.load(Ordering::SeqCst) {
+            "deleting"
+        } else {
+            self.backend.state(&sb.id)
         };
-        let processes = match (&self.backend, &sb.place) {
-            (Backend::Local(l), Place::Local { .. }) => l.processes(&sb.id),
-            _ => None,
-        };
+        let processes = self.backend.processes(&sb.id);
         SandboxInfo {
             id: sb.id.clone(),
             state,
@@ -477,14 +350,14 @@ impl Service {
         all.iter().map(|s| self.info(s)).collect()
     }
 
-    pub async fn create(&self, req: CreateSandbox) -> Result<SandboxInfo, EnvdError> {
+    pub async fn create(&self, mut req: CreateSandbox) -> Result<SandboxInfo, EnvdError> {
         let started = Instant::now();
         if req.image.is_some() && req.rootfs.is_some() {
             return Err(EnvdError::BadRequest(
                 "give `image` or `rootfs`, not both".to_owned(),
             ));
         }
-        let id = match req.id {
+        let id = match req.id.take() {
             Some(id) if !valid_id(&id) => {
                 return Err(EnvdError::BadRequest(format!(
                     "id '{id}': use 1 to 64 characters of A-Z, a-z, 0-9, '-' and '_'"
@@ -493,19 +366,7 @@ impl Service {
             Some(id) => id,
             None => uuid::Uuid::new_v4().simple().to_string(),
         };
-        if let Backend::Kubernetes(_) = &self.backend {
-            crate::kubernetes::check_id(&id)?;
-            let local_only = [
-                ("rootfs", req.rootfs.is_some()),
-                ("mounts", !req.mounts.is_empty()),
-                ("from_snapshot", req.from_snapshot.is_some()),
-            ];
-            if let Some((field, _)) = local_only.iter().find(|(_, given)| *given) {
-                return Err(EnvdError::BadRequest(format!(
-                    "`{field}` needs the local backend; on kubernetes a sandbox is a Pod: give `image` (a registry reference) and put what it needs into the image"
-                )));
-            }
-        }
+        self.backend.check_create(&id, &req)?;
         let d = self.cfg.defaults;
         let limits = Limits {
             cpus: req.cpus.unwrap_or(d.cpus),
@@ -590,40 +451,37 @@ impl Service {
             }
         }
         env.extend(req.env);
-        let common = NewSandbox {
+        let spec = SandboxSpec {
+            id: id.clone(),
+            limits: limits.clone(),
+            network,
+            ttl,
+            image: req.image,
+            rootfs: req.rootfs,
+            mounts: req.mounts.clone(),
+            from_snapshot: req.from_snapshot.clone(),
+            files: harness_files,
+        };
+        self.reserve(&id, req.from_snapshot.as_ref())?;
+        if let Err(e) = self.backend.create(spec).await {
+            lock(&self.sandboxes).creating.remove(&id);
+            return Err(e);
+        }
+        let sb = Arc::new(Sandbox {
             id,
             limits,
             env,
             labels: req.labels,
+            mounts: req.mounts,
+            from_snapshot: req.from_snapshot,
             network,
             gateway_url,
+            created_at_ms: now_ms(),
             ttl,
-            harness_files,
-        };
-        let sb = match &self.backend {
-            Backend::Local(local) => {
-                self.create_local(
-                    local,
-                    common,
-                    req.image,
-                    req.rootfs,
-                    req.mounts,
-                    req.from_snapshot,
-                )
-                .await?
-            }
-            Backend::Kubernetes(kube) => {
-                let image = req
-                    .image
-                    .or_else(|| self.cfg.kubernetes.default_image.clone())
-                    .ok_or_else(|| {
-                        EnvdError::BadRequest(
-                            "`image` is required on the kubernetes backend (a registry reference such as python:3.12-slim); or set [kubernetes] default_image".to_owned(),
-                        )
-                    })?;
-                self.create_kube(kube, common, &image).await?
-            }
-        };
+            touched: Mutex::new((Instant::now(), now_ms())),
+            jobs: Mutex::new(Jobs::default()),
+            deleting: AtomicBool::new(false),
+        });
         {
             let mut reg = lock(&self.sandboxes);
             reg.creating.remove(&sb.id);
@@ -639,9 +497,9 @@ impl Service {
     }
 
     /// Reserves `id` in the registry while a backend creates it.
-    fn reserve(&self, id: &str, snapshot: Option<&String>, exists: bool) -> Result<(), EnvdError> {
+    fn reserve(&self, id: &str, snapshot: Option<&String>) -> Result<(), EnvdError> {
         let mut reg = lock(&self.sandboxes);
-        if reg.live.contains_key(id) || reg.creating.contains_key(id) || exists {
+        if reg.live.contains_key(id) || reg.creating.contains_key(id) {
             return Err(EnvdError::SandboxExists(id.to_owned()));
         }
         // Under the registry lock, so a snapshot cannot be deleted in between.
@@ -654,237 +512,21 @@ impl Service {
         Ok(())
     }
 
-    fn sandbox(
-        &self,
-        n: NewSandbox,
-        place: Place,
-        mounts: Vec<Mount>,
-        snap: Option<String>,
-    ) -> Arc<Sandbox> {
-        Arc::new(Sandbox {
-            id: n.id,
-            place,
-            limits: n.limits,
-            env: n.env,
-            labels: n.labels,
-            mounts,
-            from_snapshot: snap,
-            network: n.network,
-            gateway_url: n.gateway_url,
-            created_at_ms: now_ms(),
-            ttl: n.ttl,
-            touched: Mutex::new((Instant::now(), now_ms())),
-            jobs: Mutex::new(Jobs::default()),
-            deleting: AtomicBool::new(false),
-        })
-    }
-
-    async fn create_local(
-        &self,
-        backend: &LocalBackend,
-        n: NewSandbox,
-        image: Option<String>,
-        rootfs: Option<String>,
-        req_mounts: Vec<Mount>,
-        from_snapshot: Option<String>,
-    ) -> Result<Arc<Sandbox>, EnvdError> {
-        let image_root = match &image {
-            Some(image) => {
-                let image = PathBuf::from(image);
-                let cache = backend.data_dir().join("images");
-                Some(
-                    tokio::task::spawn_blocking(move || crate::image::rootfs(&image, &cache))
-                        .await
-                        .map_err(|e| {
-                            EnvdError::Backend(format!("unpacking the image failed: {e}"))
-                        })??,
-                )
-            }
-            None => None,
-        };
-        let rootfs = match rootfs {
-            Some(r) => {
-                let p = PathBuf::from(&r);
-                if !p.is_absolute() || !p.is_dir() {
-                    return Err(EnvdError::BadRequest(format!(
-                        "rootfs '{r}' is not an absolute path to a directory on the envd host"
-                    )));
-                }
-                Some(p)
-            }
-            None => image_root,
-        };
-        let taken = crate::local::taken_root_names(rootfs.as_deref());
-        let mut mounts = Vec::new();
-        for m in &req_mounts {
-            let src = PathBuf::from(&m.source);
-            if !src.is_absolute() || !src.exists() {
-                return Err(EnvdError::BadRequest(format!(
-                    "mounts: source '{}' is not an absolute path that exists on the envd host",
-                    m.source
-                )));
-            }
-            let rel = m.target.strip_prefix('/').map(clean_path).transpose()?;
-            let first = rel
-                .as_ref()
-                .and_then(|r| r.components().next())
-                .map(|c| c.as_os_str().to_string_lossy().into_owned());
-            match (&rel, first) {
-                (Some(r), Some(f)) if !taken.contains(&f) => {
-                    mounts.push((src, format!("/{}", r.display())));
-                }
-                _ => {
-                    return Err(EnvdError::BadRequest(format!(
-                        "mounts: target '{}' must be an absolute path outside /workspace, /tmp, /proc, /dev and the read-only root's own directories ({}); e.g. /mnt/tools",
-                        m.target,
-                        taken.join(", ")
-                    )));
-                }
-            }
-        }
-        let mut paths = backend.paths(&n.id, rootfs, n.network == NetworkPolicy::Gateway);
-        paths.mounts = mounts;
-        if let Some(snap) = &from_snapshot {
-            paths.lower = Some(self.snapshot_dir(snap).join("tree"));
-        }
-        self.reserve(&n.id, from_snapshot.as_ref(), paths.dir.exists())?;
-        let mut forward = None;
-        let created = async {
-            forward = backend.create(&paths, &n.limits).await?;
-            let owner = backend.owner.map(|(uid, gid)| Owner { uid, gid });
-            let workspace = Workspace::open(&paths.workspace, owner)?;
-            for (rel, body) in &n.harness_files {
-                workspace.write(rel, body.as_bytes(), 0o644)?;
-            }
-            Ok::<_, EnvdError>(workspace)
-        }
-        .await;
-        let workspace = match created {
-            Ok(w) => w,
-            Err(e) => {
-                if let Some(f) = forward.take() {
-                    f.abort();
-                }
-                let _ = backend.delete(&paths).await;
-                lock(&self.sandboxes).creating.remove(&n.id);
-                return Err(e);
-            }
-        };
-        let place = Place::Local {
-            paths,
-            workspace,
-            forward: Mutex::new(forward),
-        };
-        Ok(self.sandbox(n, place, req_mounts, from_snapshot))
-    }
-
-    async fn create_kube(
-        &self,
-        backend: &KubeBackend,
-        mut n: NewSandbox,
-        image: &str,
-    ) -> Result<Arc<Sandbox>, EnvdError> {
-        self.reserve(&n.id, None, false)?;
-        let created = backend
-            .create(crate::kubernetes::KubeCreate {
-                id: &n.id,
-                image,
-                limits: &n.limits,
-                network: n.network,
-                ttl: n.ttl,
-            })
-            .await;
-        let kube = match created {
-            Ok(k) => k,
-            Err(e) => {
-                lock(&self.sandboxes).creating.remove(&n.id);
-                return Err(e);
-            }
-        };
-        // Harness files are written through the agent once the Pod is ready.
-        let files = std::mem::take(&mut n.harness_files);
-        let place = Place::Kube {
-            sb: kube,
-            pending_files: tokio::sync::Mutex::new(files),
-        };
-        Ok(self.sandbox(n, place, Vec::new(), None))
-    }
-
     /// Waits until the sandbox can serve (a Pod: ready by the watch, its harness files
-    /// written); returns the agent's endpoint on kubernetes, None for a local sandbox.
-    pub async fn ready(
-        &self,
-        sb: &Sandbox,
-        timeout: Option<Duration>,
-    ) -> Result<Option<Endpoint>, EnvdError> {
-        let (
-            Backend::Kubernetes(kube),
-            Place::Kube {
-                sb: k,
-                pending_files,
-            },
-        ) = (&self.backend, &sb.place)
-        else {
-            return Ok(None);
-        };
-        let timeout = timeout.unwrap_or(self.cfg.kubernetes.ready_timeout);
-        let ip = kube.wait_ready(&sb.id, timeout).await?;
-        let ep = Endpoint {
-            sandbox: sb.id.clone(),
-            ip,
-            token: k.token.clone(),
-        };
-        let mut pending = pending_files.lock().await;
-        while let Some((rel, body)) = pending.first() {
-            kube.agent
-                .write(
-                    &ep,
-                    &rel.display().to_string(),
-                    Bytes::from(body.clone()),
-                    0o644,
-                )
-                .await?;
-            pending.remove(0);
-        }
-        Ok(Some(ep))
+    /// written).
+    pub async fn ready(&self, sb: &Sandbox, timeout: Option<Duration>) -> Result<(), EnvdError> {
+        self.backend.ready(&sb.id, timeout).await
     }
 
     /// Lists a directory of the sandbox's workspace.
     pub async fn list_files(&self, sb: &Sandbox, rel: &Path) -> Result<Vec<DirEntry>, EnvdError> {
-        match (&sb.place, self.ready(sb, None).await?) {
-            (Place::Local { workspace, .. }, _) => workspace.list(rel),
-            (Place::Kube { .. }, Some(ep)) => {
-                self.kube()?
-                    .agent
-                    .list(&ep, &rel.display().to_string())
-                    .await
-            }
-            (Place::Kube { .. }, None) => Err(not_kube()),
-        }
+        self.backend.list_files(&sb.id, rel).await
     }
 
     pub async fn read_file(&self, sb: &Sandbox, rel: &Path) -> Result<Vec<u8>, EnvdError> {
-        let max = self.cfg.max_file_bytes;
-        match (&sb.place, self.ready(sb, None).await?) {
-            (Place::Local { workspace, .. }, _) => workspace.read(rel, max),
-            (Place::Kube { .. }, Some(ep)) => {
-                let r = self
-                    .kube()?
-                    .agent
-                    .read(&ep, &rel.display().to_string(), max)
-                    .await;
-                match r {
-                    Err(EnvdError::Agent {
-                        kind: "too_large", ..
-                    }) => Err(EnvdError::TooLarge {
-                        limit: max,
-                        hint: "the file is larger than the files API's limit (--max-file-bytes); read it in parts with exec (e.g. `split`, `head -c`)",
-                    }),
-                    r => r,
-                }
-            }
-            (Place::Kube { .. }, None) => Err(not_kube()),
-        }
+        self.backend
+            .read_file(&sb.id, rel, self.cfg.max_file_bytes)
+            .await
     }
 
     pub async fn write_file(
@@ -894,16 +536,7 @@ impl Service {
         data: Bytes,
         mode: u32,
     ) -> Result<u64, EnvdError> {
-        match (&sb.place, self.ready(sb, None).await?) {
-            (Place::Local { workspace, .. }, _) => workspace.write(rel, &data, mode),
-            (Place::Kube { .. }, Some(ep)) => {
-                self.kube()?
-                    .agent
-                    .write(&ep, &rel.display().to_string(), data, mode)
-                    .await
-            }
-            (Place::Kube { .. }, None) => Err(not_kube()),
-        }
+        self.backend.write_file(&sb.id, rel, data, mode).await
     }
 
     pub async fn remove_file(
@@ -912,23 +545,7 @@ impl Service {
         rel: &Path,
         recursive: bool,
     ) -> Result<(), EnvdError> {
-        match (&sb.place, self.ready(sb, None).await?) {
-            (Place::Local { workspace, .. }, _) => workspace.remove(rel, recursive),
-            (Place::Kube { .. }, Some(ep)) => {
-                self.kube()?
-                    .agent
-                    .remove(&ep, &rel.display().to_string(), recursive)
-                    .await
-            }
-            (Place::Kube { .. }, None) => Err(not_kube()),
-        }
-    }
-
-    fn kube(&self) -> Result<&KubeBackend, EnvdError> {
-        match &self.backend {
-            Backend::Kubernetes(k) => Ok(k),
-            Backend::Local(_) => Err(not_kube()),
-        }
+        self.backend.remove_file(&sb.id, rel, recursive).await
     }
 
     /// Kills the sandbox's jobs, then removes it. Later requests for it get 404.
@@ -944,16 +561,7 @@ impl Service {
         for j in &running {
             j.wait(Some(Duration::from_secs(30))).await;
         }
-        let r = match (&self.backend, &sb.place) {
-            (Backend::Local(l), Place::Local { paths, forward, .. }) => {
-                if let Some(f) = lock(forward).take() {
-                    f.abort();
-                }
-                l.delete(paths).await
-            }
-            (Backend::Kubernetes(k), Place::Kube { sb: ks, .. }) => k.delete(ks).await,
-            _ => Err(not_kube()),
-        };
+        let r = self.backend.delete(id).await;
         lock(&self.sandboxes).live.remove(id);
         self.metrics.sandboxes.dec();
         let reason = if why.contains("ttl") {
@@ -1026,10 +634,7 @@ impl Service {
             Some(c) if c.starts_with('/') => c.to_owned(),
             Some(c) => {
                 let rel = clean_path(c)?;
-                // A Pod's agent checks the cwd itself (the job fails with a clear error).
-                if let Place::Local { workspace, .. } = &sb.place
-                    && !workspace.is_dir(&rel)?
-                {
+                if !self.backend.cwd_exists(&sb.id, &rel)? {
                     return Err(EnvdError::BadRequest(format!(
                         "cwd '{c}' is not a directory in the workspace; create it first (e.g. PUT a file below it, or exec `mkdir -p`)"
                     )));
@@ -1127,22 +732,9 @@ impl Service {
         events: broadcast::Sender<OutputEvent>,
         kill: watch::Receiver<bool>,
     ) -> JobInfo {
-        match (&self.backend, &sb.place) {
-            (Backend::Local(l), Place::Local { paths, .. }) => {
-                l.run(paths, job, spec, base, events, kill).await
-            }
-            (Backend::Kubernetes(k), Place::Kube { .. }) => {
-                let ep = match self.ready(sb, None).await {
-                    Ok(Some(ep)) => ep,
-                    Ok(None) => return failed_job(base, &not_kube()),
-                    Err(e) => return failed_job(base, &e),
-                };
-                k.agent
-                    .run(&ep, job, spec, self.cfg.kill_grace, base, events, kill)
-                    .await
-            }
-            _ => failed_job(base, &not_kube()),
-        }
+        self.backend
+            .exec(&sb.id, job, spec, base, events, kill)
+            .await
     }
 
     /// Deletes sandboxes whose TTL ran out since their last request or heartbeat; on
@@ -1169,9 +761,6 @@ impl Service {
     /// Kubernetes: deletes the cluster's objects of this envd that no sandbox owns (all of
     /// them at start, when the registry is empty). Returns how many were deleted.
     pub async fn reconcile(&self, force: bool) -> Result<usize, EnvdError> {
-        let Backend::Kubernetes(k) = &self.backend else {
-            return Ok(0);
-        };
         let known = || {
             let reg = lock(&self.sandboxes);
             reg.live
@@ -1180,7 +769,7 @@ impl Service {
                 .cloned()
                 .collect::<std::collections::HashSet<String>>()
         };
-        k.reconcile(force, known).await
+        self.backend.reconcile(force, &known).await
     }
 
     /// Deletes every sandbox (envd is shutting down).

@@ -7,6 +7,8 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::route::valid_session_id;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("cannot read config file {path}: {source}")]
@@ -90,6 +92,15 @@ pub enum Mode {
     /// graft renders and tokenizes the prompt itself and calls SGLang's `/generate` with
     /// token ids: the record holds exactly the ids the policy saw and sampled.
     Exact,
+}
+
+impl Mode {
+    pub fn label(self) -> &'static str {
+        match self {
+            Mode::Passthrough => "passthrough",
+            Mode::Exact => "exact",
+        }
+    }
 }
 
 /// `[exact]`: what exact mode needs to own the tokens.
@@ -209,44 +220,117 @@ pub struct LimitsSection {
     pub upstream_queue_timeout_ms: Option<u64>,
 }
 
-/// The validated, resolved configuration the gateway runs with.
+/// The validated, resolved configuration the gateway runs with: one typed section per
+/// concern, and the backend as an enum, so a passthrough gateway has no exact-mode settings
+/// and an exact-mode gateway needs no OpenAI upstream.
 #[derive(Debug, Clone)]
 pub struct GatewayConfig {
+    pub server: ServerConfig,
+    pub backend: BackendConfig,
+    /// How graft's HTTP client reaches any backend.
+    pub backend_http: BackendHttp,
+    pub recorder: RecordingConfig,
+    pub auth: AuthConfig,
+    pub sessions: SessionsConfig,
+    pub limits: LimitsConfig,
+}
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
     pub listen: SocketAddr,
     pub public_url: Option<String>,
     pub tls: Option<TlsSection>,
-    pub upstream_url: String,
-    pub upstream_api_key: Option<String>,
-    pub upstream_timeout: Duration,
-    pub upstream_connect_timeout: Duration,
-    pub upstream_ca_file: Option<PathBuf>,
+    pub header_timeout: Duration,
+}
+
+/// Where calls go, and how.
+#[derive(Debug, Clone)]
+pub enum BackendConfig {
+    /// Any OpenAI-compatible server: bodies forwarded (or translated to Chat Completions).
+    OpenAi(OpenAiConfig),
+    /// SGLang-native `/generate` with token ids: graft owns the template and the tokens.
+    Sglang(ExactConfig),
+}
+
+impl BackendConfig {
+    pub fn mode(&self) -> Mode {
+        match self {
+            BackendConfig::OpenAi(_) => Mode::Passthrough,
+            BackendConfig::Sglang(_) => Mode::Exact,
+        }
+    }
+
+    /// The backend URLs, for logs.
+    pub fn describe(&self) -> String {
+        match self {
+            BackendConfig::OpenAi(o) => o.url.clone(),
+            BackendConfig::Sglang(e) => e.backends.join(", "),
+        }
+    }
+}
+
+/// Passthrough's upstream.
+#[derive(Debug, Clone)]
+pub struct OpenAiConfig {
+    pub url: String,
+    pub api_key: Option<String>,
     /// Always holds ChatCompletions, plus what `upstream.dialects` adds.
-    pub upstream_dialects: Vec<crate::dialect::DialectKind>,
+    pub dialects: Vec<crate::dialect::DialectKind>,
     /// `upstream.token_ids`.
     pub token_ids: crate::token_ids::TokenIdsMode,
+}
+
+impl OpenAiConfig {
+    pub fn new(url: &str) -> Result<Self, ConfigError> {
+        Ok(OpenAiConfig {
+            url: normalize_upstream(url)?,
+            api_key: None,
+            dialects: vec![crate::dialect::DialectKind::ChatCompletions],
+            token_ids: Default::default(),
+        })
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct BackendHttp {
+    pub timeout: Duration,
+    pub connect_timeout: Duration,
+    pub ca_file: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone)]
+pub struct RecordingConfig {
     pub data_dir: PathBuf,
     pub durability: DurabilityMode,
     pub async_max_delay: Duration,
     pub queue_capacity: usize,
     pub segment_max_bytes: u64,
     pub seal_after: Duration,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct AuthConfig {
     pub admin_key: Option<String>,
     pub client_keys: Vec<String>,
     pub require_client_key: bool,
-    pub auto_create_sessions: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct SessionsConfig {
+    pub auto_create: bool,
     pub default_session: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct LimitsConfig {
     pub max_body_bytes: usize,
     pub max_response_bytes: usize,
     pub body_timeout: Duration,
-    pub header_timeout: Duration,
     pub global_rps: u32,
     pub session_rps: u32,
     pub burst: u32,
     pub max_concurrent_upstream: usize,
     pub upstream_queue_timeout: Duration,
-    pub mode: Mode,
-    /// Set in exact mode.
-    pub exact: Option<ExactConfig>,
 }
 
 /// Exact mode's resolved settings.
@@ -260,6 +344,18 @@ pub struct ExactConfig {
     pub history_per_session: usize,
     pub history_max_tokens: usize,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
+impl ExactConfig {
+    /// Exact mode over `backends` (SGLang base URLs, no `/v1`) with the model in
+    /// `model_dir`, every other setting at its default.
+    pub fn new(model_dir: PathBuf, backends: Vec<String>) -> Result<Self, ConfigError> {
+        let section = ExactSection {
+            backends,
+            ..Default::default()
+        };
+        resolve_exact(&section, Some(model_dir), None)
+    }
 }
 
 /// Runtime knobs given as CLI flags; they win over the file.
@@ -292,18 +388,82 @@ impl FileConfig {
 }
 
 impl GatewayConfig {
+    /// A gateway in front of `backend` with every other setting at its default (what an
+    /// empty graft.toml gives); callers in process set the fields they need.
+    pub fn new(backend: BackendConfig) -> Result<Self, ConfigError> {
+        let mut cfg =
+            Self::resolve_with(FileConfig::default(), Overrides::default(), Some(backend))?;
+        cfg.auth = AuthConfig::default();
+        Ok(cfg)
+    }
+
     pub fn resolve(file: FileConfig, o: Overrides) -> Result<Self, ConfigError> {
-        let upstream_url =
-            o.upstream
-                .or(file.upstream.url)
-                .ok_or_else(|| ConfigError::Invalid {
-                    key: "upstream.url".into(),
-                    message: "no upstream given; pass --upstream URL or set upstream.url".into(),
-                })?;
-        let upstream_url = normalize_upstream(&upstream_url)?;
-        let upstream_api_key = match &file.upstream.api_key {
-            Some(s) => Some(s.resolve("upstream.api_key")?),
+        Self::resolve_with(file, o, None)
+    }
+
+    fn resolve_with(
+        file: FileConfig,
+        o: Overrides,
+        backend: Option<BackendConfig>,
+    ) -> Result<Self, ConfigError> {
+        let mode = o.mode.or(file.upstream.mode).unwrap_or_default();
+        let upstream_url = match o.upstream.clone().or(file.upstream.url.clone()) {
+            Some(u) => Some(normalize_upstream(&u)?),
             None => None,
+        };
+        let backend = match backend {
+            Some(b) => b,
+            None => match mode {
+                Mode::Passthrough => {
+                    let url = upstream_url.ok_or_else(|| ConfigError::Invalid {
+                        key: "upstream.url".into(),
+                        message: "no upstream given; pass --upstream URL or set upstream.url"
+                            .into(),
+                    })?;
+                    let api_key = match &file.upstream.api_key {
+                        Some(s) => Some(s.resolve("upstream.api_key")?),
+                        None => None,
+                    };
+                    let mut dialects = vec![crate::dialect::DialectKind::ChatCompletions];
+                    dialects.extend(
+                        file.upstream
+                            .dialects
+                            .iter()
+                            .copied()
+                            .filter(|x| *x != crate::dialect::DialectKind::ChatCompletions),
+                    );
+                    BackendConfig::OpenAi(OpenAiConfig {
+                        url,
+                        api_key,
+                        dialects,
+                        token_ids: file.upstream.token_ids.unwrap_or_default(),
+                    })
+                }
+                Mode::Exact => {
+                    // Passthrough-only settings are refused rather than ignored.
+                    if file
+                        .upstream
+                        .token_ids
+                        .is_some_and(|t| t != crate::token_ids::TokenIdsMode::Off)
+                    {
+                        return Err(ConfigError::Invalid {
+                            key: "upstream.token_ids".into(),
+                            message: "is for passthrough mode; exact mode records the ids itself: remove it or set upstream.mode = \"passthrough\"".into(),
+                        });
+                    }
+                    if !file.upstream.dialects.is_empty() {
+                        return Err(ConfigError::Invalid {
+                            key: "upstream.dialects".into(),
+                            message: "is for passthrough mode; exact mode answers every dialect itself: remove it or set upstream.mode = \"passthrough\"".into(),
+                        });
+                    }
+                    BackendConfig::Sglang(resolve_exact(
+                        &file.exact,
+                        o.model_dir.clone(),
+                        upstream_url.as_deref(),
+                    )?)
+                }
+            },
         };
         let admin_key = match &file.auth.admin_key {
             Some(s) => Some(s.resolve("auth.admin_key")?),
@@ -316,93 +476,84 @@ impl GatewayConfig {
             .enumerate()
             .map(|(i, k)| k.resolve(&format!("auth.client_keys[{i}]")))
             .collect::<Result<Vec<_>, _>>()?;
-        let mode = o.mode.or(file.upstream.mode).unwrap_or_default();
-        let exact = match mode {
-            Mode::Passthrough => None,
-            Mode::Exact => Some(resolve_exact(
-                &file.exact,
-                o.model_dir.clone(),
-                &upstream_url,
-            )?),
-        };
         let l = &file.limits;
         let r = &file.recorder;
         let cfg = GatewayConfig {
-            listen: o
-                .listen
-                .or(file.server.listen)
-                .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8400))),
-            public_url: file
-                .server
-                .public_url
-                .map(|u| u.trim_end_matches('/').to_string()),
-            tls: file.server.tls,
-            upstream_url,
-            upstream_api_key,
-            upstream_timeout: Duration::from_secs(file.upstream.timeout_secs.unwrap_or(600)),
-            upstream_connect_timeout: Duration::from_secs(
-                file.upstream.connect_timeout_secs.unwrap_or(10),
-            ),
-            upstream_ca_file: file.upstream.ca_file.clone(),
-            upstream_dialects: {
-                let mut d = vec![crate::dialect::DialectKind::ChatCompletions];
-                d.extend(
-                    file.upstream
-                        .dialects
-                        .iter()
-                        .copied()
-                        .filter(|x| *x != crate::dialect::DialectKind::ChatCompletions),
-                );
-                d
+            server: ServerConfig {
+                listen: o
+                    .listen
+                    .or(file.server.listen)
+                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8400))),
+                public_url: file
+                    .server
+                    .public_url
+                    .map(|u| u.trim_end_matches('/').to_string()),
+                tls: file.server.tls,
+                header_timeout: Duration::from_secs(l.header_timeout_secs.unwrap_or(10)),
             },
-            token_ids: file.upstream.token_ids.unwrap_or_default(),
-            data_dir: o
-                .data_dir
-                .or(r.data_dir.clone())
-                .unwrap_or_else(|| PathBuf::from("graft-data")),
-            durability: o.durability.or(r.durability).unwrap_or_default(),
-            async_max_delay: Duration::from_millis(r.async_max_delay_ms.unwrap_or(10)),
-            queue_capacity: r.queue_capacity.unwrap_or(65_536),
-            segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
-            seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
-            admin_key,
-            client_keys,
-            require_client_key: file.auth.require_client_key,
-            auto_create_sessions: file.sessions.auto_create,
-            default_session: file
-                .sessions
-                .default_session
-                .unwrap_or_else(|| "default".into()),
-            max_body_bytes: l.max_body_bytes.unwrap_or(32 * 1024 * 1024),
-            max_response_bytes: l.max_response_bytes.unwrap_or(256 * 1024 * 1024),
-            body_timeout: Duration::from_secs(l.body_timeout_secs.unwrap_or(30)),
-            header_timeout: Duration::from_secs(l.header_timeout_secs.unwrap_or(10)),
-            global_rps: l.global_rps.unwrap_or(0),
-            session_rps: l.session_rps.unwrap_or(0),
-            burst: l.burst.unwrap_or(0),
-            max_concurrent_upstream: l.max_concurrent_upstream.unwrap_or(4096),
-            upstream_queue_timeout: Duration::from_millis(
-                l.upstream_queue_timeout_ms.unwrap_or(30_000),
-            ),
-            mode,
-            exact,
+            backend,
+            backend_http: BackendHttp {
+                timeout: Duration::from_secs(file.upstream.timeout_secs.unwrap_or(600)),
+                connect_timeout: Duration::from_secs(
+                    file.upstream.connect_timeout_secs.unwrap_or(10),
+                ),
+                ca_file: file.upstream.ca_file.clone(),
+            },
+            recorder: RecordingConfig {
+                data_dir: o
+                    .data_dir
+                    .or(r.data_dir.clone())
+                    .unwrap_or_else(|| PathBuf::from("graft-data")),
+                durability: o.durability.or(r.durability).unwrap_or_default(),
+                async_max_delay: Duration::from_millis(r.async_max_delay_ms.unwrap_or(10)),
+                queue_capacity: r.queue_capacity.unwrap_or(65_536),
+                segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
+                seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
+            },
+            auth: AuthConfig {
+                admin_key,
+                client_keys,
+                require_client_key: file.auth.require_client_key,
+            },
+            sessions: SessionsConfig {
+                auto_create: file.sessions.auto_create,
+                default_session: file
+                    .sessions
+                    .default_session
+                    .unwrap_or_else(|| "default".into()),
+            },
+            limits: LimitsConfig {
+                max_body_bytes: l.max_body_bytes.unwrap_or(32 * 1024 * 1024),
+                max_response_bytes: l.max_response_bytes.unwrap_or(256 * 1024 * 1024),
+                body_timeout: Duration::from_secs(l.body_timeout_secs.unwrap_or(30)),
+                global_rps: l.global_rps.unwrap_or(0),
+                session_rps: l.session_rps.unwrap_or(0),
+                burst: l.burst.unwrap_or(0),
+                max_concurrent_upstream: l.max_concurrent_upstream.unwrap_or(4096),
+                upstream_queue_timeout: Duration::from_millis(
+                    l.upstream_queue_timeout_ms.unwrap_or(30_000),
+                ),
+            },
         };
-        if cfg.max_concurrent_upstream == 0 {
+        if cfg.limits.max_concurrent_upstream == 0 {
             return Err(ConfigError::Invalid {
                 key: "limits.max_concurrent_upstream".into(),
                 message: "must be at least 1".into(),
             });
         }
-        if cfg.queue_capacity == 0 {
+        if cfg.recorder.queue_capacity == 0 {
             return Err(ConfigError::Invalid {
                 key: "recorder.queue_capacity".into(),
                 message: "must be at least 1".into(),
             });
         }
-        if cfg.default_session.is_empty() || !valid_session_id(&cfg.default_session) {
+        if !valid_session_id(&cfg.sessions.default_session) {
             return Err(ConfigError::Invalid {
                 key: "sessions.default_session".into(),
-                message: format!("'{}' is not a valid session id", cfg.default_session),
+                message: format!(
+                    "'{}' is not a valid session id",
+                    cfg.sessions.default_session
+                ),
             });
         }
         Ok(cfg)
@@ -412,7 +563,7 @@ impl GatewayConfig {
 fn resolve_exact(
     e: &ExactSection,
     model_dir: Option<PathBuf>,
-    upstream_url: &str,
+    upstream_url: Option<&str>,
 ) -> Result<ExactConfig, ConfigError> {
     let model_dir = model_dir
         .or(e.model_dir.clone())
@@ -421,7 +572,15 @@ fn resolve_exact(
             message: "exact mode renders and tokenizes prompts itself: give the model's HF directory with --model-dir DIR or exact.model_dir".into(),
         })?;
     let backends: Vec<String> = if e.backends.is_empty() {
-        vec![upstream_url.trim_end_matches("/v1").to_string()]
+        match upstream_url {
+            Some(u) => vec![u.trim_end_matches("/v1").to_string()],
+            None => {
+                return Err(ConfigError::Invalid {
+                    key: "exact.backends".into(),
+                    message: "exact mode needs its SGLang backends: set exact.backends = [\"http://host:30000\"] or pass --upstream URL".into(),
+                });
+            }
+        }
     } else {
         e.backends
             .iter()
@@ -488,15 +647,6 @@ fn normalize_upstream(url: &str) -> Result<String, ConfigError> {
     }
 }
 
-/// Session ids travel in URL paths and headers: keep them to a safe alphabet.
-pub fn valid_session_id(id: &str) -> bool {
-    !id.is_empty()
-        && id.len() <= 128
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -527,9 +677,12 @@ mod tests {
         let text = include_str!("../../examples/graft.toml");
         let f = FileConfig::from_toml(text, Path::new("examples/graft.toml")).unwrap();
         let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
-        assert_eq!(c.upstream_url, "http://127.0.0.1:30000/v1");
-        assert_eq!(c.durability, DurabilityMode::Sync);
-        assert_eq!(c.token_ids, crate::token_ids::TokenIdsMode::Off);
+        let BackendConfig::OpenAi(up) = &c.backend else {
+            panic!("the example is a passthrough gateway: {:?}", c.backend)
+        };
+        assert_eq!(up.url, "http://127.0.0.1:30000/v1");
+        assert_eq!(c.recorder.durability, DurabilityMode::Sync);
+        assert_eq!(up.token_ids, crate::token_ids::TokenIdsMode::Off);
     }
 
     #[test]
@@ -553,7 +706,9 @@ mod tests {
         )
         .unwrap();
         let c = GatewayConfig::resolve(f, o.clone()).unwrap();
-        let e = c.exact.unwrap();
+        let BackendConfig::Sglang(e) = c.backend else {
+            panic!("exact mode resolves to the SGLang backend")
+        };
         // The default backend is the upstream without /v1 (SGLang's native routes).
         assert_eq!(e.backends, vec!["http://sglang:30000".to_string()]);
         assert_eq!(e.template_kwargs["enable_thinking"], false);
@@ -589,7 +744,10 @@ mod tests {
         )
         .unwrap();
         let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
-        assert_eq!(c.token_ids, TokenIdsMode::Vllm);
+        let BackendConfig::OpenAi(up) = c.backend else {
+            panic!("passthrough")
+        };
+        assert_eq!(up.token_ids, TokenIdsMode::Vllm);
         let f = FileConfig::from_toml("[upstream]\ntoken_ids = \"sglang\"\n", Path::new("g.toml"))
             .unwrap();
         assert_eq!(f.upstream.token_ids, Some(TokenIdsMode::Sglang));
@@ -600,6 +758,57 @@ mod tests {
         assert!(
             FileConfig::from_toml("[upstream]\ntoken_ids = true\n", Path::new("g.toml")).is_err()
         );
+    }
+
+    #[test]
+    fn exact_mode_needs_no_openai_upstream_and_refuses_passthrough_settings() {
+        // Backends named in [exact]: no upstream.url anywhere.
+        let f = FileConfig::from_toml(
+            "[upstream]\nmode = \"exact\"\n[exact]\nmodel_dir = \"m\"\nbackends = [\"http://a:1\", \"http://b:2/v1\"]\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
+        let BackendConfig::Sglang(e) = &c.backend else {
+            panic!("exact")
+        };
+        assert_eq!(e.backends, vec!["http://a:1", "http://b:2"]);
+        assert_eq!(c.backend.mode(), Mode::Exact);
+        // No backends and no upstream: the error says how to give one.
+        let f = FileConfig::from_toml(
+            "[upstream]\nmode = \"exact\"\n[exact]\nmodel_dir = \"m\"\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let err = GatewayConfig::resolve(f, Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("exact.backends") && err.contains("--upstream"),
+            "{err}"
+        );
+        // Passthrough-only keys in exact mode are refused, not ignored.
+        for (key, line) in [
+            ("upstream.token_ids", "token_ids = \"vllm\""),
+            ("upstream.dialects", "dialects = [\"responses\"]"),
+        ] {
+            let f = FileConfig::from_toml(
+                &format!("[upstream]\nmode = \"exact\"\nurl = \"http://s:1\"\n{line}\n[exact]\nmodel_dir = \"m\"\n"),
+                Path::new("g.toml"),
+            )
+            .unwrap();
+            let err = GatewayConfig::resolve(f, Overrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(key) && err.contains("passthrough"), "{err}");
+        }
+        // In process: typed constructors, no TOML.
+        let c = GatewayConfig::new(BackendConfig::Sglang(
+            ExactConfig::new("m".into(), vec!["http://s:3".into()]).unwrap(),
+        ))
+        .unwrap();
+        assert_eq!(c.backend.describe(), "http://s:3");
+        assert_eq!(c.recorder.durability, DurabilityMode::Sync);
     }
 
     #[test]

@@ -18,26 +18,16 @@ use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tracing::{debug, error, info, warn};
 
+use crate::backend::Backend;
 use crate::body::{GBody, full};
-use crate::config::{DurabilityMode, GatewayConfig, valid_session_id};
+use crate::config::{DurabilityMode, GatewayConfig};
 use crate::error::{Cause, GatewayError};
 use crate::limits::Limits;
 use crate::metrics::{ErrorLabels, Metrics, RequestLabels};
-use crate::proxy::{self, Route};
+use crate::pipeline::{self, read_body};
+use crate::route::{Route, valid_session_id};
 use crate::sessions::{CreateRequest, Session, Sessions};
-use crate::upstream::{OpenAiCompatible, Upstream};
-
-/// Everything a request handler can reach.
-pub struct State {
-    pub cfg: GatewayConfig,
-    pub recorder: Recorder,
-    pub sessions: Sessions,
-    pub limits: Limits,
-    pub metrics: Arc<Metrics>,
-    pub upstream: Upstream,
-    /// Set in exact mode.
-    pub exact: Option<crate::exact::Exact>,
-}
+use crate::state::State;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -53,8 +43,8 @@ pub enum StartError {
     },
     #[error("TLS set-up failed: {0}")]
     Tls(String),
-    #[error("{0}")]
-    Exact(String),
+    #[error(transparent)]
+    Backend(#[from] crate::backend::BackendSetupError),
     #[error(transparent)]
     Gateway(#[from] GatewayError),
 }
@@ -71,18 +61,19 @@ impl Gateway {
     pub async fn bind(cfg: GatewayConfig) -> Result<Self, StartError> {
         let metrics = Metrics::new();
         let m = metrics.clone();
-        let mut rc = RecorderConfig::new(&cfg.data_dir);
-        rc.durability = match cfg.durability {
+        let rs = &cfg.recorder;
+        let mut rc = RecorderConfig::new(&rs.data_dir);
+        rc.durability = match rs.durability {
             DurabilityMode::Sync => graft_recorder::Durability::Sync,
             DurabilityMode::Async => graft_recorder::Durability::Async {
-                max_delay: cfg.async_max_delay,
+                max_delay: rs.async_max_delay,
             },
         };
-        rc.queue_capacity = cfg.queue_capacity;
-        rc.segment_max_bytes = cfg.segment_max_bytes;
-        rc.seal_after = cfg.seal_after;
+        rc.queue_capacity = rs.queue_capacity;
+        rc.segment_max_bytes = rs.segment_max_bytes;
+        rc.seal_after = rs.seal_after;
         rc.on_fsync = Some(Arc::new(move |d, n| m.observe_fsync(d, n)));
-        let dir = cfg.data_dir.display().to_string();
+        let dir = rs.data_dir.display().to_string();
         let (recorder, recovery) =
             Recorder::open(rc)
                 .await
@@ -90,43 +81,31 @@ impl Gateway {
                     dir: dir.clone(),
                     source,
                 })?;
-        let (log, events) = SessionLog::open(&cfg.data_dir)
+        let (log, events) = SessionLog::open(&rs.data_dir)
             .map_err(|source| StartError::Recorder { dir, source })?;
-        let sessions = Sessions::new(log, events, &recovery.sessions, cfg.default_session.clone());
-        let upstream = Upstream::OpenAiCompatible(OpenAiCompatible::new(
-            cfg.upstream_url.clone(),
-            cfg.upstream_api_key.clone(),
-            cfg.upstream_timeout,
-            cfg.upstream_connect_timeout,
-            cfg.upstream_ca_file.as_deref(),
-        )?);
-        let exact = match &cfg.exact {
-            Some(e) => Some(
-                crate::exact::Exact::new(
-                    e,
-                    cfg.upstream_timeout,
-                    cfg.upstream_connect_timeout,
-                    cfg.upstream_ca_file.as_deref(),
-                )
-                .map_err(|e| StartError::Exact(e.to_string()))?,
-            ),
-            None => None,
-        };
-        let limits = Limits::new(
-            cfg.global_rps,
-            cfg.session_rps,
-            cfg.burst,
-            cfg.max_concurrent_upstream,
-            cfg.upstream_queue_timeout,
+        let sessions = Sessions::new(
+            log,
+            events,
+            &recovery.sessions,
+            cfg.sessions.default_session.clone(),
         );
-        let tls = match &cfg.tls {
+        let backend = Backend::new(&cfg)?;
+        let l = &cfg.limits;
+        let limits = Limits::new(
+            l.global_rps,
+            l.session_rps,
+            l.burst,
+            l.max_concurrent_upstream,
+            l.upstream_queue_timeout,
+        );
+        let tls = match &cfg.server.tls {
             Some(t) => Some(tls_acceptor(&t.cert, &t.key)?),
             None => None,
         };
-        let listener = TcpListener::bind(cfg.listen)
+        let listener = TcpListener::bind(cfg.server.listen)
             .await
             .map_err(|source| StartError::Bind {
-                addr: cfg.listen,
+                addr: cfg.server.listen,
                 source,
             })?;
         let state = Arc::new(State {
@@ -135,8 +114,7 @@ impl Gateway {
             sessions,
             limits,
             metrics,
-            upstream,
-            exact,
+            backend,
         });
         Ok(Gateway {
             state,
@@ -154,7 +132,7 @@ impl Gateway {
         let scheme = if self.tls.is_some() { "https" } else { "http" };
         match self.local_addr() {
             Some(a) => format!("{scheme}://{a}"),
-            None => format!("{scheme}://{}", self.state.cfg.listen),
+            None => format!("{scheme}://{}", self.state.cfg.server.listen),
         }
     }
 
@@ -182,7 +160,7 @@ impl Gateway {
         builder
             .http1()
             .timer(TokioTimer::new())
-            .header_read_timeout(state.cfg.header_timeout)
+            .header_read_timeout(state.cfg.server.header_timeout)
             .keep_alive(true);
         let graceful = GracefulShutdown::new();
         let housekeeping = {
@@ -229,7 +207,7 @@ impl Gateway {
                 }
                 Some(acceptor) => {
                     let acceptor = acceptor.clone();
-                    let hs_timeout = state.cfg.header_timeout;
+                    let hs_timeout = state.cfg.server.header_timeout;
                     tokio::spawn(async move {
                         let tls_stream =
                             match tokio::time::timeout(hs_timeout, acceptor.accept(stream)).await {
@@ -267,7 +245,7 @@ impl Gateway {
             .shutdown()
             .await
             .map_err(|source| StartError::Recorder {
-                dir: state.cfg.data_dir.display().to_string(),
+                dir: state.cfg.recorder.data_dir.display().to_string(),
                 source,
             })?;
         info!("recorder flushed and sealed");
@@ -317,8 +295,7 @@ fn tls_acceptor(
 /// Routes one request and turns any error into OpenAI's error body.
 async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<GBody> {
     let t0 = Instant::now();
-    let (label, result) = dispatch(&state, req, t0).await;
-    let anthropic_shape = label == Route::Messages.label();
+    let (route, label, result) = dispatch(&state, req, t0).await;
     let resp = match result {
         Ok(r) => r,
         Err(e) => {
@@ -336,15 +313,14 @@ async fn route(state: Arc<State>, req: Request<Incoming>) -> Response<GBody> {
                     code: e.code(),
                 })
                 .inc();
-            if anthropic_shape {
-                let mut r: Response<GBody> = e.to_response();
+            // The error body in the client's own dialect.
+            let mut r: Response<GBody> = e.to_response();
+            if let Some(kind) = route.and_then(Route::dialect) {
                 *r.body_mut() = full(Bytes::from(
-                    crate::dialect::anthropic::error_body(&e).to_string(),
+                    crate::dialect::dialect(kind).error_body(&e).to_string(),
                 ));
-                r
-            } else {
-                e.to_response()
             }
+            r
         }
     };
     state
@@ -362,12 +338,17 @@ async fn dispatch(
     state: &Arc<State>,
     req: Request<Incoming>,
     t0: Instant,
-) -> (&'static str, Result<Response<GBody>, GatewayError>) {
+) -> (
+    Option<Route>,
+    &'static str,
+    Result<Response<GBody>, GatewayError>,
+) {
     let path = req.uri().path().to_string();
     let method = req.method().clone();
     match path.as_str() {
         "/healthz" => {
             return (
+                None,
                 "healthz",
                 Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
             );
@@ -384,15 +365,15 @@ async fn dispatch(
                     "application/openmetrics-text; version=1.0.0; charset=utf-8",
                 ),
             );
-            return ("metrics", Ok(r));
+            return (None, "metrics", Ok(r));
         }
         _ => {}
     }
     if path == "/graft/sessions" || path.starts_with("/graft/sessions/") {
-        return ("sessions", admin(state, req, &path).await);
+        return (None, "sessions", admin(state, req, &path).await);
     }
     if path.starts_with("/graft/backend/") {
-        return ("backend", backend_admin(state, req, &path).await);
+        return (None, "backend", backend_admin(state, req, &path).await);
     }
     let (url_session, rest) = match path.strip_prefix("/s/") {
         Some(r) => match r.split_once('/') {
@@ -401,21 +382,15 @@ async fn dispatch(
         },
         None => (None, path.clone()),
     };
-    let route = match rest.as_str() {
-        "/v1/chat/completions" => Route::ChatCompletions,
-        "/v1/completions" => Route::Completions,
-        "/v1/models" => Route::Models,
-        "/v1/responses" => Route::Responses,
-        "/v1/messages" => Route::Messages,
-        _ => {
-            return (
-                "unknown",
-                Err(GatewayError::NotFound {
-                    method: method.to_string(),
-                    path,
-                }),
-            );
-        }
+    let Some(route) = Route::from_path(&rest) else {
+        return (
+            None,
+            "unknown",
+            Err(GatewayError::NotFound {
+                method: method.to_string(),
+                path,
+            }),
+        );
     };
     let expected = if route == Route::Models {
         Method::GET
@@ -425,10 +400,11 @@ async fn dispatch(
     if route == Route::Responses && method == Method::GET {
         // Codex tries a WebSocket upgrade on GET /v1/responses first; refusing it at once
         // makes it fall back to POST + SSE.
-        return (route.label(), Ok(websocket_refusal()));
+        return (Some(route), route.label(), Ok(websocket_refusal()));
     }
     if method != expected {
         return (
+            Some(route),
             route.label(),
             Err(GatewayError::MethodNotAllowed {
                 method: method.to_string(),
@@ -440,10 +416,10 @@ async fn dispatch(
     let result = async {
         let session = resolve_session(state, url_session, &parts.headers).await?;
         state.limits.check(&session.id)?;
-        proxy::handle(state.clone(), route, session, parts.headers, body, t0).await
+        pipeline::handle(state.clone(), route, session, parts.headers, body, t0).await
     }
     .await;
-    (route.label(), result)
+    (Some(route), route.label(), result)
 }
 
 fn websocket_refusal() -> Response<GBody> {
@@ -512,14 +488,14 @@ async fn resolve_session(
             format!("session id '{n}' must be 1-128 characters of [A-Za-z0-9._:-]"),
         ));
     }
-    if state.cfg.require_client_key && key_session.is_none() {
+    if state.cfg.auth.require_client_key && key_session.is_none() {
         match key {
             None => {
                 return Err(GatewayError::Unauthorized(
                     "missing API key; send 'Authorization: Bearer <key>' with a session key from POST /graft/sessions or a configured client key".into(),
                 ));
             }
-            Some(k) if !state.cfg.client_keys.iter().any(|c| c == k) => {
+            Some(k) if !state.cfg.auth.client_keys.iter().any(|c| c == k) => {
                 return Err(GatewayError::Unauthorized(format!(
                     "API key '{}' is not valid for this gateway; use a session key from POST /graft/sessions or a configured client key",
                     mask(k)
@@ -537,7 +513,7 @@ async fn resolve_session(
         }
         (Some(n), _) => match state.sessions.get(&n) {
             Some(s) => s,
-            None if state.cfg.auto_create_sessions => state.sessions.auto_create(&n).await?,
+            None if state.cfg.sessions.auto_create => state.sessions.auto_create(&n).await?,
             None => return Err(GatewayError::UnknownSession(n)),
         },
         (None, Some(ks)) => ks,
@@ -566,7 +542,7 @@ fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
 
 /// Refuses a request to an admin route without the admin key (when one is configured).
 fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), GatewayError> {
-    if let Some(admin) = &state.cfg.admin_key {
+    if let Some(admin) = &state.cfg.auth.admin_key {
         match bearer(headers) {
             None => {
                 return Err(GatewayError::Unauthorized(format!(
@@ -596,7 +572,7 @@ async fn backend_admin(
     path: &str,
 ) -> Result<Response<GBody>, GatewayError> {
     check_admin(state, req.headers(), "the backend API")?;
-    let Some(ex) = &state.exact else {
+    let Some(ex) = state.backend.exact() else {
         return Err(GatewayError::field(
             "mode",
             "/graft/backend/* is for exact mode (the gateway calls the backend itself); this gateway runs in passthrough mode",
@@ -605,7 +581,7 @@ async fn backend_admin(
     let method = req.method().clone();
     // `{"backend": URL}` picks one backend; no body, `{}` or no such key: all of them.
     let target = if method == Method::POST {
-        let body = proxy::read_body(req.into_body(), 64 * 1024, state.cfg.body_timeout).await?;
+        let body = read_body(req.into_body(), 64 * 1024, state.cfg.limits.body_timeout).await?;
         let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
             Value::Null
         } else {
@@ -677,7 +653,7 @@ async fn admin(
     req: Request<Incoming>,
     path: &str,
 ) -> Result<Response<GBody>, GatewayError> {
-    if let Some(admin) = &state.cfg.admin_key {
+    if let Some(admin) = &state.cfg.auth.admin_key {
         match bearer(req.headers()) {
             None => {
                 return Err(GatewayError::Unauthorized(
@@ -707,7 +683,7 @@ async fn admin(
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .map(str::to_string);
-    let body = proxy::read_body(req.into_body(), 1024 * 1024, state.cfg.body_timeout).await?;
+    let body = read_body(req.into_body(), 1024 * 1024, state.cfg.limits.body_timeout).await?;
     let parse = |what: &str| -> Result<Value, GatewayError> {
         if body.iter().all(u8::is_ascii_whitespace) {
             return Ok(Value::Null);
@@ -725,17 +701,17 @@ async fn admin(
                 })?
             };
             let (session, key) = state.sessions.create(creq).await?;
-            let base = match (&state.cfg.public_url, host) {
+            let base = match (&state.cfg.server.public_url, host) {
                 (Some(u), _) => u.clone(),
                 (None, Some(h)) => format!(
                     "{}://{h}",
-                    if state.cfg.tls.is_some() {
+                    if state.cfg.server.tls.is_some() {
                         "https"
                     } else {
                         "http"
                     }
                 ),
-                (None, None) => format!("http://{}", state.cfg.listen),
+                (None, None) => format!("http://{}", state.cfg.server.listen),
             };
             info!(session = %session.id, group = ?session.group_id, "session created");
             Ok(json_response(
@@ -774,9 +750,7 @@ async fn admin(
         (Method::POST, [id, "close"]) => {
             let s = state.sessions.close(id).await?;
             state.recorder.forget_session(id);
-            if let Some(ex) = &state.exact {
-                ex.forget(id);
-            }
+            state.backend.forget(id);
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (m, _) => Err(GatewayError::NotFound {

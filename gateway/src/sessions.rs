@@ -10,8 +10,8 @@ use rand::Rng;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
-use crate::config::valid_session_id;
 use crate::error::GatewayError;
+use crate::route::valid_session_id;
 
 pub struct Session {
     pub id: String,

@@ -42,7 +42,7 @@
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::proxy::Route;
+use crate::route::Route;
 
 /// `upstream.token_ids`: which upstream's way of returning token ids to use.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

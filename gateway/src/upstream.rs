@@ -1,135 +1,20 @@
-//! Upstream adapters: where a call goes once the gateway has accepted it. One adapter per
-//! kind of backend, chosen by the [`Upstream`] enum. Passthrough mode has one today: any
-//! OpenAI-compatible server (SGLang, vLLM, `graft serve`, a hosted API).
+//! The HTTP(S) client every backend is reached with, and how upstream failures read in
+//! errors. The backends themselves are in `backend/`.
 
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{HeaderMap, HeaderValue, Method, Request, Response, header};
+
 use http_body_util::Full;
-use hyper::body::Incoming;
+
 use hyper_rustls::HttpsConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
 use crate::error::GatewayError;
-
-/// The backends graft can forward to.
-pub enum Upstream {
-    OpenAiCompatible(OpenAiCompatible),
-}
-
-impl Upstream {
-    pub fn base_url(&self) -> &str {
-        match self {
-            Upstream::OpenAiCompatible(u) => &u.base,
-        }
-    }
-
-    /// Sends one request (`path` relative to the base URL, e.g. `/chat/completions`) and
-    /// returns once the response head has arrived.
-    pub async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-        client_headers: &HeaderMap,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        match self {
-            Upstream::OpenAiCompatible(u) => u.send(method, path, body, client_headers).await,
-        }
-    }
-
-    pub fn timeout(&self) -> Duration {
-        match self {
-            Upstream::OpenAiCompatible(u) => u.timeout,
-        }
-    }
-}
-
-/// Any server that speaks OpenAI's HTTP API. The client's own API key never reaches it:
-/// graft sends its configured key instead.
-pub struct OpenAiCompatible {
-    base: String,
-    api_key: Option<HeaderValue>,
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
-    timeout: Duration,
-}
-
-/// Client headers worth passing on; everything else (Authorization first) stays behind.
-const FORWARDED: [header::HeaderName; 2] = [header::ACCEPT, header::USER_AGENT];
-
-impl OpenAiCompatible {
-    pub fn new(
-        base: String,
-        api_key: Option<String>,
-        timeout: Duration,
-        connect_timeout: Duration,
-        ca_file: Option<&Path>,
-    ) -> Result<Self, GatewayError> {
-        let client = http_client(connect_timeout, ca_file)?;
-        let api_key = match api_key {
-            Some(k) => Some(HeaderValue::from_str(&format!("Bearer {k}")).map_err(|_| {
-                GatewayError::Internal(
-                    "upstream.api_key contains characters not allowed in a header".into(),
-                )
-            })?),
-            None => None,
-        };
-        Ok(OpenAiCompatible {
-            base,
-            api_key,
-            client,
-            timeout,
-        })
-    }
-
-    async fn send(
-        &self,
-        method: Method,
-        path: &str,
-        body: Bytes,
-        client_headers: &HeaderMap,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        let url = format!("{}{}", self.base, path);
-        let mut req = Request::builder().method(method).uri(&url);
-        if let Some(h) = req.headers_mut() {
-            for name in FORWARDED {
-                if let Some(v) = client_headers.get(&name) {
-                    h.insert(name, v.clone());
-                }
-            }
-            if !body.is_empty() {
-                h.insert(
-                    header::CONTENT_TYPE,
-                    HeaderValue::from_static("application/json"),
-                );
-            }
-            if let Some(k) = &self.api_key {
-                let mut k = k.clone();
-                k.set_sensitive(true);
-                h.insert(header::AUTHORIZATION, k);
-            }
-        }
-        let req = req.body(Full::new(body)).map_err(|e| {
-            GatewayError::Internal(format!("cannot build upstream request to {url}: {e}"))
-        })?;
-        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
-            Ok(Ok(resp)) => Ok(resp),
-            Ok(Err(e)) => Err(GatewayError::UpstreamUnreachable {
-                upstream: self.base.clone(),
-                detail: error_chain(&e),
-            }),
-            Err(_) => Err(GatewayError::UpstreamTimeout {
-                upstream: self.base.clone(),
-                secs: self.timeout.as_secs(),
-            }),
-        }
-    }
-}
 
 /// The HTTP(S) client graft talks to backends with: HTTP/1, no Nagle, a connect timeout,
 /// public roots or the CAs of `ca_file`.
@@ -199,4 +84,24 @@ pub fn error_chain(e: &dyn std::error::Error) -> String {
         src = inner.source();
     }
     s
+}
+
+/// The first 200 bytes of a body, for an error message.
+pub(crate) fn snippet(b: &[u8]) -> String {
+    let s = String::from_utf8_lossy(&b[..b.len().min(200)]).to_string();
+    format!("'{}'{}", s.trim(), if b.len() > 200 { "…" } else { "" })
+}
+
+/// The upstream's own error message when it sent OpenAI's error shape, else a snippet.
+pub(crate) fn upstream_message(b: &[u8]) -> String {
+    serde_json::from_slice::<serde_json::Value>(b)
+        .ok()
+        .and_then(|v| {
+            v.pointer("/error/message")
+                .or_else(|| v.get("message"))
+                .or_else(|| v.get("detail"))
+                .and_then(serde_json::Value::as_str)
+                .map(str::to_string)
+        })
+        .unwrap_or_else(|| snippet(b))
 }

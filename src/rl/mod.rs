@@ -32,7 +32,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use graft_gateway::{FileConfig, Gateway, GatewayConfig, Overrides};
+use graft_gateway::{BackendConfig, ExactConfig, Gateway, GatewayConfig};
 use graft_reconstruct::merge::{CallTokens, Summary, merge_session};
 use graft_reconstruct::retokenize::Model;
 use graft_reconstruct::sample::write_samples_parquet;
@@ -187,21 +187,13 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     // The gateway, exact mode, in this process.
     let admin = format!("gk-admin-{}", uuid::Uuid::new_v4().simple());
     let data_dir = cfg.run.out_dir.join("data");
-    let toml = format!(
-        "[upstream]\nmode = \"exact\"\n[exact]\nbackends = {}\n[auth]\nadmin_key = \"{admin}\"\n",
-        serde_json::to_string(&backends)?
-    );
-    let file = FileConfig::from_toml(&toml, Path::new("<graft rl>"))?;
-    let gcfg = GatewayConfig::resolve(
-        file,
-        Overrides {
-            listen: Some(([127, 0, 0, 1], 0).into()),
-            upstream: backends.first().cloned(),
-            data_dir: Some(data_dir),
-            model_dir: Some(cfg.backend.model_dir.clone()),
-            ..Default::default()
-        },
-    )?;
+    let mut gcfg = GatewayConfig::new(BackendConfig::Sglang(ExactConfig::new(
+        cfg.backend.model_dir.clone(),
+        backends.clone(),
+    )?))?;
+    gcfg.server.listen = ([127, 0, 0, 1], 0).into();
+    gcfg.recorder.data_dir = data_dir;
+    gcfg.auth.admin_key = Some(admin.clone());
     let gw = Gateway::bind(gcfg).await?;
     let gateway_url = gw.url();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();

@@ -172,6 +172,10 @@ fn prompt_of(text: &str) -> Prompt {
     if turns.last().is_some_and(|(r, _)| r == "assistant") {
         turns.pop();
     }
+    // A raw prompt (Completions: no chat template) is the user's text as it is.
+    if turns.is_empty() && !text.contains("<|im_start|>") {
+        turns.push(("user".to_string(), text.to_string()));
+    }
     let last = turns.last().cloned().unwrap_or_default();
     let last_user = turns
         .iter()
@@ -365,6 +369,14 @@ mod tests {
         assert_eq!(p.last_user_text, "graft-task");
         assert!(p.has_tools);
         assert_eq!(p.message_count, 3);
+    }
+
+    #[test]
+    fn a_raw_prompt_is_the_users_text() {
+        let p = prompt_of("graft-completion: Once upon a time");
+        assert_eq!(p.last_user_text, "graft-completion: Once upon a time");
+        assert_eq!(p.last_role.as_deref(), Some("user"));
+        assert_eq!(p.message_count, 1);
     }
 
     #[test]

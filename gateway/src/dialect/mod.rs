@@ -1,25 +1,35 @@
-//! Dialects: the wire formats harnesses speak (OpenAI Chat Completions, OpenAI Responses,
-//! Anthropic Messages). Each file converts between its dialect and the one internal
-//! conversation type here, so a client in any dialect can be served by an upstream that
-//! speaks another (usually Chat Completions), streaming included.
+//! Dialects: the wire formats harnesses speak (OpenAI Chat Completions, OpenAI Completions,
+//! OpenAI Responses, Anthropic Messages). Each folder converts between its dialect and the one
+//! internal conversation type here, so a client in any dialect can be served by an upstream
+//! that speaks another (usually Chat Completions), streaming included.
 //!
-//! Request side: `parse_request` (dialect JSON → [`Conversation`], errors name the field).
-//! Answer side: [`Answer`] (a whole response) and [`Delta`] (one streamed piece) are rendered
-//! back into the client's dialect by `render_answer` and a [`StreamEmitter`].
+//! Every dialect has the same parts, one file each: `request` (dialect JSON → [`Conversation`],
+//! errors name the field), `render` (an [`Answer`] → the dialect's whole response), `stream`
+//! (a [`StreamEmitter`] turning [`Delta`]s into the dialect's SSE events), `assemble` (the
+//! dialect's own relayed events → its whole response) and `tests`. The [`Dialect`] trait is the
+//! one face the call pipeline sees; [`dialect`] is the one place a dialect is chosen.
 
 pub mod anthropic;
 pub mod chat;
+pub mod completions;
 pub mod responses;
+
+#[cfg(test)]
+mod tests;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
+
+use crate::error::GatewayError;
 
 /// The wire format of a request or an upstream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum DialectKind {
     ChatCompletions,
+    /// OpenAI's legacy Completions (`/v1/completions`): a raw prompt, no messages.
+    Completions,
     Responses,
     AnthropicMessages,
 }
@@ -28,6 +38,7 @@ impl DialectKind {
     pub fn label(self) -> &'static str {
         match self {
             DialectKind::ChatCompletions => "chat_completions",
+            DialectKind::Completions => "completions",
             DialectKind::Responses => "responses",
             DialectKind::AnthropicMessages => "anthropic_messages",
         }
@@ -182,6 +193,26 @@ pub struct Conversation {
     /// What was dropped or mapped on the way in, and why (never silent).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// Chat Completions (and Completions) `stream_options.include_usage`: the stream ends with
+    /// a usage chunk.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub include_usage: bool,
+    /// A Completions request's raw prompt (such a conversation has no messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<RawPrompt>,
+}
+
+/// The prompt of a Completions request, as the client sent it: text (a string or a one-element
+/// array of strings) or token ids (an array of ids, or a one-element array of such arrays).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RawPrompt {
+    Text(String),
+    Tokens(Vec<u32>),
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -268,4 +299,48 @@ pub fn sse_named(event: &str, data: &Value) -> Bytes {
 /// A fresh id with a dialect's prefix (`resp_`, `msg_`, `fc_`, `toolu_`...).
 pub fn new_id(prefix: &str) -> String {
     format!("{prefix}{}", uuid::Uuid::now_v7().simple())
+}
+
+/// One wire format clients speak. A fourth dialect = one folder + one `DialectKind` arm.
+pub trait Dialect: Send + Sync {
+    fn kind(&self) -> DialectKind;
+    /// Validates a request body (already known to be a JSON object with a string `model`)
+    /// and converts it into the internal conversation; errors name the JSON path.
+    fn parse(&self, body: &Value) -> Result<Conversation, GatewayError>;
+    /// A whole answer in this dialect (`id` = the response id graft gives it).
+    fn render(&self, conv: &Conversation, answer: &Answer, id: &str) -> Value;
+    /// The stream emitter for one answer.
+    fn emitter(&self, conv: &Conversation, id: &str, created: i64) -> Box<dyn StreamEmitter>;
+    /// Rebuilds a whole answer (this dialect's JSON) from its own relayed SSE events (the
+    /// passthrough tee).
+    fn assembler(&self) -> Box<dyn StreamAssembler>;
+    /// The error body of a refused call, and the SSE event that ends a failed stream.
+    fn error_body(&self, e: &GatewayError) -> Value;
+    fn error_event(&self, e: &GatewayError, response_id: &str) -> Bytes;
+    /// Prefix of the response ids graft makes (`chatcmpl-`, `resp_`, `msg_`, `cmpl-`).
+    fn id_prefix(&self) -> &'static str;
+}
+
+/// Rebuilds one dialect's whole response from the events of a stream relayed in that dialect.
+pub trait StreamAssembler: Send {
+    /// Adds one event's parsed `data:` JSON.
+    fn push(&mut self, event: &Value);
+    /// Whether this relayed event is the stream's last word (the pipeline holds it back until
+    /// the record is durable).
+    fn is_terminal(&self, ev: &crate::sse::Event, parsed: Option<&Value>) -> bool;
+    /// The assembled answer (None when nothing was assembled).
+    fn finish(&self) -> Option<Value>;
+    /// The finish reason to record, in the dialect's own words; `response` is what
+    /// [`StreamAssembler::finish`] returned.
+    fn finish_reason(&self, response: Option<&Value>) -> Option<String>;
+}
+
+/// The one place a dialect is chosen.
+pub fn dialect(kind: DialectKind) -> &'static dyn Dialect {
+    match kind {
+        DialectKind::ChatCompletions => &chat::Chat,
+        DialectKind::Completions => &completions::Completions,
+        DialectKind::Responses => &responses::Responses,
+        DialectKind::AnthropicMessages => &anthropic::Anthropic,
+    }
 }

@@ -18,15 +18,7 @@ use graft_envd_agent::server::{
 };
 
 use crate::error::EnvdError;
-use crate::local::{ExecSpec, OutputEvent};
-use crate::model::{DirEntry, JobInfo};
-
-fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
-}
+use crate::model::{DirEntry, ExecSpec, JobInfo, OutputEvent, now_ms};
 
 /// Where a sandbox's agent answers and the token it wants.
 #[derive(Debug, Clone)]

@@ -1,0 +1,819 @@
+//! Exact mode: graft owns the tokens. A call in any dialect becomes a conversation, graft
+//! renders it with the model's own chat template and tokenizes it (reusing the session's
+//! earlier prompt and sampled ids verbatim when the call extends an earlier one, see
+//! `graft_reconstruct::exact`), calls the backend's SGLang-native `POST /generate` with
+//! `input_ids`, then decodes and parses the output ids (text, reasoning, tool calls) into
+//! deltas the client dialect's emitter writes, as ids arrive. The record holds the prompt
+//! ids, the completion ids and their logprobs, the finish reason and the backend's
+//! `weight_version`.
+//!
+//! A session is pinned to one backend (its first call picks the one with the fewest
+//! sessions), so the backend's prefix cache keeps serving it. `pause` holds new calls before
+//! they reach a backend (one backend, or all) and returns once the calls in flight there are
+//! done; `resume` lets them go (weight updates happen in between: nothing is aborted).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graft_reconstruct::exact::{
+    Detokenizer, Prompt, PromptBuilder, PromptKind, Turn, answer_message, template_messages,
+};
+use graft_reconstruct::parser::{OutputParser, Piece as Parsed, ReasoningFormat, ToolCallFormat};
+use graft_reconstruct::retokenize::Model;
+use http::{HeaderValue, Method, Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
+use tracing::{info, warn};
+
+use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
+use crate::config::{BackendHttp, ExactConfig};
+use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall};
+use crate::error::GatewayError;
+use crate::outcome::Outcome;
+use crate::sessions::now_us;
+use crate::sglang::{self, FinishReason, Progress};
+use crate::sse::Event;
+use crate::token_ids::Recorded;
+use crate::upstream::{HttpClient, error_chain, http_client, snippet, upstream_message};
+
+/// The upstream wire label exact-mode records carry.
+pub const WIRE: &str = "sglang_generate";
+
+#[derive(Default)]
+struct SessionTokens {
+    backend: usize,
+    /// Most recent first.
+    turns: VecDeque<Arc<Turn>>,
+    /// Ids held by `turns`.
+    held: usize,
+    /// When the session was last used (a counter).
+    last_used: u64,
+}
+
+/// Every session's recent calls, within a budget of ids held in all.
+#[derive(Default)]
+struct Histories {
+    map: HashMap<String, SessionTokens>,
+    held: usize,
+    clock: u64,
+}
+
+impl Histories {
+    /// Drops the token histories of the least recently used sessions (their backend pin
+    /// stays) until at most `budget` ids are held. Their next call is tokenized in full.
+    fn evict(&mut self, budget: usize) -> usize {
+        let mut evicted = 0;
+        while self.held > budget {
+            let Some((_, s)) = self
+                .map
+                .iter_mut()
+                .filter(|(_, s)| s.held > 0)
+                .min_by_key(|(_, s)| s.last_used)
+            else {
+                break;
+            };
+            self.held -= s.held;
+            s.held = 0;
+            s.turns.clear();
+            evicted += 1;
+        }
+        evicted
+    }
+}
+
+/// Every session's recent calls and their budget: shared by the backend and its calls
+/// (a call remembers itself once it is answered).
+struct Memory {
+    histories: Mutex<Histories>,
+    per_session: usize,
+    budget: usize,
+}
+
+impl Memory {
+    fn remember(&self, id: &str, turn: Turn) {
+        let Ok(mut h) = self.histories.lock() else {
+            return;
+        };
+        let Some(s) = h.map.get_mut(id) else {
+            return;
+        };
+        s.turns.push_front(Arc::new(turn));
+        s.turns.truncate(self.per_session);
+        let before = s.held;
+        s.held = s.turns.iter().map(|t| t.tokens.len()).sum();
+        let after = s.held;
+        h.held = h.held.saturating_sub(before) + after;
+        let evicted = h.evict(self.budget);
+        if evicted > 0 {
+            info!(
+                evicted,
+                budget = self.budget,
+                "exact mode: token histories of the least recently used sessions dropped (exact.history_max_tokens); their next calls are tokenized in full"
+            );
+        }
+    }
+}
+
+/// Exact mode's state: the model's template and tokenizer, the backends, each session's
+/// recent calls, and the pause gates.
+pub struct Sglang {
+    builder: Arc<PromptBuilder>,
+    tool_format: ToolCallFormat,
+    reasoning_format: ReasoningFormat,
+    backends: Vec<String>,
+    pinned: Mutex<Vec<usize>>,
+    client: HttpClient,
+    timeout: Duration,
+    max_new_tokens: u64,
+    memory: Arc<Memory>,
+    /// One gate per backend: a call holds its backend's for reading while the backend has
+    /// it; a pause takes it for writing.
+    gates: Vec<Arc<RwLock<()>>>,
+    paused: tokio::sync::Mutex<Vec<Option<OwnedRwLockWriteGuard<()>>>>,
+}
+
+impl Sglang {
+    pub fn new(cfg: &ExactConfig, http: &BackendHttp) -> Result<Self, BackendSetupError> {
+        let mut model = Model::from_dir(&cfg.model_dir).map_err(|e| BackendSetupError::Model {
+            dir: cfg.model_dir.display().to_string(),
+            message: e.to_string(),
+        })?;
+        model.extra = cfg.template_kwargs.clone();
+        Ok(Sglang {
+            builder: Arc::new(PromptBuilder::new(model)),
+            tool_format: cfg.tool_call_format,
+            reasoning_format: cfg.reasoning_format,
+            pinned: Mutex::new(vec![0; cfg.backends.len()]),
+            backends: cfg.backends.clone(),
+            client: http_client(http.connect_timeout, http.ca_file.as_deref())?,
+            timeout: http.timeout,
+            max_new_tokens: cfg.max_new_tokens,
+            memory: Arc::new(Memory {
+                histories: Mutex::new(Histories::default()),
+                per_session: cfg.history_per_session,
+                budget: cfg.history_max_tokens,
+            }),
+            gates: cfg
+                .backends
+                .iter()
+                .map(|_| Arc::new(RwLock::new(())))
+                .collect(),
+            paused: tokio::sync::Mutex::new(cfg.backends.iter().map(|_| None).collect()),
+        })
+    }
+
+    pub fn backends(&self) -> &[String] {
+        &self.backends
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The session's backend (pinning it on first use) and its recent calls.
+    fn session(&self, id: &str) -> (usize, Vec<Arc<Turn>>) {
+        let Ok(mut h) = self.memory.histories.lock() else {
+            return (0, vec![]);
+        };
+        h.clock += 1;
+        let now = h.clock;
+        if let Some(s) = h.map.get_mut(id) {
+            s.last_used = now;
+            return (s.backend, s.turns.iter().cloned().collect());
+        }
+        let backend = match self.pinned.lock() {
+            Ok(mut counts) => {
+                let (i, _) = counts
+                    .iter()
+                    .enumerate()
+                    .min_by_key(|(_, n)| **n)
+                    .unwrap_or((0, &0));
+                if let Some(c) = counts.get_mut(i) {
+                    *c += 1;
+                }
+                i
+            }
+            Err(_) => 0,
+        };
+        h.map.insert(
+            id.to_string(),
+            SessionTokens {
+                backend,
+                last_used: now,
+                ..Default::default()
+            },
+        );
+        (backend, vec![])
+    }
+
+    /// A closed session's tokens are dropped.
+    pub fn forget(&self, id: &str) {
+        let removed = self.memory.histories.lock().ok().and_then(|mut h| {
+            let s = h.map.remove(id)?;
+            h.held = h.held.saturating_sub(s.held);
+            Some(s)
+        });
+        if let (Some(s), Ok(mut counts)) = (removed, self.pinned.lock())
+            && let Some(c) = counts.get_mut(s.backend)
+        {
+            *c = c.saturating_sub(1);
+        }
+    }
+
+    /// Ids held in all sessions' histories.
+    pub fn held_tokens(&self) -> usize {
+        self.memory.histories.lock().map(|h| h.held).unwrap_or(0)
+    }
+
+    /// The index of a configured backend, by its URL (a trailing `/` ignored).
+    pub fn backend_index(&self, url: &str) -> Option<usize> {
+        let url = url.trim_end_matches('/');
+        self.backends
+            .iter()
+            .position(|b| b.trim_end_matches('/') == url)
+    }
+
+    /// Holds new calls to `backend` (every backend when None) and waits until its calls in
+    /// flight are done. Calls pinned to other backends go on. Returns how long that took.
+    pub async fn pause(&self, backend: Option<usize>) -> Duration {
+        let t = Instant::now();
+        let mut paused = self.paused.lock().await;
+        for (i, slot) in paused.iter_mut().enumerate() {
+            if backend.is_none_or(|b| b == i)
+                && slot.is_none()
+                && let Some(gate) = self.gates.get(i)
+            {
+                *slot = Some(gate.clone().write_owned().await);
+            }
+        }
+        t.elapsed()
+    }
+
+    /// Lets held calls to `backend` (every backend when None) go. Returns whether any of
+    /// them was paused.
+    pub async fn resume(&self, backend: Option<usize>) -> bool {
+        let mut paused = self.paused.lock().await;
+        let mut was = false;
+        for (i, slot) in paused.iter_mut().enumerate() {
+            if backend.is_none_or(|b| b == i) {
+                was |= slot.take().is_some();
+            }
+        }
+        was
+    }
+
+    /// The backends now paused.
+    pub async fn paused_backends(&self) -> Vec<String> {
+        let paused = self.paused.lock().await;
+        self.backends
+            .iter()
+            .zip(paused.iter())
+            .filter(|(_, p)| p.is_some())
+            .map(|(b, _)| b.clone())
+            .collect()
+    }
+
+    fn parser(&self, call_id: &str, starts_in_reasoning: bool, tools: &[Value]) -> OutputParser {
+        let short: String = call_id
+            .chars()
+            .filter(char::is_ascii_hexdigit)
+            .rev()
+            .take(12)
+            .collect();
+        OutputParser::new(self.tool_format, self.reasoning_format, starts_in_reasoning)
+            .with_schemas(tools)
+            .with_id_prefix(format!("call_{short}_"))
+    }
+
+    /// Renders and tokenizes the call's prompt (reusing the session's sampled ids where it
+    /// extends an earlier call) and builds the `/generate` request.
+    pub(crate) async fn plan(
+        &self,
+        dialect: &'static dyn Dialect,
+        request: &Value,
+        session: &str,
+        call_id: &str,
+    ) -> Result<Plan, GatewayError> {
+        let conv = dialect.parse(request)?;
+        if let Some(n) = request.get("n").and_then(Value::as_u64)
+            && n > 1
+        {
+            return Err(GatewayError::field(
+                "n",
+                format!(
+                    "exact mode samples one choice per call ('n' is {n}); send {n} calls in the same group instead"
+                ),
+            ));
+        }
+        let mut conv = conv;
+        let (backend_index, history) = self.session(session);
+        let backend = self
+            .backends
+            .get(backend_index)
+            .cloned()
+            .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
+        let gate = self
+            .gates
+            .get(backend_index)
+            .cloned()
+            .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
+
+        // Rendering and tokenizing is CPU work: off the reactor.
+        let builder = self.builder.clone();
+        let t_render = Instant::now();
+        let (messages, tools, prompt, chat) = match conv.prompt.clone() {
+            // Completions: raw text has no chat template: it is tokenized as it is (the
+            // client's own ids are sent as they are); no tool calls or reasoning are parsed,
+            // and nothing is remembered for prefix reuse.
+            Some(raw) => {
+                let ids = match raw {
+                    RawPrompt::Tokens(ids) => ids,
+                    RawPrompt::Text(text) => {
+                        tokio::task::spawn_blocking(move || builder.model().tokenizer.encode(&text))
+                            .await
+                            .map_err(|e| {
+                                GatewayError::Internal(format!("the prompt task failed: {e}"))
+                            })?
+                            .map_err(|e| {
+                                GatewayError::field(
+                                    "prompt",
+                                    format!("the model's tokenizer cannot encode this prompt: {e}"),
+                                )
+                            })?
+                    }
+                };
+                if ids.is_empty() {
+                    return Err(GatewayError::field("prompt", "'prompt' is empty"));
+                }
+                let prompt = Prompt {
+                    ids,
+                    kind: PromptKind::Full,
+                    starts_in_reasoning: false,
+                };
+                (vec![], None, prompt, false)
+            }
+            None => {
+                let (chat_req, notes) = crate::dialect::chat::to_request(&conv);
+                conv.notes.extend(notes);
+                let messages = template_messages(
+                    chat_req
+                        .get("messages")
+                        .and_then(Value::as_array)
+                        .map_or(&[][..], Vec::as_slice),
+                );
+                let tools: Option<Vec<Value>> = chat_req
+                    .get("tools")
+                    .and_then(Value::as_array)
+                    .filter(|t| !t.is_empty())
+                    .cloned();
+                let (msgs, tls) = (messages.clone(), tools.clone());
+                let prompt = tokio::task::spawn_blocking(move || {
+                    builder.prompt(&msgs, tls.as_deref(), &history)
+                })
+                .await
+                .map_err(|e| GatewayError::Internal(format!("the prompt task failed: {e}")))?
+                .map_err(|e| {
+                    GatewayError::field(
+                        "messages",
+                        format!("the model's chat template cannot render this conversation: {e}"),
+                    )
+                })?;
+                (messages, tools, prompt, true)
+            }
+        };
+        let render_time = t_render.elapsed();
+        let reused = match prompt.kind {
+            PromptKind::Reused { reused } => reused,
+            PromptKind::Full => 0,
+        };
+        let params = sglang::sampling_params(&conv.sampling, self.max_new_tokens);
+        let body = sglang::generate_body(&prompt.ids, params, conv.stream);
+        let mut recorded_body = body.clone();
+        if let Some(o) = recorded_body.as_object_mut() {
+            // The ids are the record's prompt_token_ids; the body keeps what else was sent.
+            o.remove("input_ids");
+            o.insert(
+                "graft_prompt".into(),
+                serde_json::json!({
+                    "tokens": prompt.ids.len(),
+                    "reused_tokens": reused,
+                    "render_ms": render_time.as_secs_f64() * 1e3,
+                }),
+            );
+        }
+        let parser = if chat {
+            self.parser(
+                call_id,
+                prompt.starts_in_reasoning,
+                tools.as_deref().unwrap_or(&[]),
+            )
+        } else {
+            OutputParser::new(ToolCallFormat::None, ReasoningFormat::None, false)
+        };
+        let stream = conv.stream;
+        let model = conv.model.clone();
+        let generate = Generate {
+            body: Bytes::from(body.to_string()),
+            backend: backend.clone(),
+            gate,
+            session: session.to_string(),
+            memory: self.memory.clone(),
+            model: model.clone(),
+            created: now_us() / 1_000_000,
+            messages,
+            tools,
+            prompt,
+            decoder: Decoder {
+                builder: self.builder.clone(),
+                detok: Detokenizer::new(),
+                parser,
+            },
+            progress: Progress::default(),
+            events: 0,
+            response_id: String::new(),
+            reused: reused > 0,
+            render_time,
+            remember: chat,
+        };
+        Ok(Plan {
+            leg: Leg::Generate(Box::new(generate)),
+            normalized_request: serde_json::to_value(&conv).ok(),
+            conv: Some(conv),
+            upstream_request: Some(recorded_body),
+            upstream_dialect: Some(WIRE),
+            upstream: backend,
+            model: Some(model),
+            stream,
+        })
+    }
+
+    /// `POST {backend}/generate`; returns once the answer's head has arrived.
+    pub(crate) async fn send(&self, g: &Generate) -> Result<Response<Incoming>, GatewayError> {
+        self.request(
+            Method::POST,
+            &format!("{}/generate", g.backend),
+            &g.backend,
+            g.body.clone(),
+        )
+        .await
+    }
+
+    /// `GET /v1/models` of the first backend (SGLang serves the OpenAI routes too).
+    pub(crate) async fn models(&self) -> Result<(String, Response<Incoming>), GatewayError> {
+        let backend = self
+            .backends
+            .first()
+            .cloned()
+            .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
+        let url = format!("{backend}/v1/models");
+        let r = self
+            .request(Method::GET, &url, &backend, Bytes::new())
+            .await?;
+        Ok((backend, r))
+    }
+
+    async fn request(
+        &self,
+        method: Method,
+        url: &str,
+        backend: &str,
+        body: Bytes,
+    ) -> Result<Response<Incoming>, GatewayError> {
+        let mut req = Request::builder().method(method).uri(url);
+        if !body.is_empty() {
+            req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        let req = req.body(Full::new(body)).map_err(|e| {
+            GatewayError::Internal(format!("cannot build the request to {url}: {e}"))
+        })?;
+        match tokio::time::timeout(self.timeout, self.client.request(req)).await {
+            Ok(Ok(r)) => Ok(r),
+            Ok(Err(e)) => Err(GatewayError::UpstreamUnreachable {
+                upstream: backend.to_string(),
+                detail: error_chain(&e),
+            }),
+            Err(_) => Err(GatewayError::UpstreamTimeout {
+                upstream: backend.to_string(),
+                secs: self.timeout.as_secs(),
+            }),
+        }
+    }
+}
+
+/// One exact-mode call: its prompt, its `/generate` body, and what came back so far.
+pub(crate) struct Generate {
+    body: Bytes,
+    backend: String,
+    pub(crate) gate: Arc<RwLock<()>>,
+    session: String,
+    memory: Arc<Memory>,
+    model: String,
+    created: i64,
+    messages: Vec<Value>,
+    tools: Option<Vec<Value>>,
+    prompt: Prompt,
+    decoder: Decoder,
+    progress: Progress,
+    events: u64,
+    /// The id of the answer in the client's dialect (set by the pipeline).
+    pub(crate) response_id: String,
+    /// Whether the prompt reused the session's earlier ids, and how long rendering took.
+    pub(crate) reused: bool,
+    pub(crate) render_time: Duration,
+    /// Whether the answered call is kept for the session's prefix reuse (chat calls).
+    remember: bool,
+}
+
+/// Output ids → text → parsed pieces, as they arrive.
+struct Decoder {
+    builder: Arc<PromptBuilder>,
+    detok: Detokenizer,
+    parser: OutputParser,
+}
+
+impl Decoder {
+    fn push(&mut self, ids: &[u32]) -> Result<Vec<Delta>, String> {
+        let text = self
+            .detok
+            .push(&self.builder.model().tokenizer, ids)
+            .map_err(|e| e.to_string())?;
+        Ok(deltas(self.parser.push(&text)))
+    }
+
+    fn finish(&mut self) -> Result<Vec<Delta>, String> {
+        let text = self
+            .detok
+            .finish(&self.builder.model().tokenizer)
+            .map_err(|e| e.to_string())?;
+        let mut out = deltas(self.parser.push(&text));
+        out.extend(deltas(self.parser.finish()));
+        Ok(out)
+    }
+}
+
+fn deltas(pieces: Vec<Parsed>) -> Vec<Delta> {
+    pieces
+        .into_iter()
+        .map(|p| match p {
+            Parsed::Text(t) => Delta::Text(t),
+            Parsed::Reasoning(r) => Delta::Reasoning(r),
+            Parsed::ToolCallStart { index, id, name } => Delta::ToolCallStart { index, id, name },
+            Parsed::ToolCallArgs { index, arguments } => Delta::ToolCallArgs { index, arguments },
+        })
+        .collect()
+}
+
+fn finish_label(p: &Progress) -> Option<String> {
+    p.finish.as_ref().map(|f| match f {
+        FinishReason::Stop => "stop".to_string(),
+        FinishReason::Length => "length".to_string(),
+        FinishReason::Abort(_) => "abort".to_string(),
+    })
+}
+
+impl Generate {
+    fn invalid(&self, detail: String) -> GatewayError {
+        GatewayError::UpstreamInvalid {
+            upstream: self.backend.clone(),
+            detail,
+        }
+    }
+
+    fn aborted(&self, m: &str) -> GatewayError {
+        GatewayError::UpstreamStream {
+            upstream: self.backend.clone(),
+            detail: format!("the backend aborted the generation: {m}"),
+        }
+    }
+
+    /// The answer from what was parsed and what the backend reported.
+    fn answer(&self) -> Answer {
+        let parsed = self.decoder.parser.parsed();
+        for n in &parsed.notes {
+            warn!("exact mode: the model's output: {n}");
+        }
+        let tool_calls: Vec<ToolCall> = parsed
+            .tool_calls
+            .iter()
+            .map(|t| ToolCall {
+                id: t.id.clone(),
+                name: t.name.clone(),
+                arguments: t.arguments.clone(),
+            })
+            .collect();
+        let p = &self.progress;
+        let mut finish = p
+            .finish
+            .as_ref()
+            .map_or(Finish::Error, FinishReason::finish);
+        if finish == Finish::Stop && !tool_calls.is_empty() {
+            finish = Finish::ToolCalls;
+        }
+        Answer {
+            id: self.response_id.clone(),
+            model: self.model.clone(),
+            created: self.created,
+            text: parsed.text,
+            reasoning: parsed.reasoning,
+            tool_calls,
+            finish,
+            usage: Some(TokenUsage {
+                input_tokens: self.prompt.ids.len() as u64,
+                output_tokens: p.output_ids.len() as u64,
+                cached_tokens: p.cached_tokens.unwrap_or(0),
+                reasoning_tokens: 0,
+            }),
+        }
+    }
+
+    /// Fills the record's token fields and, for a complete answer, remembers the call for
+    /// the session's next prompt.
+    fn settle(&mut self, a: &Answer, o: &mut Outcome, ok: bool) {
+        let p = &self.progress;
+        o.tokens = Recorded {
+            prompt_token_ids: Some(self.prompt.ids.clone()),
+            completion_token_ids: Some(p.output_ids.clone()),
+            completion_logprobs: p.aligned_logprobs(),
+        };
+        if p.aligned_logprobs().is_none() && !p.output_ids.is_empty() {
+            warn!(
+                ids = p.output_ids.len(),
+                logprobs = p.logprobs.len(),
+                "exact mode: the backend sent logprobs for another number of tokens than it sampled; the record keeps the ids without logprobs"
+            );
+        }
+        o.weight_version = p.weight_version.clone();
+        o.finish_reason = finish_label(p);
+        o.normalized_response = serde_json::to_value(a).ok();
+        if !ok || !self.remember {
+            return;
+        }
+        let calls: Vec<(String, String, String)> = a
+            .tool_calls
+            .iter()
+            .map(|t| (t.id.clone(), t.name.clone(), t.arguments.clone()))
+            .collect();
+        let mut tokens = std::mem::take(&mut self.prompt.ids);
+        tokens.extend_from_slice(&p.output_ids);
+        self.memory.remember(
+            &self.session,
+            Turn {
+                messages: std::mem::take(&mut self.messages),
+                tools: self.tools.take(),
+                answer: answer_message(&a.text, a.reasoning.as_deref(), &calls),
+                tokens,
+            },
+        );
+    }
+}
+
+impl Answering for Generate {
+    fn relays(&self) -> bool {
+        false
+    }
+
+    fn streams(&self, status: StatusCode, _is_sse: bool) -> bool {
+        status.is_success()
+    }
+
+    fn event(
+        &mut self,
+        ev: &mut Event,
+        parsed: Option<&mut Value>,
+        _o: &mut Outcome,
+    ) -> Result<Piece, GatewayError> {
+        self.events += 1;
+        let Some(v) = content_event(ev, parsed, &self.backend)? else {
+            return Ok(Piece::Skip);
+        };
+        let new = self
+            .progress
+            .push(v)
+            .map_err(|d| self.invalid(format!("a /generate event cannot be read: {d}")))?;
+        let deltas = self.decoder.push(&new).map_err(|m| self.invalid(m))?;
+        Ok(Piece::Deltas {
+            deltas,
+            progress: !new.is_empty(),
+        })
+    }
+
+    fn end(&mut self, _o: &mut Outcome, _relayed: bool) -> Result<Vec<Delta>, GatewayError> {
+        let ds = self.decoder.finish().map_err(|m| self.invalid(m))?;
+        match &self.progress.finish {
+            None => Err(GatewayError::UpstreamStream {
+                upstream: self.backend.clone(),
+                detail: format!(
+                    "the stream ended after {} events without a finish_reason",
+                    self.events
+                ),
+            }),
+            Some(FinishReason::Abort(m)) => Err(self.aborted(m)),
+            Some(_) => Ok(ds),
+        }
+    }
+
+    fn finish(&mut self, o: &mut Outcome, ok: bool) -> Option<Finished> {
+        let a = self.answer();
+        self.settle(&a, o, ok);
+        if ok {
+            info!(tokens = self.progress.output_ids.len(), "exact stream done");
+        }
+        Some(Finished {
+            answer: a,
+            render: true,
+        })
+    }
+
+    fn whole(
+        &mut self,
+        status: StatusCode,
+        _content_type: Option<HeaderValue>,
+        bytes: Bytes,
+        o: &mut Outcome,
+    ) -> Result<Whole, GatewayError> {
+        if !status.is_success() {
+            let detail = upstream_message(&bytes);
+            return Err(if status.is_client_error() {
+                GatewayError::UpstreamRefused {
+                    upstream: self.backend.clone(),
+                    status: status.as_u16(),
+                    detail,
+                }
+            } else {
+                GatewayError::UpstreamStatus {
+                    upstream: self.backend.clone(),
+                    status: status.as_u16(),
+                    detail,
+                }
+            });
+        }
+        let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
+            self.invalid(format!(
+                "the /generate answer is not JSON ({e}): {}",
+                snippet(&bytes)
+            ))
+        })?;
+        let ids = self
+            .progress
+            .push(&v)
+            .map_err(|d| self.invalid(format!("the /generate answer cannot be read: {d}")))?;
+        self.decoder.push(&ids).map_err(|m| self.invalid(m))?;
+        self.decoder.finish().map_err(|m| self.invalid(m))?;
+        let a = self.answer();
+        if let Some(FinishReason::Abort(m)) = &self.progress.finish {
+            let e = self.aborted(m);
+            self.settle(&a, o, false);
+            return Err(e);
+        }
+        self.settle(&a, o, true);
+        Ok(Whole::Answer(a))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn turn(n: usize) -> Arc<Turn> {
+        Arc::new(Turn {
+            messages: vec![],
+            tools: None,
+            answer: Value::Null,
+            tokens: vec![1; n],
+        })
+    }
+
+    #[test]
+    fn eviction_drops_the_least_recently_used_histories_first() {
+        let mut h = Histories::default();
+        for (i, id) in ["a", "b", "c"].iter().enumerate() {
+            h.map.insert(
+                id.to_string(),
+                SessionTokens {
+                    backend: 0,
+                    turns: VecDeque::from([turn(100)]),
+                    held: 100,
+                    last_used: i as u64,
+                },
+            );
+        }
+        h.held = 300;
+        // "a" is used again: "b" is now the oldest.
+        if let Some(a) = h.map.get_mut("a") {
+            a.last_used = 10;
+        }
+        assert_eq!(h.evict(250), 1);
+        assert_eq!(h.held, 200);
+        assert!(h.map["b"].turns.is_empty() && h.map["b"].held == 0);
+        assert_eq!(h.map["a"].held, 100);
+        assert_eq!(h.evict(50), 2);
+        assert_eq!(h.held, 0);
+        // Pins stay: the sessions are still known.
+        assert_eq!(h.map.len(), 3);
+        assert_eq!(h.evict(0), 0);
+    }
+}

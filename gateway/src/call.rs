@@ -1,0 +1,238 @@
+//! One call from its arrival until its record is written: who made it, what it asked, and
+//! the last phase of every call in every mode: the record is committed (under sync
+//! durability the last byte waits for the fsync), metrics observed, the answer released.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use graft_recorder::{CallRecord, SCHEMA_VERSION, Usage};
+use http::{HeaderValue, Response, header};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::error;
+
+use crate::body::{GBody, channel_body, full};
+use crate::dialect::Dialect;
+use crate::error::{Cause, GatewayError};
+use crate::outcome::Outcome;
+use crate::route::Route;
+use crate::sessions::{Session, now_us};
+use crate::state::State;
+
+/// What is known about a call from its arrival until its record is written.
+pub(crate) struct Call {
+    pub(crate) state: Arc<State>,
+    pub(crate) call_id: String,
+    pub(crate) session: Arc<Session>,
+    pub(crate) route: Route,
+    /// The client's dialect (`None` only for routes that are not model calls).
+    pub(crate) dialect: &'static dyn Dialect,
+    pub(crate) request: Value,
+    pub(crate) model: Option<String>,
+    pub(crate) stream: bool,
+    pub(crate) client: Option<String>,
+    pub(crate) started_at_us: i64,
+    pub(crate) t0: Instant,
+    /// The conversation in graft's own form (dialects other than plain passthrough).
+    pub(crate) normalized_request: Option<Value>,
+    /// What graft sent upstream when it was not the client's body.
+    pub(crate) upstream_request: Option<Value>,
+    /// The wire graft spoke upstream when it was not the client's (`chat_completions`,
+    /// `sglang_generate`).
+    pub(crate) upstream_dialect: Option<&'static str>,
+    /// The backend the call went to.
+    pub(crate) upstream: String,
+    /// The id graft gives the answer in the client's dialect (`resp_…`, `msg_…`).
+    pub(crate) response_id: String,
+}
+
+impl Call {
+    pub(crate) fn build_record(&self, o: &Outcome, client_gone: bool) -> CallRecord {
+        let usage = usage_of(o);
+        let (outcome, error) = match (&o.error, &o.upstream_error_text) {
+            _ if client_gone => (
+                "client_disconnected".to_string(),
+                o.error.as_ref().map(|e| e.to_string()).or(Some(
+                    "the client closed the connection before the response ended".into(),
+                )),
+            ),
+            (Some(e), _) => (e.cause().outcome().to_string(), Some(e.to_string())),
+            (None, Some(t)) => (Cause::Upstream.outcome().to_string(), Some(t.clone())),
+            (None, None) => ("ok".to_string(), None),
+        };
+        let mut request = self.request.clone();
+        graft_recorder::redact_json(&mut request);
+        CallRecord {
+            schema_version: SCHEMA_VERSION,
+            call_id: self.call_id.clone(),
+            session_id: self.session.id.clone(),
+            group_id: self.session.group_id.clone(),
+            seq: 0,
+            started_at_us: self.started_at_us,
+            finished_at_us: now_us(),
+            dialect: self.route.label().to_string(),
+            endpoint: self.route.endpoint().to_string(),
+            model: self.model.clone(),
+            upstream: self.upstream.clone(),
+            stream: self.stream,
+            request,
+            response: o.response.clone(),
+            normalized_request: self.normalized_request.clone(),
+            normalized_response: o.normalized_response.clone(),
+            upstream_request: self.upstream_request.clone(),
+            upstream_dialect: self.upstream_dialect.map(str::to_string),
+            status: o.status,
+            outcome,
+            error,
+            prompt_token_ids: o.tokens.prompt_token_ids.clone(),
+            completion_token_ids: o.tokens.completion_token_ids.clone(),
+            completion_logprobs: o.tokens.completion_logprobs.clone(),
+            finish_reason: o.finish_reason.clone(),
+            weight_version: o.weight_version.clone(),
+            usage,
+            ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
+            latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
+            client: self.client.clone(),
+        }
+    }
+
+    /// Hands the record to the recorder; under sync durability this returns once it is fsynced.
+    pub(crate) async fn commit(
+        &self,
+        o: &Outcome,
+        client_gone: bool,
+    ) -> Result<Duration, GatewayError> {
+        let rec = self.build_record(o, client_gone);
+        let t = Instant::now();
+        self.session
+            .count_call(rec.outcome == Cause::Upstream.outcome());
+        self.state.metrics.records_written.inc();
+        let res = self.state.recorder.record(rec).await;
+        let waited = t.elapsed();
+        self.state.metrics.record_wait.observe(waited.as_secs_f64());
+        match res {
+            Ok(_) => Ok(waited),
+            Err(e) => {
+                error!(call_id = %self.call_id, session = %self.session.id, error = %e, "call record could not be written");
+                Err(GatewayError::Record(e.to_string()))
+            }
+        }
+    }
+
+    /// Records a call that failed with `e` (best effort: the error goes back to the client
+    /// either way) and hands the error back.
+    pub(crate) async fn fail(&self, mut o: Outcome, e: GatewayError) -> GatewayError {
+        o.status = e.status().as_u16();
+        o.error = Some(e);
+        let wait = self.commit(&o, false).await.unwrap_or_default();
+        self.observe(o.upstream_time, wait, None);
+        o.error
+            .take()
+            .unwrap_or_else(|| GatewayError::Internal("lost error".into()))
+    }
+
+    pub(crate) fn observe(
+        &self,
+        upstream_time: Duration,
+        record_wait: Duration,
+        ttft: Option<Duration>,
+    ) {
+        let m = &self.state.metrics;
+        let route = crate::metrics::RouteLabel {
+            route: self.route.label(),
+        };
+        m.upstream_latency
+            .get_or_create(&route)
+            .observe(upstream_time.as_secs_f64());
+        let overhead = self
+            .t0
+            .elapsed()
+            .saturating_sub(upstream_time)
+            .saturating_sub(record_wait);
+        m.overhead
+            .get_or_create(&route)
+            .observe(overhead.as_secs_f64());
+        if let Some(t) = ttft {
+            m.ttft.get_or_create(&route).observe(t.as_secs_f64());
+        }
+    }
+
+    /// Records a whole answer (under sync durability this waits for the fsync), then hands
+    /// `bytes` to the client with `status` and `content_type`.
+    pub(crate) async fn answer(
+        &self,
+        o: &Outcome,
+        status: http::StatusCode,
+        content_type: HeaderValue,
+        bytes: Bytes,
+    ) -> Result<Response<GBody>, GatewayError> {
+        let wait = self.commit(o, false).await?;
+        self.observe(o.upstream_time, wait, None);
+        let mut resp = Response::new(full(bytes));
+        *resp.status_mut() = status;
+        resp.headers_mut()
+            .insert(header::CONTENT_TYPE, content_type);
+        self.headers(&mut resp);
+        Ok(resp)
+    }
+
+    /// The client's SSE response (its events come through the returned sender).
+    pub(crate) fn sse_response(&self) -> (mpsc::Sender<Bytes>, Response<GBody>) {
+        let (tx, body) = channel_body(64);
+        let mut out = Response::new(body);
+        out.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/event-stream"),
+        );
+        out.headers_mut()
+            .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+        self.headers(&mut out);
+        (tx, out)
+    }
+
+    fn headers(&self, resp: &mut Response<GBody>) {
+        if let Ok(v) = HeaderValue::from_str(&self.call_id) {
+            resp.headers_mut().insert("x-graft-call-id", v);
+        }
+        if let Ok(v) = HeaderValue::from_str(&self.session.id) {
+            resp.headers_mut().insert("x-graft-session", v);
+        }
+    }
+
+    /// The event that ends a failed stream, in the call's dialect.
+    pub(crate) fn error_event(&self, e: &GatewayError) -> Bytes {
+        self.dialect.error_event(e, &self.response_id)
+    }
+}
+
+/// Token counts from the internal answer, else from the response in any dialect's shape
+/// (`prompt_tokens`/`completion_tokens` or `input_tokens`/`output_tokens`).
+fn usage_of(o: &Outcome) -> Option<Usage> {
+    if let Some(u) = o
+        .normalized_response
+        .as_ref()
+        .and_then(|a| a.get("usage"))
+        .filter(|u| u.is_object())
+    {
+        let i = u.get("input_tokens").and_then(Value::as_u64);
+        let out = u.get("output_tokens").and_then(Value::as_u64);
+        return Some(Usage {
+            prompt_tokens: i,
+            completion_tokens: out,
+            total_tokens: i.zip(out).map(|(a, b)| a + b),
+        });
+    }
+    let u = o.response.as_ref()?.get("usage")?.as_object()?;
+    let get = |a: &str, b: &str| u.get(a).or_else(|| u.get(b)).and_then(Value::as_u64);
+    let prompt = get("prompt_tokens", "input_tokens");
+    let completion = get("completion_tokens", "output_tokens");
+    Some(Usage {
+        prompt_tokens: prompt,
+        completion_tokens: completion,
+        total_tokens: u
+            .get("total_tokens")
+            .and_then(Value::as_u64)
+            .or(prompt.zip(completion).map(|(a, b)| a + b)),
+    })
+}

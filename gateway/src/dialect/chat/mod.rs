@@ -1,0 +1,59 @@
+//! OpenAI Chat Completions: the dialect most inference servers (SGLang, vLLM, `graft serve`)
+//! speak, and so the one other dialects are translated to when the upstream speaks nothing
+//! else.
+
+mod assemble;
+mod render;
+mod request;
+mod stream;
+#[cfg(test)]
+mod tests;
+
+pub use assemble::{Assembler, ChunkReader};
+pub use render::{parse_answer, render_answer};
+pub use request::{parse_request, to_request};
+pub use stream::{ChatStream, stream};
+
+use bytes::Bytes;
+use serde_json::Value;
+
+use crate::dialect::{Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter};
+use crate::error::GatewayError;
+
+/// OpenAI Chat Completions (`/v1/chat/completions`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Chat;
+
+impl Dialect for Chat {
+    fn kind(&self) -> DialectKind {
+        DialectKind::ChatCompletions
+    }
+
+    fn parse(&self, body: &Value) -> Result<Conversation, GatewayError> {
+        parse_request(body)
+    }
+
+    fn render(&self, _conv: &Conversation, answer: &Answer, id: &str) -> Value {
+        render_answer(answer, id)
+    }
+
+    fn emitter(&self, conv: &Conversation, id: &str, created: i64) -> Box<dyn StreamEmitter> {
+        Box::new(stream(&conv.model, id, created, conv.include_usage))
+    }
+
+    fn assembler(&self) -> Box<dyn StreamAssembler> {
+        Box::new(Assembler::chat())
+    }
+
+    fn error_body(&self, e: &GatewayError) -> Value {
+        e.body()
+    }
+
+    fn error_event(&self, e: &GatewayError, _response_id: &str) -> Bytes {
+        e.sse_event()
+    }
+
+    fn id_prefix(&self) -> &'static str {
+        "chatcmpl-"
+    }
+}

@@ -1,0 +1,38 @@
+//! What a call came to, gathered by its backend and the relay for its record (a leaf: the
+//! backends fill it, `call.rs` turns it into a `CallRecord`).
+
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::error::GatewayError;
+use crate::token_ids::Recorded;
+
+#[derive(Default)]
+pub(crate) struct Outcome {
+    pub(crate) status: u16,
+    pub(crate) error: Option<GatewayError>,
+    /// The upstream's own refusal, relayed to the client as it was (passthrough 4xx, an error
+    /// event inside a relayed stream).
+    pub(crate) upstream_error_text: Option<String>,
+    /// The answer as the client got it, in its dialect.
+    pub(crate) response: Option<Value>,
+    /// The answer in graft's internal form (translation, exact mode).
+    pub(crate) normalized_response: Option<Value>,
+    pub(crate) finish_reason: Option<String>,
+    pub(crate) ttft: Option<Duration>,
+    pub(crate) upstream_time: Duration,
+    /// Token ids and logprobs the upstream returned (passthrough ids, exact mode).
+    pub(crate) tokens: Recorded,
+    /// The backend's `weight_version` (exact mode).
+    pub(crate) weight_version: Option<String>,
+}
+
+impl Outcome {
+    pub(crate) fn ok() -> Self {
+        Outcome {
+            status: http::StatusCode::OK.as_u16(),
+            ..Default::default()
+        }
+    }
+}

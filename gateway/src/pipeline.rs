@@ -1,0 +1,746 @@
+//! The call pipeline: every model call, in every mode, takes this one path.
+//!
+//! ```text
+//! route ─► session ─► limits ─► read + validate ─► Dialect::parse ─► Backend::plan (leg)
+//!       ─► in-flight guard ─► send ─► events ─► relay (same dialect) or emit (the client
+//!       dialect's emitter) ─► tee ─► commit the record ─► release the last event
+//! ```
+//!
+//! A mode is a choice of parts (`backend/`: passthrough, translation, exact mode), not a copy
+//! of this path (TensorZero's one `endpoints/inference.rs` over `InferenceProvider`s;
+//! pingora's `ProxyHttp` phases ending in `logging`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use hyper::body::Incoming;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tracing::{Instrument, debug, info_span, warn};
+
+use crate::backend::{Answering, Finished, InFlight, Leg, Piece, Plan, Whole};
+use crate::body::{GBody, full};
+use crate::call::Call;
+use crate::dialect::{Conversation, StreamAssembler, StreamEmitter, dialect, kind};
+use crate::error::GatewayError;
+use crate::outcome::Outcome;
+use crate::route::Route;
+use crate::sessions::{Session, now_us};
+use crate::sse::{Event, Splitter};
+use crate::state::State;
+use crate::upstream::{snippet, upstream_message};
+
+/// Reads a request body within the size and time limits.
+pub async fn read_body(
+    body: Incoming,
+    limit: usize,
+    timeout: Duration,
+) -> Result<Bytes, GatewayError> {
+    let limited = http_body_util::Limited::new(body, limit);
+    match tokio::time::timeout(timeout, limited.collect()).await {
+        Err(_) => Err(GatewayError::BodyTimeout {
+            secs: timeout.as_secs(),
+        }),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(GatewayError::BodyTooLarge { limit })
+            } else {
+                Err(GatewayError::BodyRead(crate::upstream::error_chain(
+                    e.as_ref(),
+                )))
+            }
+        }
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
+}
+
+/// Parses and checks the request body; returns it as JSON.
+pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> {
+    if let Err(e) = std::str::from_utf8(bytes) {
+        return Err(GatewayError::InvalidUtf8 {
+            offset: e.valid_up_to(),
+        });
+    }
+    let v: Value =
+        serde_json::from_slice(bytes).map_err(|e| GatewayError::InvalidJson(e.to_string()))?;
+    let Some(obj) = v.as_object() else {
+        return Err(GatewayError::field(
+            "",
+            format!("the request body must be a JSON object, got {}", kind(&v)),
+        ));
+    };
+    match obj.get("model") {
+        Some(Value::String(_)) => {}
+        Some(other) => {
+            return Err(GatewayError::field(
+                "model",
+                format!("'model' must be a string, got {}", kind(other)),
+            ));
+        }
+        None => return Err(GatewayError::field("model", "'model' is required")),
+    }
+    if let Some(s) = obj.get("stream")
+        && !s.is_boolean()
+        && !s.is_null()
+    {
+        return Err(GatewayError::field(
+            "stream",
+            format!("'stream' must be a boolean, got {}", kind(s)),
+        ));
+    }
+    if let Some(s) = obj.get("stream_options")
+        && !s.is_object()
+        && !s.is_null()
+    {
+        return Err(GatewayError::field(
+            "stream_options",
+            format!("'stream_options' must be an object, got {}", kind(s)),
+        ));
+    }
+    match route {
+        Route::ChatCompletions => {
+            let Some(msgs) = obj.get("messages") else {
+                return Err(GatewayError::field("messages", "'messages' is required"));
+            };
+            let Some(msgs) = msgs.as_array() else {
+                return Err(GatewayError::field(
+                    "messages",
+                    format!("'messages' must be an array, got {}", kind(msgs)),
+                ));
+            };
+            for (i, m) in msgs.iter().enumerate() {
+                match m.get("role") {
+                    Some(Value::String(_)) => {}
+                    Some(r) => {
+                        return Err(GatewayError::field(
+                            format!("messages[{i}].role"),
+                            format!("'messages[{i}].role' must be a string, got {}", kind(r)),
+                        ));
+                    }
+                    None => {
+                        return Err(GatewayError::field(
+                            format!("messages[{i}]"),
+                            format!(
+                                "'messages[{i}]' must be an object with a 'role', got {}",
+                                kind(m)
+                            ),
+                        ));
+                    }
+                }
+            }
+            if let Some(t) = obj.get("tools")
+                && !t.is_array()
+                && !t.is_null()
+            {
+                return Err(GatewayError::field(
+                    "tools",
+                    format!("'tools' must be an array, got {}", kind(t)),
+                ));
+            }
+        }
+        Route::Completions => match obj.get("prompt") {
+            Some(Value::String(_)) | Some(Value::Array(_)) => {}
+            Some(p) => {
+                return Err(GatewayError::field(
+                    "prompt",
+                    format!("'prompt' must be a string or an array, got {}", kind(p)),
+                ));
+            }
+            None => return Err(GatewayError::field("prompt", "'prompt' is required")),
+        },
+        // Responses and Messages are checked field by field by their dialect's parser.
+        Route::Models | Route::Responses | Route::Messages => {}
+    }
+    Ok(v)
+}
+
+/// Handles one call on a `/v1/...` route whose session is already resolved.
+pub async fn handle(
+    state: Arc<State>,
+    route: Route,
+    session: Arc<Session>,
+    headers: HeaderMap,
+    body: Incoming,
+    t0: Instant,
+) -> Result<Response<GBody>, GatewayError> {
+    let Some(kind) = route.dialect() else {
+        return models(&state, &headers).await;
+    };
+    let limits = &state.cfg.limits;
+    let bytes = read_body(body, limits.max_body_bytes, limits.body_timeout).await?;
+    let request = parse_request(route, &bytes)?;
+    let dialect = dialect(kind);
+    let call_id = uuid::Uuid::now_v7().to_string();
+    let Plan {
+        mut leg,
+        conv,
+        normalized_request,
+        upstream_request,
+        upstream_dialect,
+        upstream,
+        model,
+        stream,
+    } = state
+        .backend
+        .plan(route, dialect, &request, bytes, &session.id, &call_id)
+        .await?;
+    let response_id = crate::dialect::new_id(dialect.id_prefix());
+    if let Leg::Generate(g) = &mut leg {
+        state.metrics.observe_exact_prompt(g.reused, g.render_time);
+        g.response_id = response_id.clone();
+    }
+    let call = Call {
+        call_id,
+        client: headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string),
+        started_at_us: now_us(),
+        state: state.clone(),
+        session,
+        route,
+        dialect,
+        request,
+        model,
+        stream,
+        t0,
+        normalized_request,
+        upstream_request,
+        upstream_dialect,
+        upstream,
+        response_id,
+    };
+    let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, mode = state.cfg.backend.mode().label());
+    async move {
+        let guard =
+            InFlight::take(&state.limits, leg.gate(), &state.metrics.upstream_inflight).await?;
+        let t_up = Instant::now();
+        let resp = match leg.send(&state.backend, &headers).await {
+            Ok(r) => r,
+            Err(e) => {
+                drop(guard);
+                let o = Outcome {
+                    upstream_time: t_up.elapsed(),
+                    ..Default::default()
+                };
+                return Err(call.fail(o, e).await);
+            }
+        };
+        let is_sse = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.starts_with("text/event-stream"));
+        if call.stream && leg.answering().streams(resp.status(), is_sse) {
+            let (tx, out) = call.sse_response();
+            tokio::spawn(
+                async move {
+                    relay(
+                        &call,
+                        leg.answering(),
+                        conv.as_ref(),
+                        resp.into_body(),
+                        &tx,
+                        t_up,
+                    )
+                    .await;
+                    // The backend's slot (and its pause gate) is held until the record is written.
+                    drop(guard);
+                }
+                .in_current_span(),
+            );
+            return Ok(out);
+        }
+        let result = whole(&call, leg.answering(), conv.as_ref(), resp, t_up).await;
+        drop(guard);
+        result
+    }
+    .instrument(span)
+    .await
+}
+
+/// Reads a whole upstream body within the response size limit and the upstream timeout.
+async fn collect_upstream(call: &Call, resp: Response<Incoming>) -> Result<Bytes, GatewayError> {
+    let upstream = call.upstream.clone();
+    let limit = call.state.cfg.limits.max_response_bytes;
+    let timeout = call.state.backend.timeout();
+    let collected = tokio::time::timeout(
+        timeout,
+        http_body_util::Limited::new(resp.into_body(), limit).collect(),
+    )
+    .await;
+    match collected {
+        Err(_) => Err(GatewayError::UpstreamTimeout {
+            upstream,
+            secs: timeout.as_secs(),
+        }),
+        Ok(Err(e)) => {
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some()
+            {
+                Err(GatewayError::UpstreamInvalid {
+                    upstream,
+                    detail: format!(
+                        "the response is larger than limits.max_response_bytes ({limit} bytes)"
+                    ),
+                })
+            } else {
+                Err(GatewayError::UpstreamStream {
+                    upstream,
+                    detail: crate::upstream::error_chain(e.as_ref()),
+                })
+            }
+        }
+        Ok(Ok(c)) => Ok(c.to_bytes()),
+    }
+}
+
+/// A whole answer (or an upstream error answer to a streamed request): read it, let the
+/// leg make it the client's, commit the record, answer.
+async fn whole(
+    call: &Call,
+    leg: &mut dyn Answering,
+    conv: Option<&Conversation>,
+    resp: Response<Incoming>,
+    t_up: Instant,
+) -> Result<Response<GBody>, GatewayError> {
+    let status = resp.status();
+    let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
+    let body = collect_upstream(call, resp).await;
+    let mut o = Outcome {
+        upstream_time: t_up.elapsed(),
+        ..Outcome::ok()
+    };
+    let result = match body {
+        Ok(bytes) => leg.whole(status, content_type, bytes, &mut o),
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(Whole::Raw {
+            status,
+            content_type,
+            bytes,
+        }) => {
+            let ct = content_type.unwrap_or_else(|| HeaderValue::from_static("application/json"));
+            call.answer(&o, status, ct, bytes).await
+        }
+        Ok(Whole::Answer(answer)) => {
+            let conv = conv.cloned().unwrap_or_default();
+            let rendered = call.dialect.render(&conv, &answer, &call.response_id);
+            let bytes = Bytes::from(rendered.to_string());
+            o.response = Some(rendered);
+            call.answer(
+                &o,
+                StatusCode::OK,
+                HeaderValue::from_static("application/json"),
+                bytes,
+            )
+            .await
+        }
+        Err(e) => Err(call.fail(o, e).await),
+    }
+}
+
+/// What the client's stream is made of: the upstream's own events (with the tee that
+/// assembles them for the record), or the client dialect's emitter.
+enum Out {
+    Relay {
+        tee: Box<dyn StreamAssembler>,
+        /// The stream's last event, held back until the record is durable.
+        held: Vec<Bytes>,
+    },
+    Emit(Box<dyn StreamEmitter>),
+}
+
+/// The one relay: upstream events → relayed or re-emitted → tee → the record committed →
+/// the last event released (under sync durability the last byte waits for the fsync).
+async fn relay(
+    call: &Call,
+    leg: &mut dyn Answering,
+    conv: Option<&Conversation>,
+    body: Incoming,
+    tx: &mpsc::Sender<Bytes>,
+    t_up: Instant,
+) {
+    let mut up = UpstreamEvents::new(call, body);
+    let mut o = Outcome::ok();
+    let mut client_gone = false;
+    let empty = Conversation::default();
+    let conv = conv.unwrap_or(&empty);
+    let mut out = if leg.relays() {
+        Out::Relay {
+            tee: call.dialect.assembler(),
+            held: vec![],
+        }
+    } else {
+        let created = now_us() / 1_000_000;
+        Out::Emit(call.dialect.emitter(conv, &call.response_id, created))
+    };
+    if let Out::Emit(em) = &mut out {
+        client_gone = !send_all(tx, em.start()).await;
+    }
+    while !client_gone {
+        let mut ev = match up.next(tx).await {
+            Next::Event(ev) => ev,
+            Next::End => {
+                let relayed_terminal = matches!(&out, Out::Relay { held, .. } if !held.is_empty());
+                match leg.end(&mut o, relayed_terminal) {
+                    Ok(ds) => {
+                        if let Out::Emit(em) = &mut out {
+                            client_gone = !emit(tx, em.as_mut(), &ds).await;
+                        }
+                    }
+                    Err(e) => o.error = Some(e),
+                }
+                break;
+            }
+            Next::Failed(e) => {
+                o.error = Some(e);
+                break;
+            }
+            Next::ClientGone => {
+                client_gone = true;
+                break;
+            }
+        };
+        let mut parsed = match ev.data.as_deref() {
+            Some(d) if !ev.is_done() => match up.json(d) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    o.error = Some(e);
+                    break;
+                }
+            },
+            _ => None,
+        };
+        let piece = match leg.event(&mut ev, parsed.as_mut(), &mut o) {
+            Ok(p) => p,
+            Err(e) => {
+                o.error = Some(e);
+                break;
+            }
+        };
+        match (&mut out, piece) {
+            (Out::Relay { tee, held }, Piece::Relay { answer }) => {
+                if answer {
+                    if o.ttft.is_none() {
+                        o.ttft = Some(call.t0.elapsed());
+                    }
+                    if let Some(v) = &parsed {
+                        tee.push(v);
+                    }
+                }
+                if tee.is_terminal(&ev, parsed.as_ref()) {
+                    held.push(ev.raw);
+                    continue;
+                }
+                // Something after the "last" event: relay in order, keep holding only the end.
+                let mut pending = std::mem::take(held);
+                pending.push(ev.raw);
+                client_gone = !send_all(tx, pending).await;
+            }
+            (Out::Emit(em), Piece::Deltas { deltas, progress }) => {
+                if progress && o.ttft.is_none() {
+                    o.ttft = Some(call.t0.elapsed());
+                }
+                client_gone = !emit(tx, em.as_mut(), &deltas).await;
+            }
+            (_, Piece::Skip) => {}
+            (Out::Relay { .. }, Piece::Deltas { .. }) | (Out::Emit(_), Piece::Relay { .. }) => {
+                o.error = Some(GatewayError::Internal(
+                    "a backend answered in another form than its relay reads".into(),
+                ));
+                break;
+            }
+        }
+    }
+    o.upstream_time = t_up.elapsed();
+    let ok = o.error.is_none() && !client_gone;
+    let finished = leg.finish(&mut o, ok);
+    let last = match (&mut out, finished) {
+        (Out::Relay { tee, held }, _) => {
+            o.response = tee.finish();
+            o.finish_reason = tee.finish_reason(o.response.as_ref());
+            std::mem::take(held)
+        }
+        (Out::Emit(em), Some(Finished { answer, render })) => {
+            if render {
+                o.response = Some(call.dialect.render(conv, &answer, &call.response_id));
+            }
+            if ok { em.finish(&answer) } else { vec![] }
+        }
+        (Out::Emit(_), None) => vec![],
+    };
+    close_stream(call, &o, client_gone, tx, last).await;
+}
+
+/// Sends events in order; false once the client is gone.
+async fn send_all(tx: &mpsc::Sender<Bytes>, events: Vec<Bytes>) -> bool {
+    for b in events {
+        if tx.send(b).await.is_err() {
+            return false;
+        }
+    }
+    true
+}
+
+async fn emit(
+    tx: &mpsc::Sender<Bytes>,
+    em: &mut dyn StreamEmitter,
+    deltas: &[crate::dialect::Delta],
+) -> bool {
+    for d in deltas {
+        if !send_all(tx, em.push(d)).await {
+            return false;
+        }
+    }
+    true
+}
+
+/// Ends a stream: writes the record (under sync durability this waits for the fsync), then
+/// sends the held-back last bytes, or the error event.
+async fn close_stream(
+    call: &Call,
+    o: &Outcome,
+    client_gone: bool,
+    tx: &mpsc::Sender<Bytes>,
+    last: Vec<Bytes>,
+) {
+    if let Some(e) = &o.error {
+        warn!(error = %e, "stream ended with an error");
+    }
+    let wait = match call.commit(o, client_gone).await {
+        Ok(w) => w,
+        Err(e) => {
+            if !client_gone {
+                let _ = tx.send(call.error_event(&e)).await;
+            }
+            return;
+        }
+    };
+    call.observe(o.upstream_time, wait, o.ttft);
+    if client_gone {
+        debug!("client went away mid-stream; partial call recorded");
+        return;
+    }
+    match &o.error {
+        Some(e) => {
+            let _ = tx.send(call.error_event(e)).await;
+        }
+        None => {
+            send_all(tx, last).await;
+        }
+    }
+}
+
+/// `GET /v1/models`: relayed, not recorded (it is not an inference call).
+async fn models(state: &State, headers: &HeaderMap) -> Result<Response<GBody>, GatewayError> {
+    let (upstream, resp) = state.backend.models(headers).await?;
+    let status = resp.status();
+    let bytes = http_body_util::Limited::new(resp.into_body(), state.cfg.limits.max_response_bytes)
+        .collect()
+        .await
+        .map_err(|e| GatewayError::UpstreamStream {
+            upstream: upstream.clone(),
+            detail: crate::upstream::error_chain(e.as_ref()),
+        })?
+        .to_bytes();
+    if status.is_server_error() {
+        return Err(GatewayError::UpstreamStatus {
+            upstream,
+            status: status.as_u16(),
+            detail: upstream_message(&bytes),
+        });
+    }
+    let mut resp = Response::new(full(bytes));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/json"),
+    );
+    Ok(resp)
+}
+
+/// Reads an upstream SSE body as whole events, watching the client side for disconnects.
+struct UpstreamEvents {
+    body: Incoming,
+    splitter: Splitter,
+    upstream: String,
+    idle: Duration,
+    max_event: usize,
+    pending: std::collections::VecDeque<Event>,
+    ended: bool,
+    events: u64,
+}
+
+/// What the next read from the upstream brought.
+enum Next {
+    Event(Event),
+    /// The upstream ended its body; leftovers were handled.
+    End,
+    Failed(GatewayError),
+    ClientGone,
+}
+
+impl UpstreamEvents {
+    fn new(call: &Call, body: Incoming) -> Self {
+        UpstreamEvents {
+            body,
+            splitter: Splitter::default(),
+            upstream: call.upstream.clone(),
+            idle: call.state.backend.timeout(),
+            max_event: call.state.cfg.limits.max_response_bytes,
+            pending: Default::default(),
+            ended: false,
+            events: 0,
+        }
+    }
+
+    async fn next(&mut self, tx: &mpsc::Sender<Bytes>) -> Next {
+        loop {
+            if let Some(ev) = self.pending.pop_front() {
+                self.events += 1;
+                return Next::Event(ev);
+            }
+            if self.ended {
+                return Next::End;
+            }
+            let frame = tokio::select! {
+                f = tokio::time::timeout(self.idle, self.body.frame()) => f,
+                _ = tx.closed() => return Next::ClientGone,
+            };
+            let chunk = match frame {
+                Err(_) => {
+                    return Next::Failed(GatewayError::UpstreamTimeout {
+                        upstream: self.upstream.clone(),
+                        secs: self.idle.as_secs(),
+                    });
+                }
+                Ok(None) => {
+                    self.ended = true;
+                    if let Some(rest) = self.splitter.finish() {
+                        if rest.is_done() {
+                            self.pending.push_back(rest);
+                        } else if rest.data.is_none() {
+                            return Next::Failed(GatewayError::UpstreamInvalid {
+                                upstream: self.upstream.clone(),
+                                detail: format!(
+                                    "the stream is not server-sent events: {}",
+                                    snippet(&rest.raw)
+                                ),
+                            });
+                        } else {
+                            return Next::Failed(GatewayError::UpstreamStream {
+                                upstream: self.upstream.clone(),
+                                detail: format!(
+                                    "the stream ended inside an event: {}",
+                                    snippet(&rest.raw)
+                                ),
+                            });
+                        }
+                    }
+                    continue;
+                }
+                Ok(Some(Err(e))) => {
+                    return Next::Failed(GatewayError::UpstreamStream {
+                        upstream: self.upstream.clone(),
+                        detail: format!(
+                            "the connection failed after {} events: {}",
+                            self.events,
+                            crate::upstream::error_chain(&e)
+                        ),
+                    });
+                }
+                Ok(Some(Ok(f))) => match f.into_data() {
+                    Ok(d) => d,
+                    Err(_) => continue,
+                },
+            };
+            self.splitter.push(&chunk);
+            loop {
+                match self.splitter.next_event(self.max_event) {
+                    Ok(Some(ev)) => self.pending.push_back(ev),
+                    Ok(None) => break,
+                    Err(e) => {
+                        return Next::Failed(GatewayError::UpstreamInvalid {
+                            upstream: self.upstream.clone(),
+                            detail: e.to_string(),
+                        });
+                    }
+                }
+            }
+        }
+    }
+
+    /// Parses an event's data as JSON, or says the upstream sent something else.
+    fn json(&self, data: &str) -> Result<Value, GatewayError> {
+        serde_json::from_str(data).map_err(|_| GatewayError::UpstreamInvalid {
+            upstream: self.upstream.clone(),
+            detail: format!("an SSE event is not JSON: {}", snippet(data.as_bytes())),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wrong_types_name_the_field() {
+        let e =
+            parse_request(Route::ChatCompletions, br#"{"model": 3, "messages": []}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("'model' must be a string, got a number"),
+            "{e}"
+        );
+        let e = parse_request(Route::ChatCompletions, br#"{"model": "m", "messages": {}}"#)
+            .unwrap_err();
+        assert!(e.to_string().contains("'messages' must be an array"), "{e}");
+        let e = parse_request(
+            Route::ChatCompletions,
+            br#"{"model": "m", "messages": [{"content": "x"}]}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("messages[0]"), "{e}");
+        let e = parse_request(Route::Completions, br#"{"model": "m", "prompt": 1}"#).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("'prompt' must be a string or an array"),
+            "{e}"
+        );
+        let e = parse_request(
+            Route::ChatCompletions,
+            br#"{"model": "m", "messages": [], "stream": "yes"}"#,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("'stream' must be a boolean"), "{e}");
+    }
+
+    #[test]
+    fn invalid_utf8_and_json_are_named() {
+        let e = parse_request(Route::ChatCompletions, b"{\"model\": \"\xff\"}").unwrap_err();
+        assert!(matches!(e, GatewayError::InvalidUtf8 { offset: 11 }), "{e}");
+        let e = parse_request(Route::ChatCompletions, b"{\"model\": ").unwrap_err();
+        assert!(
+            e.to_string().starts_with("request body is not valid JSON"),
+            "{e}"
+        );
+        assert_eq!(e.status(), StatusCode::BAD_REQUEST);
+    }
+
+    #[test]
+    fn unknown_fields_are_kept() {
+        let v = parse_request(
+            Route::ChatCompletions,
+            br#"{"model":"m","messages":[],"x_custom":{"a":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(v["x_custom"]["a"], 1);
+    }
+}

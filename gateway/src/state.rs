@@ -1,0 +1,21 @@
+//! Everything a request handler can reach (a leaf of the call pipeline: it names the parts,
+//! the parts never name it).
+
+use std::sync::Arc;
+
+use graft_recorder::Recorder;
+
+use crate::backend::Backend;
+use crate::config::GatewayConfig;
+use crate::limits::Limits;
+use crate::metrics::Metrics;
+use crate::sessions::Sessions;
+
+pub struct State {
+    pub cfg: GatewayConfig,
+    pub recorder: Recorder,
+    pub sessions: Sessions,
+    pub limits: Limits,
+    pub metrics: Arc<Metrics>,
+    pub backend: Backend,
+}
