@@ -67,7 +67,8 @@ ensure_litellm() {
 start=$(date +%s)
 # The revision being measured, taken before the build (a long run can outlive a commit).
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet 2>/dev/null || echo ' + local changes')"
-cargo build --release --bin graft
+# The load generator drives `graft scripted-upstream`, which needs the `testkit` feature.
+cargo build --release --features testkit --bin graft
 
 litellm_flag=()
 litellm_version="not run"
@@ -79,7 +80,7 @@ fi
 
 mkdir -p target
 raw="target/bench-table.md"
-cmd=(cargo bench --bench load -- "${flags[@]}" "${litellm_flag[@]}" --out "$raw")
+cmd=(cargo bench --features testkit --bench load -- "${flags[@]}" "${litellm_flag[@]}" --out "$raw")
 echo "bench: ${cmd[*]}"
 "${cmd[@]}" < /dev/null
 

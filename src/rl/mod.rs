@@ -131,6 +131,42 @@ async fn start_serve(
     )
 }
 
+/// The scripted upstream in this process (`backend.scripted`): it goes away with it,
+/// whatever happens.
+#[cfg(feature = "testkit")]
+async fn start_scripted(
+    cfg: &RlConfig,
+    script: &Path,
+    aborts: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Vec<String>> {
+    let args = graft_testkit::ScriptedArgs {
+        listen: ([127, 0, 0, 1], 0).into(),
+        script: Some(script.to_path_buf()),
+        expect_key: None,
+        chunk_delay_ms: 0,
+        models: vec!["scripted".into()],
+        tokenizer: Some(cfg.backend.model_dir.clone()),
+    };
+    let (addr, serve) = graft_testkit::start(&args).await?;
+    aborts.push(tokio::spawn(async move {
+        if let Err(e) = serve.await {
+            tracing::error!(error = %format!("{e:#}"), "the scripted backend stopped");
+        }
+    }));
+    Ok(vec![format!("http://{addr}")])
+}
+
+/// Without the `testkit` feature there is no scripted upstream; the config's validation
+/// already refused `backend.scripted`.
+#[cfg(not(feature = "testkit"))]
+async fn start_scripted(
+    _cfg: &RlConfig,
+    _script: &Path,
+    _aborts: &mut Vec<tokio::task::JoinHandle<()>>,
+) -> anyhow::Result<Vec<String>> {
+    bail!("{}", config::SCRIPTED_NEEDS_TESTKIT)
+}
+
 async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let mut stops = vec![];
     let mut tasks = vec![];
@@ -139,22 +175,7 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let backends = if !cfg.backend.urls.is_empty() {
         cfg.backend.urls.clone()
     } else if let Some(script) = &cfg.backend.scripted {
-        // The scripted upstream in this process: it goes away with it, whatever happens.
-        let args = crate::scripted::ScriptedArgs {
-            listen: ([127, 0, 0, 1], 0).into(),
-            script: Some(script.clone()),
-            expect_key: None,
-            chunk_delay_ms: 0,
-            models: vec!["scripted".into()],
-            tokenizer: Some(cfg.backend.model_dir.clone()),
-        };
-        let (addr, serve) = crate::scripted::start(&args).await?;
-        aborts.push(tokio::spawn(async move {
-            if let Err(e) = serve.await {
-                tracing::error!(error = %format!("{e:#}"), "the scripted backend stopped");
-            }
-        }));
-        vec![format!("http://{addr}")]
+        start_scripted(cfg, script, &mut aborts).await?
     } else {
         start_serve(cfg, &mut aborts).await?
     };

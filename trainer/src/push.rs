@@ -6,12 +6,18 @@
 //! anyway before the error is returned, so a failed push never leaves the server paused.
 //!
 //! A small blocking HTTP/1.1 client (plain `http://` only, one request per connection)
-//! is enough for four control calls and keeps the trainer free of an async runtime.
+//! is enough for four control calls and keeps the trainer free of an async runtime. The
+//! bodies and the answer read are `graft-wire`'s SGLang types.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
+
+use graft_wire::sglang::{
+    self as wire, ContinueGenerationRequest, FlushCacheRequest, PauseGenerationRequest, PauseMode,
+    UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse,
+};
 
 use crate::error::{Result, TrainerError};
 
@@ -194,52 +200,75 @@ pub fn push_weights(url: &str, model_path: &Path, weight_version: &str) -> Resul
     let short = Duration::from_secs(60);
     let pause = post_json(
         &url,
-        "/pause_generation",
-        &serde_json::json!({ "mode": "retract" }),
+        wire::path::PAUSE_GENERATION,
+        &body(&PauseGenerationRequest {
+            mode: Some(PauseMode::Retract),
+        }),
         short,
     )?;
-    expect_ok(&url, "/pause_generation", pause)?;
+    expect_ok(&url, wire::path::PAUSE_GENERATION, pause)?;
     let swapped = (|| -> Result<()> {
         expect_ok(
             &url,
-            "/flush_cache",
-            post_json(&url, "/flush_cache", &serde_json::json!({}), short)?,
-        )?;
-        let body = serde_json::json!({
-            "model_path": model_path.to_string_lossy(),
-            "weight_version": weight_version,
-        });
-        let r = expect_ok(
-            &url,
-            "/update_weights_from_disk",
+            wire::path::FLUSH_CACHE,
             post_json(
                 &url,
-                "/update_weights_from_disk",
-                &body,
+                wire::path::FLUSH_CACHE,
+                &body(&FlushCacheRequest::default()),
+                short,
+            )?,
+        )?;
+        let update = UpdateWeightsFromDiskRequest {
+            model_path: model_path.to_string_lossy().into_owned(),
+            weight_version: Some(weight_version.to_owned()),
+            ..UpdateWeightsFromDiskRequest::default()
+        };
+        let r = expect_ok(
+            &url,
+            wire::path::UPDATE_WEIGHTS_FROM_DISK,
+            post_json(
+                &url,
+                wire::path::UPDATE_WEIGHTS_FROM_DISK,
+                &body(&update),
                 Duration::from_secs(1800),
             )?,
         )?;
-        let v: serde_json::Value = serde_json::from_str(&r.body).unwrap_or(serde_json::Value::Null);
-        if v.get("success").and_then(|s| s.as_bool()) == Some(false) {
+        // An answer that is not the wire's (a server that says nothing) is not a refusal.
+        if let Ok(answer) = serde_json::from_str::<UpdateWeightsFromDiskResponse>(&r.body)
+            && !answer.success
+        {
             return Err(TrainerError::Push {
                 url: url.raw.clone(),
                 problem: format!(
                     "update_weights_from_disk refused '{}': {}",
                     model_path.display(),
-                    v.get("message")
-                        .and_then(|m| m.as_str())
-                        .unwrap_or("(no message)")
+                    if answer.message.is_empty() {
+                        "(no message)"
+                    } else {
+                        answer.message.as_str()
+                    }
                 ),
             });
         }
         Ok(())
     })();
-    let resumed = post_json(&url, "/continue_generation", &serde_json::json!({}), short)
-        .and_then(|r| expect_ok(&url, "/continue_generation", r));
+    let resumed = post_json(
+        &url,
+        wire::path::CONTINUE_GENERATION,
+        &body(&ContinueGenerationRequest::default()),
+        short,
+    )
+    .and_then(|r| expect_ok(&url, wire::path::CONTINUE_GENERATION, r));
     swapped?;
     resumed?;
     tracing::info!(url = %url.raw, version = weight_version, path = %model_path.display(), "weights pushed");
     Ok(())
+}
+
+/// A control body as JSON (the wire types are plain data, which serde_json always
+/// serializes).
+fn body(v: &impl serde::Serialize) -> serde_json::Value {
+    serde_json::to_value(v).unwrap_or(serde_json::Value::Null)
 }
 
 #[cfg(test)]

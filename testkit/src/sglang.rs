@@ -11,23 +11,35 @@
 //! Also served, for weight pushes: `/pause_generation` (new generations wait),
 //! `/continue_generation`, `/flush_cache`, `/update_weights_from_disk` (takes
 //! `weight_version`), `/get_model_info`, `/health`.
+//!
+//! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
+//! push read and write.
 
 use std::sync::Mutex;
 
+use serde::Deserialize as _;
+
+use graft_wire::sglang::{
+    self as wire, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse, Matched,
+    MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
+    UpdateWeightsFromDiskResponse,
+};
+use http::{Response, StatusCode};
+use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
-use super::{
-    Abort, Meta, Prompt, Reply, RespBody, SseBody, State, chat_pieces, garbage, json_response,
-    scripted_logprob, sse_response,
-};
-use http::{Response, StatusCode};
+use crate::faults::garbage;
+use crate::openai::{DONE, Meta, chat_pieces, sse};
+use crate::script::{Prompt, Reply};
+use crate::server::{Abort, RespBody, SseBody, State, json_response, sse_response};
+use crate::tokens::scripted_logprob;
 
 /// Tokens per streamed event.
 const TOKENS_PER_EVENT: usize = 2;
 
 /// What the SGLang side keeps between requests.
-pub struct Backend {
+pub(crate) struct Backend {
     weight_version: Mutex<String>,
     paused: watch::Sender<bool>,
 }
@@ -50,30 +62,45 @@ impl Backend {
     }
 }
 
+/// An answer of one of the wire's types.
+fn typed(status: StatusCode, v: &impl Serialize) -> Response<RespBody> {
+    json_response(status, &serde_json::to_value(v).unwrap_or(Value::Null))
+}
+
 /// SGLang's error shape.
 fn error(status: StatusCode, message: &str) -> Response<RespBody> {
-    json_response(
+    typed(
         status,
-        &json!({"object": "error", "message": message, "type": "BadRequestError", "param": null, "code": status.as_u16()}),
+        &ErrorResponse::new(status.as_u16(), "BadRequestError", message),
+    )
+}
+
+fn message(text: &str) -> Response<RespBody> {
+    typed(
+        StatusCode::OK,
+        &MessageResponse {
+            message: text.to_owned(),
+            status: None,
+        },
     )
 }
 
 /// Whether `path` is one of the SGLang-native routes.
-pub fn is_route(path: &str) -> bool {
-    matches!(
-        path,
-        "/health"
-            | "/get_model_info"
-            | "/pause_generation"
-            | "/continue_generation"
-            | "/flush_cache"
-            | "/update_weights_from_disk"
-            | "/generate"
-    )
+pub(crate) fn is_route(path: &str) -> bool {
+    [
+        wire::path::HEALTH,
+        wire::path::GET_MODEL_INFO,
+        wire::path::PAUSE_GENERATION,
+        wire::path::CONTINUE_GENERATION,
+        wire::path::FLUSH_CACHE,
+        wire::path::UPDATE_WEIGHTS_FROM_DISK,
+        wire::path::GENERATE,
+    ]
+    .contains(&path)
 }
 
 /// The SGLang routes; `None` when the method is not the route's.
-pub async fn route(
+pub(crate) async fn route(
     state: &State,
     method: &http::Method,
     path: &str,
@@ -81,40 +108,48 @@ pub async fn route(
 ) -> Result<Option<Response<RespBody>>, Abort> {
     let b = &state.sglang;
     let resp = match (method.as_str(), path) {
-        ("GET", "/health") => json_response(StatusCode::OK, &json!({})),
-        ("GET", "/get_model_info") => json_response(
+        ("GET", wire::path::HEALTH) => json_response(StatusCode::OK, &json!({})),
+        ("GET", wire::path::GET_MODEL_INFO) => typed(
             StatusCode::OK,
-            &json!({"model_path": "scripted", "tokenizer_path": "scripted", "is_generation": true, "weight_version": b.weight_version()}),
+            &ModelInfo {
+                model_path: "scripted".into(),
+                tokenizer_path: Some("scripted".into()),
+                is_generation: true,
+                weight_version: Some(b.weight_version()),
+                ..ModelInfo::default()
+            },
         ),
-        ("POST", "/pause_generation") => {
+        ("POST", wire::path::PAUSE_GENERATION) => {
             b.paused.send_replace(true);
-            json_response(StatusCode::OK, &json!({"message": "Generation paused"}))
+            message("Generation paused")
         }
-        ("POST", "/continue_generation") => {
+        ("POST", wire::path::CONTINUE_GENERATION) => {
             b.paused.send_replace(false);
-            json_response(StatusCode::OK, &json!({"message": "Generation continued"}))
+            message("Generation continued")
         }
-        ("POST", "/flush_cache") => {
-            json_response(StatusCode::OK, &json!({"message": "Cache flushed"}))
-        }
-        ("POST", "/update_weights_from_disk") => {
-            let Some(path) = body.get("model_path").and_then(Value::as_str) else {
+        ("POST", wire::path::FLUSH_CACHE) => message("Cache flushed"),
+        ("POST", wire::path::UPDATE_WEIGHTS_FROM_DISK) => {
+            let Ok(req) = UpdateWeightsFromDiskRequest::deserialize(body) else {
                 return Ok(Some(error(
                     StatusCode::BAD_REQUEST,
                     "'model_path' is required",
                 )));
             };
-            if let Some(v) = body.get("weight_version").and_then(Value::as_str)
+            if let Some(v) = &req.weight_version
                 && let Ok(mut w) = b.weight_version.lock()
             {
-                *w = v.to_string();
+                *w = v.clone();
             }
-            json_response(
+            typed(
                 StatusCode::OK,
-                &json!({"success": true, "message": format!("Succeeded to update model weights from {path}."), "num_paused_requests": 0}),
+                &UpdateWeightsFromDiskResponse {
+                    success: true,
+                    message: format!("Succeeded to update model weights from {}.", req.model_path),
+                    num_paused_requests: 0,
+                },
             )
         }
-        ("POST", "/generate") => generate(state, body).await?,
+        ("POST", wire::path::GENERATE) => generate(state, body).await?,
         _ => return Ok(None),
     };
     Ok(Some(resp))
@@ -184,15 +219,10 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
             "/generate needs the scripted upstream started with --tokenizer DIR",
         ));
     };
-    let input_ids: Option<Vec<u32>> =
-        body.get("input_ids")
-            .and_then(Value::as_array)
-            .and_then(|a| {
-                a.iter()
-                    .map(|x| x.as_u64().and_then(|n| u32::try_from(n).ok()))
-                    .collect()
-            });
-    let input_ids = match (input_ids, body.get("text").and_then(Value::as_str)) {
+    // A body that does not fit the wire is read as one without a prompt (the error below
+    // names what is needed).
+    let req = GenerateRequest::deserialize(body).unwrap_or_default();
+    let input_ids = match (req.input_ids.clone(), &req.text) {
         (Some(ids), _) => ids,
         (None, Some(text)) => match model.tokenizer.encode(text) {
             Ok(ids) => ids,
@@ -227,7 +257,7 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
         }
     };
     let prompt = prompt_of(&prompt_text);
-    let stream = body.get("stream").and_then(Value::as_bool) == Some(true);
+    let stream = req.is_stream();
     let fault = state.script.rule_for(&prompt).and_then(|r| r.fault.clone());
     match fault.as_deref() {
         Some("500") => {
@@ -264,42 +294,44 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
             ));
         }
     };
-    let max_new = body
-        .pointer("/sampling_params/max_new_tokens")
-        .and_then(Value::as_u64)
+    let max_new = req
+        .sampling_params
+        .as_ref()
+        .and_then(|p| p.max_new_tokens)
         .unwrap_or(128) as usize;
     let eos_id = model.tokenizer.token_id(&model.eos);
     let finish = if fault.as_deref() == Some("abort") {
-        json!({"type": "abort", "message": "scripted abort: the request was aborted by the server"})
+        FinishReason::abort("scripted abort: the request was aborted by the server")
     } else if output.len() > max_new {
         output.truncate(max_new);
-        json!({"type": "length", "length": max_new})
+        FinishReason::length(max_new as u64)
     } else {
-        json!({"type": "stop", "matched": eos_id})
+        FinishReason::stop(eos_id.map(|id| Matched::Token(i64::from(id))))
     };
     let rid = format!("{:032x}", state.next_id());
     let weight_version = state.sglang.weight_version();
     let event = |n: usize, last: bool| -> Value {
         let ids = &output[..n];
-        let text = model.tokenizer.decode_visible(ids).unwrap_or_default();
-        let logprobs: Vec<Value> = ids
-            .iter()
-            .map(|&id| json!([scripted_logprob(id), id, null]))
-            .collect();
-        json!({
-            "text": text,
-            "output_ids": ids,
-            "meta_info": {
-                "id": rid,
-                "finish_reason": if last { finish.clone() } else { Value::Null },
-                "prompt_tokens": input_ids.len(),
-                "completion_tokens": n,
-                "cached_tokens": 0,
-                "output_token_logprobs": logprobs,
-                "weight_version": weight_version,
-                "e2e_latency": 0.0,
+        let answer = GenerateResponse {
+            text: model.tokenizer.decode_visible(ids).unwrap_or_default(),
+            output_ids: ids.to_vec(),
+            meta_info: MetaInfo {
+                id: Some(rid.clone()),
+                finish_reason: last.then(|| finish.clone()),
+                prompt_tokens: Some(input_ids.len() as u64),
+                completion_tokens: Some(n as u64),
+                cached_tokens: Some(0),
+                output_token_logprobs: Some(
+                    ids.iter()
+                        .map(|&id| TokenLogprob(Some(scripted_logprob(id)), id, None))
+                        .collect(),
+                ),
+                weight_version: Some(weight_version.clone()),
+                e2e_latency: Some(0.0),
+                ..MetaInfo::default()
             },
-        })
+        };
+        serde_json::to_value(&answer).unwrap_or(Value::Null)
     };
     if !stream {
         return Ok(json_response(StatusCode::OK, &event(output.len(), true)));
@@ -308,12 +340,12 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
     let mut n = 0;
     while n < output.len() {
         n = (n + TOKENS_PER_EVENT).min(output.len());
-        events.push(super::sse(&event(n, n == output.len())));
+        events.push(sse(&event(n, n == output.len())));
     }
     if output.is_empty() {
-        events.push(super::sse(&event(0, true)));
+        events.push(sse(&event(0, true)));
     }
-    events.push(bytes::Bytes::from_static(super::DONE));
+    events.push(bytes::Bytes::from_static(DONE));
     let abort_after = (fault.as_deref() == Some("reset")).then_some(2);
     Ok(sse_response(SseBody::new(
         events,
@@ -352,7 +384,7 @@ mod tests {
         let reply = Reply {
             content: Some("Checking.".into()),
             reasoning: Some("I should look.".into()),
-            tool_calls: vec![super::super::ScriptToolCall {
+            tool_calls: vec![crate::script::ScriptToolCall {
                 name: "bash".into(),
                 arguments: json!({"command": "ls"}),
             }],

@@ -1,0 +1,430 @@
+//! The accept loop, the routing of a request to its wire, and the HTTP helpers (JSON and
+//! OpenAI-shaped error answers, the SSE body with its delay and reset).
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode, header};
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+
+use crate::faults::{Fault, garbage};
+use crate::openai::{Meta, chat_events, chat_json, completion_events, completion_json, usage_for};
+use crate::script::{Prompt, Reply, Script};
+use crate::tokens::TokenModel;
+use crate::{MAX_REQUEST_BYTES, RESET_FLUSH_PAUSE, sglang};
+
+pub(crate) async fn serve(
+    listener: tokio::net::TcpListener,
+    state: Arc<State>,
+) -> anyhow::Result<()> {
+    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+    loop {
+        let accepted = tokio::select! {
+            accepted = listener.accept() => accepted,
+            _ = tokio::signal::ctrl_c() => return Ok(()),
+        };
+        let (stream, _peer) = match accepted {
+            Ok(conn) => conn,
+            Err(e) => {
+                // Out of file descriptors and the like: back off instead of spinning.
+                tracing::warn!(error = %e, "scripted-upstream: accept failed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let state = Arc::clone(&state);
+        let builder = builder.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| {
+                let state = Arc::clone(&state);
+                async move { handle(state, req).await }
+            });
+            // Errors here are client disconnects and the deliberate `fault-reset` aborts.
+            let _ = builder
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+pub(crate) struct State {
+    pub(crate) model: Option<TokenModel>,
+    pub(crate) script: Script,
+    pub(crate) expect_key: Option<String>,
+    pub(crate) chunk_delay: Duration,
+    pub(crate) models: Vec<String>,
+    pub(crate) next_id: AtomicU64,
+    /// The SGLang-native side's state (weight version, pause).
+    pub(crate) sglang: sglang::Backend,
+}
+
+impl State {
+    pub(crate) fn next_id(&self) -> u64 {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+pub(crate) type RespBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Chat,
+    Completions,
+}
+
+/// Returned to hyper to abort the connection (the `fault-reset` fault).
+#[derive(Debug)]
+pub(crate) struct Abort;
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("scripted-upstream: connection aborted on purpose (fault-reset)")
+    }
+}
+impl std::error::Error for Abort {}
+
+pub(crate) async fn handle(
+    state: Arc<State>,
+    req: Request<Incoming>,
+) -> Result<Response<RespBody>, Abort> {
+    if let Some(key) = &state.expect_key {
+        let ok = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .is_some_and(|got| got == key);
+        if !ok {
+            return Ok(error(
+                StatusCode::UNAUTHORIZED,
+                "Incorrect API key provided. The scripted upstream was started with --expect-key; send it as 'Authorization: Bearer KEY'.",
+                "invalid_request_error",
+                Some("invalid_api_key"),
+            ));
+        }
+    }
+    let path = req.uri().path().to_owned();
+    if sglang::is_route(&path) {
+        let method = req.method().clone();
+        let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+            .collect()
+            .await
+        {
+            Ok(c) => c.to_bytes(),
+            Err(e) => {
+                return Ok(error(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    &format!("cannot read the request body: {e}"),
+                    "invalid_request_error",
+                    None,
+                ));
+            }
+        };
+        let body: Value = if body.iter().all(u8::is_ascii_whitespace) {
+            Value::Null
+        } else {
+            match serde_json::from_slice(&body) {
+                Ok(v) => v,
+                Err(e) => {
+                    return Ok(error(
+                        StatusCode::BAD_REQUEST,
+                        &format!("the request body is not valid JSON: {e}"),
+                        "invalid_request_error",
+                        None,
+                    ));
+                }
+            }
+        };
+        if let Some(resp) = sglang::route(&state, &method, &path, &body).await? {
+            return Ok(resp);
+        }
+        return Ok(error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &format!("method {method} is not allowed on {path}"),
+            "invalid_request_error",
+            None,
+        ));
+    }
+    let dialect = match (req.method(), path.as_str()) {
+        (&Method::GET, "/v1/models") => return Ok(models(&state)),
+        (&Method::POST, "/v1/chat/completions") => Dialect::Chat,
+        (&Method::POST, "/v1/completions") => Dialect::Completions,
+        (_, "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
+            return Ok(error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                &format!("method {} is not allowed on {path}", req.method()),
+                "invalid_request_error",
+                None,
+            ));
+        }
+        _ => {
+            return Ok(error(
+                StatusCode::NOT_FOUND,
+                &format!(
+                    "Unknown request URL: {} {path}. The scripted upstream serves POST /v1/chat/completions, POST /v1/completions and GET /v1/models.",
+                    req.method()
+                ),
+                "invalid_request_error",
+                Some("unknown_url"),
+            ));
+        }
+    };
+    let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            return Ok(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("cannot read the request body: {e}"),
+                "invalid_request_error",
+                None,
+            ));
+        }
+    };
+    let body: Value = match serde_json::from_slice(&bytes) {
+        Ok(v) => v,
+        Err(e) => {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                &format!("the request body is not valid JSON: {e}"),
+                "invalid_request_error",
+                None,
+            ));
+        }
+    };
+    let parsed = match dialect {
+        Dialect::Chat => Prompt::from_chat(&body),
+        Dialect::Completions => Prompt::from_completions(&body),
+    };
+    let prompt = match parsed {
+        Ok(p) => p,
+        Err(msg) => {
+            return Ok(error(
+                StatusCode::BAD_REQUEST,
+                &msg,
+                "invalid_request_error",
+                None,
+            ));
+        }
+    };
+    let fault = Fault::from_model(&prompt.model);
+    let mut delay = state.chunk_delay;
+    match fault {
+        Some(Fault::Status500) => {
+            return Ok(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "The server had an error while processing your request (scripted fault-500).",
+                "server_error",
+                None,
+            ));
+        }
+        Some(Fault::Hang) => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Some(Fault::Garbage) => return Ok(garbage(prompt.stream)),
+        Some(Fault::Reset) if !prompt.stream => return Err(Abort),
+        Some(Fault::Slow) => {
+            delay = Duration::from_millis(200);
+            if !prompt.stream {
+                tokio::time::sleep(delay).await;
+            }
+        }
+        Some(Fault::Reset) | None => {}
+    }
+
+    let echo;
+    let reply = match state.script.reply_for(&prompt) {
+        Some(r) => r,
+        None => {
+            echo = Reply {
+                content: Some(format!("You said: {}", prompt.last_user_text)),
+                ..Reply::default()
+            };
+            &echo
+        }
+    };
+    let meta = Meta {
+        id: state.next_id(),
+        created: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        model: prompt.model.clone(),
+    };
+    let tokens = match &state.model {
+        Some(m) => match m.answer(dialect, &body, &meta, reply) {
+            Ok(t) => Some(t),
+            Err(msg) => {
+                return Ok(error(
+                    StatusCode::BAD_REQUEST,
+                    &msg,
+                    "invalid_request_error",
+                    None,
+                ));
+            }
+        },
+        None => None,
+    };
+    let usage = match &tokens {
+        Some(t) => t.usage(),
+        None => usage_for(&prompt, reply),
+    };
+    let tokens = tokens.as_ref();
+    if !prompt.stream {
+        let v = match dialect {
+            Dialect::Chat => chat_json(&meta, reply, &usage, tokens),
+            Dialect::Completions => completion_json(&meta, reply, &usage, tokens),
+        };
+        return Ok(json_response(StatusCode::OK, &v));
+    }
+    let usage = prompt.include_usage.then_some(&usage);
+    let events = match dialect {
+        Dialect::Chat => chat_events(&meta, reply, usage, tokens),
+        Dialect::Completions => completion_events(&meta, reply, usage, tokens),
+    };
+    let abort_after = (fault == Some(Fault::Reset)).then_some(2);
+    Ok(sse_response(SseBody::new(events, delay, abort_after)))
+}
+
+pub(crate) fn full(bytes: impl Into<Bytes>) -> RespBody {
+    Full::new(bytes.into())
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync()
+}
+
+pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
+    let mut resp = Response::new(full(v.to_string()));
+    *resp.status_mut() = status;
+    resp.headers_mut().insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("application/json"),
+    );
+    resp
+}
+
+/// An error in OpenAI's shape: `{"error":{"message","type","param","code"}}`.
+pub(crate) fn error(
+    status: StatusCode,
+    message: &str,
+    kind: &str,
+    code: Option<&str>,
+) -> Response<RespBody> {
+    json_response(
+        status,
+        &json!({"error": {"message": message, "type": kind, "param": null, "code": code}}),
+    )
+}
+
+pub(crate) fn models(state: &State) -> Response<RespBody> {
+    let data: Vec<Value> = state
+        .models
+        .iter()
+        .map(String::as_str)
+        .chain(Fault::MODELS)
+        .map(|id| json!({"id": id, "object": "model", "created": 1_700_000_000u64, "owned_by": "graft-scripted"}))
+        .collect();
+    json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
+}
+
+pub(crate) fn sse_response(body: SseBody) -> Response<RespBody> {
+    let mut resp = Response::new(body.boxed_unsync());
+    let h = resp.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        header::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    h.insert(
+        header::CACHE_CONTROL,
+        header::HeaderValue::from_static("no-cache"),
+    );
+    resp
+}
+
+/// An SSE response body: one HTTP chunk per event, `delay` between events, and optionally
+/// an error after `abort_after` events, which makes hyper drop the connection without the
+/// terminating chunk (the client sees a transport error, as when an upstream dies).
+pub(crate) struct SseBody {
+    pub(crate) events: std::vec::IntoIter<Bytes>,
+    pub(crate) delay: Duration,
+    pub(crate) sleep: Option<Pin<Box<tokio::time::Sleep>>>,
+    pub(crate) sent: usize,
+    pub(crate) abort_after: Option<usize>,
+}
+
+impl SseBody {
+    pub(crate) fn new(events: Vec<Bytes>, delay: Duration, abort_after: Option<usize>) -> Self {
+        SseBody {
+            events: events.into_iter(),
+            delay,
+            sleep: None,
+            sent: 0,
+            abort_after,
+        }
+    }
+}
+
+impl Body for SseBody {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = &mut *self;
+        if this.abort_after.is_some_and(|n| this.sent >= n) {
+            // Pause first: hyper flushes what it buffered (headers, the chunks so far) when
+            // the body is pending, and drops the buffer when the body fails.
+            let sleep = this
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(RESET_FLUSH_PAUSE)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.sleep = None;
+            this.abort_after = None;
+            this.events = Vec::new().into_iter();
+            return Poll::Ready(Some(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                Abort,
+            ))));
+        }
+        if this.sent > 0 && !this.delay.is_zero() && this.events.len() > 0 {
+            let delay = this.delay;
+            let sleep = this
+                .sleep
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            this.sleep = None;
+        }
+        match this.events.next() {
+            Some(event) => {
+                this.sent += 1;
+                Poll::Ready(Some(Ok(Frame::data(event))))
+            }
+            None => Poll::Ready(None),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.events.len() == 0 && self.abort_after.is_none()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        // Unknown on purpose: SSE goes out chunked.
+        SizeHint::default()
+    }
+}

@@ -1,0 +1,8 @@
+//! The backend wires graft speaks, as serde types shared by every side that speaks them:
+//! the gateway (exact mode's client), `graft serve` (a server), the scripted upstream in
+//! `graft-testkit` (a server) and the trainer's weight push (a client).
+//!
+//! Today that is one wire, SGLang's native HTTP API ([`sglang`]). This crate is a leaf: serde
+//! and serde_json only, no I/O.
+
+pub mod sglang;
