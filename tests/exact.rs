@@ -18,7 +18,7 @@ use graft_reconstruct::sample::read_samples_parquet;
 use graft_reconstruct::template::Tokenizer;
 use serde_json::{Value, json};
 
-/// The scripted model's logprob for a token (`src/scripted.rs`).
+/// The scripted model's logprob for a token (`testkit/src/tokens.rs`).
 fn logprob(id: u32) -> f32 {
     (-f64::from(id % 97) / 100.0) as f32
 }

@@ -23,7 +23,7 @@ const SCRIPT: &str = r#"{"rules": [
   {"match": "just run it", "reply": {"tool_calls": [{"name": "bash", "arguments": {"command": "cat a.txt | wc -l"}}]}}
 ]}"#;
 
-/// The scripted model's logprob for a token (`src/scripted.rs`), as a record stores it.
+/// The scripted model's logprob for a token (`testkit/src/tokens.rs`), as a record stores it.
 fn logprob(id: u32) -> f32 {
     (-f64::from(id % 97) / 100.0) as f32
 }
