@@ -15,6 +15,11 @@
 //! - Max throughput is closed loop: `--concurrency` requesters back to back for `--max-secs`.
 //! - Every non-200, timeout, connection error, malformed body and request dropped at the
 //!   in-flight cap is counted and printed.
+//! - `--soak` runs none of the above: one `graft gateway` (`--soak-durability`, default sync)
+//!   driven closed loop by `--soak-connections` requesters for `--soak-secs`, its VmRSS and
+//!   VmHWM, the calls answered and its data dir's size sampled every second, then
+//!   `--soak-idle-secs` without load; a table and a summary (peak RSS, RSS after the load,
+//!   calls/s). `bash scripts/bench-soak.sh` runs it.
 //!
 //! The generator runs one tokio runtime with `--gen-threads` workers (default 1) plus the
 //! pacing thread; it shares the machine's cores with the upstream and the proxies under test.

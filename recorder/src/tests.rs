@@ -1040,10 +1040,26 @@ async fn a_segment_past_one_row_group_seals_with_the_default_budget_and_reads_ba
         max_delay: Duration::from_millis(50),
     };
     let (rec, _) = Recorder::open(cfg).await.unwrap();
-    let ids: Vec<String> = (0..2_000).map(|i| format!("s{i:04}")).collect();
-    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
-    // 20 000 records: past the default row group (16 384 rows) and many seal batches.
-    let input = sessions(&ids, 10);
+    // 20 000 small records in 500 sessions: past the default row group (16 384 rows) and
+    // many seal batches.
+    let input: Vec<CallRecord> = (0..20_000)
+        .map(|i| CallRecord {
+            schema_version: SCHEMA_VERSION,
+            call_id: format!("c{i:05}"),
+            session_id: format!("s{:03}", i % 500),
+            started_at_us: T0 + i as i64,
+            finished_at_us: T0 + i as i64 + 1,
+            dialect: "chat_completions".to_owned(),
+            endpoint: "/v1/chat/completions".to_owned(),
+            request: json!({"model": "m", "messages": [{"role": "user", "content": i}]}),
+            response: Some(json!({"choices": [{"message": {"content": format!("a{i}")}}]})),
+            status: 200,
+            outcome: "ok".to_owned(),
+            completion_token_ids: Some(vec![i as u32, 2]),
+            latency_ms: 1.0,
+            ..CallRecord::default()
+        })
+        .collect();
     for r in &input {
         rec.record(r.clone()).await.unwrap();
     }
