@@ -2,8 +2,8 @@
 # The soak benchmark (benches/load.rs --soak): one `graft gateway` (sync durability by
 # default) in front of `graft scripted-upstream`, driven closed loop by 16 connections for
 # --soak-secs, its RSS (VmRSS, VmHWM), the calls done and its data dir's size sampled every
-# second, then sampled idle. Builds graft in release without default features (no libtorch),
-# runs `cargo bench --bench load -- --soak ...`, and writes the table with the machine, the
+# second, then sampled idle. Builds graft in release without default features (no libtorch)
+# through `cargo bench --no-default-features`, runs `cargo bench --bench load -- --soak ...`, and writes the table with the machine, the
 # date, the revision and the exact command to target/bench-soak.md.
 #
 # Usage: bash scripts/bench-soak.sh [--update-docs] [--as-baseline] [--arena-max N] [load flags...]
@@ -41,7 +41,11 @@ if grep -q '^testkit' Cargo.toml; then features+=(--features testkit); fi
 start=$(date +%s)
 # The revision being measured, taken before the build.
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo '(no commit)')$(git diff --quiet HEAD 2>/dev/null || echo ' + local changes')"
-cargo build --release "${features[@]}" --bin graft
+# graft in release without default features, built by `cargo bench` itself (the bench's
+# CARGO_BIN_EXE_graft, target/release/graft): a separate `cargo build --release --bin graft`
+# resolves the dependencies' features without the dev-dependencies and so builds a second
+# copy of half the workspace.
+cargo bench "${features[@]}" --bench load --no-run
 
 mkdir -p target
 runs=("")
