@@ -15,6 +15,11 @@
 //! - Max throughput is closed loop: `--concurrency` requesters back to back for `--max-secs`.
 //! - Every non-200, timeout, connection error, malformed body and request dropped at the
 //!   in-flight cap is counted and printed.
+//! - `--soak` runs none of the above: one `graft gateway` (`--soak-durability`, default sync)
+//!   driven closed loop by `--soak-connections` requesters for `--soak-secs`, its VmRSS and
+//!   VmHWM, the calls answered and its data dir's size sampled every second, then
+//!   `--soak-idle-secs` without load; a table and a summary (peak RSS, RSS after the load,
+//!   calls/s). `bash scripts/bench-soak.sh` runs it.
 //!
 //! The generator runs one tokio runtime with `--gen-threads` workers (default 1) plus the
 //! pacing thread; it shares the machine's cores with the upstream and the proxies under test.
@@ -97,6 +102,30 @@ struct Args {
     /// Keep the temp dir (child logs, records, LiteLLM config) and print where it is.
     #[arg(long)]
     keep_tmp: bool,
+    /// Soak instead of the phases above: one `graft gateway` driven closed loop for
+    /// --soak-secs while its RSS (VmRSS, VmHWM), the calls done and the data dir's size are
+    /// sampled every second; then --soak-idle-secs of sampling without load.
+    #[arg(long)]
+    soak: bool,
+    /// Seconds of load in the soak.
+    #[arg(long, default_value_t = 120)]
+    soak_secs: u64,
+    /// Seconds sampled after the load (RSS once idle).
+    #[arg(long, default_value_t = 15)]
+    soak_idle_secs: u64,
+    /// Concurrent requesters (each on its own keep-alive connection) in the soak.
+    #[arg(long, default_value_t = 16)]
+    soak_connections: usize,
+    /// The soaked gateway's --durability.
+    #[arg(long, default_value = "sync")]
+    soak_durability: String,
+    /// Extra environment of the soaked gateway, KEY=VALUE (repeatable), e.g.
+    /// MALLOC_ARENA_MAX=2.
+    #[arg(long = "soak-gateway-env", value_parser = parse_env_pair)]
+    soak_gateway_env: Vec<(String, String)>,
+    /// Also write every per-second sample of the soak as CSV here.
+    #[arg(long)]
+    soak_csv: Option<PathBuf>,
     /// Passed by `cargo bench`; ignored.
     #[arg(long, hide = true)]
     bench: bool,
@@ -891,8 +920,19 @@ fn translated_report(md: &mut String, targets: &[Target], runs: &[(u32, Vec<Rec>
     }
 }
 
+fn parse_env_pair(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("'{s}' is not KEY=VALUE")),
+    }
+}
+
 fn main() {
     let args = Args::parse();
+    if args.soak {
+        soak(&args);
+        return;
+    }
     let graft = args.graft_bin.clone().unwrap_or_else(|| {
         PathBuf::from(option_env!("CARGO_BIN_EXE_graft").unwrap_or("target/release/graft"))
     });
@@ -1219,6 +1259,308 @@ fn main() {
         eprintln!("load: wrote {}", out.display());
     }
     drop(procs);
+    if args.keep_tmp {
+        eprintln!("load: kept {}", tmp.keep().display());
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Soak: the gateway's memory under sustained load
+
+/// One second of the soak.
+#[derive(Debug, Clone, Copy)]
+struct Sample {
+    /// Seconds since the load started.
+    t: f64,
+    /// Successful calls so far.
+    calls: u64,
+    /// Calls answered in error so far.
+    errors: u64,
+    rss_kb: u64,
+    hwm_kb: u64,
+    data_bytes: u64,
+    loaded: bool,
+}
+
+/// VmRSS and VmHWM of `pid` in kB (0 when unreadable).
+fn vm_kb(pid: u32) -> (u64, u64) {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Bytes of every file under `dir`.
+fn dir_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .flatten()
+        .map(|e| match e.metadata() {
+            Ok(m) if m.is_dir() => dir_bytes(&e.path()),
+            Ok(m) => m.len(),
+            Err(_) => 0,
+        })
+        .sum()
+}
+
+fn mb(kb: u64) -> f64 {
+    kb as f64 / 1024.0
+}
+
+fn soak(args: &Args) {
+    let graft = args.graft_bin.clone().unwrap_or_else(|| {
+        PathBuf::from(option_env!("CARGO_BIN_EXE_graft").unwrap_or("target/release/graft"))
+    });
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(args.gen_threads.max(1))
+        .enable_all()
+        .build()
+        .unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+
+    let mut cmd = Command::new(&graft);
+    cmd.args(["scripted-upstream", "--listen", "127.0.0.1:0"]);
+    let mut upstream_proc = Proc::spawn(
+        "scripted-upstream",
+        cmd,
+        tmp.path().join("upstream.log"),
+        false,
+    );
+    let upstream = upstream_proc.listening_url(Duration::from_secs(30));
+    let data = tmp.path().join("data");
+    let mut cmd = Command::new(&graft);
+    cmd.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
+        .arg(format!("{upstream}/v1"))
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--durability", &args.soak_durability]);
+    for (k, v) in &args.soak_gateway_env {
+        cmd.env(k, v);
+    }
+    let mut gateway = Proc::spawn("graft gateway", cmd, tmp.path().join("gateway.log"), false);
+    let url = gateway.listening_url(Duration::from_secs(30));
+    let pid = gateway.child.id();
+    let env_note = args
+        .soak_gateway_env
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(" ");
+    eprintln!(
+        "load: soak: gateway {url} (pid {pid}, --durability {}{}) in front of {upstream}, records in {}",
+        args.soak_durability,
+        if env_note.is_empty() {
+            String::new()
+        } else {
+            format!(", env {env_note}")
+        },
+        data.display()
+    );
+    let target = Target::new("graft", &url, Api::Chat, "sk-bench");
+    // One call first: the gateway answers and its start-up allocations are in the baseline.
+    if rt
+        .block_on(call(
+            &target,
+            target.api.body(false),
+            false,
+            Duration::from_secs(30),
+        ))
+        .is_err()
+    {
+        panic!(
+            "load: soak: the gateway failed its first call; its log:\n{}",
+            gateway.log_tail()
+        );
+    }
+    let (rss_start, _) = vm_kb(pid);
+
+    let ok = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let failed = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let timeout = Duration::from_millis(args.timeout_ms);
+    let mut tasks = Vec::new();
+    for _ in 0..args.soak_connections.max(1) {
+        let (t, ok, failed, stop) = (
+            target.clone(),
+            Arc::clone(&ok),
+            Arc::clone(&failed),
+            Arc::clone(&stop),
+        );
+        let body = t.api.body(false);
+        tasks.push(rt.spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match call(&t, body.clone(), false, timeout).await {
+                    Ok(_) => ok.fetch_add(1, Ordering::Relaxed),
+                    Err(_) => failed.fetch_add(1, Ordering::Relaxed),
+                };
+            }
+        }));
+    }
+
+    let start = Instant::now();
+    let load_end = start + Duration::from_secs(args.soak_secs);
+    let end = load_end + Duration::from_secs(args.soak_idle_secs);
+    let mut samples: Vec<Sample> = Vec::new();
+    let mut load_secs = args.soak_secs as f64;
+    let mut calls_at_stop = 0;
+    let mut tick = 1u64;
+    loop {
+        let at = start + Duration::from_secs(tick);
+        if at > end {
+            break;
+        }
+        let now = Instant::now();
+        if at > now {
+            std::thread::sleep(at - now);
+        }
+        let loaded = !stop.load(Ordering::Relaxed);
+        if loaded && Instant::now() >= load_end {
+            stop.store(true, Ordering::Relaxed);
+            load_secs = start.elapsed().as_secs_f64();
+            calls_at_stop = ok.load(Ordering::Relaxed);
+        }
+        let (rss_kb, hwm_kb) = vm_kb(pid);
+        let s = Sample {
+            t: start.elapsed().as_secs_f64(),
+            calls: ok.load(Ordering::Relaxed),
+            errors: failed.load(Ordering::Relaxed),
+            rss_kb,
+            hwm_kb,
+            data_bytes: dir_bytes(&data),
+            loaded,
+        };
+        let rate = s.calls - samples.last().map_or(0, |p| p.calls);
+        eprintln!(
+            "load: soak t={:>4.0}s {} calls {:>9} (+{rate}/s) errors {} rss {:.1} MB hwm {:.1} MB data {:.1} MB",
+            s.t,
+            if loaded { "load" } else { "idle" },
+            s.calls,
+            s.errors,
+            mb(s.rss_kb),
+            mb(s.hwm_kb),
+            s.data_bytes as f64 / 1e6
+        );
+        samples.push(s);
+        if gateway.exited().is_some() {
+            eprintln!(
+                "load: soak: the gateway exited; its log:\n{}",
+                gateway.log_tail()
+            );
+            break;
+        }
+        tick += 1;
+    }
+    stop.store(true, Ordering::Relaxed);
+    rt.block_on(async {
+        for t in tasks {
+            let _ = t.await;
+        }
+    });
+    if calls_at_stop == 0 {
+        calls_at_stop = ok.load(Ordering::Relaxed);
+    }
+    let last = *samples.last().expect("at least one sample");
+    let (_, hwm_end) = vm_kb(pid);
+    let peak_sampled = samples.iter().map(|s| s.rss_kb).max().unwrap_or(0);
+    let peak_hwm = hwm_end.max(last.hwm_kb);
+    let sealed = std::fs::read_dir(data.join("records/_sealed")).map_or(0, |d| d.count());
+    let wal_left = std::fs::read_dir(data.join("wal")).map_or(0, |d| d.count());
+
+    let mut md = String::new();
+    let _ = writeln!(
+        md,
+        "One `graft gateway --durability {}` {}in front of `graft scripted-upstream`, both on \
+         loopback; {} closed-loop requesters (one keep-alive connection each, no session: every \
+         call lands in the default session) sending the load phases' chat completion for {} s, \
+         then {} s without load. Every second: the gateway's VmRSS and VmHWM from \
+         `/proc/PID/status`, the calls answered, and the size of its data dir.\n",
+        args.soak_durability,
+        if env_note.is_empty() {
+            String::new()
+        } else {
+            format!("(environment `{env_note}`) ")
+        },
+        args.soak_connections.max(1),
+        args.soak_secs,
+        args.soak_idle_secs
+    );
+    md.push_str(
+        "| t (s) | phase | calls | calls/s | RSS MB | peak RSS (VmHWM) MB | data dir MB |\n",
+    );
+    md.push_str("|---:|---|---:|---:|---:|---:|---:|\n");
+    let stride = (samples.len() / 16).max(1);
+    let mut prev = (0.0f64, 0u64);
+    for (i, s) in samples.iter().enumerate() {
+        let keep = i % stride == stride - 1
+            || i + 1 == samples.len()
+            || (i > 0 && samples[i - 1].loaded != s.loaded);
+        if !keep {
+            continue;
+        }
+        let rate = (s.calls - prev.1) as f64 / (s.t - prev.0).max(1e-9);
+        prev = (s.t, s.calls);
+        let _ = writeln!(
+            md,
+            "| {:.0} | {} | {} | {:.0} | {:.1} | {:.1} | {:.1} |",
+            s.t,
+            if s.loaded { "load" } else { "idle" },
+            s.calls,
+            rate,
+            mb(s.rss_kb),
+            mb(s.hwm_kb),
+            s.data_bytes as f64 / 1e6
+        );
+    }
+    let _ = writeln!(
+        md,
+        "\nSummary: {} calls in {:.0} s = **{:.0} calls/s**, {} errors; gateway RSS {:.1} MB \
+         after its first call, **peak {:.1} MB** (VmHWM; highest 1 s sample {:.1} MB), **{:.1} MB \
+         after the load** ({} s idle); data dir {:.1} MB ({} sealed segments, {} WAL file(s) \
+         left).",
+        calls_at_stop,
+        load_secs,
+        calls_at_stop as f64 / load_secs.max(1e-9),
+        last.errors,
+        mb(rss_start),
+        mb(peak_hwm),
+        mb(peak_sampled),
+        mb(last.rss_kb),
+        args.soak_idle_secs,
+        last.data_bytes as f64 / 1e6,
+        sealed,
+        wal_left
+    );
+    print!("{md}");
+    if let Some(out) = &args.out {
+        std::fs::write(out, &md).unwrap();
+        eprintln!("load: wrote {}", out.display());
+    }
+    if let Some(csv) = &args.soak_csv {
+        let mut text = String::from("t_s,phase,calls,errors,rss_kb,hwm_kb,data_bytes\n");
+        for s in &samples {
+            let _ = writeln!(
+                text,
+                "{:.3},{},{},{},{},{},{}",
+                s.t,
+                if s.loaded { "load" } else { "idle" },
+                s.calls,
+                s.errors,
+                s.rss_kb,
+                s.hwm_kb,
+                s.data_bytes
+            );
+        }
+        std::fs::write(csv, text).unwrap();
+        eprintln!("load: wrote {}", csv.display());
+    }
+    drop(gateway);
+    drop(upstream_proc);
     if args.keep_tmp {
         eprintln!("load: kept {}", tmp.keep().display());
     }

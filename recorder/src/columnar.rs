@@ -50,7 +50,9 @@ pub(crate) const FULL_COLUMNS: JsonColumns = JsonColumns {
 
 const BATCH_ROWS: usize = 4096;
 const ROW_GROUP_ROWS: usize = 16 * 1024;
-const ROW_GROUP_BYTES: usize = 128 * 1024 * 1024;
+/// Estimated encoded bytes; the row group in progress is held in memory (compressed) until
+/// it is closed.
+const ROW_GROUP_BYTES: usize = 32 * 1024 * 1024;
 const ZSTD_LEVEL: i32 = 3;
 
 pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
@@ -252,28 +254,78 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
 
 /// Writes `rows` to a new parquet file at `path` and fsyncs it.
 pub(crate) fn write_parquet(path: &Path, rows: &[Row<'_>], json: JsonColumns) -> Result<()> {
-    let schema = schema(json);
-    let level = ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| RecorderError::parquet(path, e))?;
-    let props = WriterProperties::builder()
-        .set_compression(Compression::ZSTD(level))
-        .set_max_row_group_row_count(Some(ROW_GROUP_ROWS))
-        .set_max_row_group_bytes(Some(ROW_GROUP_BYTES))
-        .set_created_by(format!("graft-recorder {}", env!("CARGO_PKG_VERSION")))
-        .build();
-    let file = File::create(path).map_err(|e| RecorderError::io("creating", path, e))?;
-    let mut writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
-        .map_err(|e| RecorderError::parquet(path, e))?;
-    for chunk in rows.chunks(BATCH_ROWS) {
-        let batch = build_batch(&schema, chunk, path)?;
-        writer
-            .write(&batch)
-            .map_err(|e| RecorderError::parquet(path, e))?;
+    let mut sink = ParquetSink::create(path, json, RowGroups::default())?;
+    sink.write(rows)?;
+    sink.finish()
+}
+
+/// When the writer closes a row group (whichever limit is reached first).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RowGroups {
+    pub max_rows: usize,
+    /// Estimated encoded bytes of the row group in progress.
+    pub max_bytes: usize,
+}
+
+impl Default for RowGroups {
+    fn default() -> Self {
+        RowGroups {
+            max_rows: ROW_GROUP_ROWS,
+            max_bytes: ROW_GROUP_BYTES,
+        }
     }
-    let file = writer
-        .into_inner()
-        .map_err(|e| RecorderError::parquet(path, e))?;
-    file.sync_all()
-        .map_err(|e| RecorderError::io("fsyncing", path, e))
+}
+
+/// A parquet file being written a batch at a time: [`ParquetSink::write`] encodes rows
+/// into the row group in progress (closed once it reaches its [`RowGroups`] limit), so a
+/// caller that hands it bounded batches holds only those plus one encoded row group.
+pub(crate) struct ParquetSink {
+    path: std::path::PathBuf,
+    schema: SchemaRef,
+    writer: ArrowWriter<File>,
+}
+
+impl ParquetSink {
+    /// Creates (truncates) `path`.
+    pub fn create(path: &Path, json: JsonColumns, groups: RowGroups) -> Result<Self> {
+        let schema = schema(json);
+        let level = ZstdLevel::try_new(ZSTD_LEVEL).map_err(|e| RecorderError::parquet(path, e))?;
+        let props = WriterProperties::builder()
+            .set_compression(Compression::ZSTD(level))
+            .set_max_row_group_row_count(Some(groups.max_rows.max(1)))
+            .set_max_row_group_bytes(Some(groups.max_bytes.max(1)))
+            .set_created_by(format!("graft-recorder {}", env!("CARGO_PKG_VERSION")))
+            .build();
+        let file = File::create(path).map_err(|e| RecorderError::io("creating", path, e))?;
+        let writer = ArrowWriter::try_new(file, schema.clone(), Some(props))
+            .map_err(|e| RecorderError::parquet(path, e))?;
+        Ok(ParquetSink {
+            path: path.to_owned(),
+            schema,
+            writer,
+        })
+    }
+
+    pub fn write(&mut self, rows: &[Row<'_>]) -> Result<()> {
+        for chunk in rows.chunks(BATCH_ROWS) {
+            let batch = build_batch(&self.schema, chunk, &self.path)?;
+            self.writer
+                .write(&batch)
+                .map_err(|e| RecorderError::parquet(&self.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Closes the last row group, writes the footer and fsyncs the file.
+    pub fn finish(self) -> Result<()> {
+        let path = self.path;
+        let file = self
+            .writer
+            .into_inner()
+            .map_err(|e| RecorderError::parquet(&path, e))?;
+        file.sync_all()
+            .map_err(|e| RecorderError::io("fsyncing", &path, e))
+    }
 }
 
 /// A row read back: the record (its deltas are placeholders: `request_delta` full `null`,

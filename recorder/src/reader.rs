@@ -84,7 +84,7 @@ fn try_read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
         if manifests.contains_key(segment) {
             continue;
         }
-        out.extend(wal::scan_segment(path)?.records);
+        out.extend(wal::scan_segment(path)?);
     }
     Ok(out)
 }

@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::columnar::{self, DELTA_COLUMNS, Row, RowText};
+use crate::columnar::{DELTA_COLUMNS, ParquetSink, Row, RowGroups, RowText};
 use crate::error::{RecorderError, Result};
 use crate::record::{SCHEMA_VERSION, StoredRecord};
 use crate::wal;
@@ -94,28 +94,75 @@ fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     wal::fsync_dir(parent)
 }
 
+/// How much of a segment sealing holds in memory at once: records are read from the WAL
+/// one frame at a time and handed to the day's parquet writer in batches of at most
+/// `batch_rows` rows or `batch_bytes` bytes of WAL payload, whichever comes first; the
+/// writer closes a row group at `row_groups`. A segment's records are never all in memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SealLimits {
+    pub batch_rows: usize,
+    pub batch_bytes: usize,
+    pub row_groups: RowGroups,
+}
+
+impl Default for SealLimits {
+    fn default() -> Self {
+        SealLimits {
+            batch_rows: 1024,
+            batch_bytes: 4 * 1024 * 1024,
+            row_groups: RowGroups::default(),
+        }
+    }
+}
+
 /// Seals WAL segment `segment` of `dir`. Returns its manifest, or `None` when the segment
 /// held no record (it is then just deleted).
 pub(crate) fn seal_segment(dir: &Path, segment: u64) -> Result<Option<Manifest>> {
+    seal_segment_with(dir, segment, SealLimits::default()).map(|(manifest, _)| manifest)
+}
+
+/// What one seal held in memory at most: rows parsed but not yet handed to a parquet
+/// writer, summed over the day files (their WAL payload bytes).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct SealStats {
+    pub max_pending_rows: usize,
+    pub max_pending_bytes: usize,
+}
+
+pub(crate) fn seal_segment_with(
+    dir: &Path,
+    segment: u64,
+    limits: SealLimits,
+) -> Result<(Option<Manifest>, SealStats)> {
     let wal_path = wal::segment_path(dir, segment);
-    let scan = wal::scan_segment(&wal_path)?;
-    if scan.torn_bytes() > 0 {
+    let mut reader = wal::SegmentReader::open(&wal_path)?;
+    let mut sealer = SegmentSealer::new(dir, segment, limits);
+    let manifest = match sealer.run(&mut reader) {
+        Ok(manifest) => manifest,
+        Err(e) => {
+            sealer.abandon();
+            return Err(e);
+        }
+    };
+    let torn = reader.file_len() - reader.valid_len();
+    if torn > 0 {
         tracing::warn!(
             path = %wal_path.display(),
-            torn_bytes = scan.torn_bytes(),
-            "sealing a WAL segment with a torn tail; only its valid frames are sealed"
+            torn_bytes = torn,
+            "sealed a WAL segment with a torn tail; only its valid frames were sealed"
         );
     }
-    let manifest = if scan.records.is_empty() {
-        None
-    } else {
-        Some(write_segment_parquet(dir, segment, &scan.records)?)
-    };
+    let records = manifest.as_ref().map_or(0, |m| m.records);
     fs::remove_file(&wal_path)
         .map_err(|e| RecorderError::io("deleting sealed WAL segment", &wal_path, e))?;
     wal::fsync_dir(&wal::wal_dir(dir))?;
-    tracing::debug!(segment, records = scan.records.len(), "sealed WAL segment");
-    Ok(manifest)
+    tracing::debug!(
+        segment,
+        records,
+        max_pending_rows = sealer.stats.max_pending_rows,
+        "sealed WAL segment"
+    );
+    Ok((manifest, sealer.stats))
 }
 
 /// JSON text of `value`; the error names the call.
@@ -130,56 +177,191 @@ fn opt_text(call_id: &str, value: Option<&impl Serialize>) -> Result<Option<Stri
     value.map(|v| to_text(call_id, v)).transpose()
 }
 
-fn write_segment_parquet(dir: &Path, segment: u64, records: &[StoredRecord]) -> Result<Manifest> {
-    let mut texts = Vec::with_capacity(records.len());
-    for r in records {
-        let id = r.call_id.as_str();
-        texts.push(RowText {
-            request: to_text(id, &r.request_delta)?,
-            response: opt_text(id, r.response.as_ref())?,
-            normalized_request: opt_text(id, r.normalized_request_delta.as_ref())?,
-            normalized_response: opt_text(id, r.normalized_response.as_ref())?,
-            upstream_request: opt_text(id, r.upstream_request_delta.as_ref())?,
-            prompt_token_ids_delta: opt_text(id, r.prompt_token_ids_delta.as_ref())?,
-        });
+/// The record as a parquet row: the text of its JSON columns, and the record with those
+/// values dropped (the row is written from the text; the parsed trees are the bulk of a
+/// record's memory).
+fn into_row(mut r: StoredRecord) -> Result<(StoredRecord, RowText)> {
+    let id = r.call_id.as_str();
+    let text = RowText {
+        request: to_text(id, &r.request_delta)?,
+        response: opt_text(id, r.response.as_ref())?,
+        normalized_request: opt_text(id, r.normalized_request_delta.as_ref())?,
+        normalized_response: opt_text(id, r.normalized_response.as_ref())?,
+        upstream_request: opt_text(id, r.upstream_request_delta.as_ref())?,
+        prompt_token_ids_delta: opt_text(id, r.prompt_token_ids_delta.as_ref())?,
+    };
+    r.request_delta = crate::delta::encode(None, &serde_json::Value::Null);
+    r.response = None;
+    r.normalized_request_delta = None;
+    r.normalized_response = None;
+    r.upstream_request_delta = None;
+    r.prompt_token_ids_delta = None;
+    Ok((r, text))
+}
+
+/// One day's parquet file of the segment being sealed, written under its dot-tmp name.
+struct DayFile {
+    /// Relative to `records/`: `date=YYYY-MM-DD/seg-N.parquet`.
+    name: String,
+    day_dir: PathBuf,
+    tmp: PathBuf,
+    dest: PathBuf,
+    sink: ParquetSink,
+    pending: Vec<(StoredRecord, RowText)>,
+    pending_bytes: usize,
+}
+
+impl DayFile {
+    fn flush(&mut self) -> Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let rows: Vec<Row<'_>> = self
+            .pending
+            .iter()
+            .map(|(rec, text)| Row { rec, text })
+            .collect();
+        self.sink.write(&rows)?;
+        self.pending.clear();
+        self.pending_bytes = 0;
+        Ok(())
     }
-    let mut by_day: BTreeMap<String, Vec<Row<'_>>> = BTreeMap::new();
-    let mut sessions: BTreeMap<String, ManifestSession> = BTreeMap::new();
-    for (r, text) in records.iter().zip(&texts) {
-        by_day
-            .entry(day_of(r.started_at_us))
-            .or_default()
-            .push(Row { rec: r, text });
-        let s = sessions.entry(r.session_id.clone()).or_default();
+}
+
+/// Streams one WAL segment into its day files and manifest.
+struct SegmentSealer<'a> {
+    dir: &'a Path,
+    segment: u64,
+    limits: SealLimits,
+    days: BTreeMap<String, DayFile>,
+    sessions: BTreeMap<String, ManifestSession>,
+    records: u64,
+    /// Rows and payload bytes pending over all day files now, and their maxima.
+    pending: (usize, usize),
+    stats: SealStats,
+}
+
+impl<'a> SegmentSealer<'a> {
+    fn new(dir: &'a Path, segment: u64, limits: SealLimits) -> Self {
+        SegmentSealer {
+            dir,
+            segment,
+            limits,
+            days: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            records: 0,
+            pending: (0, 0),
+            stats: SealStats::default(),
+        }
+    }
+
+    fn run(
+        &mut self,
+        reader: &mut wal::SegmentReader<impl std::io::Read>,
+    ) -> Result<Option<Manifest>> {
+        while let Some((record, payload_len)) = reader.next_record()? {
+            self.push(record, payload_len)?;
+        }
+        if self.records == 0 {
+            return Ok(None);
+        }
+        self.commit().map(Some)
+    }
+
+    fn push(&mut self, r: StoredRecord, payload_len: usize) -> Result<()> {
+        let s = self.sessions.entry(r.session_id.clone()).or_default();
         s.last_seq = s.last_seq.max(r.seq);
         s.records += 1;
+        self.records += 1;
+        let day = day_of(r.started_at_us);
+        let file = match self.days.entry(day) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                let file = open_day_file(self.dir, self.segment, e.key(), self.limits)?;
+                e.insert(file)
+            }
+        };
+        file.pending.push(into_row(r)?);
+        file.pending_bytes += payload_len;
+        self.pending.0 += 1;
+        self.pending.1 += payload_len;
+        self.stats.max_pending_rows = self.stats.max_pending_rows.max(self.pending.0);
+        self.stats.max_pending_bytes = self.stats.max_pending_bytes.max(self.pending.1);
+        if file.pending.len() >= self.limits.batch_rows
+            || file.pending_bytes >= self.limits.batch_bytes
+        {
+            self.pending.0 -= file.pending.len();
+            self.pending.1 -= file.pending_bytes;
+            file.flush()?;
+        }
+        Ok(())
     }
-    let mut files = Vec::new();
-    for (day, rows) in &by_day {
-        let day_dir = records_dir(dir).join(format!("date={day}"));
-        wal::create_dir_all(&day_dir)?;
-        let name = parquet_name(segment);
-        let tmp = day_dir.join(format!(".{name}.tmp"));
-        columnar::write_parquet(&tmp, rows, DELTA_COLUMNS)?;
-        let dest = day_dir.join(&name);
-        fs::rename(&tmp, &dest).map_err(|e| RecorderError::io("renaming into place", &dest, e))?;
-        wal::fsync_dir(&day_dir)?;
-        files.push(format!("date={day}/{name}"));
+
+    /// Each day file: last batch, footer, fsync, rename, fsync dir; then the manifest (the
+    /// commit point) the same way.
+    fn commit(&mut self) -> Result<Manifest> {
+        let mut files = Vec::with_capacity(self.days.len());
+        for (_, mut day) in std::mem::take(&mut self.days) {
+            let finished = day.flush().and_then(|()| day.sink.finish());
+            if let Err(e) = finished {
+                remove_quietly(&day.tmp);
+                return Err(e);
+            }
+            fs::rename(&day.tmp, &day.dest)
+                .map_err(|e| RecorderError::io("renaming into place", &day.dest, e))?;
+            wal::fsync_dir(&day.day_dir)?;
+            files.push(day.name);
+        }
+        let manifest = Manifest {
+            schema_version: SCHEMA_VERSION,
+            segment: self.segment,
+            records: self.records,
+            files,
+            sessions: std::mem::take(&mut self.sessions),
+        };
+        let bytes =
+            serde_json::to_vec_pretty(&manifest).map_err(|source| RecorderError::Encode {
+                call_id: format!("manifest of segment {}", self.segment),
+                source,
+            })?;
+        wal::create_dir_all(&sealed_dir(self.dir))?;
+        write_atomic(&manifest_path(self.dir, self.segment), &bytes)?;
+        Ok(manifest)
     }
-    let manifest = Manifest {
-        schema_version: SCHEMA_VERSION,
-        segment,
-        records: records.len() as u64,
-        files,
-        sessions,
-    };
-    let bytes = serde_json::to_vec_pretty(&manifest).map_err(|source| RecorderError::Encode {
-        call_id: format!("manifest of segment {segment}"),
-        source,
-    })?;
-    wal::create_dir_all(&sealed_dir(dir))?;
-    write_atomic(&manifest_path(dir, segment), &bytes)?;
-    Ok(manifest)
+
+    /// After a failure: removes the temporaries not yet renamed. The WAL stays the truth;
+    /// a day file already renamed is ignored without a manifest and rewritten next time.
+    fn abandon(&mut self) {
+        for (_, day) in std::mem::take(&mut self.days) {
+            drop(day.sink);
+            remove_quietly(&day.tmp);
+        }
+    }
+}
+
+fn open_day_file(dir: &Path, segment: u64, day: &str, limits: SealLimits) -> Result<DayFile> {
+    let day_dir = records_dir(dir).join(format!("date={day}"));
+    wal::create_dir_all(&day_dir)?;
+    let name = parquet_name(segment);
+    let tmp = day_dir.join(format!(".{name}.tmp"));
+    let sink = ParquetSink::create(&tmp, DELTA_COLUMNS, limits.row_groups)?;
+    Ok(DayFile {
+        name: format!("date={day}/{name}"),
+        dest: day_dir.join(&name),
+        day_dir,
+        tmp,
+        sink,
+        pending: Vec::with_capacity(limits.batch_rows.min(4096)),
+        pending_bytes: 0,
+    })
+}
+
+fn remove_quietly(path: &Path) {
+    if let Err(e) = fs::remove_file(path)
+        && e.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(path = %path.display(), error = %e, "could not remove the temporary file of a failed seal; it is removed at the next open");
+    }
 }
 
 /// Manifests of all sealed segments, by segment number.
@@ -302,7 +484,7 @@ pub(crate) fn recover(dir: &Path) -> Result<(RecoveryReport, u64)> {
             wal::fsync_dir(&wal::wal_dir(dir))?;
             continue;
         }
-        let scan = wal::scan_segment(path)?;
+        let scan = wal::measure_segment(path)?;
         if scan.torn_bytes() > 0 {
             tracing::warn!(
                 path = %path.display(),
@@ -313,7 +495,7 @@ pub(crate) fn recover(dir: &Path) -> Result<(RecoveryReport, u64)> {
             wal::truncate(path, scan.valid_len)?;
             report.torn_bytes_dropped += scan.torn_bytes();
         }
-        report.recovered_records += scan.records.len() as u64;
+        report.recovered_records += scan.records;
         // Parquet of an interrupted seal of this segment is rewritten below.
         for (_, stale) in parquet.iter().filter(|(n, _)| n == segment) {
             fs::remove_file(stale)

@@ -975,3 +975,146 @@ fn a_prompt_ids_delta_with_a_missing_base_is_an_error_naming_it() {
     );
     assert!(ok.is_err());
 }
+
+/// Row groups and rows of a parquet file.
+fn row_groups(path: &Path) -> (usize, i64) {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let reader = SerializedFileReader::new(std::fs::File::open(path).unwrap()).unwrap();
+    let meta = reader.metadata();
+    (meta.num_row_groups(), meta.file_metadata().num_rows())
+}
+
+#[tokio::test]
+async fn a_segment_larger_than_the_seal_budget_streams_into_row_groups_and_reads_back() {
+    use crate::columnar::RowGroups;
+    use crate::seal::{SealLimits, seal_segment_with};
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut input = sessions(&["a", "b", "c"], 40);
+    // Interleaved sessions, and two days in one segment: two day files written side by side.
+    input.sort_by_key(|r| (r.started_at_us, r.session_id.clone()));
+    for (i, r) in input.iter_mut().enumerate() {
+        r.started_at_us += i64::from(i % 3 == 0) * DAY_US;
+    }
+    crashed_dir(dir.path(), &input).await;
+    assert_eq!(wal_files(dir.path()).len(), 1);
+    let limits = SealLimits {
+        batch_rows: 7,
+        batch_bytes: 4_000,
+        row_groups: RowGroups {
+            max_rows: 10,
+            max_bytes: 1 << 20,
+        },
+    };
+    let (manifest, stats) = seal_segment_with(dir.path(), 1, limits).unwrap();
+    let manifest = manifest.unwrap();
+    assert_eq!(manifest.records, 120);
+    assert_eq!(manifest.files.len(), 2);
+    assert!(wal_files(dir.path()).is_empty());
+    // Never more than one batch per day file was held: not the segment's 120 rows.
+    assert!((1..=2 * 7).contains(&stats.max_pending_rows), "{stats:?}");
+    assert!(stats.max_pending_bytes < 2 * (4_000 + 2_000), "{stats:?}");
+    let mut rows = 0;
+    for file in &manifest.files {
+        let (groups, n) = row_groups(&dir.path().join("records").join(file));
+        assert_eq!(groups, (n as usize).div_ceil(10), "{file}: {n} rows");
+        rows += n;
+    }
+    assert_eq!(rows, 120);
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+    // And the recorder opens it as sealed, nothing to recover.
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!((report.recovered_records, report.sealed_segments), (0, 0));
+    assert_eq!(report.sessions["a"].last_seq, 40);
+    rec.shutdown().await.unwrap();
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input));
+}
+
+#[tokio::test]
+async fn a_segment_past_one_row_group_seals_with_the_default_budget_and_reads_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RecorderConfig::new(dir.path());
+    cfg.durability = Durability::Async {
+        max_delay: Duration::from_millis(50),
+    };
+    let (rec, _) = Recorder::open(cfg).await.unwrap();
+    // 20 000 small records in 500 sessions: past the default row group (16 384 rows) and
+    // many seal batches.
+    let input: Vec<CallRecord> = (0..20_000)
+        .map(|i| CallRecord {
+            schema_version: SCHEMA_VERSION,
+            call_id: format!("c{i:05}"),
+            session_id: format!("s{:03}", i % 500),
+            started_at_us: T0 + i as i64,
+            finished_at_us: T0 + i as i64 + 1,
+            dialect: "chat_completions".to_owned(),
+            endpoint: "/v1/chat/completions".to_owned(),
+            request: json!({"model": "m", "messages": [{"role": "user", "content": i}]}),
+            response: Some(json!({"choices": [{"message": {"content": format!("a{i}")}}]})),
+            status: 200,
+            outcome: "ok".to_owned(),
+            completion_token_ids: Some(vec![i as u32, 2]),
+            latency_ms: 1.0,
+            ..CallRecord::default()
+        })
+        .collect();
+    for r in &input {
+        rec.record(r.clone()).await.unwrap();
+    }
+    rec.shutdown().await.unwrap();
+    let files = crate::seal::list_parquet(dir.path()).unwrap();
+    assert_eq!(files.len(), 1);
+    assert_eq!(row_groups(&files[0].1), (2, 20_000));
+    let got = read_records(dir.path()).unwrap();
+    assert_eq!(got.len(), 20_000);
+    assert_eq!(got, expected(input));
+}
+
+#[tokio::test]
+async fn a_crash_between_the_parquet_tmp_and_its_rename_recovers_every_record_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut input = sessions(&["a", "b"], 6);
+    for (i, r) in input.iter_mut().enumerate() {
+        r.started_at_us += (i as i64 % 2) * DAY_US; // two day files
+    }
+    crashed_dir(dir.path(), &input).await;
+    let wal = wal_files(dir.path());
+    let wal_bytes = std::fs::read(&wal[0]).unwrap();
+
+    // Seal once to get real parquet files, then put the directory back the way a crash
+    // during the seal leaves it: the first day renamed, the second day still a (torn)
+    // dot-tmp, no manifest, the WAL still there.
+    crate::seal::seal_segment(dir.path(), 1).unwrap().unwrap();
+    std::fs::remove_file(dir.path().join("records/_sealed/seg-00000001.json")).unwrap();
+    std::fs::write(&wal[0], &wal_bytes).unwrap();
+    let day2 = dir.path().join("records/date=2025-06-16");
+    let full = std::fs::read(day2.join("seg-00000001.parquet")).unwrap();
+    std::fs::remove_file(day2.join("seg-00000001.parquet")).unwrap();
+    let tmp = day2.join(".seg-00000001.parquet.tmp");
+    std::fs::write(&tmp, &full[..full.len() / 2]).unwrap();
+    // Readers see the WAL (the renamed day file has no manifest) and skip the tmp.
+    assert_eq!(read_records(dir.path()).unwrap(), expected(input.clone()));
+
+    let (rec, report) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            report.recovered_records,
+            report.sealed_segments,
+            report.torn_bytes_dropped
+        ),
+        (12, 1, 0)
+    );
+    assert!(!tmp.exists());
+    assert!(wal_files(dir.path()).is_empty());
+    let seq = rec.record(call("a", 100, vec![])).await.unwrap();
+    assert_eq!(seq, 7);
+    rec.shutdown().await.unwrap();
+    let mut all = read_records(dir.path()).unwrap();
+    all.retain(|r| r.call_id != "a-0100");
+    assert_eq!(all, expected(input));
+    assert_eq!(crate::seal::list_parquet(dir.path()).unwrap().len(), 3);
+}

@@ -9,7 +9,7 @@
 //! Recovery truncates the segment at the last good frame and counts the dropped bytes.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::Read;
+use std::io::{BufReader, Read};
 use std::path::{Path, PathBuf};
 
 use crate::error::{RecorderError, Result};
@@ -20,6 +20,8 @@ const EXT: &str = "wal";
 const HEADER: usize = 8;
 /// Larger frames are treated as garbage (a torn length field).
 pub(crate) const MAX_FRAME: u32 = 1 << 30;
+/// Read buffer of a [`SegmentReader`].
+const READ_BUFFER: usize = 256 * 1024;
 
 pub(crate) fn wal_dir(dir: &Path) -> PathBuf {
     dir.join(WAL_DIR)
@@ -64,7 +66,156 @@ pub(crate) fn append_frame(payload: &[u8], out: &mut Vec<u8>) {
     out.extend_from_slice(payload);
 }
 
+/// Reads a segment frame by frame, holding one frame's payload at a time (sealing and
+/// recovery never hold a whole segment). It stops at the first bad frame (the torn tail);
+/// a frame with a valid checksum whose JSON does not parse is an error (a format
+/// mismatch, not a crash).
+pub(crate) struct SegmentReader<R> {
+    path: PathBuf,
+    input: R,
+    payload: Vec<u8>,
+    /// Bytes of valid frames read so far.
+    valid_len: u64,
+    /// The input's length when the reader was made; frames appended later are not read.
+    file_len: u64,
+    done: bool,
+}
+
+impl SegmentReader<BufReader<File>> {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file =
+            File::open(path).map_err(|e| RecorderError::io("reading WAL segment", path, e))?;
+        let file_len = file
+            .metadata()
+            .map_err(|e| RecorderError::io("reading WAL segment", path, e))?
+            .len();
+        Ok(Self::new(
+            path,
+            BufReader::with_capacity(READ_BUFFER, file),
+            file_len,
+        ))
+    }
+}
+
+impl<R: Read> SegmentReader<R> {
+    pub fn new(path: &Path, input: R, file_len: u64) -> Self {
+        SegmentReader {
+            path: path.to_owned(),
+            input,
+            payload: Vec::new(),
+            valid_len: 0,
+            file_len,
+            done: false,
+        }
+    }
+
+    /// The next valid frame's record and its payload size; `None` at the end of the valid
+    /// part.
+    pub fn next_record(&mut self) -> Result<Option<(StoredRecord, usize)>> {
+        if self.done {
+            return Ok(None);
+        }
+        let Some(len) = self.next_payload()? else {
+            self.done = true;
+            return Ok(None);
+        };
+        let record = parse_payload(&self.path, self.valid_len, &self.payload[..len])?;
+        self.valid_len += (HEADER + len) as u64;
+        Ok(Some((record, len)))
+    }
+
+    /// Reads the next frame into `self.payload` and checks it; `None` when it is torn.
+    fn next_payload(&mut self) -> Result<Option<usize>> {
+        let mut header = [0u8; HEADER];
+        if self.read_full(&mut header)? < HEADER {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
+        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
+        let left = self.file_len.saturating_sub(self.valid_len + HEADER as u64);
+        // A torn length field must not make us allocate: the frame has to fit the file.
+        if len == 0 || len > MAX_FRAME || u64::from(len) > left {
+            return Ok(None);
+        }
+        let len = len as usize;
+        if self.payload.len() < len {
+            self.payload.resize(len, 0);
+        }
+        let mut payload = std::mem::take(&mut self.payload);
+        let read = self.read_full(&mut payload[..len]);
+        self.payload = payload;
+        if read? < len || crc32fast::hash(&self.payload[..len]) != crc {
+            return Ok(None);
+        }
+        Ok(Some(len))
+    }
+
+    /// Fills `buf` unless the input ends first; returns the bytes read.
+    fn read_full(&mut self, buf: &mut [u8]) -> Result<usize> {
+        let mut n = 0;
+        while n < buf.len() {
+            match self.input.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(RecorderError::io("reading WAL segment", &self.path, e)),
+            }
+        }
+        Ok(n)
+    }
+
+    /// Bytes of valid frames read so far (after the last `None`: the valid part).
+    pub fn valid_len(&self) -> u64 {
+        self.valid_len
+    }
+
+    pub fn file_len(&self) -> u64 {
+        self.file_len
+    }
+}
+
+/// Reads every valid frame of a segment into memory (readers; sealing and recovery use
+/// [`SegmentReader`]). Torn tails are not an error; a frame with a valid checksum whose
+/// JSON does not parse is.
+pub(crate) fn scan_segment(path: &Path) -> Result<Vec<StoredRecord>> {
+    let mut reader = SegmentReader::open(path)?;
+    let mut records = Vec::new();
+    while let Some((record, _)) = reader.next_record()? {
+        records.push(record);
+    }
+    Ok(records)
+}
+
+/// A segment's valid records counted, one frame at a time.
+#[derive(Debug, Default)]
+pub(crate) struct SegmentExtent {
+    pub records: u64,
+    pub valid_len: u64,
+    pub file_len: u64,
+}
+
+impl SegmentExtent {
+    pub fn torn_bytes(&self) -> u64 {
+        self.file_len - self.valid_len
+    }
+}
+
+/// Counts a segment's valid records and measures its valid part without holding them.
+pub(crate) fn measure_segment(path: &Path) -> Result<SegmentExtent> {
+    let mut reader = SegmentReader::open(path)?;
+    let mut records = 0u64;
+    while reader.next_record()?.is_some() {
+        records += 1;
+    }
+    Ok(SegmentExtent {
+        records,
+        valid_len: reader.valid_len(),
+        file_len: reader.file_len(),
+    })
+}
+
 /// What a segment holds up to its first bad frame.
+#[cfg(test)]
 #[derive(Debug, Default)]
 pub(crate) struct SegmentScan {
     pub records: Vec<StoredRecord>,
@@ -74,47 +225,25 @@ pub(crate) struct SegmentScan {
     pub file_len: u64,
 }
 
+#[cfg(test)]
 impl SegmentScan {
     pub fn torn_bytes(&self) -> u64 {
         self.file_len - self.valid_len
     }
 }
 
-/// Reads every valid frame of a segment. Torn tails are not an error; a frame with a
-/// valid checksum whose JSON does not parse is (it means a format mismatch, not a crash).
-pub(crate) fn scan_segment(path: &Path) -> Result<SegmentScan> {
-    let mut bytes = Vec::new();
-    File::open(path)
-        .and_then(|mut f| f.read_to_end(&mut bytes))
-        .map_err(|e| RecorderError::io("reading WAL segment", path, e))?;
-    scan_bytes(path, &bytes)
-}
-
+#[cfg(test)]
 pub(crate) fn scan_bytes(path: &Path, bytes: &[u8]) -> Result<SegmentScan> {
-    let mut scan = SegmentScan {
-        file_len: bytes.len() as u64,
-        ..SegmentScan::default()
-    };
-    let mut pos = 0usize;
-    while let Some(header) = bytes.get(pos..pos + HEADER) {
-        let len = u32::from_le_bytes([header[0], header[1], header[2], header[3]]);
-        let crc = u32::from_le_bytes([header[4], header[5], header[6], header[7]]);
-        if len == 0 || len > MAX_FRAME {
-            break;
-        }
-        let start = pos + HEADER;
-        let Some(payload) = bytes.get(start..start + len as usize) else {
-            break;
-        };
-        if crc32fast::hash(payload) != crc {
-            break;
-        }
-        let record = parse_payload(path, pos as u64, payload)?;
-        scan.records.push(record);
-        pos = start + len as usize;
-        scan.valid_len = pos as u64;
+    let mut reader = SegmentReader::new(path, bytes, bytes.len() as u64);
+    let mut records = Vec::new();
+    while let Some((record, _)) = reader.next_record()? {
+        records.push(record);
     }
-    Ok(scan)
+    Ok(SegmentScan {
+        records,
+        valid_len: reader.valid_len(),
+        file_len: reader.file_len(),
+    })
 }
 
 fn parse_payload(path: &Path, offset: u64, payload: &[u8]) -> Result<StoredRecord> {
@@ -178,6 +307,56 @@ mod tests {
         assert_eq!(parse_segment_name("123456789.wal"), Some(123_456_789));
         assert_eq!(parse_segment_name("x.wal"), None);
         assert_eq!(parse_segment_name("00000007.wal.tmp"), None);
+    }
+
+    #[test]
+    fn the_reader_reads_frame_by_frame_and_stops_at_a_frame_longer_than_the_file() {
+        let rec = |i: u64| StoredRecord {
+            schema_version: SCHEMA_VERSION,
+            call_id: format!("c{i}"),
+            session_id: "s".to_owned(),
+            group_id: None,
+            seq: i,
+            started_at_us: 0,
+            finished_at_us: 0,
+            dialect: "chat_completions".to_owned(),
+            endpoint: "/v1/chat/completions".to_owned(),
+            model: None,
+            upstream: String::new(),
+            stream: false,
+            request_delta: crate::delta::encode(None, &serde_json::json!({"i": i})),
+            response: None,
+            status: 200,
+            outcome: "ok".to_owned(),
+            error: None,
+            prompt_token_ids: None,
+            completion_token_ids: None,
+            completion_logprobs: None,
+            finish_reason: None,
+            weight_version: None,
+            usage: None,
+            ttft_ms: None,
+            latency_ms: 1.0,
+            client: None,
+            normalized_request_delta: None,
+            normalized_response: None,
+            upstream_request_delta: None,
+            upstream_dialect: None,
+            prompt_token_ids_delta: None,
+        };
+        let mut bytes = Vec::new();
+        for i in 1..=3 {
+            append_frame(&serde_json::to_vec(&rec(i)).unwrap(), &mut bytes);
+        }
+        let valid = bytes.len() as u64;
+        // A torn header claiming a frame far past the end of the file (not allocated).
+        bytes.extend_from_slice(&(MAX_FRAME - 1).to_le_bytes());
+        bytes.extend_from_slice(&[0, 0, 0, 0, b'{']);
+        let scan = scan_bytes(Path::new("x"), &bytes).unwrap();
+        let seqs: Vec<u64> = scan.records.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2, 3]);
+        assert_eq!((scan.valid_len, scan.torn_bytes()), (valid, 9));
+        assert_eq!(scan.records[2], rec(3));
     }
 
     #[test]
