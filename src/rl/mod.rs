@@ -12,9 +12,9 @@
 //!
 //! Groups grow in strides until Balanced Adaptive Rollout (`graft_trainer::bar`) selects a
 //! balanced set or drops the group; with `trainer.enabled` each step then trains on the
-//! selected sessions' samples (in this process, `graft_trainer::step`) and pushes the new weights to the
-//! backends (the gateway holds new calls meanwhile), so the next step's records carry the
-//! new `weight_version`. With no backend URL or script, `graft serve` runs in this process
+//! selected sessions' samples (in this process: `graft_trainer::step::run_step` on a
+//! blocking thread) and pushes the new weights to the backends (the gateway holds new calls
+//! meanwhile), so the next step's records carry the new `weight_version`. With no backend URL or script, `graft serve` runs in this process
 //! on the policy's weights (not yet exercised end to end by a test). Not wired yet:
 //! rollouts of the next step overlapping training.
 
