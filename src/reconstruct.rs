@@ -1,15 +1,16 @@
 //! `graft reconstruct`: recorded calls (or a foreign OpenAI-format JSONL log) → token-masked
 //! training samples in Parquet, with a summary of what was merged, forked and skipped.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::io::BufRead;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use graft_reconstruct::merge::{CallTokens, MergeResult, Summary, merge_session};
-use graft_reconstruct::retokenize::{Model, Skip, conversation_calls};
-use graft_reconstruct::sample::write_samples_parquet;
-use graft_recorder::SessionEvent;
+use graft_reconstruct::merge::{MergeResult, Summary, merge_session};
+use graft_reconstruct::records::{
+    FromRecords, Reconstruction, samples_from_records, skip_reason, write_results,
+};
+use graft_reconstruct::retokenize::{Model, conversation_calls};
 use serde_json::Value;
 
 #[derive(Debug, clap::Args)]
@@ -39,15 +40,6 @@ pub struct ReconstructArgs {
     pub json: bool,
 }
 
-fn skip_reason(s: &Skip) -> &'static str {
-    match s {
-        Skip::NotChat => "not a chat call",
-        Skip::Failed => "failed call",
-        Skip::AnswerDoesNotExtendPrompt => "answer does not extend the rendered prompt",
-        Skip::Template(_) => "template error",
-    }
-}
-
 fn count(skipped: &mut BTreeMap<String, u64>, why: &str) {
     *skipped.entry(why.to_string()).or_default() += 1;
 }
@@ -62,93 +54,21 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
     if let Some(t) = a.enable_thinking {
         model.extra.insert("enable_thinking".into(), Value::Bool(t));
     }
-    let (tok_fp, tpl_fp) = model.fingerprints();
-    let mut results: Vec<MergeResult> = vec![];
-    let mut skipped: BTreeMap<String, u64> = BTreeMap::new();
-    let mut exact_calls = 0u64;
-    let mut retokenized_calls = 0u64;
-
-    if let Some(path) = &a.from_jsonl {
-        let file =
-            std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-        for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
-            let line = line?;
-            if line.trim().is_empty() {
-                continue;
-            }
-            let conv: Value = serde_json::from_str(&line)
-                .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
-            let id = conv
-                .get("id")
-                .and_then(Value::as_str)
-                .map(str::to_string)
-                .unwrap_or_else(|| format!("line-{}", i + 1));
-            match conversation_calls(&model, &id, &conv) {
-                Ok(calls) if calls.is_empty() => {
-                    *skipped
-                        .entry("conversation without an assistant turn".into())
-                        .or_default() += 1;
-                }
-                Ok(calls) => {
-                    retokenized_calls += calls.len() as u64;
-                    let reward = conv.get("reward").and_then(Value::as_f64);
-                    results.push(merge_session(&id, None, &calls, reward, (&tok_fp, &tpl_fp)));
-                }
-                Err(s) => count(&mut skipped, skip_reason(&s)),
-            }
-        }
+    let done = if let Some(path) = &a.from_jsonl {
+        from_jsonl(&model, path, &a.out)?
     } else if let Some(dir) = &a.data_dir {
         anyhow::ensure!(dir.is_dir(), "data dir {} does not exist", dir.display());
-        let records = graft_recorder::read_records(dir)?;
-        let mut rewards: HashMap<String, f64> = HashMap::new();
-        for ev in graft_recorder::read_session_events(dir)? {
-            if let SessionEvent::Reward {
-                session_id, reward, ..
-            } = ev
-            {
-                rewards.insert(session_id, reward);
-            }
-        }
-        let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
-        for rec in &records {
-            let calls = match CallTokens::from_record(rec) {
-                Some(c) => {
-                    exact_calls += 1;
-                    c
-                }
-                None => match model.record_tokens(rec) {
-                    Ok(c) => {
-                        retokenized_calls += 1;
-                        c
-                    }
-                    Err(s) => {
-                        count(&mut skipped, skip_reason(&s));
-                        continue;
-                    }
-                },
-            };
-            let entry = sessions
-                .entry(rec.session_id.clone())
-                .or_insert_with(|| (rec.group_id.clone(), vec![]));
-            entry.1.push(calls);
-        }
-        for (sid, (group, calls)) in &sessions {
-            results.push(merge_session(
-                sid,
-                group.as_deref(),
-                calls,
-                rewards.get(sid).copied(),
-                (&tok_fp, &tpl_fp),
-            ));
-        }
-    }
-
-    let samples: Vec<_> = results
-        .iter()
-        .flat_map(|r| r.samples.iter().cloned())
-        .collect();
-    write_samples_parquet(&samples, &a.out)?;
-    let summary = Summary::of(&results);
+        samples_from_records(&model, dir, FromRecords::all(), &a.out)?
+    } else {
+        anyhow::bail!("give --data-dir or --from-jsonl")
+    };
+    let Reconstruction {
+        summary,
+        exact_calls,
+        retokenized_calls,
+        skipped,
+        ..
+    } = done;
     if a.json {
         println!(
             "{}",
@@ -174,4 +94,43 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         println!("samples written to {}", a.out.display());
     }
     Ok(())
+}
+
+/// An OpenAI-format JSONL of conversations → SFT-style samples written to `out`.
+fn from_jsonl(
+    model: &Model,
+    path: &std::path::Path,
+    out: &std::path::Path,
+) -> anyhow::Result<Reconstruction> {
+    let (tok_fp, tpl_fp) = model.fingerprints();
+    let mut results: Vec<MergeResult> = vec![];
+    let mut done = Reconstruction::default();
+    let file = std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let conv: Value = serde_json::from_str(&line)
+            .with_context(|| format!("{} line {}: not JSON", path.display(), i + 1))?;
+        let id = conv
+            .get("id")
+            .and_then(Value::as_str)
+            .map(str::to_string)
+            .unwrap_or_else(|| format!("line-{}", i + 1));
+        match conversation_calls(model, &id, &conv) {
+            Ok(calls) if calls.is_empty() => {
+                count(&mut done.skipped, "conversation without an assistant turn");
+            }
+            Ok(calls) => {
+                done.retokenized_calls += calls.len() as u64;
+                let reward = conv.get("reward").and_then(Value::as_f64);
+                results.push(merge_session(&id, None, &calls, reward, (&tok_fp, &tpl_fp)));
+            }
+            Err(s) => count(&mut done.skipped, skip_reason(&s)),
+        }
+    }
+    write_results(&results, out)?;
+    done.summary = Summary::of(&results);
+    Ok(done)
 }

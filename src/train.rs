@@ -1,18 +1,13 @@
 //! `graft train`: one GRPO iteration over a samples file (from `graft reconstruct`):
 //! select (groups, advantages, optional Balanced Adaptive Rollout), train, write the new
 //! weights as an HF directory with the optimizer state beside them, and optionally push
-//! them to an SGLang-compatible server.
+//! them to an SGLang-compatible server. A thin CLI over [`graft_trainer::step::run_step`].
 
 use std::io::Write;
 use std::path::PathBuf;
 
-use anyhow::Context;
 use clap::ValueEnum;
-use graft_trainer::bar::BarConfig;
-use graft_trainer::grpo::{GrpoConfig, PolicyMode};
-use graft_trainer::model::Model;
-use graft_trainer::optim::AdamWConfig;
-use graft_trainer::train::{self, TrainConfig, Trainer};
+use graft_trainer::step::{self, PolicyChoice, PushTarget, StepError, StepEvent, StepRequest};
 
 #[derive(Debug, Clone, Copy, ValueEnum, PartialEq, Eq)]
 pub enum Policy {
@@ -74,144 +69,82 @@ pub struct TrainArgs {
     pub seed: i64,
 }
 
-pub fn run(a: TrainArgs) -> anyhow::Result<()> {
-    if a.kl_coef != 0.0 && a.ref_model.is_none() {
-        anyhow::bail!(
-            "--kl-coef needs --ref-model DIR (the frozen reference policy, usually the model RL started from)"
-        );
-    }
-    let dev = graft_trainer::device::init();
-    graft_trainer::tch::manual_seed(a.seed);
-    let mut samples = Vec::new();
-    for path in &a.samples {
-        samples.extend(
-            graft_reconstruct::sample::read_samples_parquet(path)
-                .with_context(|| format!("reading samples from {}", path.display()))?,
-        );
-    }
-    let bar = a.bar.then(BarConfig::default);
-    let sel = train::select_samples(&samples, bar.as_ref(), 1e-6);
-    eprintln!(
-        "graft train: {} samples read; {} groups, {} dropped (no signal), {} relaxed; {} sessions without a reward; {} samples train",
-        samples.len(),
-        sel.groups,
-        sel.groups_dropped,
-        sel.groups_relaxed,
-        sel.sessions_without_reward,
-        sel.samples.len()
-    );
-    if sel.samples.is_empty() {
-        anyhow::bail!(
-            "no sample has a learning signal: every group is missing rewards or has equal rewards; give sessions a group_id and a reward"
-        );
-    }
-    let mode = match a.policy {
-        Some(Policy::Bypass) => PolicyMode::Bypass,
-        Some(Policy::Recompute) => PolicyMode::Recompute,
-        None if a.mini_batches <= 1 && a.epochs <= 1 => PolicyMode::Bypass,
-        None => PolicyMode::Recompute,
-    };
-    let mode = if mode == PolicyMode::Bypass
-        && sel.samples.iter().any(|s| s.rollout_logprobs.is_none())
-    {
-        eprintln!(
-            "graft train: some samples have no rollout logprobs (re-tokenized text): using the recompute policy"
-        );
-        PolicyMode::Recompute
-    } else {
-        mode
-    };
-    let model = Model::load(&a.model, dev.device, dev.compute_kind())
-        .with_context(|| format!("loading the model from {}", a.model.display()))?;
-    eprintln!(
-        "graft train: {} parameters on {:?} ({:?}){}",
-        model.spec().num_parameters(),
-        dev.device,
-        dev.compute_kind(),
-        dev.cpu_reason
-            .as_ref()
-            .map(|r| format!("; CPU because {r}"))
-            .unwrap_or_default()
-    );
-    let config = TrainConfig {
-        grpo: GrpoConfig {
-            mode,
-            kl_coef: a.kl_coef,
-            temperature: a.temperature,
-            ..GrpoConfig::default()
-        },
-        optim: AdamWConfig {
-            lr: a.lr,
-            ..AdamWConfig::default()
-        },
-        micro_batch_tokens: a.micro_batch_tokens,
-        bar,
-        advantage_eps: 1e-6,
-    };
-    let mut trainer = Trainer::new(model, config)?;
-    if let (Some(dir), true) = (&a.ref_model, a.kl_coef != 0.0) {
-        let reference = Model::load(dir, dev.device, dev.compute_kind())
-            .with_context(|| format!("loading the reference model from {}", dir.display()))?;
-        trainer = trainer.with_reference(reference)?;
-    }
-    if a.model.join("optimizer.safetensors").exists() {
-        trainer
-            .resume(&a.model)
-            .context("resuming the optimizer state")?;
-        eprintln!(
-            "graft train: resumed the optimizer at step {}",
-            trainer.optimizer.steps
-        );
-    }
-    let k = a.mini_batches.max(1);
-    let mut out = std::io::stdout().lock();
-    for _ in 0..a.epochs.max(1) {
-        for part in 0..k {
-            let batch: Vec<_> = sel
-                .samples
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % k == part)
-                .map(|(_, s)| s.clone())
-                .collect();
-            if batch.is_empty() {
-                continue;
-            }
-            let s = trainer.step(&batch)?;
-            train::log_step(&s);
-            writeln!(
-                out,
-                "step {} loss {:.5} reward {:.4} clip {:.4} gap {:.2e} kl {:.2e} grad_norm {:.4} tokens {} tokens/s {:.0}{}",
-                s.step,
-                s.loss,
-                s.mean_reward,
-                s.clip_fraction,
-                s.logprob_gap,
-                s.kl,
-                s.grad_norm,
-                s.tokens,
-                s.tokens_per_s,
-                if s.skipped {
-                    " SKIPPED (non-finite gradients)"
-                } else {
-                    ""
-                }
-            )?;
+impl TrainArgs {
+    /// The library request these flags describe.
+    pub fn request(&self) -> StepRequest {
+        StepRequest {
+            samples: self.samples.clone(),
+            model: self.model.clone(),
+            out: self.out.clone(),
+            lr: self.lr,
+            mini_batches: self.mini_batches,
+            epochs: self.epochs,
+            policy: match self.policy {
+                Some(Policy::Bypass) => PolicyChoice::Bypass,
+                Some(Policy::Recompute) => PolicyChoice::Recompute,
+                None => PolicyChoice::Auto,
+            },
+            temperature: self.temperature,
+            micro_batch_tokens: self.micro_batch_tokens,
+            kl_coef: self.kl_coef,
+            ref_model: self.ref_model.clone(),
+            bar: self.bar,
+            push: self.push.clone().map(|url| PushTarget {
+                url,
+                weight_version: self.weight_version.clone(),
+            }),
+            seed: self.seed,
         }
     }
-    trainer
-        .save_checkpoint(&a.out)
-        .with_context(|| format!("writing the checkpoint to {}", a.out.display()))?;
-    writeln!(out, "weights written to {}", a.out.display())?;
-    if let Some(url) = &a.push {
-        let version = a.weight_version.clone().unwrap_or_else(|| {
-            a.out
-                .file_name()
-                .map(|n| n.to_string_lossy().into_owned())
-                .unwrap_or_else(|| "graft".to_owned())
-        });
-        let path = std::fs::canonicalize(&a.out).unwrap_or_else(|_| a.out.clone());
-        graft_trainer::push::push_weights(url, &path, &version)?;
+}
+
+fn selection_line(c: &step::SelectionCounts) -> String {
+    format!(
+        "graft train: {} samples read; {} groups, {} dropped (no signal), {} relaxed; {} sessions without a reward; {} samples train",
+        c.read, c.groups, c.groups_dropped, c.groups_relaxed, c.sessions_without_reward, c.train
+    )
+}
+
+pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    let mut write_err = None;
+    let report = step::run_step(&a.request(), |ev| match ev {
+        StepEvent::Selected(c) => eprintln!("{}", selection_line(c)),
+        StepEvent::Loaded {
+            parameters,
+            device,
+            compute_kind,
+            cpu_reason,
+        } => eprintln!(
+            "graft train: {parameters} parameters on {device} ({compute_kind}){}",
+            cpu_reason
+                .map(|r| format!("; CPU because {r}"))
+                .unwrap_or_default()
+        ),
+        StepEvent::Resumed(at) => eprintln!("graft train: resumed the optimizer at step {at}"),
+        StepEvent::Step(s) => {
+            if let Err(e) = writeln!(out, "{}", step::step_line(s)) {
+                write_err.get_or_insert(e);
+            }
+        }
+    });
+    if let Some(e) = write_err {
+        return Err(e.into());
+    }
+    let report = match report {
+        Err(StepError::NoLearningSignal(c)) => {
+            eprintln!("{}", selection_line(&c));
+            return Err(StepError::NoLearningSignal(c).into());
+        }
+        r => r?,
+    };
+    if report.recompute_forced {
+        eprintln!(
+            "graft train: some samples have no rollout logprobs (re-tokenized text): used the recompute policy"
+        );
+    }
+    writeln!(out, "weights written to {}", report.checkpoint.display())?;
+    if let Some((url, version)) = &report.pushed {
         writeln!(out, "pushed to {url} as weight_version {version}")?;
     }
     Ok(())

@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-/// Errors of reconstruct's I/O: reading and writing sample files.
+/// Errors of reconstruct's I/O: reading records, reading and writing sample files.
 #[derive(Debug, thiserror::Error)]
 pub enum ReconstructError {
     #[error("{action} {path}: {source}")]
@@ -24,6 +24,8 @@ pub enum ReconstructError {
         #[source]
         source: arrow_schema::ArrowError,
     },
+    #[error("reading the recorded calls: {0}")]
+    Records(#[from] graft_recorder::RecorderError),
     #[error("samples file {path}: column `{column}` {problem}")]
     Schema {
         path: PathBuf,

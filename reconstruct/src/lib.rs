@@ -1,12 +1,13 @@
 //! graft-reconstruct: chat templates and tokenizers of real models, parsers for their tool
 //! calls and reasoning, and the merge of a session's calls into training samples.
-//! Pure and synchronous: no I/O beyond loading model files and reading/writing sample
-//! Parquet files; no async, no HTTP.
+//! Pure and synchronous: no I/O beyond loading model files, reading a gateway's records
+//! ([`records`]) and reading/writing sample Parquet files; no async, no HTTP.
 
 pub mod error;
 pub mod exact;
 pub mod merge;
 pub mod parser;
+pub mod records;
 pub mod retokenize;
 pub mod sample;
 pub mod template;

@@ -11,10 +11,10 @@
 //! records under `<out_dir>/data`).
 //!
 //! Groups grow in strides until Balanced Adaptive Rollout (`graft_trainer::bar`) selects a
-//! balanced set or drops the group; with `trainer.enabled` each step then runs `graft train`
-//! on the selected sessions' samples (its own process) and pushes the new weights to the
-//! backends (the gateway holds new calls meanwhile), so the next step's records carry the
-//! new `weight_version`. With no backend URL or script, `graft serve` runs in this process
+//! balanced set or drops the group; with `trainer.enabled` each step then trains on the
+//! selected sessions' samples (in this process: `graft_trainer::step::run_step` on a
+//! blocking thread) and pushes the new weights to the backends (the gateway holds new calls
+//! meanwhile), so the next step's records carry the new `weight_version`. With no backend URL or script, `graft serve` runs in this process
 //! on the policy's weights (not yet exercised end to end by a test). Not wired yet:
 //! rollouts of the next step overlapping training.
 
@@ -27,15 +27,14 @@ pub mod tasks;
 use std::collections::HashSet;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use graft_gateway::{BackendConfig, ExactConfig, Gateway, GatewayConfig};
-use graft_reconstruct::merge::{CallTokens, Summary, merge_session};
+use graft_reconstruct::merge::Summary;
+use graft_reconstruct::records::{FromRecords, WithoutTokenIds, samples_from_records};
 use graft_reconstruct::retokenize::Model;
-use graft_reconstruct::sample::write_samples_parquet;
 use graft_recorder::SessionEvent;
 use http::Method;
 use serde_json::{Value, json};
@@ -893,9 +892,10 @@ async fn resumed(
     Ok(out)
 }
 
-/// One GRPO step on the step's samples with `graft train` (its own process: libtorch stays
-/// out of this one), then the new weights pushed to every backend while the gateway holds
-/// new calls.
+/// One GRPO step on the step's samples, in this process through the trainer's typed API
+/// (`graft_trainer::step::run_step` on a blocking thread; the policy is loaded from its
+/// checkpoint each step), then the new weights pushed to every backend while the gateway
+/// holds new calls.
 #[cfg(feature = "trainer")]
 async fn train_step(
     cfg: &RlConfig,
@@ -906,56 +906,37 @@ async fn train_step(
     step: usize,
     samples: &Path,
 ) -> anyhow::Result<Trained> {
+    use graft_trainer::step::{self as trainer_step, StepError, StepRequest};
     let ckpt = cfg
         .run
         .out_dir
         .join("checkpoints")
         .join(format!("step-{step:05}"));
+    let mut req = StepRequest::new(
+        vec![samples.to_path_buf()],
+        policy.to_path_buf(),
+        ckpt.clone(),
+    );
+    req.lr = cfg.trainer.lr;
+    req.temperature = cfg.trainer.temperature;
+    req.seed = cfg.run.seed as i64 + step as i64;
     let t = Instant::now();
-    let exe = std::env::current_exe()?;
-    let o = tokio::process::Command::new(exe)
-        .arg("train")
-        .arg("--samples")
-        .arg(samples)
-        .arg("--model")
-        .arg(policy)
-        .arg("--out")
-        .arg(&ckpt)
-        .arg("--lr")
-        .arg(cfg.trainer.lr.to_string())
-        .arg("--temperature")
-        .arg(cfg.trainer.temperature.to_string())
-        .arg("--seed")
-        .arg((cfg.run.seed as i64 + step as i64).to_string())
-        .stdin(Stdio::null())
-        .kill_on_drop(true)
-        .output()
+    let result = tokio::task::spawn_blocking(move || trainer_step::run_step(&req, |_| {}))
         .await
-        .context("running graft train")?;
+        .context("the training thread failed")?;
     let t_train = t.elapsed().as_secs_f64();
-    let stdout = String::from_utf8_lossy(&o.stdout);
-    let stderr = String::from_utf8_lossy(&o.stderr);
-    if !o.status.success() {
-        if stderr.contains("no sample has a learning signal") {
+    let report = match result {
+        Ok(r) => r,
+        Err(StepError::NoLearningSignal(c)) => {
             let mut s = Trained::skipped("no learning signal in the selected samples");
+            s.log["selection"] = selection_json(&c);
             s.t_train = t_train;
             return Ok(s);
         }
-        bail!(
-            "graft train failed at step {step} ({}): {}",
-            o.status,
-            stderr
-                .lines()
-                .rev()
-                .take(8)
-                .collect::<Vec<_>>()
-                .into_iter()
-                .rev()
-                .collect::<Vec<_>>()
-                .join("\n")
-        );
-    }
-    let log: Vec<&str> = stdout.lines().filter(|l| l.starts_with("step ")).collect();
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!("training failed at step {step}")));
+        }
+    };
     let version = format!("step-{step:05}");
     let mut t_push = 0.0;
     if cfg.trainer.push {
@@ -967,12 +948,49 @@ async fn train_step(
             .context("pushing the new weights")?;
         t_push = t.elapsed().as_secs_f64();
     }
+    let log: Vec<String> = report.steps.iter().map(trainer_step::step_line).collect();
+    let figures: Vec<Value> = report
+        .steps
+        .iter()
+        .map(|s| {
+            json!({
+                "step": s.step, "loss": s.loss, "reward": s.mean_reward,
+                "clip_fraction": s.clip_fraction, "logprob_gap": s.logprob_gap, "kl": s.kl,
+                "grad_norm": s.grad_norm, "tokens": s.tokens, "tokens_per_s": s.tokens_per_s,
+                "micro_batches": s.micro_batches, "skipped": s.skipped,
+            })
+        })
+        .collect();
     Ok(Trained {
-        log: json!({"log": log, "checkpoint": ckpt, "weight_version": version, "pushed": cfg.trainer.push}),
+        log: json!({
+            "log": log,
+            "checkpoint": report.checkpoint,
+            "weight_version": version,
+            "pushed": cfg.trainer.push,
+            "steps": figures,
+            "selection": selection_json(&report.selection),
+            "policy": match report.policy {
+                graft_trainer::grpo::PolicyMode::Bypass => "bypass",
+                graft_trainer::grpo::PolicyMode::Recompute => "recompute",
+            },
+            "recompute_forced": report.recompute_forced,
+            "parameters": report.parameters,
+            "device": report.device,
+            "resumed_at": report.resumed_at,
+        }),
         t_train,
         t_push,
         policy: Some(ckpt),
         version: cfg.trainer.push.then_some(version),
+    })
+}
+
+#[cfg(feature = "trainer")]
+fn selection_json(c: &graft_trainer::step::SelectionCounts) -> Value {
+    json!({
+        "read": c.read, "groups": c.groups, "groups_dropped": c.groups_dropped,
+        "groups_relaxed": c.groups_relaxed, "sessions_without_reward": c.sessions_without_reward,
+        "train": c.train,
     })
 }
 
@@ -998,61 +1016,18 @@ fn samples(
     all: &HashSet<String>,
     path: &Path,
 ) -> anyhow::Result<(Summary, std::collections::BTreeMap<String, usize>)> {
-    let (tok_fp, tpl_fp) = model.fingerprints();
-    let mut rewards = std::collections::HashMap::new();
-    for ev in graft_recorder::read_session_events(data)? {
-        if let SessionEvent::Reward {
-            session_id, reward, ..
-        } = ev
-        {
-            rewards.insert(session_id, reward);
-        }
+    let done = samples_from_records(
+        model,
+        data,
+        FromRecords {
+            sessions: Some(sessions),
+            without_token_ids: WithoutTokenIds::Skip,
+            count_versions_of: Some(all),
+        },
+        path,
+    )?;
+    for (why, n) in &done.skipped {
+        tracing::warn!(calls = n, reason = %why, "calls of an exact-mode run are skipped");
     }
-    let mut by_session: std::collections::BTreeMap<String, (Option<String>, Vec<CallTokens>)> =
-        Default::default();
-    let mut versions = std::collections::BTreeMap::new();
-    for rec in graft_recorder::read_records(data)? {
-        if all.contains(&rec.session_id) {
-            *versions
-                .entry(
-                    rec.weight_version
-                        .clone()
-                        .unwrap_or_else(|| "unknown".into()),
-                )
-                .or_insert(0) += 1;
-        }
-        if !sessions.contains(&rec.session_id) {
-            continue;
-        }
-        let Some(calls) = CallTokens::from_record(&rec) else {
-            tracing::warn!(call = %rec.call_id, "a call without token ids in an exact-mode run is skipped");
-            continue;
-        };
-        by_session
-            .entry(rec.session_id.clone())
-            .or_insert_with(|| (rec.group_id.clone(), vec![]))
-            .1
-            .push(calls);
-    }
-    let results: Vec<_> = by_session
-        .iter()
-        .map(|(sid, (group, calls))| {
-            merge_session(
-                sid,
-                group.as_deref(),
-                calls,
-                rewards.get(sid).copied(),
-                (&tok_fp, &tpl_fp),
-            )
-        })
-        .collect();
-    let samples: Vec<_> = results
-        .iter()
-        .flat_map(|r| r.samples.iter().cloned())
-        .collect();
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    write_samples_parquet(&samples, path)?;
-    Ok((Summary::of(&results), versions))
+    Ok((done.summary, done.weight_versions))
 }

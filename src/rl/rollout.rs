@@ -2,10 +2,12 @@
 //! harness run within its wall-clock budget, the reward command, the reward posted to the
 //! session, the sandbox deleted and the session closed, whatever happened on the way.
 
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use graft_envd::model::{ExecRequest, GatewaySession, Mount, NetworkPolicy};
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -215,6 +217,60 @@ pub async fn run(
     Ok(r)
 }
 
+/// envd's create body for one rollout's sandbox, built from envd's own types
+/// (`graft_envd::model`): a test checks that it reads back as a `CreateSandbox`.
+fn create_body(
+    cfg: &RlConfig,
+    task: &Task,
+    session_id: &str,
+    api_key: Option<&str>,
+    index: usize,
+) -> Value {
+    let mut env = cfg.harness.env.clone();
+    env.insert("GRAFT_TASK_ID".into(), task.id.clone());
+    env.insert("GRAFT_TASK_PROMPT".into(), task.prompt.clone());
+    env.insert("GRAFT_MODEL".into(), cfg.harness.model.clone());
+    env.insert("GRAFT_ROLLOUT_INDEX".into(), index.to_string());
+    env.insert("GRAFT_RL_DIR".into(), "/mnt/rl".into());
+    let mount = |source: &std::path::Path, target: &str| Mount {
+        source: source.to_string_lossy().into_owned(),
+        target: target.to_owned(),
+    };
+    let mut mounts = vec![mount(&cfg.dir, "/mnt/rl")];
+    for (target, source) in &cfg.harness.mounts {
+        mounts.push(mount(source, target));
+    }
+    let session = GatewaySession {
+        session_id: session_id.to_owned(),
+        api_key: api_key.map(str::to_owned),
+        model: Some(cfg.harness.model.clone()),
+        harness: cfg.harness.name.clone(),
+    };
+    let labels: BTreeMap<String, String> = [("task".to_owned(), task.id.clone())].into();
+    let e = &cfg.envd;
+    let mut body = json!({
+        "network": NetworkPolicy::Gateway,
+        "env": env,
+        "labels": labels,
+        "ttl_secs": (cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
+        "gateway_session": session,
+        "mounts": mounts,
+    });
+    let optional = [
+        ("rootfs", task.rootfs.as_ref().map(|r| json!(r))),
+        ("image", task.image.as_ref().map(|i| json!(i))),
+        ("memory_mb", e.memory_mb.map(|m| json!(m))),
+        ("pids", e.pids.map(|p| json!(p))),
+        ("cpus", e.cpus.map(|c| json!(c))),
+    ];
+    for (key, value) in optional {
+        if let Some(v) = value {
+            body[key] = v;
+        }
+    }
+    body
+}
+
 async fn create_sandbox(
     cfg: &RlConfig,
     envd: &Api,
@@ -223,41 +279,7 @@ async fn create_sandbox(
     api_key: Option<&str>,
     index: usize,
 ) -> anyhow::Result<String> {
-    let mut env = cfg.harness.env.clone();
-    env.insert("GRAFT_TASK_ID".into(), task.id.clone());
-    env.insert("GRAFT_TASK_PROMPT".into(), task.prompt.clone());
-    env.insert("GRAFT_MODEL".into(), cfg.harness.model.clone());
-    env.insert("GRAFT_ROLLOUT_INDEX".into(), index.to_string());
-    env.insert("GRAFT_RL_DIR".into(), "/mnt/rl".into());
-    let mut mounts = vec![json!({"source": cfg.dir, "target": "/mnt/rl"})];
-    for (target, source) in &cfg.harness.mounts {
-        mounts.push(json!({"source": source, "target": target}));
-    }
-    let mut body = json!({
-        "network": "gateway",
-        "env": env,
-        "labels": {"task": task.id},
-        "ttl_secs": (cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
-        "gateway_session": {"session_id": session_id, "api_key": api_key, "model": cfg.harness.model,
-                            "harness": cfg.harness.name},
-        "mounts": mounts,
-    });
-    if let Some(r) = &task.rootfs {
-        body["rootfs"] = json!(r);
-    }
-    if let Some(i) = &task.image {
-        body["image"] = json!(i);
-    }
-    let e = &cfg.envd;
-    if let Some(m) = e.memory_mb {
-        body["memory_mb"] = json!(m);
-    }
-    if let Some(p) = e.pids {
-        body["pids"] = json!(p);
-    }
-    if let Some(c) = e.cpus {
-        body["cpus"] = json!(c);
-    }
+    let body = create_body(cfg, task, session_id, api_key, index);
     let v = envd
         .ok(Method::POST, "/sandboxes", Some(&body))
         .await
@@ -269,10 +291,15 @@ async fn create_sandbox(
 }
 
 async fn exec(envd: &Api, sb: &str, command: &str, timeout: f64) -> anyhow::Result<Value> {
+    let req = ExecRequest {
+        command: Some(command.to_owned()),
+        timeout_secs: Some(timeout),
+        ..ExecRequest::default()
+    };
     envd.ok(
         Method::POST,
         &format!("/sandboxes/{sb}/exec"),
-        Some(&json!({"command": command, "timeout_secs": timeout})),
+        Some(&serde_json::to_value(&req)?),
     )
     .await
 }
@@ -362,5 +389,65 @@ pub async fn wait_ready(api: &Api, path: &str, within: Duration) -> anyhow::Resu
             Err(e) if Instant::now() > deadline => return Err(e),
             _ => tokio::time::sleep(Duration::from_millis(100)).await,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use graft_envd::model::CreateSandbox;
+
+    /// envd rejects unknown keys: the body must read back as its `CreateSandbox`, with every
+    /// field where envd looks for it.
+    #[test]
+    fn the_create_body_is_an_envd_create_sandbox() {
+        let ex = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rl/rl.toml");
+        let mut cfg = RlConfig::load(&ex).unwrap();
+        cfg.envd.memory_mb = Some(512);
+        cfg.envd.pids = Some(64);
+        cfg.envd.cpus = Some(1.5);
+        cfg.harness.name = Some("codex".into());
+        let task = Task {
+            id: "t1".into(),
+            prompt: "do it".into(),
+            setup: vec![],
+            reward: serde_json::from_value(json!({"command": "true"})).unwrap(),
+            rootfs: Some("/rootfs".into()),
+            image: None,
+        };
+        let body = create_body(&cfg, &task, "sess-1", Some("key-1"), 3);
+        let c: CreateSandbox = serde_json::from_value(body).unwrap();
+        assert_eq!(c.network, Some(NetworkPolicy::Gateway));
+        assert_eq!(c.memory_mb, Some(512));
+        assert_eq!(c.pids, Some(64));
+        assert_eq!(c.cpus, Some(1.5));
+        assert_eq!(c.rootfs.as_deref(), Some("/rootfs"));
+        assert_eq!(c.image, None);
+        assert_eq!(c.labels["task"], "t1");
+        assert_eq!(c.env["GRAFT_ROLLOUT_INDEX"], "3");
+        assert_eq!(c.env["GRAFT_TASK_PROMPT"], "do it");
+        let gs = c.gateway_session.unwrap();
+        assert_eq!(gs.session_id, "sess-1");
+        assert_eq!(gs.api_key.as_deref(), Some("key-1"));
+        assert_eq!(gs.harness.as_deref(), Some("codex"));
+        assert_eq!(c.mounts[0].target, "/mnt/rl");
+        assert_eq!(c.mounts.len(), 1 + cfg.harness.mounts.len());
+        assert_eq!(
+            c.ttl_secs,
+            Some((cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64)
+        );
+    }
+
+    #[test]
+    fn the_exec_body_is_an_envd_exec_request() {
+        let req = ExecRequest {
+            command: Some("echo hi".into()),
+            timeout_secs: Some(5.0),
+            ..ExecRequest::default()
+        };
+        let v = serde_json::to_value(&req).unwrap();
+        let back: ExecRequest = serde_json::from_value(v).unwrap();
+        assert_eq!(back, req);
     }
 }

@@ -15,6 +15,7 @@ pub mod grpo;
 pub mod model;
 pub mod optim;
 pub mod push;
+pub mod step;
 pub mod train;
 pub mod weights;
 

@@ -1,0 +1,174 @@
+//! Records → samples, the one path `graft reconstruct` and `graft rl` share: a gateway data
+//! dir's recorded calls (through `graft_recorder`'s readers) grouped by session, each
+//! session's reward from its session log attached, the session merged
+//! ([`merge_session`]), the samples written as Parquet, and a summary of what was done.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use graft_recorder::SessionEvent;
+
+use crate::error::ReconstructError;
+use crate::merge::{CallTokens, MergeResult, Summary, merge_session};
+use crate::retokenize::{Model, Skip};
+use crate::sample::write_samples_parquet;
+
+/// What to do with a call the gateway recorded without token ids.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WithoutTokenIds {
+    /// Re-tokenize its messages through the model's template (passthrough records).
+    Retokenize,
+    /// Skip it, counted under [`NO_TOKEN_IDS`] (an exact-mode run, where every call should
+    /// carry the served token ids).
+    Skip,
+}
+
+/// The skip reason of a call without token ids under [`WithoutTokenIds::Skip`].
+pub const NO_TOKEN_IDS: &str = "no recorded token ids";
+
+/// Which records to turn into samples, and how.
+#[derive(Debug, Clone, Copy)]
+pub struct FromRecords<'a> {
+    /// Only these sessions are merged; every session when `None`.
+    pub sessions: Option<&'a HashSet<String>>,
+    pub without_token_ids: WithoutTokenIds,
+    /// Count the calls of these sessions per `weight_version` (merged or not); none when
+    /// `None`.
+    pub count_versions_of: Option<&'a HashSet<String>>,
+}
+
+impl FromRecords<'_> {
+    /// Every session; calls without token ids re-tokenized; no version counts.
+    pub fn all() -> FromRecords<'static> {
+        FromRecords {
+            sessions: None,
+            without_token_ids: WithoutTokenIds::Retokenize,
+            count_versions_of: None,
+        }
+    }
+}
+
+/// What [`samples_from_records`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Reconstruction {
+    pub summary: Summary,
+    /// Calls merged from their recorded token ids.
+    pub exact_calls: u64,
+    /// Calls merged after re-tokenizing their text.
+    pub retokenized_calls: u64,
+    /// Calls left out, per reason ([`skip_reason`], [`NO_TOKEN_IDS`]).
+    pub skipped: BTreeMap<String, u64>,
+    /// Calls of [`FromRecords::count_versions_of`] per `weight_version` ("unknown" when the
+    /// record has none).
+    pub weight_versions: BTreeMap<String, usize>,
+}
+
+/// Why a call could not be re-tokenized, as the summary counts it.
+pub fn skip_reason(s: &Skip) -> &'static str {
+    match s {
+        Skip::NotChat => "not a chat call",
+        Skip::Failed => "failed call",
+        Skip::AnswerDoesNotExtendPrompt => "answer does not extend the rendered prompt",
+        Skip::Template(_) => "template error",
+    }
+}
+
+/// The rewards a data dir's session log holds (the last posted per session).
+pub fn session_rewards(data_dir: &Path) -> Result<HashMap<String, f64>, ReconstructError> {
+    let mut rewards = HashMap::new();
+    for ev in graft_recorder::read_session_events(data_dir)? {
+        if let SessionEvent::Reward {
+            session_id, reward, ..
+        } = ev
+        {
+            rewards.insert(session_id, reward);
+        }
+    }
+    Ok(rewards)
+}
+
+/// Reads the records of `data_dir`, merges the chosen sessions' calls (in record order)
+/// into samples with their rewards, writes them to `out` (its directory is created) and
+/// says what was done. Sessions are merged in session-id order.
+pub fn samples_from_records(
+    model: &Model,
+    data_dir: &Path,
+    how: FromRecords<'_>,
+    out: &Path,
+) -> Result<Reconstruction, ReconstructError> {
+    let (tok_fp, tpl_fp) = model.fingerprints();
+    let rewards = session_rewards(data_dir)?;
+    let mut done = Reconstruction::default();
+    let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
+    for rec in graft_recorder::read_records(data_dir)? {
+        if how
+            .count_versions_of
+            .is_some_and(|s| s.contains(&rec.session_id))
+        {
+            *done
+                .weight_versions
+                .entry(
+                    rec.weight_version
+                        .clone()
+                        .unwrap_or_else(|| "unknown".into()),
+                )
+                .or_insert(0) += 1;
+        }
+        if how.sessions.is_some_and(|s| !s.contains(&rec.session_id)) {
+            continue;
+        }
+        let calls = match CallTokens::from_record(&rec) {
+            Some(c) => {
+                done.exact_calls += 1;
+                c
+            }
+            None if how.without_token_ids == WithoutTokenIds::Skip => {
+                *done.skipped.entry(NO_TOKEN_IDS.to_owned()).or_default() += 1;
+                continue;
+            }
+            None => match model.record_tokens(&rec) {
+                Ok(c) => {
+                    done.retokenized_calls += 1;
+                    c
+                }
+                Err(s) => {
+                    *done.skipped.entry(skip_reason(&s).to_owned()).or_default() += 1;
+                    continue;
+                }
+            },
+        };
+        sessions
+            .entry(rec.session_id.clone())
+            .or_insert_with(|| (rec.group_id.clone(), vec![]))
+            .1
+            .push(calls);
+    }
+    let results: Vec<MergeResult> = sessions
+        .iter()
+        .map(|(sid, (group, calls))| {
+            merge_session(
+                sid,
+                group.as_deref(),
+                calls,
+                rewards.get(sid).copied(),
+                (&tok_fp, &tpl_fp),
+            )
+        })
+        .collect();
+    write_results(&results, out)?;
+    done.summary = Summary::of(&results);
+    Ok(done)
+}
+
+/// Writes the samples of merged sessions to `out` (its directory is created).
+pub fn write_results(results: &[MergeResult], out: &Path) -> Result<(), ReconstructError> {
+    let samples: Vec<_> = results
+        .iter()
+        .flat_map(|r| r.samples.iter().cloned())
+        .collect();
+    if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| ReconstructError::io("creating the directory", dir, e))?;
+    }
+    write_samples_parquet(&samples, out)
+}
