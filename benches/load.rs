@@ -300,10 +300,14 @@ impl Drop for Proc {
             return;
         }
         // The whole process group: LiteLLM may run workers of its own.
-        let _ = Command::new("kill")
-            .arg("-TERM")
-            .arg(format!("-{}", self.child.id()))
-            .status();
+        // rustix, not `kill -TERM -PGID`: Debian 12's procps-ng 4.0.2 `kill` takes a
+        // negative pid after a signal name as -1 and signals every process of the user.
+        let group = i32::try_from(self.child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw);
+        if let Some(g) = group {
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::TERM);
+        }
         let deadline = Instant::now() + Duration::from_secs(5);
         while Instant::now() < deadline {
             if self.exited().is_some() {
@@ -311,10 +315,9 @@ impl Drop for Proc {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        let _ = Command::new("kill")
-            .arg("-KILL")
-            .arg(format!("-{}", self.child.id()))
-            .status();
+        if let Some(g) = group {
+            let _ = rustix::process::kill_process_group(g, rustix::process::Signal::KILL);
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }

@@ -48,7 +48,9 @@ pub(crate) struct Call {
 }
 
 impl Call {
-    pub(crate) fn build_record(&self, o: &Outcome, client_gone: bool) -> CallRecord {
+    /// The call's record. It moves the request and the answer out of the call and the
+    /// outcome (each call is committed once), rather than copying them.
+    pub(crate) fn build_record(&mut self, o: &mut Outcome, client_gone: bool) -> CallRecord {
         let usage = usage_of(o);
         let (outcome, error) = match (&o.error, &o.upstream_error_text) {
             _ if client_gone => (
@@ -61,8 +63,9 @@ impl Call {
             (None, Some(t)) => (Cause::Upstream.outcome().to_string(), Some(t.clone())),
             (None, None) => ("ok".to_string(), None),
         };
-        let mut request = self.request.clone();
+        let mut request = std::mem::take(&mut self.request);
         graft_recorder::redact_json(&mut request);
+        let tokens = std::mem::take(&mut o.tokens);
         CallRecord {
             schema_version: SCHEMA_VERSION,
             call_id: self.call_id.clone(),
@@ -77,19 +80,19 @@ impl Call {
             upstream: self.upstream.clone(),
             stream: self.stream,
             request,
-            response: o.response.clone(),
-            normalized_request: self.normalized_request.clone(),
-            normalized_response: o.normalized_response.clone(),
-            upstream_request: self.upstream_request.clone(),
+            response: o.response.take(),
+            normalized_request: self.normalized_request.take(),
+            normalized_response: o.normalized_response.take(),
+            upstream_request: self.upstream_request.take(),
             upstream_dialect: self.upstream_dialect.map(str::to_string),
             status: o.status,
             outcome,
             error,
-            prompt_token_ids: o.tokens.prompt_token_ids.clone(),
-            completion_token_ids: o.tokens.completion_token_ids.clone(),
-            completion_logprobs: o.tokens.completion_logprobs.clone(),
-            finish_reason: o.finish_reason.clone(),
-            weight_version: o.weight_version.clone(),
+            prompt_token_ids: tokens.prompt_token_ids,
+            completion_token_ids: tokens.completion_token_ids,
+            completion_logprobs: tokens.completion_logprobs,
+            finish_reason: o.finish_reason.take(),
+            weight_version: o.weight_version.take(),
             usage,
             ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
             latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
@@ -99,8 +102,8 @@ impl Call {
 
     /// Hands the record to the recorder; under sync durability this returns once it is fsynced.
     pub(crate) async fn commit(
-        &self,
-        o: &Outcome,
+        &mut self,
+        o: &mut Outcome,
         client_gone: bool,
     ) -> Result<Duration, GatewayError> {
         let rec = self.build_record(o, client_gone);
@@ -122,10 +125,10 @@ impl Call {
 
     /// Records a call that failed with `e` (best effort: the error goes back to the client
     /// either way) and hands the error back.
-    pub(crate) async fn fail(&self, mut o: Outcome, e: GatewayError) -> GatewayError {
+    pub(crate) async fn fail(&mut self, mut o: Outcome, e: GatewayError) -> GatewayError {
         o.status = e.status().as_u16();
         o.error = Some(e);
-        let wait = self.commit(&o, false).await.unwrap_or_default();
+        let wait = self.commit(&mut o, false).await.unwrap_or_default();
         self.observe(o.upstream_time, wait, None);
         o.error
             .take()
@@ -161,8 +164,8 @@ impl Call {
     /// Records a whole answer (under sync durability this waits for the fsync), then hands
     /// `bytes` to the client with `status` and `content_type`.
     pub(crate) async fn answer(
-        &self,
-        o: &Outcome,
+        &mut self,
+        o: &mut Outcome,
         status: http::StatusCode,
         content_type: HeaderValue,
         bytes: Bytes,

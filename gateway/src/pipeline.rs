@@ -194,7 +194,7 @@ pub async fn handle(
         state.metrics.observe_exact_prompt(g.reused, g.render_time);
         g.response_id = response_id.clone();
     }
-    let call = Call {
+    let mut call = Call {
         call_id,
         client: headers
             .get(header::USER_AGENT)
@@ -241,7 +241,7 @@ pub async fn handle(
             tokio::spawn(
                 async move {
                     relay(
-                        &call,
+                        &mut call,
                         leg.answering(),
                         conv.as_ref(),
                         resp.into_body(),
@@ -256,7 +256,7 @@ pub async fn handle(
             );
             return Ok(out);
         }
-        let result = whole(&call, leg.answering(), conv.as_ref(), resp, t_up).await;
+        let result = whole(&mut call, leg.answering(), conv.as_ref(), resp, t_up).await;
         drop(guard);
         result
     }
@@ -303,7 +303,7 @@ async fn collect_upstream(call: &Call, resp: Response<Incoming>) -> Result<Bytes
 /// A whole answer (or an upstream error answer to a streamed request): read it, let the
 /// leg make it the client's, commit the record, answer.
 async fn whole(
-    call: &Call,
+    call: &mut Call,
     leg: &mut dyn Answering,
     conv: Option<&Conversation>,
     resp: Response<Incoming>,
@@ -327,7 +327,7 @@ async fn whole(
             bytes,
         }) => {
             let ct = content_type.unwrap_or_else(|| HeaderValue::from_static("application/json"));
-            call.answer(&o, status, ct, bytes).await
+            call.answer(&mut o, status, ct, bytes).await
         }
         Ok(Whole::Answer(answer)) => {
             let conv = conv.cloned().unwrap_or_default();
@@ -335,7 +335,7 @@ async fn whole(
             let bytes = Bytes::from(rendered.to_string());
             o.response = Some(rendered);
             call.answer(
-                &o,
+                &mut o,
                 StatusCode::OK,
                 HeaderValue::from_static("application/json"),
                 bytes,
@@ -360,7 +360,7 @@ enum Out {
 /// The one relay: upstream events → relayed or re-emitted → tee → the record committed →
 /// the last event released (under sync durability the last byte waits for the fsync).
 async fn relay(
-    call: &Call,
+    call: &mut Call,
     leg: &mut dyn Answering,
     conv: Option<&Conversation>,
     body: Incoming,
@@ -476,7 +476,7 @@ async fn relay(
         }
         (Out::Emit(_), None) => vec![],
     };
-    close_stream(call, &o, client_gone, tx, last).await;
+    close_stream(call, &mut o, client_gone, tx, last).await;
 }
 
 /// Sends events in order; false once the client is gone.
@@ -505,8 +505,8 @@ async fn emit(
 /// Ends a stream: writes the record (under sync durability this waits for the fsync), then
 /// sends the held-back last bytes, or the error event.
 async fn close_stream(
-    call: &Call,
-    o: &Outcome,
+    call: &mut Call,
+    o: &mut Outcome,
     client_gone: bool,
     tx: &mpsc::Sender<Bytes>,
     last: Vec<Bytes>,

@@ -89,9 +89,40 @@ impl RequestDelta {
 
     /// Size of the delta as stored (its JSON text).
     pub fn stored_len(&self) -> usize {
-        serde_json::to_vec(self)
-            .map(|v| v.len())
-            .unwrap_or(usize::MAX)
+        json_len(self)
+    }
+
+    /// What [`RequestDelta::stored_len`] of the full form of `request` would be, without
+    /// building it (that copies the whole request).
+    pub fn full_stored_len(request: &Value) -> usize {
+        let empty = match request {
+            Value::Object(_) => Value::Object(Map::new()),
+            _ => Value::Null,
+        };
+        // The full form is `request` inside a fixed frame of other fields.
+        Self::full(&empty)
+            .stored_len()
+            .saturating_sub(json_len(&empty))
+            .saturating_add(json_len(request))
+    }
+}
+
+/// Length of `value`'s compact JSON text, counted without building it.
+fn json_len<T: Serialize + ?Sized>(value: &T) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0 += b.len();
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut c = Count(0);
+    match serde_json::to_writer(&mut c, value) {
+        Ok(()) => c.0,
+        Err(_) => usize::MAX,
     }
 }
 

@@ -58,6 +58,30 @@ pub(crate) fn list_segments(dir: &Path) -> Result<Vec<(u64, PathBuf)>> {
     Ok(out)
 }
 
+/// Appends one frame whose payload `write` puts straight into `out` (no copy of the
+/// payload). `Err(size)` when the payload is over [`MAX_FRAME`]; the caller truncates
+/// `out` back on any error.
+pub(crate) fn frame_into<T>(
+    out: &mut Vec<u8>,
+    write: impl FnOnce(&mut Vec<u8>) -> T,
+) -> Result<T, usize> {
+    let start = out.len();
+    out.extend_from_slice(&[0; 8]);
+    let r = write(out);
+    let len = out.len() - start - 8;
+    let Ok(len32) = u32::try_from(len) else {
+        return Err(len);
+    };
+    if len32 > MAX_FRAME {
+        return Err(len);
+    }
+    let crc = crc32fast::hash(&out[start + 8..]);
+    out[start..start + 4].copy_from_slice(&len32.to_le_bytes());
+    out[start + 4..start + 8].copy_from_slice(&crc.to_le_bytes());
+    Ok(r)
+}
+
+#[cfg_attr(not(test), allow(dead_code))]
 pub(crate) fn append_frame(payload: &[u8], out: &mut Vec<u8>) {
     // Payloads are bounded by MAX_FRAME at the call site; saturate rather than wrap.
     let len = u32::try_from(payload.len()).unwrap_or(u32::MAX);

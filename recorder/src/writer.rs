@@ -385,15 +385,19 @@ impl WalState {
             let deltas = self.encode(&rec);
             let (session, call_id, seq) = (rec.session_id.clone(), rec.call_id.clone(), rec.seq);
             let (stored, request) = StoredRecord::from_call(rec, deltas);
-            match serde_json::to_vec(&stored) {
-                Ok(payload) if payload.len() <= wal::MAX_FRAME as usize => {
-                    wal::append_frame(&payload, &mut buf);
-                    written.push((session, call_id, seq, request, ack));
+            // Serialized straight into the batch's buffer, then framed in place.
+            let start = buf.len();
+            match wal::frame_into(&mut buf, |out| serde_json::to_writer(out, &stored)) {
+                Ok(Ok(())) => written.push((session, call_id, seq, request, ack)),
+                Ok(Err(source)) => {
+                    buf.truncate(start);
+                    send(ack, Err(RecorderError::Encode { call_id, source }));
                 }
-                Ok(payload) => {
+                Err(size) => {
+                    buf.truncate(start);
                     tracing::error!(
                         call_id,
-                        size = payload.len(),
+                        size,
                         "call record too large for a WAL frame; not recorded"
                     );
                     send(
@@ -401,13 +405,11 @@ impl WalState {
                         Err(RecorderError::WalWrite {
                             path: wal::wal_dir(&self.dir),
                             message: format!(
-                                "record {call_id} is {} bytes, over the 1 GiB frame limit",
-                                payload.len()
+                                "record {call_id} is {size} bytes, over the 1 GiB frame limit"
                             ),
                         }),
                     );
                 }
-                Err(source) => send(ack, Err(RecorderError::Encode { call_id, source })),
             }
         }
         if written.is_empty() {
@@ -514,18 +516,18 @@ fn best_delta<'a>(
     value: &Value,
     bases: impl Iterator<Item = (&'a str, Option<&'a Value>)>,
 ) -> RequestDelta {
-    let mut best = delta::encode(None, value);
-    let mut best_len = best.stored_len();
+    let mut best = None;
+    let mut best_len = RequestDelta::full_stored_len(value);
     for (call_id, base) in bases {
         let Some(base) = base else { continue };
         let d = delta::encode(Some((call_id, base)), value);
         let len = d.stored_len();
         if len < best_len {
-            best = d;
+            best = Some(d);
             best_len = len;
         }
     }
-    best
+    best.unwrap_or_else(|| delta::encode(None, value))
 }
 
 fn send<T>(ack: Option<oneshot::Sender<T>>, value: T) {
