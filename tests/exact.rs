@@ -238,9 +238,9 @@ fn check_samples(out: &Path, records: &[Value]) {
         let mut want_lps = vec![];
         for r in &recs {
             want_ids.extend(ids(&r["completion_token_ids"]));
-            want_lps.extend(f32s(&r["completion_logprobs"]));
+            want_lps.extend(f32s(&r["completion_logprobs"]).into_iter().map(Some));
         }
-        let (got_ids, got_lps): (Vec<u32>, Vec<f32>) = x
+        let (got_ids, got_lps): (Vec<u32>, Vec<Option<f32>>) = x
             .tokens
             .iter()
             .zip(&x.loss_mask)

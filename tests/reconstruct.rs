@@ -183,7 +183,7 @@ fn a_foreign_jsonl_log_gives_sft_samples() {
         assert_eq!(x.session_id, "c1");
         assert_eq!(x.reward, Some(0.5));
         assert!(
-            x.logprobs.iter().all(|l| *l == 0.0),
+            x.logprobs.iter().all(Option::is_none),
             "SFT samples have no logprobs"
         );
         let ids: Vec<u32> = x

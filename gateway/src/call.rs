@@ -90,6 +90,7 @@ impl Call {
             completion_logprobs: o.tokens.completion_logprobs.clone(),
             finish_reason: o.finish_reason.clone(),
             weight_version: o.weight_version.clone(),
+            weight_version_spans: o.weight_version_spans.clone(),
             usage,
             ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
             latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
