@@ -347,3 +347,100 @@ fn real_client_shapes_in_passthrough_are_all_retokenized_and_images_refused_by_n
     assert_eq!(s["sessions_without_samples"], json!(["img-1"]), "{s}");
     assert_eq!(s["retokenized_calls"], calls as u64, "{s}");
 }
+
+/// A call that starts its own conversation in the same session (a title request to a small
+/// model, no tools, between two turns of the tool-using conversation) is a new root: its
+/// own sample with its own reason, no drift, not "other". A rule leaves such calls out of
+/// training: by model name, or because they offer no tools.
+#[test]
+fn side_conversations_are_new_roots_and_rules_leave_them_out() {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let stack = Stack::start();
+    stack.open_session("side-1");
+    let out = env.py_client(
+        "passthrough_shapes.py",
+        &["side"],
+        &stack.target(Some("side-1"), None),
+    );
+    assert_eq!(out["title"], "Listing files", "{out}");
+    let recs = stack.wait_records("side-1", 3);
+    assert_eq!(recs[1]["request"]["model"], "scripted-small");
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("samples.parquet");
+    let (q, d, o) = (
+        qwen3.to_str().unwrap(),
+        stack.data_dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let base = ["--data-dir", d, "--tokenizer", q, "--out", o, "--json"];
+    let run = |extra: &[&str]| -> Value {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = reconstruct_status(&args);
+        assert!(ok, "{stdout}\n{stderr}");
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    };
+    // Re-tokenized with Qwen3, the main conversation's second call drifts (the live turn's
+    // `<think>` block is not in history): that is template drift, found and counted.
+    let ids: Vec<&str> = recs
+        .iter()
+        .map(|r| r["call_id"].as_str().unwrap())
+        .collect();
+    let s = run(&[]);
+    let drift = s["forks_by_reason"]["template_drift"].as_u64().unwrap();
+    assert_eq!(s["forks_by_reason"]["new_root"], 1, "{s}");
+    assert_eq!(s["forks_by_reason"]["other"], 0, "{s}");
+    assert_eq!(s["forks_by_reason"]["compaction"], 0, "{s}");
+    assert_eq!(s["samples"].as_u64().unwrap(), 2 + drift, "{s}");
+    assert_eq!(
+        s["drift_events"].as_u64().unwrap(),
+        drift,
+        "the side call is no drift event: {s}"
+    );
+    let samples = read_samples_parquet(&out).unwrap();
+    let side: Vec<_> = samples
+        .iter()
+        .filter(|x| x.fork_reason.as_deref() == Some("new_root"))
+        .collect();
+    assert_eq!(side.len(), 1);
+    assert_eq!(side[0].call_ids, [ids[1]]);
+
+    // Realigned instead of forked, the main conversation is one sample again.
+    let s = run(&["--on-drift", "realign"]);
+    assert_eq!(s["realigned"].as_u64().unwrap(), drift, "{s}");
+    assert_eq!(s["forks_by_reason"]["template_drift"], 0, "{s}");
+    assert_eq!(s["samples"], 2, "{s}");
+    let samples = read_samples_parquet(&out).unwrap();
+    assert_eq!(samples[0].call_ids, [ids[0], ids[2]]);
+    let tok = Tokenizer::from_dir(&qwen3).unwrap();
+    let trained: Vec<u32> = samples[0]
+        .tokens
+        .iter()
+        .zip(&samples[0].loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(
+        tok.decode(&trained)
+            .unwrap()
+            .contains("There are two files"),
+        "the last call's completion is trained"
+    );
+
+    for rule in [
+        &["--leave-out-model", "scripted-sm*"][..],
+        &["--leave-out-without-tools"][..],
+    ] {
+        let s = run(rule);
+        assert_eq!(s["samples"].as_u64().unwrap(), 1 + drift, "{rule:?}: {s}");
+        assert_eq!(s["forks_by_reason"]["new_root"], 0, "{rule:?}: {s}");
+        let skipped = s["skipped"].as_object().unwrap();
+        assert_eq!(skipped.len(), 1, "{rule:?}: {s}");
+        let (why, n) = skipped.iter().next().unwrap();
+        assert!(why.starts_with("left out: "), "{why}");
+        assert_eq!(n, 1);
+        assert_eq!(s["sessions_without_samples"], json!([]), "{s}");
+    }
+}

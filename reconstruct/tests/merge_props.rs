@@ -8,7 +8,10 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use graft_reconstruct::merge::{CallTokens, ForkReason, MergeResult, Summary, merge_session};
+use graft_reconstruct::merge::{
+    CallTokens, ForkReason, MergeOptions, MergeResult, OnDrift, Summary, merge_session,
+    merge_session_with,
+};
 use graft_reconstruct::sample::{
     SAMPLE_SCHEMA_VERSION, Sample, read_samples_parquet, write_samples_parquet,
 };
@@ -711,6 +714,60 @@ fn calls_are_taken_in_seq_order() {
     check_invariants(&calls, &r);
     assert_eq!(r.samples.len(), 1);
     assert_eq!(r.samples[0].call_ids, ["call-1", "call-2"]);
+}
+
+/// `--on-drift realign`: a drifted call continues its sample, whose tokens become the
+/// prompt's own; the sampled tokens the prompt still holds keep mask 1 and their logprobs,
+/// the rewritten ones are mask 0 and counted.
+#[test]
+fn realign_continues_the_drifted_sample_with_the_prompts_own_tokens() {
+    let mut s = Session::new();
+    let p = s.fresh(20);
+    let c = s.fresh(10);
+    let first = s.call_on(0, p, c);
+    // The client re-rendered 3 tokens inside call 1's completion as 2 others.
+    let mut prompt = s.branches[0].clone();
+    let rewritten = s.fresh(2);
+    prompt.splice(25..28, rewritten);
+    prompt.extend(s.fresh(5));
+    let c2 = s.fresh(6);
+    let second = s.call(prompt.clone(), c2.clone());
+    let options = MergeOptions {
+        on_drift: OnDrift::Realign,
+    };
+    let r = merge_session_with("sess", Some("grp"), &s.calls, Some(0.5), FP, options);
+    assert_eq!(r.samples.len(), 1);
+    assert!(r.forks.is_empty());
+    assert_eq!(r.realigned, vec![(second.clone(), 3)]);
+    assert_eq!(r.drift.len(), 1, "still reported as drift");
+    assert_eq!(r.drift[0].reason, ForkReason::TemplateDrift);
+    let x = &r.samples[0];
+    assert_eq!(x.call_ids, [first.clone(), second]);
+    let mut want = prompt.clone();
+    want.extend(&c2);
+    assert_eq!(x.tokens, want);
+    let mut mask = vec![0u8; 20];
+    mask.extend([1; 5]);
+    mask.extend([0; 2]);
+    mask.extend([1; 2]);
+    mask.extend([0; 5]);
+    mask.extend([1; 6]);
+    assert_eq!(x.loss_mask, mask);
+    let lp1 = s.calls[0].completion_logprobs.clone().unwrap();
+    assert_eq!(&x.logprobs[20..25], &lp1[..5]);
+    assert_eq!(&x.logprobs[27..29], &lp1[8..10]);
+    assert!(x.logprobs[25..27].iter().all(Option::is_none));
+    assert_eq!(x.trained_tokens(), 10 - 3 + 6);
+    let sum = Summary::of([&r]);
+    assert_eq!((sum.realigned, sum.realigned_untrained_tokens), (1, 3));
+    assert!(
+        sum.to_string()
+            .contains("realigned:      1 calls (3 sampled tokens left untrained)")
+    );
+    // The default forks.
+    let r = s.merge();
+    assert_eq!(r.samples.len(), 2);
+    assert!(r.realigned.is_empty());
 }
 
 #[test]

@@ -2,7 +2,7 @@
 send (OpenHands: every content as a list of text parts; tool messages with a name;
 assistant turns echoed with `reasoning_content` or `reasoning`), and prints one JSON line.
 
-usage: python passthrough_shapes.py MODE     MODE: agent | image
+usage: python passthrough_shapes.py MODE     MODE: agent | image | side
 env:   GRAFT_BASE_URL  base URL including /v1 (a session URL: /s/{session}/v1)
        GRAFT_API_KEY   API key (default sk-graft-test)
        GRAFT_MODEL     model id (default scripted)
@@ -11,6 +11,9 @@ agent: three calls of one tool-using conversation. The scripted upstream must an
        message containing "graft-shapes-task" with a `bash` tool call, a tool message with
        text, and "graft-shapes-more" with text.
 image: one call whose user message holds an image part.
+side:  a tool-using conversation of two calls with, between them, a side call that starts
+       its own conversation (a title request to a small model, no tools), as Claude Code
+       and OpenHands make; "graft-side-title" must get an answer.
 """
 
 import json
@@ -101,8 +104,29 @@ def image(c: openai.OpenAI, model: str) -> dict:
     return {"calls": 1, "answer": r.choices[0].message.content}
 
 
+def side(c: openai.OpenAI, model: str) -> dict:
+    messages = [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "graft-shapes-task: list the files"},
+    ]
+    r1 = c.chat.completions.create(model=model, messages=messages, tools=[BASH_TOOL])
+    m1 = r1.choices[0].message
+    call = m1.tool_calls[0]
+    title = c.chat.completions.create(
+        model="scripted-small",
+        messages=[
+            {"role": "system", "content": "Write a five-word title for the conversation."},
+            {"role": "user", "content": "graft-side-title: graft-shapes-task: list the files"},
+        ],
+    )
+    messages.append(m1.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": call.id, "content": "graft-shapes-listing: a.txt b.txt"})
+    r2 = c.chat.completions.create(model=model, messages=messages, tools=[BASH_TOOL])
+    return {"calls": 3, "title": title.choices[0].message.content, "answer": r2.choices[0].message.content}
+
+
 def main() -> None:
-    modes = {"agent": agent, "image": image}
+    modes = {"agent": agent, "image": image, "side": side}
     if len(sys.argv) != 2 or sys.argv[1] not in modes:
         sys.exit(f"usage: {sys.argv[0]} {' | '.join(modes)}")
     out = modes[sys.argv[1]](client(), os.environ.get("GRAFT_MODEL", "scripted"))
