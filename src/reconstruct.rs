@@ -6,9 +6,9 @@ use std::io::BufRead;
 use std::path::PathBuf;
 
 use anyhow::Context;
-use graft_reconstruct::merge::{MergeResult, Summary, merge_session};
+use graft_reconstruct::merge::{MergeOptions, MergeResult, OnDrift, Summary, merge_session_with};
 use graft_reconstruct::records::{
-    FromRecords, Reconstruction, samples_from_records, skip_reason, write_results,
+    FromRecords, LeaveOut, Reconstruction, samples_from_records, skip_reason, write_results,
 };
 use graft_reconstruct::retokenize::{Model, conversation_calls};
 use serde_json::Value;
@@ -38,6 +38,23 @@ pub struct ReconstructArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
+    /// Succeed even when a session yields no sample (every call of it skipped); by
+    /// default that is an error, after the summary and the skip reasons.
+    #[arg(long)]
+    pub allow_skips: bool,
+    /// What a call whose prompt drifted from its sample (re-rendered history) does:
+    /// `fork` starts a new sample; `realign` continues the sample with the prompt's own
+    /// tokens, mask 0 where they were rewritten (as slime does), counted in the summary.
+    #[arg(long, default_value = "fork", value_parser = ["fork", "realign"])]
+    pub on_drift: String,
+    /// Leave calls to this model out of training (exact name, or a prefix ending in `*`;
+    /// repeatable): the side calls a harness makes with a small second model.
+    #[arg(long = "leave-out-model", value_name = "MODEL")]
+    pub leave_out_models: Vec<String>,
+    /// Leave calls that offer no tools out of training (a harness's title and summary
+    /// calls beside a tool-using rollout).
+    #[arg(long)]
+    pub leave_out_without_tools: bool,
 }
 
 fn count(skipped: &mut BTreeMap<String, u64>, why: &str) {
@@ -55,10 +72,22 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         model.extra.insert("enable_thinking".into(), Value::Bool(t));
     }
     let done = if let Some(path) = &a.from_jsonl {
-        from_jsonl(&model, path, &a.out)?
+        let options = MergeOptions {
+            on_drift: OnDrift::parse(&a.on_drift).unwrap_or_default(),
+        };
+        from_jsonl(&model, path, &a.out, options)?
     } else if let Some(dir) = &a.data_dir {
         anyhow::ensure!(dir.is_dir(), "data dir {} does not exist", dir.display());
-        samples_from_records(&model, dir, FromRecords::all(), &a.out)?
+        let leave_out = LeaveOut {
+            models: a.leave_out_models.clone(),
+            without_tools: a.leave_out_without_tools,
+        };
+        let how = FromRecords {
+            on_drift: OnDrift::parse(&a.on_drift).unwrap_or_default(),
+            leave_out: Some(&leave_out),
+            ..FromRecords::all()
+        };
+        samples_from_records(&model, dir, how, &a.out)?
     } else {
         anyhow::bail!("give --data-dir or --from-jsonl")
     };
@@ -67,6 +96,7 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         exact_calls,
         retokenized_calls,
         skipped,
+        sessions_without_samples,
         ..
     } = done;
     if a.json {
@@ -79,9 +109,12 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
                 "trained_tokens": summary.trained_tokens,
                 "total_tokens": summary.total_tokens,
                 "drift_events": summary.drift_events,
+                "realigned": summary.realigned,
+                "realigned_untrained_tokens": summary.realigned_untrained_tokens,
                 "exact_calls": exact_calls,
                 "retokenized_calls": retokenized_calls,
                 "skipped": skipped,
+                "sessions_without_samples": sessions_without_samples,
                 "out": a.out,
             })
         );
@@ -93,6 +126,23 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         }
         println!("samples written to {}", a.out.display());
     }
+    if !sessions_without_samples.is_empty() && !a.allow_skips {
+        let shown: Vec<&str> = sessions_without_samples
+            .iter()
+            .take(10)
+            .map(String::as_str)
+            .collect();
+        anyhow::bail!(
+            "{} session(s) yielded no sample ({}{}): every call of theirs was skipped, for the reasons printed above; fix the records or pass --allow-skips to accept it",
+            sessions_without_samples.len(),
+            shown.join(", "),
+            if sessions_without_samples.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
+        );
+    }
     Ok(())
 }
 
@@ -101,6 +151,7 @@ fn from_jsonl(
     model: &Model,
     path: &std::path::Path,
     out: &std::path::Path,
+    options: MergeOptions,
 ) -> anyhow::Result<Reconstruction> {
     let (tok_fp, tpl_fp) = model.fingerprints();
     let mut results: Vec<MergeResult> = vec![];
@@ -125,9 +176,19 @@ fn from_jsonl(
             Ok(calls) => {
                 done.retokenized_calls += calls.len() as u64;
                 let reward = conv.get("reward").and_then(Value::as_f64);
-                results.push(merge_session(&id, None, &calls, reward, (&tok_fp, &tpl_fp)));
+                results.push(merge_session_with(
+                    &id,
+                    None,
+                    &calls,
+                    reward,
+                    (&tok_fp, &tpl_fp),
+                    options,
+                ));
             }
-            Err(s) => count(&mut done.skipped, skip_reason(&s)),
+            Err(s) => {
+                count(&mut done.skipped, &skip_reason(&s));
+                done.sessions_without_samples.push(id);
+            }
         }
     }
     write_results(&results, out)?;

@@ -238,9 +238,9 @@ fn check_samples(out: &Path, records: &[Value]) {
         let mut want_lps = vec![];
         for r in &recs {
             want_ids.extend(ids(&r["completion_token_ids"]));
-            want_lps.extend(f32s(&r["completion_logprobs"]));
+            want_lps.extend(f32s(&r["completion_logprobs"]).into_iter().map(Some));
         }
-        let (got_ids, got_lps): (Vec<u32>, Vec<f32>) = x
+        let (got_ids, got_lps): (Vec<u32>, Vec<Option<f32>>) = x
             .tokens
             .iter()
             .zip(&x.loss_mask)
@@ -871,4 +871,89 @@ async fn completions_in_exact_mode_send_the_raw_prompt_ids_through_the_openai_sd
             completion.len()
         );
     }
+}
+
+/// An outside controller pushes new weights while a call is being generated (SGLang keeps
+/// generating; the scripted backend holds the generation after 3 tokens until the update
+/// lands): the record keeps both spans, and the sample labels each sampled token with the
+/// weights that sampled it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_straddling_an_outside_weight_update_is_labelled_per_span() {
+    let script = r#"{"rules": [
+      {"match": "weights change", "weight_update_after": 3, "reply": {"content": "Partly old weights, partly new ones: both are recorded."}}
+    ]}"#;
+    let s = start(script, &[], &[]);
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let body = json!({"model": "qwen3", "stream": true,
+        "messages": [{"role": "user", "content": "the weights change mid-call"}]});
+    let resp = http::post_stream(&format!("{base}/chat/completions"), &body).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let mut text = String::new();
+    // The first tokens arrived, sampled by the weights being served ("default").
+    while text.is_empty() {
+        let d = http::next_sse_data(&mut body, &mut buf)
+            .await
+            .expect("stream ended early");
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    // The outside controller updates the weights, straight at the backend.
+    let up = http::post_json(
+        &format!("{}/update_weights_from_disk", s.upstream.url),
+        &[],
+        &json!({"model_path": "/ckpt/step-7", "weight_version": "step-7"}),
+    )
+    .await;
+    assert_eq!(up.status, 200, "{}", up.text());
+    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
+        if d == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(
+        text,
+        "Partly old weights, partly new ones: both are recorded."
+    );
+    let recs = common::records_show(&s.data);
+    let rec = recs.iter().find(|r| r["session_id"] == sid).unwrap();
+    let n = ids(&rec["completion_token_ids"]).len() as u64;
+    assert!(n > 3);
+    assert_eq!(rec["weight_version"], "step-7", "{rec:#}");
+    assert_eq!(
+        rec["weight_version_spans"],
+        json!([{"version": "default", "start": 0, "end": 3}, {"version": "step-7", "start": 3, "end": n}]),
+        "{rec:#}"
+    );
+
+    let out = s.dir.path().join("samples.parquet");
+    let summary = reconstruct(&s.data, &s.qwen3, &out);
+    assert_eq!(summary["samples"], 1, "{summary}");
+    let samples = read_samples_parquet(&out).unwrap();
+    let x = &samples[0];
+    assert_eq!(x.weight_versions, ["default", "step-7"]);
+    let sampled: Vec<Option<&str>> = (0..x.tokens.len())
+        .filter(|&i| x.loss_mask[i] == 1)
+        .map(|i| x.token_weight_version(i))
+        .collect();
+    let mut want = vec![Some("default"); 3];
+    want.extend(vec![Some("step-7"); n as usize - 3]);
+    assert_eq!(sampled, want);
+    assert!(
+        (0..x.tokens.len())
+            .filter(|&i| x.loss_mask[i] == 0)
+            .all(|i| x.token_weight_version(i).is_none() && x.logprobs[i].is_none()),
+        "prompt tokens have no version and no logprob"
+    );
 }

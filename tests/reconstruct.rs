@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{Proc, TestEnv, http};
+use common::{Proc, Stack, TestEnv, http};
 use graft_reconstruct::sample::read_samples_parquet;
 use graft_reconstruct::template::Tokenizer;
 use serde_json::{Value, json};
@@ -183,7 +183,7 @@ fn a_foreign_jsonl_log_gives_sft_samples() {
         assert_eq!(x.session_id, "c1");
         assert_eq!(x.reward, Some(0.5));
         assert!(
-            x.logprobs.iter().all(|l| *l == 0.0),
+            x.logprobs.iter().all(Option::is_none),
             "SFT samples have no logprobs"
         );
         let ids: Vec<u32> = x
@@ -203,4 +203,244 @@ fn a_foreign_jsonl_log_gives_sft_samples() {
         !trained_text.contains("3+3") && !trained_text.contains("2+2"),
         "user turns are not trained on: {trained_text}"
     );
+}
+
+/// `graft reconstruct` with its exit status and output (it may fail on purpose).
+fn reconstruct_status(args: &[&str]) -> (bool, String, String) {
+    let o = std::process::Command::new(common::graft_bin())
+        .arg("reconstruct")
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Passthrough against a text-only upstream, with the shapes real clients send: OpenHands'
+/// content as text parts (system, user, assistant and tool messages), a tool message with a
+/// name, assistant turns echoed with `reasoning_content` or `reasoning` (the openai SDK sends
+/// them as given), mini-swe-agent through litellm, and the openai SDK's streamed tool calls.
+/// Reconstruct re-tokenizes every call (nothing skipped) and classifies every fork. A call
+/// holding an image is refused with the reason printed, and the run fails because its
+/// session yields no sample, unless `--allow-skips`.
+#[test]
+fn real_client_shapes_in_passthrough_are_all_retokenized_and_images_refused_by_name() {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let stack = Stack::start();
+    stack.open_session("shapes-1");
+    let out = env.py_client(
+        "passthrough_shapes.py",
+        &["agent"],
+        &stack.target(Some("shapes-1"), None),
+    );
+    assert_eq!(out["calls"], 3, "{out}");
+    stack.open_session("mini-1");
+    let mini = env.py_client(
+        "mini_swe_agent.py",
+        &[],
+        &stack.target(Some("mini-1"), None),
+    );
+    assert_eq!(mini["exit_status"], "Submitted", "{mini:#}");
+    stack.open_session("sdk-1");
+    env.py_client(
+        "openai_sdk.py",
+        &["chat-stream-tools"],
+        &stack.target(Some("sdk-1"), None),
+    );
+    let calls = stack.wait_records("shapes-1", 3).len()
+        + stack.wait_records("mini-1", 2).len()
+        + stack.wait_records("sdk-1", 1).len();
+    let shapes = stack.wait_records("shapes-1", 3);
+    assert!(
+        shapes[1]["request"]["messages"][3]["name"] == "bash"
+            && shapes[1]["request"]["messages"][0]["content"].is_array(),
+        "the client's shapes are recorded as sent: {:#}",
+        shapes[1]["request"]
+    );
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("samples.parquet");
+    let (q, d, o) = (
+        qwen3.to_str().unwrap(),
+        stack.data_dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let (ok, stdout, stderr) =
+        reconstruct_status(&["--data-dir", d, "--tokenizer", q, "--out", o, "--json"]);
+    assert!(ok, "{stdout}\n{stderr}");
+    let s: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(s["retokenized_calls"], calls as u64, "{s}");
+    assert_eq!(s["skipped"], json!({}), "no call skipped: {s}");
+    assert_eq!(
+        s["forks_by_reason"]["other"], 0,
+        "every fork classified: {s}"
+    );
+    let forks: u64 = s["forks_by_reason"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        s["drift_events"].as_u64().unwrap(),
+        s["forks_by_reason"]["template_drift"].as_u64().unwrap(),
+        "{s}"
+    );
+    assert_eq!(s["samples"].as_u64().unwrap(), 3 + forks, "{s}");
+    // The text of the parts reached the template (Qwen3's renders non-string content as
+    // nothing): the system prompt, the task, the tool result.
+    let tok = Tokenizer::from_dir(&qwen3).unwrap();
+    let samples = read_samples_parquet(&out).unwrap();
+    let text: String = samples
+        .iter()
+        .filter(|x| x.session_id == "shapes-1")
+        .map(|x| tok.decode(&x.tokens).unwrap())
+        .collect();
+    for want in [
+        "You are OpenHands agent.",
+        "graft-shapes-task: list the files",
+        "graft-shapes-listing: a.txt b.txt",
+        "graft-shapes-more: and now?",
+    ] {
+        assert!(text.contains(want), "{want:?} missing from {text}");
+    }
+
+    // An image: refused with its reason, and the session without a sample fails the run.
+    stack.open_session("img-1");
+    env.py_client(
+        "passthrough_shapes.py",
+        &["image"],
+        &stack.target(Some("img-1"), None),
+    );
+    stack.wait_records("img-1", 1);
+    let (ok, stdout, stderr) = reconstruct_status(&["--data-dir", d, "--tokenizer", q, "--out", o]);
+    assert!(
+        !ok,
+        "a session without a sample must fail the run:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("skipped: 1 (message 0 (user) holds an image: the model's chat template renders text only"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains("1 session(s) yielded no sample (img-1)")
+            && stderr.contains("--allow-skips"),
+        "{stderr}"
+    );
+    let (ok, stdout, stderr) = reconstruct_status(&[
+        "--data-dir",
+        d,
+        "--tokenizer",
+        q,
+        "--out",
+        o,
+        "--allow-skips",
+        "--json",
+    ]);
+    assert!(ok, "{stdout}\n{stderr}");
+    let s: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(s["sessions_without_samples"], json!(["img-1"]), "{s}");
+    assert_eq!(s["retokenized_calls"], calls as u64, "{s}");
+}
+
+/// A call that starts its own conversation in the same session (a title request to a small
+/// model, no tools, between two turns of the tool-using conversation) is a new root: its
+/// own sample with its own reason, no drift, not "other". A rule leaves such calls out of
+/// training: by model name, or because they offer no tools.
+#[test]
+fn side_conversations_are_new_roots_and_rules_leave_them_out() {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let stack = Stack::start();
+    stack.open_session("side-1");
+    let out = env.py_client(
+        "passthrough_shapes.py",
+        &["side"],
+        &stack.target(Some("side-1"), None),
+    );
+    assert_eq!(out["title"], "Listing files", "{out}");
+    let recs = stack.wait_records("side-1", 3);
+    assert_eq!(recs[1]["request"]["model"], "scripted-small");
+
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("samples.parquet");
+    let (q, d, o) = (
+        qwen3.to_str().unwrap(),
+        stack.data_dir.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let base = ["--data-dir", d, "--tokenizer", q, "--out", o, "--json"];
+    let run = |extra: &[&str]| -> Value {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        let (ok, stdout, stderr) = reconstruct_status(&args);
+        assert!(ok, "{stdout}\n{stderr}");
+        serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+    };
+    // Re-tokenized with Qwen3, the main conversation's second call drifts (the live turn's
+    // `<think>` block is not in history): that is template drift, found and counted.
+    let ids: Vec<&str> = recs
+        .iter()
+        .map(|r| r["call_id"].as_str().unwrap())
+        .collect();
+    let s = run(&[]);
+    let drift = s["forks_by_reason"]["template_drift"].as_u64().unwrap();
+    assert_eq!(s["forks_by_reason"]["new_root"], 1, "{s}");
+    assert_eq!(s["forks_by_reason"]["other"], 0, "{s}");
+    assert_eq!(s["forks_by_reason"]["compaction"], 0, "{s}");
+    assert_eq!(s["samples"].as_u64().unwrap(), 2 + drift, "{s}");
+    assert_eq!(
+        s["drift_events"].as_u64().unwrap(),
+        drift,
+        "the side call is no drift event: {s}"
+    );
+    let samples = read_samples_parquet(&out).unwrap();
+    let side: Vec<_> = samples
+        .iter()
+        .filter(|x| x.fork_reason.as_deref() == Some("new_root"))
+        .collect();
+    assert_eq!(side.len(), 1);
+    assert_eq!(side[0].call_ids, [ids[1]]);
+
+    // Realigned instead of forked, the main conversation is one sample again.
+    let s = run(&["--on-drift", "realign"]);
+    assert_eq!(s["realigned"].as_u64().unwrap(), drift, "{s}");
+    assert_eq!(s["forks_by_reason"]["template_drift"], 0, "{s}");
+    assert_eq!(s["samples"], 2, "{s}");
+    let samples = read_samples_parquet(&out).unwrap();
+    assert_eq!(samples[0].call_ids, [ids[0], ids[2]]);
+    let tok = Tokenizer::from_dir(&qwen3).unwrap();
+    let trained: Vec<u32> = samples[0]
+        .tokens
+        .iter()
+        .zip(&samples[0].loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(t, _)| *t)
+        .collect();
+    assert!(
+        tok.decode(&trained)
+            .unwrap()
+            .contains("There are two files"),
+        "the last call's completion is trained"
+    );
+
+    for rule in [
+        &["--leave-out-model", "scripted-sm*"][..],
+        &["--leave-out-without-tools"][..],
+    ] {
+        let s = run(rule);
+        assert_eq!(s["samples"].as_u64().unwrap(), 1 + drift, "{rule:?}: {s}");
+        assert_eq!(s["forks_by_reason"]["new_root"], 0, "{rule:?}: {s}");
+        let skipped = s["skipped"].as_object().unwrap();
+        assert_eq!(skipped.len(), 1, "{rule:?}: {s}");
+        let (why, n) = skipped.iter().next().unwrap();
+        assert!(why.starts_with("left out: "), "{why}");
+        assert_eq!(n, 1);
+        assert_eq!(s["sessions_without_samples"], json!([]), "{s}");
+    }
 }

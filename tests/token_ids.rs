@@ -308,10 +308,10 @@ async fn vllm_token_ids_are_recorded_stripped_from_answers_and_reconstructed_exa
         let mut want_lps = vec![];
         for r in &recs {
             let c = ids(&r["completion_token_ids"]);
-            want_lps.extend(c.iter().map(|&i| logprob(i)));
+            want_lps.extend(c.iter().map(|&i| Some(logprob(i))));
             want_ids.extend(c);
         }
-        let (got_ids, got_lps): (Vec<u32>, Vec<f32>) = x
+        let (got_ids, got_lps): (Vec<u32>, Vec<Option<f32>>) = x
             .tokens
             .iter()
             .zip(&x.loss_mask)

@@ -52,8 +52,8 @@ fn rollouts() -> anyhow::Result<(Vec<Sample>, Vec<f64>)> {
         tokens.extend(g.tokens.iter().map(|&t| t as u32));
         let mut loss_mask = vec![0u8; p.len()];
         loss_mask.extend([1u8; 4]);
-        let mut logprobs = vec![0f32; p.len()];
-        logprobs.extend(&g.logprobs);
+        let mut logprobs = vec![None; p.len()];
+        logprobs.extend(g.logprobs.iter().map(|&l| Some(l)));
         samples.push(Sample {
             sample_id: format!("s{i}/0"),
             session_id: format!("s{i}"),
@@ -63,6 +63,7 @@ fn rollouts() -> anyhow::Result<(Vec<Sample>, Vec<f64>)> {
             logprobs,
             reward: Some(reward),
             weight_versions: vec!["v0".to_owned()],
+            token_weight_versions: [vec![None; p.len()], vec![Some(0); 4]].concat(),
             call_ids: vec![format!("call-{i}")],
             fork_reason: None,
             tokenizer_fingerprint: "test".to_owned(),

@@ -93,6 +93,7 @@ impl Call {
             completion_logprobs: tokens.completion_logprobs,
             finish_reason: o.finish_reason.take(),
             weight_version: o.weight_version.take(),
+            weight_version_spans: o.weight_version_spans.take(),
             usage,
             ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
             latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,

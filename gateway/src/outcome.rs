@@ -26,6 +26,8 @@ pub(crate) struct Outcome {
     pub(crate) tokens: Recorded,
     /// The backend's `weight_version` (exact mode).
     pub(crate) weight_version: Option<String>,
+    /// Which weights sampled which completion tokens, when they changed during the call.
+    pub(crate) weight_version_spans: Option<Vec<graft_recorder::WeightSpan>>,
 }
 
 impl Outcome {

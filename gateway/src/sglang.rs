@@ -12,6 +12,7 @@
 //! only the new part. [`Progress`] accepts both: an event whose `output_ids` are as many as
 //! `meta_info.completion_tokens` is cumulative.
 
+use graft_recorder::WeightSpan;
 use graft_wire::sglang::{self as wire, FinishKind, GenerateRequest, GenerateResponse};
 use serde::Deserialize as _;
 use serde_json::Value;
@@ -100,12 +101,32 @@ impl FinishReason {
 #[derive(Debug, Default, Clone)]
 pub struct Progress {
     pub output_ids: Vec<u32>,
-    pub logprobs: Vec<f32>,
+    /// One per output token so far; `None` where the backend sent a null logprob.
+    pub logprobs: Vec<Option<f32>>,
     pub finish: Option<FinishReason>,
     pub prompt_tokens: Option<u64>,
     pub cached_tokens: Option<u64>,
     pub weight_version: Option<String>,
     pub id: Option<String>,
+    /// `meta_info.weight_versions` as reported (spans over the output tokens).
+    reported_spans: Vec<WeightSpan>,
+    /// The output tokens labelled by the `weight_version` of the event that brought them.
+    seen_spans: Vec<WeightSpan>,
+}
+
+/// Adds `start..end` of `version` to `spans`, merged with the last span when it continues it.
+fn push_span(spans: &mut Vec<WeightSpan>, version: &str, start: u64, end: u64) {
+    if end <= start {
+        return;
+    }
+    match spans.last_mut() {
+        Some(last) if last.version == version && last.end == start => last.end = end,
+        _ => spans.push(WeightSpan {
+            version: version.to_owned(),
+            start,
+            end,
+        }),
+    }
 }
 
 /// Why an answer does not read as SGLang's `/generate` answer, in the words the gateway has
@@ -131,14 +152,11 @@ impl Progress {
         let ids = answer.output_ids;
         let meta = answer.meta_info;
         let total = meta.completion_tokens;
-        let logprobs: Vec<f32> = meta
+        let logprobs: Vec<Option<f32>> = meta
             .output_token_logprobs
-            .map(|a| {
-                a.iter()
-                    .map(|e| e.logprob().map_or(f32::NAN, |x| x as f32))
-                    .collect()
-            })
+            .map(|a| a.iter().map(|e| e.logprob().map(|x| x as f32)).collect())
             .unwrap_or_default();
+        let before = self.output_ids.len() as u64;
         let cumulative = match total {
             Some(t) => ids.len() as u64 == t && ids.starts_with(&self.output_ids),
             None => ids.starts_with(&self.output_ids) && ids.len() >= self.output_ids.len(),
@@ -172,7 +190,25 @@ impl Progress {
             self.cached_tokens = Some(c);
         }
         if let Some(w) = meta.weight_version {
+            push_span(
+                &mut self.seen_spans,
+                &w,
+                before,
+                self.output_ids.len() as u64,
+            );
             self.weight_version = Some(w);
+        }
+        // Spans are over the whole output: a later event's spans replace what they cover.
+        if let Some(spans) = meta.weight_versions
+            && let Some(from) = spans.first().map(|s| s.start)
+        {
+            self.reported_spans.retain(|s| s.start < from);
+            if let Some(last) = self.reported_spans.last_mut() {
+                last.end = last.end.min(from);
+            }
+            for s in spans {
+                push_span(&mut self.reported_spans, &s.version, s.start, s.end);
+            }
         }
         if let Some(id) = meta.id {
             self.id = Some(id);
@@ -181,8 +217,18 @@ impl Progress {
     }
 
     /// Logprobs aligned to the output ids, or `None` when the backend sent another count.
-    pub fn aligned_logprobs(&self) -> Option<Vec<f32>> {
+    pub fn aligned_logprobs(&self) -> Option<Vec<Option<f32>>> {
         (self.logprobs.len() == self.output_ids.len()).then(|| self.logprobs.clone())
+    }
+
+    /// Which weights sampled which output tokens: the backend's `weight_versions` when it
+    /// reported them, else the versions its events carried when they changed during the
+    /// call; `None` when one version (`weight_version`) sampled everything.
+    pub fn weight_version_spans(&self) -> Option<Vec<WeightSpan>> {
+        if !self.reported_spans.is_empty() {
+            return Some(self.reported_spans.clone());
+        }
+        (self.seen_spans.len() > 1).then(|| self.seen_spans.clone())
     }
 }
 
@@ -222,6 +268,58 @@ mod tests {
         assert_eq!(a.finish, Some(FinishReason::Stop));
         assert_eq!(a.weight_version.as_deref(), Some("v3"));
         assert_eq!(a.prompt_tokens, Some(7));
+    }
+
+    #[test]
+    fn weight_versions_are_kept_per_span_and_null_logprobs_stay_unknown() {
+        let with = |ids: &[u32], total: usize, version: &str, spans: Value| {
+            json!({"output_ids": ids, "meta_info": {
+                "completion_tokens": total, "weight_version": version,
+                "output_token_logprobs": ids.iter().map(|i| json!([null, i, null])).collect::<Vec<_>>(),
+                "weight_versions": spans}})
+        };
+        // Reported spans, cumulative events: the last event's spans cover everything.
+        let mut p = Progress::default();
+        p.push(&with(
+            &[1, 2],
+            2,
+            "a",
+            json!([{"version": "a", "start": 0, "end": 2}]),
+        ))
+        .unwrap();
+        p.push(&with(
+            &[1, 2, 3],
+            3,
+            "b",
+            json!([{"version": "a", "start": 0, "end": 2}, {"version": "b", "start": 2, "end": 3}]),
+        ))
+        .unwrap();
+        let spans = p.weight_version_spans().unwrap();
+        let got: Vec<_> = spans
+            .iter()
+            .map(|s| (s.version.as_str(), s.start, s.end))
+            .collect();
+        assert_eq!(got, vec![("a", 0, 2), ("b", 2, 3)]);
+        assert_eq!(p.weight_version.as_deref(), Some("b"));
+        assert_eq!(p.aligned_logprobs(), Some(vec![None, None, None]));
+
+        // No spans reported: the versions the events carried label their new tokens.
+        let mut q = Progress::default();
+        q.push(&with(&[1, 2], 2, "a", Value::Null)).unwrap();
+        q.push(&with(&[1, 2, 3, 4], 4, "b", Value::Null)).unwrap();
+        let got: Vec<_> = q
+            .weight_version_spans()
+            .unwrap()
+            .iter()
+            .map(|s| (s.version.clone(), s.start, s.end))
+            .collect();
+        assert_eq!(got, vec![("a".into(), 0, 2), ("b".into(), 2, 4)]);
+
+        // One version throughout: no spans.
+        let mut r = Progress::default();
+        r.push(&with(&[1], 1, "a", Value::Null)).unwrap();
+        r.push(&with(&[1, 2], 2, "a", Value::Null)).unwrap();
+        assert_eq!(r.weight_version_spans(), None);
     }
 
     #[test]

@@ -133,7 +133,8 @@ pub fn strip(v: &mut Value, added: Added) -> bool {
 pub struct Capture {
     pub prompt_ids: Option<Vec<u32>>,
     pub completion_ids: Option<Vec<u32>>,
-    pub logprobs: Option<Vec<f32>>,
+    /// `None` items: the upstream sent a null logprob (unknown).
+    pub logprobs: Option<Vec<Option<f32>>>,
     /// `usage.prompt_tokens` / `usage.completion_tokens`, to check the ids against.
     usage: (Option<u64>, Option<u64>),
     /// An id that is not a u32, or a logprob that is not a number.
@@ -145,7 +146,7 @@ pub struct Capture {
 pub struct Recorded {
     pub prompt_token_ids: Option<Vec<u32>>,
     pub completion_token_ids: Option<Vec<u32>>,
-    pub completion_logprobs: Option<Vec<f32>>,
+    pub completion_logprobs: Option<Vec<Option<f32>>>,
 }
 
 fn ids(v: &Value) -> Option<Result<Vec<u32>, ()>> {
@@ -188,22 +189,24 @@ impl Capture {
             let Some(lp) = c.get("logprobs").filter(|l| !l.is_null()) else {
                 continue;
             };
-            let values: Vec<Option<f64>> =
+            // A null logprob is unknown; anything else that is not a number is malformed.
+            let number = |v: Option<&Value>| match v {
+                None | Some(Value::Null) => Ok(None),
+                Some(v) => v.as_f64().map(|x| Some(x as f32)).ok_or(()),
+            };
+            let values: Vec<Result<Option<f32>, ()>> =
                 if let Some(content) = lp.get("content").and_then(Value::as_array) {
-                    content
-                        .iter()
-                        .map(|e| e.get("logprob").and_then(Value::as_f64))
-                        .collect()
+                    content.iter().map(|e| number(e.get("logprob"))).collect()
                 } else if let Some(tl) = lp.get("token_logprobs").and_then(Value::as_array) {
-                    tl.iter().map(Value::as_f64).collect()
+                    tl.iter().map(|v| number(Some(v))).collect()
                 } else {
                     continue;
                 };
             let out = self.logprobs.get_or_insert_with(Vec::new);
             for x in values {
                 match x {
-                    Some(x) => out.push(x as f32),
-                    None => self.malformed = true,
+                    Ok(x) => out.push(x),
+                    Err(()) => self.malformed = true,
                 }
             }
         }
@@ -381,7 +384,7 @@ mod tests {
         assert_eq!(note, None);
         assert_eq!(r.prompt_token_ids, Some(vec![1, 2, 3]));
         assert_eq!(r.completion_token_ids, Some(vec![7, 8]));
-        assert_eq!(r.completion_logprobs, Some(vec![-0.25, -1.0]));
+        assert_eq!(r.completion_logprobs, Some(vec![Some(-0.25), Some(-1.0)]));
 
         let mut c = Capture::default();
         c.push(&json!({"choices": [{"index": 0, "prompt_token_ids": [1], "token_ids": [2, 3], "logprobs": {"token_logprobs": [-0.5]}}], "usage": {"prompt_tokens": 1, "completion_tokens": 2}}));
@@ -398,5 +401,23 @@ mod tests {
 
         let (r, note) = Capture::default().finish();
         assert_eq!((r, note), (Recorded::default(), None));
+    }
+
+    #[test]
+    fn a_null_logprob_is_recorded_unknown_not_zero() {
+        let mut c = Capture::default();
+        c.push(&json!({"choices": [{"index": 0, "prompt_token_ids": [1], "token_ids": [2, 3, 4], "logprobs": {"token_logprobs": [null, 0.0, -0.5]}}]}));
+        let (r, note) = c.finish();
+        assert_eq!(note, None);
+        assert_eq!(
+            r.completion_logprobs,
+            Some(vec![None, Some(0.0), Some(-0.5)])
+        );
+
+        let mut c = Capture::default();
+        c.push(&json!({"choices": [{"index": 0, "prompt_token_ids": [1], "token_ids": [2], "logprobs": {"token_logprobs": ["x"]}}]}));
+        let (r, note) = c.finish();
+        assert_eq!(r, Recorded::default());
+        assert!(note.unwrap().contains("not numbers"));
     }
 }

@@ -312,8 +312,8 @@ impl Gen {
                 }
                 None => rendered.extend_from_slice(&completion),
             }
-            let logprobs: Vec<f32> = (0..completion.len())
-                .map(|_| -(rng.random::<f32>().powi(3) * 8.0))
+            let logprobs: Vec<Option<f32>> = (0..completion.len())
+                .map(|_| Some(-(rng.random::<f32>().powi(3) * 8.0)))
                 .collect();
             let mut st = prompt.clone();
             st.extend_from_slice(&completion);
@@ -330,7 +330,9 @@ impl Gen {
                     completion_ids: completion,
                     completion_logprobs: Some(logprobs),
                     weight_version: Some(format!("step-{}", 100 + s / 2000)),
+                    weight_version_spans: None,
                     finish_reason: Some("stop".to_owned()),
+                    root: None,
                 },
                 new_from,
             });
@@ -371,24 +373,30 @@ fn baseline_pass(sessions: &[GenSession]) -> Vec<Sample> {
             let mut loss_mask = Vec::with_capacity(total);
             let mut logprobs = Vec::with_capacity(total);
             let mut weight_versions: Vec<String> = Vec::new();
+            let mut token_weight_versions = Vec::with_capacity(total);
             let mut call_ids = Vec::with_capacity(s.calls.len());
             for c in &s.calls {
                 let c_ = &c.call;
                 tokens.extend_from_slice(&c_.prompt_ids[c.new_from..]);
                 loss_mask.resize(tokens.len(), 0);
-                logprobs.resize(tokens.len(), 0.0);
+                logprobs.resize(tokens.len(), None);
+                token_weight_versions.resize(tokens.len(), None);
                 tokens.extend_from_slice(&c_.completion_ids);
                 loss_mask.resize(tokens.len(), 1);
                 match c_.completion_logprobs.as_deref() {
                     Some(l) => logprobs.extend_from_slice(l),
-                    None => logprobs.resize(tokens.len(), 0.0),
+                    None => logprobs.resize(tokens.len(), None),
                 }
                 call_ids.push(c_.call_id.clone());
-                if let Some(v) = &c_.weight_version
-                    && !weight_versions.contains(v)
-                {
-                    weight_versions.push(v.clone());
+                let mut index = None;
+                if let Some(v) = &c_.weight_version {
+                    index = weight_versions.iter().position(|w| w == v);
+                    if index.is_none() {
+                        weight_versions.push(v.clone());
+                        index = Some(weight_versions.len() - 1);
+                    }
                 }
+                token_weight_versions.resize(tokens.len(), index.map(|i| i as u32));
             }
             Sample {
                 sample_id: format!("{}/0", s.id),
@@ -399,6 +407,7 @@ fn baseline_pass(sessions: &[GenSession]) -> Vec<Sample> {
                 logprobs,
                 reward: Some(s.reward),
                 weight_versions,
+                token_weight_versions,
                 call_ids,
                 fork_reason: None,
                 tokenizer_fingerprint: FINGERPRINTS.0.to_owned(),
@@ -427,7 +436,11 @@ fn raw_write(samples: &[Sample], path: &Path) -> u64 {
     let mut n = 0u64;
     for s in samples {
         let t: Vec<u8> = s.tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-        let l: Vec<u8> = s.logprobs.iter().flat_map(|t| t.to_le_bytes()).collect();
+        let l: Vec<u8> = s
+            .logprobs
+            .iter()
+            .flat_map(|t| t.unwrap_or(f32::NAN).to_le_bytes())
+            .collect();
         w.write_all(&t).unwrap();
         w.write_all(&s.loss_mask).unwrap();
         w.write_all(&l).unwrap();

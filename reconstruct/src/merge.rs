@@ -6,12 +6,19 @@
 //! **continues** a sample iff its prompt starts with all of the sample's tokens (the
 //! previous prompt + completion of that sample); among several such samples the longest
 //! wins, then the most recently extended. The prompt tokens past the sample's end (tool
-//! results, user turns, template glue) are appended with loss mask 0 and logprob 0.0, the
-//! completion with mask 1 and its logprobs. So interleaved parallel branches each keep
+//! results, user turns, template glue) are appended with loss mask 0 and an unknown
+//! logprob, the completion with mask 1, its logprobs (unknown where the record has none)
+//! and the weight version that sampled each token (its span's, else the call's). So interleaved parallel branches each keep
 //! growing their own sample.
 //!
 //! Otherwise the call **forks**: a new sample starts with the whole prompt (mask 0) and
 //! the completion (mask 1), and the reason is classified by the first rule that holds:
+//!
+//! 0. [`ForkReason::NewRoot`]: the call starts a conversation of its own: its root (system
+//!    prompt and first user message, [`CallTokens::root`]) is none of the open samples'
+//!    (a title or summary request, a sub-agent, a small second model beside the rollout's
+//!    own conversation). No drift event: nothing was rewritten. Rules 1-4 then only look
+//!    at the open samples of the call's own root (when roots are known).
 //!
 //! 1. [`ForkReason::TemplateDrift`]: the prompt holds ALL of some open sample's tokens, in
 //!    order, except in at most [`DRIFT_MAX_REGIONS`] differing regions, each at most
@@ -36,6 +43,9 @@
 //!    (at most 3/4). History was dropped or summarised.
 //! 4. [`ForkReason::Other`]: anything else (also recorded as a [`Drift`] event, with
 //!    `first_diff_at` = the common prefix and `len` = the sample tokens after it).
+//!
+//! With [`OnDrift::Realign`] a call classified by rule 1 does not fork: it continues the
+//! drifted sample, whose tokens become the prompt's own (see [`OnDrift::Realign`]).
 //!
 //! Rules 1 and 3 look at every open sample (those with the longest common prefix with the
 //! prompt first, then the most recently extended); the reference sample named in events
@@ -76,11 +86,30 @@ pub struct CallTokens {
     /// The FULL prompt the policy saw (not a delta).
     pub prompt_ids: Vec<u32>,
     pub completion_ids: Vec<u32>,
-    /// One per completion token; `None` for text-only records that were re-tokenized. A
-    /// list of the wrong length is treated as unknown (0.0).
-    pub completion_logprobs: Option<Vec<f32>>,
+    /// One per completion token (`None` items: unknown); `None` for text-only records that
+    /// were re-tokenized. A list of the wrong length is treated as unknown.
+    pub completion_logprobs: Option<Vec<Option<f32>>>,
     pub weight_version: Option<String>,
+    /// Which weights sampled which completion tokens, when they changed during the call.
+    pub weight_version_spans: Option<Vec<graft_recorder::WeightSpan>>,
     pub finish_reason: Option<String>,
+    /// Fingerprint of the conversation the call belongs to (its system prompt and first
+    /// user message, [`conversation_root`]); `None` when unknown (then the call is never
+    /// a new root).
+    pub root: Option<String>,
+}
+
+impl CallTokens {
+    /// The weight version that sampled completion token `i`: its span's, else the call's.
+    pub fn version_of(&self, i: usize) -> Option<&str> {
+        match &self.weight_version_spans {
+            Some(spans) => spans
+                .iter()
+                .find(|s| (s.start..s.end).contains(&(i as u64)))
+                .map(|s| s.version.as_str()),
+            None => self.weight_version.as_deref(),
+        }
+    }
 }
 
 impl CallTokens {
@@ -94,9 +123,81 @@ impl CallTokens {
             completion_ids: rec.completion_token_ids.clone()?,
             completion_logprobs: rec.completion_logprobs.clone(),
             weight_version: rec.weight_version.clone(),
+            weight_version_spans: rec.weight_version_spans.clone(),
             finish_reason: rec.finish_reason.clone(),
+            root: conversation_root(rec),
         })
     }
+}
+
+/// The text of a message content for the root fingerprint (strings, and text parts joined).
+fn root_text(v: Option<&serde_json::Value>) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Some(Value::Array(parts)) => {
+            let texts: Vec<&str> = parts
+                .iter()
+                .filter_map(|p| p.as_str().or_else(|| p.get("text").and_then(Value::as_str)))
+                .collect();
+            if texts.len() == parts.len() {
+                Value::String(texts.join("\n"))
+            } else {
+                Value::Array(parts.clone())
+            }
+        }
+        Some(v) => v.clone(),
+        None => Value::Null,
+    }
+}
+
+/// A fingerprint of the conversation a record's call belongs to: its system prompt (a
+/// `system`/`developer` message, or the request's `system`/`instructions`) and its first
+/// user message, as the client sent them (any dialect). Two calls of one conversation
+/// share it; a call that starts its own conversation (a title request, a sub-agent) does
+/// not. `None` when the request has no conversation (a raw completions prompt is its own
+/// first user message).
+pub fn conversation_root(rec: &graft_recorder::CallRecord) -> Option<String> {
+    use serde_json::{Value, json};
+    use sha2::{Digest, Sha256};
+    let req = &rec.request;
+    let turns = req
+        .get("messages")
+        .or_else(|| req.get("input"))
+        .or_else(|| req.get("prompt"))?;
+    let (system, first_user) = match turns {
+        Value::Array(items) => {
+            fn role(m: &Value) -> &str {
+                m.get("role").and_then(Value::as_str).unwrap_or("")
+            }
+            let system = req
+                .get("system")
+                .or_else(|| req.get("instructions"))
+                .map(|v| root_text(Some(v)))
+                .or_else(|| {
+                    items
+                        .iter()
+                        .find(|m| matches!(role(m), "system" | "developer"))
+                        .map(|m| root_text(m.get("content")))
+                })
+                .unwrap_or(Value::Null);
+            let user = items
+                .iter()
+                .find(|m| role(m) == "user")
+                .map(|m| root_text(m.get("content")))
+                .unwrap_or(Value::Null);
+            (system, user)
+        }
+        other => (
+            req.get("instructions").cloned().unwrap_or(Value::Null),
+            other.clone(),
+        ),
+    };
+    if system.is_null() && first_user.is_null() {
+        return None;
+    }
+    let key = json!([system, first_user]).to_string();
+    let digest = Sha256::digest(key.as_bytes());
+    Some(digest.iter().take(12).map(|b| format!("{b:02x}")).collect())
 }
 
 /// Why a call started a new sample instead of continuing one.
@@ -105,14 +206,17 @@ pub enum ForkReason {
     Compaction,
     TemplateDrift,
     ParallelBranch,
+    /// The call starts its own conversation beside the open ones (rule 0).
+    NewRoot,
     Other,
 }
 
 impl ForkReason {
-    pub const ALL: [ForkReason; 4] = [
+    pub const ALL: [ForkReason; 5] = [
         ForkReason::Compaction,
         ForkReason::TemplateDrift,
         ForkReason::ParallelBranch,
+        ForkReason::NewRoot,
         ForkReason::Other,
     ];
 
@@ -122,6 +226,7 @@ impl ForkReason {
             ForkReason::Compaction => "compaction",
             ForkReason::TemplateDrift => "template_drift",
             ForkReason::ParallelBranch => "parallel_branch",
+            ForkReason::NewRoot => "new_root",
             ForkReason::Other => "other",
         }
     }
@@ -160,14 +265,50 @@ pub struct MergeResult {
     /// (call_id, reason) of every call that started a sample other than the first.
     pub forks: Vec<(String, ForkReason)>,
     pub drift: Vec<Drift>,
+    /// Under [`OnDrift::Realign`]: (call_id, sampled tokens that lost their mask) of every
+    /// drifted call that continued its sample instead of forking.
+    pub realigned: Vec<(String, usize)>,
 }
 
 struct Open {
     sample: Sample,
+    /// The conversation root of the call that started it.
+    root: Option<String>,
     /// (prompt end, completion end) in `sample.tokens` of each call merged into it.
     bounds: Vec<(usize, usize)>,
     /// Index (in merge order) of the last call merged into it.
     last_touched: usize,
+}
+
+/// What to do with a call whose prompt drifted from a sample (rule 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnDrift {
+    /// Start a new sample (`template_drift`): every sample reproduces its calls' prompts.
+    #[default]
+    Fork,
+    /// Continue the drifted sample, as slime does: its tokens become the prompt's own
+    /// tokens; the sample's tokens that the prompt still holds (the aligned runs) keep
+    /// their mask, logprobs and versions, the prompt's rewritten regions are mask 0 (the
+    /// earlier sampled tokens they replace are no longer trained). Counted as realigned
+    /// (with the sampled tokens that lost their mask), still reported as a drift event.
+    Realign,
+}
+
+impl OnDrift {
+    /// `fork` | `realign`.
+    pub fn parse(name: &str) -> Option<OnDrift> {
+        match name {
+            "fork" => Some(OnDrift::Fork),
+            "realign" => Some(OnDrift::Realign),
+            _ => None,
+        }
+    }
+}
+
+/// How a session is merged.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MergeOptions {
+    pub on_drift: OnDrift,
 }
 
 /// Merges one session's calls into samples (see the module docs for the rule).
@@ -178,6 +319,25 @@ pub fn merge_session(
     calls: &[CallTokens],
     reward: Option<f64>,
     fingerprints: (&str, &str),
+) -> MergeResult {
+    merge_session_with(
+        session_id,
+        group_id,
+        calls,
+        reward,
+        fingerprints,
+        MergeOptions::default(),
+    )
+}
+
+/// [`merge_session`] with options (the drift policy).
+pub fn merge_session_with(
+    session_id: &str,
+    group_id: Option<&str>,
+    calls: &[CallTokens],
+    reward: Option<f64>,
+    fingerprints: (&str, &str),
+    options: MergeOptions,
 ) -> MergeResult {
     let mut order: Vec<&CallTokens> = calls.iter().collect();
     order.sort_by_key(|c| c.seq);
@@ -198,53 +358,113 @@ pub fn merge_session(
                 let gap = &prompt[s.tokens.len()..];
                 s.tokens.extend_from_slice(gap);
                 s.loss_mask.resize(s.tokens.len(), 0);
-                s.logprobs.resize(s.tokens.len(), 0.0);
+                s.logprobs.resize(s.tokens.len(), None);
+                s.token_weight_versions.resize(s.tokens.len(), None);
                 i
             }
             None => {
+                // The open samples of the call's own conversation (all when unknown).
+                let own: Vec<usize> = (0..opens.len())
+                    .filter(|&i| {
+                        call.root.is_none() || opens[i].root.is_none() || opens[i].root == call.root
+                    })
+                    .collect();
+                let mut realigned = None;
                 let fork_reason = if opens.is_empty() {
                     None
+                } else if own.is_empty() {
+                    result
+                        .forks
+                        .push((call.call_id.clone(), ForkReason::NewRoot));
+                    Some(ForkReason::NewRoot.as_str().to_owned())
                 } else {
-                    let c = classify(&opens, prompt);
-                    let against = opens[c.against].sample.sample_id.clone();
-                    result.forks.push((call.call_id.clone(), c.reason));
+                    let refs: Vec<&Open> = own.iter().map(|&i| &opens[i]).collect();
+                    let c = classify(&refs, prompt);
+                    let against = own[c.against];
                     if let Some(len) = c.drift_len {
                         result.drift.push(Drift {
                             call_id: call.call_id.clone(),
-                            against_sample: against,
+                            against_sample: opens[against].sample.sample_id.clone(),
                             first_diff_at: c.first_diff_at,
                             len,
                             reason: c.reason,
                         });
                     }
-                    Some(c.reason.as_str().to_owned())
+                    if c.reason == ForkReason::TemplateDrift && options.on_drift == OnDrift::Realign
+                    {
+                        let lost = realign(&mut opens[against], prompt, &c.runs);
+                        result.realigned.push((call.call_id.clone(), lost));
+                        realigned = Some(against);
+                        None
+                    } else {
+                        result.forks.push((call.call_id.clone(), c.reason));
+                        Some(c.reason.as_str().to_owned())
+                    }
                 };
-                opens.push(Open {
-                    sample: Sample {
-                        sample_id: format!("{session_id}/{}", opens.len()),
-                        session_id: session_id.to_owned(),
-                        group_id: group_id.map(str::to_owned),
-                        tokens: prompt.to_vec(),
-                        loss_mask: vec![0; prompt.len()],
-                        logprobs: vec![0.0; prompt.len()],
-                        reward,
-                        weight_versions: Vec::new(),
-                        call_ids: Vec::new(),
-                        fork_reason,
-                        tokenizer_fingerprint: fingerprints.0.to_owned(),
-                        template_fingerprint: fingerprints.1.to_owned(),
-                        schema_version: SAMPLE_SCHEMA_VERSION,
-                    },
-                    bounds: Vec::new(),
-                    last_touched: k,
-                });
-                opens.len() - 1
+                match realigned {
+                    Some(i) => i,
+                    None => {
+                        opens.push(Open {
+                            sample: Sample {
+                                sample_id: format!("{session_id}/{}", opens.len()),
+                                session_id: session_id.to_owned(),
+                                group_id: group_id.map(str::to_owned),
+                                tokens: prompt.to_vec(),
+                                loss_mask: vec![0; prompt.len()],
+                                logprobs: vec![None; prompt.len()],
+                                reward,
+                                weight_versions: Vec::new(),
+                                token_weight_versions: vec![None; prompt.len()],
+                                call_ids: Vec::new(),
+                                fork_reason,
+                                tokenizer_fingerprint: fingerprints.0.to_owned(),
+                                template_fingerprint: fingerprints.1.to_owned(),
+                                schema_version: SAMPLE_SCHEMA_VERSION,
+                            },
+                            root: call.root.clone(),
+                            bounds: Vec::new(),
+                            last_touched: k,
+                        });
+                        opens.len() - 1
+                    }
+                }
             }
         };
         push_completion(&mut opens[index], call, k);
     }
     result.samples = opens.into_iter().map(|o| o.sample).collect();
     result
+}
+
+/// Makes `open`'s sample the drifted `prompt` (see [`OnDrift::Realign`]): the sample's
+/// tokens in the aligned `runs` keep their mask, logprob and version; the rest of the
+/// prompt is mask 0. Returns how many sampled (mask 1) tokens lost their mask.
+fn realign(open: &mut Open, prompt: &[u32], runs: &[(usize, usize, usize)]) -> usize {
+    let s = &mut open.sample;
+    let n = prompt.len();
+    let mut mask = vec![0u8; n];
+    let mut logprobs = vec![None; n];
+    let mut versions = vec![None; n];
+    let mut kept = 0;
+    for &(a, b, len) in runs {
+        let len = len
+            .min(n.saturating_sub(b))
+            .min(s.tokens.len().saturating_sub(a));
+        for k in 0..len {
+            mask[b + k] = s.loss_mask[a + k];
+            logprobs[b + k] = s.logprobs[a + k];
+            versions[b + k] = s.token_weight_versions[a + k];
+            kept += usize::from(s.loss_mask[a + k] == 1);
+        }
+    }
+    let lost = s.trained_tokens().saturating_sub(kept);
+    s.tokens = prompt.to_vec();
+    s.loss_mask = mask;
+    s.logprobs = logprobs;
+    s.token_weight_versions = versions;
+    // The earlier calls' ends no longer index these tokens.
+    open.bounds.clear();
+    lost
 }
 
 fn push_completion(open: &mut Open, call: &CallTokens, k: usize) {
@@ -255,14 +475,36 @@ fn push_completion(open: &mut Open, call: &CallTokens, k: usize) {
     s.loss_mask.resize(s.tokens.len(), 1);
     match call.completion_logprobs.as_deref().filter(|l| l.len() == n) {
         Some(l) => s.logprobs.extend_from_slice(l),
-        None => s.logprobs.resize(s.tokens.len(), 0.0),
+        None => s.logprobs.resize(s.tokens.len(), None),
     }
     s.call_ids.push(call.call_id.clone());
-    if let Some(v) = &call.weight_version
-        && !s.weight_versions.contains(v)
-    {
-        s.weight_versions.push(v.clone());
+    let mut index = |v: &str| -> Option<u32> {
+        let i = match s.weight_versions.iter().position(|w| w == v) {
+            Some(i) => i,
+            None => {
+                s.weight_versions.push(v.to_owned());
+                s.weight_versions.len() - 1
+            }
+        };
+        u32::try_from(i).ok()
+    };
+    // Versions in order of first appearance: the call's spans, then its own version.
+    let mut versions = Vec::with_capacity(n);
+    let mut last: Option<(&str, Option<u32>)> = None;
+    for i in 0..n {
+        let v = call.version_of(i);
+        let id = match (v, last) {
+            (Some(v), Some((l, id))) if l == v => id,
+            (Some(v), _) => index(v),
+            (None, _) => None,
+        };
+        last = v.map(|v| (v, id));
+        versions.push(id);
     }
+    if let Some(v) = &call.weight_version {
+        index(v);
+    }
+    s.token_weight_versions.extend(versions);
     open.bounds.push((prompt_end, s.tokens.len()));
     open.last_touched = k;
 }
@@ -274,13 +516,15 @@ struct Classified {
     first_diff_at: usize,
     /// `Some(len)` when the fork is a drift event.
     drift_len: Option<usize>,
+    /// Template drift: where the sample's tokens lie in the prompt.
+    runs: Vec<(usize, usize, usize)>,
 }
 
 fn lcp(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
-fn classify(opens: &[Open], prompt: &[u32]) -> Classified {
+fn classify(opens: &[&Open], prompt: &[u32]) -> Classified {
     let lcps: Vec<usize> = opens
         .iter()
         .map(|o| lcp(prompt, &o.sample.tokens))
@@ -297,12 +541,13 @@ fn classify(opens: &[Open], prompt: &[u32]) -> Classified {
     let p = Hashed::new(prompt);
     for &i in by_prefix.iter().take(DRIFT_MAX_SAMPLES) {
         let t = Hashed::new(&opens[i].sample.tokens);
-        if let Some(changed) = align_drift(&t, &p, lcps[i]) {
+        if let Some(a) = align_drift(&t, &p, lcps[i]) {
             return Classified {
                 reason: ForkReason::TemplateDrift,
                 against: i,
                 first_diff_at: lcps[i],
-                drift_len: Some(changed),
+                drift_len: Some(a.changed),
+                runs: a.runs,
             };
         }
     }
@@ -321,6 +566,7 @@ fn classify(opens: &[Open], prompt: &[u32]) -> Classified {
                 against: i,
                 first_diff_at: l,
                 drift_len: None,
+                runs: Vec::new(),
             };
         }
     }
@@ -336,6 +582,7 @@ fn classify(opens: &[Open], prompt: &[u32]) -> Classified {
                 against: i,
                 first_diff_at: lcps[i],
                 drift_len: None,
+                runs: Vec::new(),
             };
         }
     }
@@ -349,6 +596,7 @@ fn classify(opens: &[Open], prompt: &[u32]) -> Classified {
         against: i,
         first_diff_at: l,
         drift_len: Some(n.saturating_sub(l)),
+        runs: Vec::new(),
     }
 }
 
@@ -414,13 +662,27 @@ impl<'a> Hashed<'a> {
 /// Aligns the sample `t` against the prompt `p`, which agree on their first `start`
 /// tokens; `Some(sample tokens inside differing regions)` when `p` holds all of `t` except
 /// in small regions (module docs, rule 1).
-fn align_drift(t: &Hashed<'_>, p: &Hashed<'_>, start: usize) -> Option<usize> {
+fn align_drift(t: &Hashed<'_>, p: &Hashed<'_>, start: usize) -> Option<Alignment> {
     if start >= t.len() {
         return None;
     }
     let mut attempts = 0;
-    align_from(t, p, start, start, 0, &mut attempts)
+    let (changed, mut runs) = align_from(t, p, start, start, 0, &mut attempts)?;
+    runs.push((0, 0, start));
+    runs.reverse();
+    Some(Alignment { changed, runs })
 }
+
+/// How a sample's tokens lie in a drifted prompt.
+struct Alignment {
+    /// Sample tokens inside the differing regions.
+    changed: usize,
+    /// `(sample index, prompt index, len)` of the runs where they agree, in order.
+    runs: Vec<(usize, usize, usize)>,
+}
+
+/// `(changed, runs)` with the runs in reverse order.
+type Aligned = (usize, Vec<(usize, usize, usize)>);
 
 fn align_from(
     t: &Hashed<'_>,
@@ -429,7 +691,7 @@ fn align_from(
     j: usize,
     regions: usize,
     attempts: &mut usize,
-) -> Option<usize> {
+) -> Option<Aligned> {
     if regions >= DRIFT_MAX_REGIONS || *attempts >= DRIFT_MAX_ATTEMPTS {
         return None;
     }
@@ -439,10 +701,11 @@ fn align_from(
         let b = j + dp;
         let run = t.lcp_at(a, p, b);
         if a + run == t.len() {
-            return Some(dt);
+            return Some((dt, vec![(a, b, run)]));
         }
-        if let Some(rest) = align_from(t, p, a + run, b + run, regions + 1, attempts) {
-            return Some(dt + rest);
+        if let Some((rest, mut runs)) = align_from(t, p, a + run, b + run, regions + 1, attempts) {
+            runs.push((a, b, run));
+            return Some((dt + rest, runs));
         }
         if *attempts >= DRIFT_MAX_ATTEMPTS {
             return None;
@@ -527,6 +790,10 @@ pub struct Summary {
     pub trained_tokens: u64,
     pub total_tokens: u64,
     pub drift_events: u64,
+    /// Drifted calls that continued their sample ([`OnDrift::Realign`]).
+    pub realigned: u64,
+    /// Sampled tokens that realignment left untrained (their re-rendered text is mask 0).
+    pub realigned_untrained_tokens: u64,
 }
 
 impl Summary {
@@ -550,6 +817,9 @@ impl Summary {
             self.total_tokens += s.tokens.len() as u64;
         }
         self.drift_events += result.drift.len() as u64;
+        self.realigned += result.realigned.len() as u64;
+        self.realigned_untrained_tokens +=
+            result.realigned.iter().map(|(_, n)| *n as u64).sum::<u64>();
     }
 
     /// The summary of `results`.
@@ -589,6 +859,14 @@ impl fmt::Display for Summary {
             "trained tokens: {} of {} ({pct:.1}%)",
             self.trained_tokens, self.total_tokens
         )?;
-        write!(f, "drift events:   {}", self.drift_events)
+        write!(f, "drift events:   {}", self.drift_events)?;
+        if self.realigned > 0 {
+            write!(
+                f,
+                "\nrealigned:      {} calls ({} sampled tokens left untrained)",
+                self.realigned, self.realigned_untrained_tokens
+            )?;
+        }
+        Ok(())
     }
 }

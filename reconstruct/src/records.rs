@@ -3,13 +3,13 @@
 //! session's reward from its session log attached, the session merged
 //! ([`merge_session`]), the samples written as Parquet, and a summary of what was done.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::Path;
 
-use graft_recorder::SessionEvent;
+use graft_recorder::{CallRecord, SessionEvent};
 
 use crate::error::ReconstructError;
-use crate::merge::{CallTokens, MergeResult, Summary, merge_session};
+use crate::merge::{CallTokens, MergeOptions, MergeResult, OnDrift, Summary, merge_session_with};
 use crate::retokenize::{Model, Skip};
 use crate::sample::write_samples_parquet;
 
@@ -35,16 +35,61 @@ pub struct FromRecords<'a> {
     /// Count the calls of these sessions per `weight_version` (merged or not); none when
     /// `None`.
     pub count_versions_of: Option<&'a HashSet<String>>,
+    /// What a drifted call does (fork, or realign its sample).
+    pub on_drift: OnDrift,
+    /// Calls left out of training by rule (side calls: a title model, tool-less calls).
+    pub leave_out: Option<&'a LeaveOut>,
 }
 
 impl FromRecords<'_> {
-    /// Every session; calls without token ids re-tokenized; no version counts.
+    /// Every session; calls without token ids re-tokenized; no version counts; drift
+    /// forks; nothing left out.
     pub fn all() -> FromRecords<'static> {
         FromRecords {
             sessions: None,
             without_token_ids: WithoutTokenIds::Retokenize,
             count_versions_of: None,
+            on_drift: OnDrift::Fork,
+            leave_out: None,
         }
+    }
+}
+
+/// Rules that leave calls out of training: the side calls a harness makes beside the
+/// rollout's conversation (titles, summaries with a small second model, tool-less helper
+/// calls). A call left out is counted (with the rule that matched), never merged.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LeaveOut {
+    /// Model names (`model` of the record): exact, or a prefix when ending in `*`.
+    pub models: Vec<String>,
+    /// Calls that offer the model no tools.
+    pub without_tools: bool,
+}
+
+impl LeaveOut {
+    /// The rule that leaves `rec` out, if one does.
+    pub fn reason(&self, rec: &CallRecord) -> Option<String> {
+        let model = rec
+            .model
+            .as_deref()
+            .or_else(|| rec.request.get("model").and_then(serde_json::Value::as_str));
+        if let Some(m) = model
+            && let Some(rule) = self.models.iter().find(|r| match r.strip_suffix('*') {
+                Some(prefix) => m.starts_with(prefix),
+                None => m == r.as_str(),
+            })
+        {
+            return Some(format!("left out: model '{m}' (rule '{rule}')"));
+        }
+        let offers_tools = rec
+            .request
+            .get("tools")
+            .and_then(serde_json::Value::as_array)
+            .is_some_and(|t| !t.is_empty());
+        if self.without_tools && !offers_tools {
+            return Some("left out: offers no tools".to_owned());
+        }
+        None
     }
 }
 
@@ -58,19 +103,18 @@ pub struct Reconstruction {
     pub retokenized_calls: u64,
     /// Calls left out, per reason ([`skip_reason`], [`NO_TOKEN_IDS`]).
     pub skipped: BTreeMap<String, u64>,
+    /// Sessions with inference calls of which none became part of a sample (every call
+    /// skipped), in id order.
+    pub sessions_without_samples: Vec<String>,
     /// Calls of [`FromRecords::count_versions_of`] per `weight_version` ("unknown" when the
     /// record has none).
     pub weight_versions: BTreeMap<String, usize>,
 }
 
-/// Why a call could not be re-tokenized, as the summary counts it.
-pub fn skip_reason(s: &Skip) -> &'static str {
-    match s {
-        Skip::NotChat => "not a chat call",
-        Skip::Failed => "failed call",
-        Skip::AnswerDoesNotExtendPrompt => "answer does not extend the rendered prompt",
-        Skip::Template(_) => "template error",
-    }
+/// Why a call could not be re-tokenized, as the summary counts it: each distinct reason,
+/// with the template's own error text.
+pub fn skip_reason(s: &Skip) -> String {
+    s.to_string()
 }
 
 /// The rewards a data dir's session log holds (the last posted per session).
@@ -100,6 +144,7 @@ pub fn samples_from_records(
     let rewards = session_rewards(data_dir)?;
     let mut done = Reconstruction::default();
     let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
+    let mut seen: BTreeSet<String> = BTreeSet::new();
     for rec in graft_recorder::read_records(data_dir)? {
         if how
             .count_versions_of
@@ -117,6 +162,15 @@ pub fn samples_from_records(
         if how.sessions.is_some_and(|s| !s.contains(&rec.session_id)) {
             continue;
         }
+        // A model listing is no inference call: nothing to train on, nothing skipped.
+        if rec.dialect == "models" {
+            continue;
+        }
+        if let Some(why) = how.leave_out.and_then(|l| l.reason(&rec)) {
+            *done.skipped.entry(why).or_default() += 1;
+            continue;
+        }
+        seen.insert(rec.session_id.clone());
         let calls = match CallTokens::from_record(&rec) {
             Some(c) => {
                 done.exact_calls += 1;
@@ -132,7 +186,7 @@ pub fn samples_from_records(
                     c
                 }
                 Err(s) => {
-                    *done.skipped.entry(skip_reason(&s).to_owned()).or_default() += 1;
+                    *done.skipped.entry(skip_reason(&s)).or_default() += 1;
                     continue;
                 }
             },
@@ -146,17 +200,24 @@ pub fn samples_from_records(
     let results: Vec<MergeResult> = sessions
         .iter()
         .map(|(sid, (group, calls))| {
-            merge_session(
+            merge_session_with(
                 sid,
                 group.as_deref(),
                 calls,
                 rewards.get(sid).copied(),
                 (&tok_fp, &tpl_fp),
+                MergeOptions {
+                    on_drift: how.on_drift,
+                },
             )
         })
         .collect();
     write_results(&results, out)?;
     done.summary = Summary::of(&results);
+    done.sessions_without_samples = seen
+        .into_iter()
+        .filter(|s| !sessions.contains_key(s))
+        .collect();
     Ok(done)
 }
 

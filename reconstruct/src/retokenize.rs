@@ -29,7 +29,25 @@ pub enum Skip {
     Failed,
     /// The template's rendering of the answer does not extend the rendered prompt.
     AnswerDoesNotExtendPrompt,
+    /// The template failed; its own error text.
     Template(String),
+    /// The call holds something a text-only template cannot render (an image, audio, a
+    /// file, an unknown content part); says what and where.
+    Unsupported(String),
+}
+
+impl std::fmt::Display for Skip {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Skip::NotChat => f.write_str("not a chat call"),
+            Skip::Failed => f.write_str("failed call"),
+            Skip::AnswerDoesNotExtendPrompt => {
+                f.write_str("answer does not extend the rendered prompt")
+            }
+            Skip::Template(e) => write!(f, "template error: {e}"),
+            Skip::Unsupported(why) => f.write_str(why),
+        }
+    }
 }
 
 impl Model {
@@ -55,6 +73,8 @@ impl Model {
         tools: Option<&[Value]>,
         answer: &Value,
     ) -> Result<(Vec<u32>, Vec<u32>), Skip> {
+        renderable(messages)?;
+        renderable(std::slice::from_ref(answer))?;
         let messages: Vec<Value> = messages.iter().map(template_message).collect();
         let prompt = self
             .template
@@ -106,22 +126,87 @@ impl Model {
             completion_ids,
             completion_logprobs: None,
             weight_version: rec.weight_version.clone(),
+            weight_version_spans: rec.weight_version_spans.clone(),
             finish_reason: rec.finish_reason.clone(),
+            root: crate::merge::conversation_root(rec),
         })
     }
 }
 
+/// Content part types that carry text (`{"type": ..., "text": "..."}`).
+const TEXT_PARTS: [&str; 3] = ["text", "input_text", "output_text"];
+
+/// The text of content parts that are all text, joined with `\n` (as vLLM joins them for
+/// a template that takes string content); `None` when a part is something else.
+fn text_of_parts(parts: &[Value]) -> Option<String> {
+    let texts: Option<Vec<&str>> = parts
+        .iter()
+        .map(|p| match p {
+            Value::String(s) => Some(s.as_str()),
+            _ if p
+                .get("type")
+                .and_then(Value::as_str)
+                .is_some_and(|t| TEXT_PARTS.contains(&t)) =>
+            {
+                p.get("text").and_then(Value::as_str)
+            }
+            _ => None,
+        })
+        .collect();
+    Some(texts?.join("\n"))
+}
+
 /// A message in the form templates take. HF templates expect `content` to be a string:
 /// OpenAI clients send `null` next to `tool_calls`, which the Qwen3 template (like HF
-/// itself) cannot render, so a missing or `null` content becomes `""`.
+/// itself) cannot render, so a missing or `null` content becomes `""`; content sent as an
+/// array of text parts (OpenHands, the OpenAI SDKs' typed messages) becomes its text
+/// (Qwen3's template would otherwise render such content as nothing). Other parts are left
+/// as they are ([`renderable`] refuses them before rendering).
 pub fn template_message(m: &Value) -> Value {
     let mut m = m.clone();
-    if let Some(o) = m.as_object_mut()
-        && o.get("content").is_none_or(Value::is_null)
-    {
-        o.insert("content".into(), json!(""));
+    if let Some(o) = m.as_object_mut() {
+        match o.get("content") {
+            None | Some(Value::Null) => {
+                o.insert("content".into(), json!(""));
+            }
+            Some(Value::Array(parts)) => {
+                if let Some(text) = text_of_parts(parts) {
+                    o.insert("content".into(), json!(text));
+                }
+            }
+            _ => {}
+        }
     }
     m
+}
+
+/// Whether a text-only template can render these messages: every content is a string,
+/// null, or text parts. Otherwise says which message holds what.
+pub fn renderable(messages: &[Value]) -> Result<(), Skip> {
+    for (i, m) in messages.iter().enumerate() {
+        let Some(Value::Array(parts)) = m.get("content") else {
+            continue;
+        };
+        if text_of_parts(parts).is_some() {
+            continue;
+        }
+        let role = m.get("role").and_then(Value::as_str).unwrap_or("?");
+        let what = parts
+            .iter()
+            .find_map(|p| match p.get("type").and_then(Value::as_str) {
+                Some(t) if TEXT_PARTS.contains(&t) => None,
+                Some("image_url" | "input_image" | "image") => Some("an image".to_string()),
+                Some("input_audio" | "audio") => Some("audio".to_string()),
+                Some("file" | "input_file") => Some("a file".to_string()),
+                Some(t) => Some(format!("a '{t}' part")),
+                None => Some("a part without a type".to_string()),
+            })
+            .unwrap_or_else(|| "a part without text".to_string());
+        return Err(Skip::Unsupported(format!(
+            "message {i} ({role}) holds {what}: the model's chat template renders text only, so the call cannot be re-tokenized (record token ids: exact mode, or upstream.token_ids)"
+        )));
+    }
+    Ok(())
 }
 
 /// The Chat-form messages, tools and assistant answer of a record.
@@ -197,7 +282,9 @@ pub fn conversation_calls(model: &Model, id: &str, conv: &Value) -> Result<Vec<C
             completion_ids,
             completion_logprobs: None,
             weight_version: None,
+            weight_version_spans: None,
             finish_reason: None,
+            root: None,
         });
     }
     Ok(out)

@@ -8,9 +8,10 @@
 //! | `group_id` | Utf8, null | |
 //! | `tokens` | List<UInt32> | the whole sequence |
 //! | `loss_mask` | List<UInt8> | 1 exactly on sampled (completion) tokens |
-//! | `logprobs` | List<Float32> | aligned to `tokens`; 0.0 where the mask is 0 or unknown |
+//! | `logprobs` | List<Float32> | aligned to `tokens`; the sampler's logprob of each sampled token, null where unknown (every mask-0 token, and sampled tokens whose logprob was not recorded: re-tokenized text, a backend that sent none) |
 //! | `reward` | Float64, null | the session's reward |
 //! | `weight_versions` | List<Utf8> | distinct weight versions of its calls, first seen first |
+//! | `token_weight_versions` | List<Utf8> | since v2; aligned to `tokens`: the weight version that sampled each token, null on mask-0 tokens and where unknown |
 //! | `call_ids` | List<Utf8> | the calls merged into it, in seq order |
 //! | `fork_reason` | Utf8, null | why it did not continue an earlier sample; null for a session's first |
 //! | `tokenizer_fingerprint`, `template_fingerprint` | Utf8 | |
@@ -18,6 +19,11 @@
 //!
 //! Plain Arrow types only (no extension types, no dictionaries), so pyarrow, polars and
 //! DuckDB read the file as it is.
+//!
+//! Version 1 files (no `token_weight_versions`, 0.0 where a logprob was unknown) read back
+//! as version 2 says: logprobs of mask-0 tokens are unknown, and so are a sample's sampled
+//! ones when all of them are 0.0 (v1 wrote that for re-tokenized text); per-token versions
+//! are known only when the sample had a single weight version.
 
 use std::fs::File;
 use std::path::Path;
@@ -38,7 +44,10 @@ use parquet::file::properties::WriterProperties;
 use crate::error::ReconstructError;
 
 /// Version of the [`Sample`] layout; additive changes only.
-pub const SAMPLE_SCHEMA_VERSION: u32 = 1;
+///
+/// - 1: the first layout; unknown logprobs written as 0.0.
+/// - 2: unknown logprobs are null; adds `token_weight_versions`.
+pub const SAMPLE_SCHEMA_VERSION: u32 = 2;
 
 /// One token-masked training sequence: the calls of a session that continue each other,
 /// merged.
@@ -52,11 +61,15 @@ pub struct Sample {
     pub tokens: Vec<u32>,
     /// 1 exactly on the tokens the policy sampled (completion tokens), 0 elsewhere.
     pub loss_mask: Vec<u8>,
-    /// Aligned to `tokens`; 0.0 where the mask is 0 or the logprob is unknown.
-    pub logprobs: Vec<f32>,
+    /// Aligned to `tokens`; `None` where the logprob is unknown (every mask-0 token, and
+    /// sampled tokens whose logprob was not recorded).
+    pub logprobs: Vec<Option<f32>>,
     pub reward: Option<f64>,
     /// Distinct weight versions of the sample's calls, in order of first appearance.
     pub weight_versions: Vec<String>,
+    /// Aligned to `tokens`: the index in `weight_versions` of the weights that sampled the
+    /// token; `None` on mask-0 tokens and where unknown.
+    pub token_weight_versions: Vec<Option<u32>>,
     /// The calls merged into this sample, in seq order.
     pub call_ids: Vec<String>,
     /// Why this sample did not continue an earlier one (a [`crate::merge::ForkReason`]
@@ -71,6 +84,12 @@ impl Sample {
     /// Number of tokens with loss (mask 1).
     pub fn trained_tokens(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+
+    /// The weight version that sampled token `i`, when known.
+    pub fn token_weight_version(&self, i: usize) -> Option<&str> {
+        let v = (*self.token_weight_versions.get(i)?)?;
+        self.weight_versions.get(v as usize).map(String::as_str)
     }
 }
 
@@ -104,6 +123,7 @@ pub fn samples_schema() -> SchemaRef {
         Field::new("tokenizer_fingerprint", DataType::Utf8, false),
         Field::new("template_fingerprint", DataType::Utf8, false),
         Field::new("schema_version", DataType::UInt32, false),
+        list("token_weight_versions", DataType::Utf8),
     ]))
 }
 
@@ -126,6 +146,7 @@ fn build_batch(
     let mut tokenizer_fp = StringBuilder::with_capacity(n, n * 64);
     let mut template_fp = StringBuilder::with_capacity(n, n * 64);
     let mut schema_version = UInt32Builder::with_capacity(n);
+    let mut token_versions = ListBuilder::new(StringBuilder::new());
     for s in rows {
         sample_id.append_value(&s.sample_id);
         session_id.append_value(&s.session_id);
@@ -134,7 +155,9 @@ fn build_batch(
         tokens.append(true);
         loss_mask.values().append_slice(&s.loss_mask);
         loss_mask.append(true);
-        logprobs.values().append_slice(&s.logprobs);
+        for &l in &s.logprobs {
+            logprobs.values().append_option(l);
+        }
         logprobs.append(true);
         reward.append_option(s.reward);
         for v in &s.weight_versions {
@@ -149,6 +172,12 @@ fn build_batch(
         tokenizer_fp.append_value(&s.tokenizer_fingerprint);
         template_fp.append_value(&s.template_fingerprint);
         schema_version.append_value(s.schema_version);
+        for i in 0..s.tokens.len() {
+            token_versions
+                .values()
+                .append_option(s.token_weight_version(i));
+        }
+        token_versions.append(true);
     }
     let columns: Vec<ArrayRef> = vec![
         Arc::new(sample_id.finish()),
@@ -164,6 +193,7 @@ fn build_batch(
         Arc::new(tokenizer_fp.finish()),
         Arc::new(template_fp.finish()),
         Arc::new(schema_version.finish()),
+        Arc::new(token_versions.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
 }
@@ -268,6 +298,43 @@ impl<'a> Cols<'a> {
         Ok(values.values().to_vec())
     }
 
+    /// A list whose items may be null.
+    fn nullable_list<T: ArrowPrimitiveType>(
+        &self,
+        name: &str,
+        col: &ListArray,
+        row: usize,
+    ) -> Result<Vec<Option<T::Native>>, ReconstructError> {
+        if col.is_null(row) {
+            return Ok(Vec::new());
+        }
+        let values = col.value(row);
+        let values = values.as_primitive_opt::<T>().ok_or_else(|| {
+            self.bad(
+                name,
+                format!("holds {}, expected {}", values.data_type(), T::DATA_TYPE),
+            )
+        })?;
+        Ok(values.iter().collect())
+    }
+
+    /// A list of strings whose items may be null.
+    fn nullable_string_list(
+        &self,
+        name: &str,
+        col: &ListArray,
+        row: usize,
+    ) -> Result<Vec<Option<String>>, ReconstructError> {
+        if col.is_null(row) {
+            return Ok(Vec::new());
+        }
+        let values = col.value(row);
+        let values = values.as_string_opt::<i32>().ok_or_else(|| {
+            self.bad(name, format!("holds {}, expected Utf8", values.data_type()))
+        })?;
+        Ok(values.iter().map(|v| v.map(str::to_owned)).collect())
+    }
+
     fn string_list(
         &self,
         name: &str,
@@ -292,7 +359,30 @@ fn opt_str(col: &StringArray, row: usize) -> Option<String> {
     (!col.is_null(row)).then(|| col.value(row).to_owned())
 }
 
-/// Reads every sample of a file written by [`write_samples_parquet`].
+/// A version 1 sample as version 2 says it: unknown logprobs `None` (mask-0 tokens; all
+/// sampled ones when all are 0.0, which v1 wrote for re-tokenized text), per-token versions
+/// where a single version sampled the whole sample.
+fn upgrade_v1(s: &mut Sample) {
+    let sampled_known = s
+        .loss_mask
+        .iter()
+        .zip(&s.logprobs)
+        .any(|(&m, l)| m == 1 && *l != Some(0.0));
+    for (l, &m) in s.logprobs.iter_mut().zip(&s.loss_mask) {
+        if m == 0 || !sampled_known {
+            *l = None;
+        }
+    }
+    let one = (s.weight_versions.len() == 1).then_some(0);
+    s.token_weight_versions = s
+        .loss_mask
+        .iter()
+        .map(|&m| if m == 1 { one } else { None })
+        .collect();
+}
+
+/// Reads every sample of a file written by [`write_samples_parquet`] (or by an earlier
+/// version: see the module docs).
 pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError> {
     let file = File::open(path).map_err(|e| ReconstructError::io("opening", path, e))?;
     let reader = ParquetRecordBatchReaderBuilder::try_new(file)
@@ -332,22 +422,42 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
                     format!("has type {}, expected UInt32", schema_version.data_type()),
                 )
             })?;
+        let token_versions = batch
+            .column_by_name("token_weight_versions")
+            .map(|_| c.list("token_weight_versions"))
+            .transpose()?;
         for row in 0..batch.num_rows() {
-            out.push(Sample {
+            let mut s = Sample {
                 sample_id: sample_id.value(row).to_owned(),
                 session_id: session_id.value(row).to_owned(),
                 group_id: opt_str(group_id, row),
                 tokens: c.prim_list::<UInt32Type>("tokens", tokens, row)?,
                 loss_mask: c.prim_list::<UInt8Type>("loss_mask", loss_mask, row)?,
-                logprobs: c.prim_list::<Float32Type>("logprobs", logprobs, row)?,
+                logprobs: c.nullable_list::<Float32Type>("logprobs", logprobs, row)?,
                 reward: (!reward.is_null(row)).then(|| reward.value(row)),
                 weight_versions: c.string_list("weight_versions", weight_versions, row)?,
+                token_weight_versions: Vec::new(),
                 call_ids: c.string_list("call_ids", call_ids, row)?,
                 fork_reason: opt_str(fork_reason, row),
                 tokenizer_fingerprint: tokenizer_fp.value(row).to_owned(),
                 template_fingerprint: template_fp.value(row).to_owned(),
                 schema_version: schema_version.value(row),
-            });
+            };
+            match token_versions {
+                Some(col) => {
+                    let names = c.nullable_string_list("token_weight_versions", col, row)?;
+                    s.token_weight_versions = names
+                        .iter()
+                        .map(|n| {
+                            let n = n.as_deref()?;
+                            let i = s.weight_versions.iter().position(|v| v == n)?;
+                            u32::try_from(i).ok()
+                        })
+                        .collect();
+                }
+                None => upgrade_v1(&mut s),
+            }
+            out.push(s);
         }
     }
     Ok(out)

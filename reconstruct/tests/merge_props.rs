@@ -8,10 +8,14 @@ use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::Command;
 
-use graft_reconstruct::merge::{CallTokens, ForkReason, MergeResult, Summary, merge_session};
+use graft_reconstruct::merge::{
+    CallTokens, ForkReason, MergeOptions, MergeResult, OnDrift, Summary, merge_session,
+    merge_session_with,
+};
 use graft_reconstruct::sample::{
     SAMPLE_SCHEMA_VERSION, Sample, read_samples_parquet, write_samples_parquet,
 };
+use graft_recorder::WeightSpan;
 use proptest::prelude::*;
 
 const FP: (&str, &str) = ("tok-fp", "tpl-fp");
@@ -32,6 +36,8 @@ struct Session {
     /// Source of tokens no other call uses (constructed cases).
     fresh: u32,
     with_logprobs: bool,
+    /// The conversation root the next calls carry.
+    root: Option<String>,
 }
 
 impl Session {
@@ -53,10 +59,27 @@ impl Session {
     fn call(&mut self, prompt: Vec<u32>, completion: Vec<u32>) -> String {
         let seq = self.calls.len() as u64 + 1;
         let call_id = format!("call-{seq}");
+        // Some tokens' logprobs unknown (a backend that sent null for them).
         let logprobs = self.with_logprobs.then(|| {
             (0..completion.len())
-                .map(|r| -(seq as f32) * 0.01 - r as f32 * 1e-4)
+                .map(|r| (r % 5 != 3).then(|| -(seq as f32) * 0.01 - r as f32 * 1e-4))
                 .collect()
+        });
+        // Every fourth call straddles a weight update halfway through its completion.
+        let n = completion.len() as u64;
+        let weight_version_spans = (seq.is_multiple_of(4) && n >= 2).then(|| {
+            vec![
+                WeightSpan {
+                    version: format!("w{}", seq / 3),
+                    start: 0,
+                    end: n / 2,
+                },
+                WeightSpan {
+                    version: format!("w{}-next", seq / 3),
+                    start: n / 2,
+                    end: n,
+                },
+            ]
         });
         self.calls.push(CallTokens {
             call_id: call_id.clone(),
@@ -64,8 +87,18 @@ impl Session {
             prompt_ids: prompt,
             completion_ids: completion,
             completion_logprobs: logprobs,
-            weight_version: Some(format!("w{}", seq / 3)),
+            weight_version: Some(format!(
+                "w{}{}",
+                seq / 3,
+                if weight_version_spans.is_some() {
+                    "-next"
+                } else {
+                    ""
+                }
+            )),
+            weight_version_spans,
             finish_reason: Some("stop".to_owned()),
+            root: self.root.clone(),
         });
         call_id
     }
@@ -103,6 +136,11 @@ impl Session {
         check_invariants(&self.calls, &r);
         r
     }
+}
+
+/// Calls in a session's first sample.
+fn first_calls(r: &MergeResult) -> usize {
+    r.samples.first().map_or(0, |s| s.call_ids.len())
 }
 
 /// The properties every merge must have, whatever the session.
@@ -145,6 +183,7 @@ fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
         );
         assert_eq!(s.tokens.len(), s.loss_mask.len());
         assert_eq!(s.tokens.len(), s.logprobs.len());
+        assert_eq!(s.tokens.len(), s.token_weight_versions.len());
         if k == 0 {
             assert_eq!(s.fork_reason, None);
         } else {
@@ -175,11 +214,18 @@ fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
                 s.loss_mask[p..p + n].iter().all(|&m| m == 1),
                 "{id}: masked 1"
             );
-            let want: Vec<f32> = c
+            let want: Vec<Option<f32>> = c
                 .completion_logprobs
                 .clone()
-                .unwrap_or_else(|| vec![0.0; n]);
+                .unwrap_or_else(|| vec![None; n]);
             assert_eq!(&s.logprobs[p..p + n], &want[..], "{id}: logprobs");
+            for i in 0..n {
+                assert_eq!(
+                    s.token_weight_version(p + i),
+                    c.version_of(i),
+                    "{id}: token {i}'s weight version"
+                );
+            }
             if let Some(spans_last) = spans.last() {
                 let (_, end): &(usize, usize) = spans_last;
                 assert!(p >= *end, "{id}: completions overlap");
@@ -197,16 +243,19 @@ fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
         assert!(s.loss_mask.iter().all(|&m| m <= 1));
         for (i, &m) in s.loss_mask.iter().enumerate() {
             if m == 0 {
-                assert_eq!(s.logprobs[i], 0.0);
+                assert_eq!(s.logprobs[i], None, "a prompt token's logprob is unknown");
+                assert_eq!(s.token_weight_versions[i], None);
             }
         }
         let versions: Vec<String> = {
             let mut v: Vec<String> = Vec::new();
             for id in &s.call_ids {
-                if let Some(w) = &by_id[id.as_str()].weight_version
-                    && !v.contains(w)
-                {
-                    v.push(w.clone());
+                let c = by_id[id.as_str()];
+                let spans = c.weight_version_spans.iter().flatten();
+                for w in spans.map(|s| &s.version).chain(&c.weight_version) {
+                    if !v.contains(w) {
+                        v.push(w.clone());
+                    }
                 }
             }
             v
@@ -371,6 +420,54 @@ proptest! {
     ) {
         let s = play(first, &ops, alphabet, with_logprobs);
         s.merge();
+    }
+
+    /// Calls that start their own conversation (titles, summaries, sub-agents) between
+    /// the turns of the rollout's conversation are new roots: each its own sample, never
+    /// drift, never another reason; the rollout's conversation stays one sample, and a
+    /// side conversation's own next call continues its sample.
+    #[test]
+    fn side_conversations_are_new_roots_not_drift(
+        first in (toks(24), toks(16)),
+        turns in prop::collection::vec(
+            (toks(12), toks(16), prop::option::of((toks(20), toks(8), any::<bool>()))),
+            1..16,
+        ),
+    ) {
+        let mut s = Session::new();
+        s.root = Some("main".into());
+        s.call_on(0, first.0.clone(), first.1.clone());
+        let mut sides = 0;
+        let mut side_turns = 0;
+        for (gap, completion, side) in turns {
+            s.root = Some("main".into());
+            s.turn(0, &gap, completion);
+            if let Some((p, c, again)) = side {
+                sides += 1;
+                s.root = Some(format!("side-{sides}"));
+                // Shares the start of the main conversation (the template's system
+                // header), then differs.
+                let keep = 4.min(s.branches[0].len().saturating_sub(1));
+                let mut prompt = s.branches[0][..keep].to_vec();
+                prompt.extend(s.fresh(1));
+                prompt.extend(p);
+                s.call_on(sides, prompt, c.clone());
+                if again {
+                    let g = s.fresh(2);
+                    s.turn(sides, &g, c);
+                    side_turns += 1;
+                }
+            }
+        }
+        let r = s.merge();
+        prop_assert_eq!(r.samples.len(), 1 + sides);
+        prop_assert!(r.drift.is_empty(), "{:?}", r.drift);
+        prop_assert_eq!(r.forks.len(), sides);
+        prop_assert!(r.forks.iter().all(|(_, why)| *why == ForkReason::NewRoot), "{:?}", r.forks);
+        prop_assert_eq!(&r.samples[0].tokens, &s.branches[0]);
+        let merged: usize = r.samples.iter().map(|x| x.call_ids.len()).sum();
+        prop_assert_eq!(merged, s.calls.len());
+        prop_assert_eq!(s.calls.len(), first_calls(&r) + sides + side_turns);
     }
 
     #[test]
@@ -584,7 +681,7 @@ fn a_slightly_shorter_rewrite_is_other_not_compaction() {
 }
 
 #[test]
-fn text_only_calls_have_zero_logprobs_and_full_masks() {
+fn text_only_calls_have_unknown_logprobs_and_full_masks() {
     let mut s = Session::new();
     s.with_logprobs = false;
     let p = s.fresh(5);
@@ -599,7 +696,7 @@ fn text_only_calls_have_zero_logprobs_and_full_masks() {
         r.samples[0].loss_mask,
         [0, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 1, 1, 1]
     );
-    assert!(r.samples[0].logprobs.iter().all(|&l| l == 0.0));
+    assert!(r.samples[0].logprobs.iter().all(Option::is_none));
 }
 
 #[test]
@@ -617,6 +714,60 @@ fn calls_are_taken_in_seq_order() {
     check_invariants(&calls, &r);
     assert_eq!(r.samples.len(), 1);
     assert_eq!(r.samples[0].call_ids, ["call-1", "call-2"]);
+}
+
+/// `--on-drift realign`: a drifted call continues its sample, whose tokens become the
+/// prompt's own; the sampled tokens the prompt still holds keep mask 1 and their logprobs,
+/// the rewritten ones are mask 0 and counted.
+#[test]
+fn realign_continues_the_drifted_sample_with_the_prompts_own_tokens() {
+    let mut s = Session::new();
+    let p = s.fresh(20);
+    let c = s.fresh(10);
+    let first = s.call_on(0, p, c);
+    // The client re-rendered 3 tokens inside call 1's completion as 2 others.
+    let mut prompt = s.branches[0].clone();
+    let rewritten = s.fresh(2);
+    prompt.splice(25..28, rewritten);
+    prompt.extend(s.fresh(5));
+    let c2 = s.fresh(6);
+    let second = s.call(prompt.clone(), c2.clone());
+    let options = MergeOptions {
+        on_drift: OnDrift::Realign,
+    };
+    let r = merge_session_with("sess", Some("grp"), &s.calls, Some(0.5), FP, options);
+    assert_eq!(r.samples.len(), 1);
+    assert!(r.forks.is_empty());
+    assert_eq!(r.realigned, vec![(second.clone(), 3)]);
+    assert_eq!(r.drift.len(), 1, "still reported as drift");
+    assert_eq!(r.drift[0].reason, ForkReason::TemplateDrift);
+    let x = &r.samples[0];
+    assert_eq!(x.call_ids, [first.clone(), second]);
+    let mut want = prompt.clone();
+    want.extend(&c2);
+    assert_eq!(x.tokens, want);
+    let mut mask = vec![0u8; 20];
+    mask.extend([1; 5]);
+    mask.extend([0; 2]);
+    mask.extend([1; 2]);
+    mask.extend([0; 5]);
+    mask.extend([1; 6]);
+    assert_eq!(x.loss_mask, mask);
+    let lp1 = s.calls[0].completion_logprobs.clone().unwrap();
+    assert_eq!(&x.logprobs[20..25], &lp1[..5]);
+    assert_eq!(&x.logprobs[27..29], &lp1[8..10]);
+    assert!(x.logprobs[25..27].iter().all(Option::is_none));
+    assert_eq!(x.trained_tokens(), 10 - 3 + 6);
+    let sum = Summary::of([&r]);
+    assert_eq!((sum.realigned, sum.realigned_untrained_tokens), (1, 3));
+    assert!(
+        sum.to_string()
+            .contains("realigned:      1 calls (3 sampled tokens left untrained)")
+    );
+    // The default forks.
+    let r = s.merge();
+    assert_eq!(r.samples.len(), 2);
+    assert!(r.realigned.is_empty());
 }
 
 #[test]
@@ -646,7 +797,7 @@ fn summary_counts_and_prints() {
     let text = sum.to_string();
     assert!(
         text.contains(
-            "forks:          2 (compaction 0, template_drift 0, parallel_branch 1, other 1)"
+            "forks:          2 (compaction 0, template_drift 0, parallel_branch 1, new_root 0, other 1)"
         ),
         "{text}"
     );
@@ -685,6 +836,7 @@ fn some_samples() -> Vec<Sample> {
     let t = play((vec![1], vec![2]), &[], 0, false);
     let mut other = merge_session("other", None, &t.calls, None, ("", "")).samples;
     other[0].weight_versions.clear();
+    other[0].token_weight_versions.fill(None);
     samples.append(&mut other);
     samples
 }
@@ -776,6 +928,7 @@ fn pyarrow_and_duckdb_read_samples_as_they_are() {
         ("logprobs", "float"),
         ("weight_versions", "string"),
         ("call_ids", "string"),
+        ("token_weight_versions", "string"),
     ] {
         let t = types[name].as_str().unwrap();
         assert!(
@@ -816,13 +969,23 @@ fn pyarrow_and_duckdb_read_samples_as_they_are() {
                 .map(|&t| u64::from(t))
                 .collect::<Vec<_>>()
         );
-        let lps: Vec<f32> = row["logprobs"]
+        let lps: Vec<Option<f32>> = row["logprobs"]
             .as_array()
             .unwrap()
             .iter()
-            .map(|x| x.as_f64().unwrap() as f32)
+            .map(|x| x.as_f64().map(|f| f as f32))
             .collect();
         assert_eq!(lps, s.logprobs);
+        let versions: Vec<Option<String>> = row["token_weight_versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_str().map(str::to_owned))
+            .collect();
+        let want: Vec<Option<String>> = (0..s.tokens.len())
+            .map(|i| s.token_weight_version(i).map(str::to_owned))
+            .collect();
+        assert_eq!(versions, want);
         assert_eq!(row["reward"].as_f64(), s.reward);
         assert_eq!(strs("weight_versions"), s.weight_versions);
         assert_eq!(strs("call_ids"), s.call_ids);

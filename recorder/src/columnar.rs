@@ -99,6 +99,8 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         Field::new("upstream_dialect", DataType::Utf8, true),
         // Additive, no version of its own: JSON `{"base", "keep", "append"}`; null in exports.
         Field::new("prompt_token_ids_delta", DataType::Utf8, true),
+        // v3: JSON `[{"version", "start", "end"}]`.
+        Field::new("weight_version_spans", DataType::Utf8, true),
     ]))
 }
 
@@ -156,6 +158,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut upstream_request = StringBuilder::new();
     let mut upstream_dialect = StringBuilder::new();
     let mut prompt_ids_delta = StringBuilder::new();
+    let mut spans = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -190,7 +193,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         }
         match &r.completion_logprobs {
             Some(lp) => {
-                logprobs.values().append_slice(lp);
+                for &x in lp {
+                    logprobs.values().append_option(x);
+                }
                 logprobs.append(true);
             }
             None => logprobs.append(false),
@@ -209,6 +214,15 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         upstream_request.append_option(row.text.upstream_request.as_deref());
         upstream_dialect.append_option(r.upstream_dialect.as_deref());
         prompt_ids_delta.append_option(row.text.prompt_token_ids_delta.as_deref());
+        match &r.weight_version_spans {
+            Some(s) => spans.append_value(serde_json::to_string(s).map_err(|source| {
+                RecorderError::Encode {
+                    call_id: r.call_id.clone(),
+                    source,
+                }
+            })?),
+            None => spans.append_null(),
+        }
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -245,6 +259,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(upstream_request.finish()),
         Arc::new(upstream_dialect.finish()),
         Arc::new(prompt_ids_delta.finish()),
+        Arc::new(spans.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -408,6 +423,34 @@ impl<'a> Cols<'a> {
         })?;
         Ok(Some(values.values().to_vec()))
     }
+
+    /// A list column whose items may be null (a null item reads as `None`).
+    fn nullable_list<T: ArrowPrimitiveType>(
+        &self,
+        name: &str,
+        row: usize,
+    ) -> Result<Option<Vec<Option<T::Native>>>> {
+        let Some(col) = self.get(name) else {
+            return Ok(None);
+        };
+        let list = col.as_list_opt::<i32>().ok_or_else(|| {
+            self.bad(
+                name,
+                format!("has type {}, expected a List", col.data_type()),
+            )
+        })?;
+        if list.is_null(row) {
+            return Ok(None);
+        }
+        let values = list.value(row);
+        let values = values.as_primitive_opt::<T>().ok_or_else(|| {
+            self.bad(
+                name,
+                format!("holds {}, expected {}", values.data_type(), T::DATA_TYPE),
+            )
+        })?;
+        Ok(Some(values.iter().collect()))
+    }
 }
 
 fn opt_str(col: Option<&StringArray>, row: usize) -> Option<String> {
@@ -475,6 +518,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
         let upstream_request = c.string(json.upstream_request)?;
         let upstream_dialect = c.string("upstream_dialect")?;
         let prompt_ids_delta = c.string("prompt_token_ids_delta")?;
+        let spans = c.string("weight_version_spans")?;
 
         for row in 0..batch.num_rows() {
             let json_value = |col: Option<&StringArray>, column: &'static str| {
@@ -496,6 +540,16 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
                     serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
                         path: path.to_owned(),
                         column: "prompt_token_ids_delta",
+                        row,
+                        source,
+                    })
+                })
+                .transpose()?;
+            let weight_version_spans = opt_str(spans, row)
+                .map(|text| {
+                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
+                        path: path.to_owned(),
+                        column: "weight_version_spans",
                         row,
                         source,
                     })
@@ -530,7 +584,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
                 error: opt_str(error, row),
                 prompt_token_ids: c.list::<UInt32Type>("prompt_token_ids", row)?,
                 completion_token_ids: c.list::<UInt32Type>("completion_token_ids", row)?,
-                completion_logprobs: c.list::<Float32Type>("completion_logprobs", row)?,
+                completion_logprobs: c.nullable_list::<Float32Type>("completion_logprobs", row)?,
                 finish_reason: opt_str(finish_reason, row),
                 weight_version: opt_str(weight_version, row),
                 usage,
@@ -542,6 +596,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
                 upstream_request_delta: None,
                 upstream_dialect: opt_str(upstream_dialect, row),
                 prompt_token_ids_delta,
+                weight_version_spans,
             };
             out.push(ReadRow {
                 rec,

@@ -36,7 +36,7 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         error: None,
         prompt_token_ids: Some(vec![1, 2, seq as u32]),
         completion_token_ids: Some(vec![7]),
-        completion_logprobs: Some(vec![-0.25]),
+        completion_logprobs: Some(vec![Some(-0.25)]),
         finish_reason: Some("stop".to_owned()),
         weight_version: Some("w1".to_owned()),
         usage: Some(Usage {
@@ -51,6 +51,7 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         normalized_response: None,
         upstream_request: None,
         upstream_dialect: None,
+        weight_version_spans: None,
     }
 }
 
@@ -185,10 +186,39 @@ fn v2_records() -> Vec<CallRecord> {
     out
 }
 
+/// The records of the v3 fixture: the v2 calls, where `fx-1`'s call 2 has a token whose
+/// logprob the backend did not send (null, not 0.0) and calls 2 and 4 were sampled across
+/// a weight update (spans; call 4's in the WAL).
+fn v3_records() -> Vec<CallRecord> {
+    let mut out = v2_records();
+    for r in out.iter_mut() {
+        r.schema_version = 3;
+        if r.session_id == "fx-1" && (r.seq == 2 || r.seq == 4) {
+            r.completion_token_ids = Some(vec![7, 8, 9]);
+            r.completion_logprobs = Some(vec![Some(-0.25), None, Some(0.0)]);
+            r.weight_version = Some("w2".to_owned());
+            r.weight_version_spans = Some(vec![
+                WeightSpan {
+                    version: "w1".to_owned(),
+                    start: 0,
+                    end: 2,
+                },
+                WeightSpan {
+                    version: "w2".to_owned(),
+                    start: 2,
+                    end: 3,
+                },
+            ]);
+        }
+    }
+    out
+}
+
 fn fixture_records(version: u32) -> Vec<CallRecord> {
     match version {
         1 => v1_records(),
-        _ => v2_records(),
+        2 => v2_records(),
+        _ => v3_records(),
     }
 }
 
@@ -287,6 +317,10 @@ async fn check_fixture(version: u32) {
     for c in V2_COLUMNS {
         assert_eq!(cols.iter().any(|x| x == c), version >= 2, "column {c}");
     }
+    assert_eq!(
+        cols.iter().any(|x| x == "weight_version_spans"),
+        version >= 3
+    );
     let want = fixture_records(version);
     assert!(want.iter().all(|r| r.schema_version == version));
     // Read in place (readers never write).
@@ -387,4 +421,24 @@ async fn v2_fixture_reads_back_exactly() {
         "WAL deltas against parquet bases"
     );
     assert_eq!(bases("fx-2-01"), (None, None));
+}
+
+#[tokio::test]
+async fn v3_fixture_reads_back_exactly() {
+    check_fixture(3).await;
+    let v3 = read_records(&fixture_dir(3)).unwrap();
+    let two = v3.iter().find(|r| r.call_id == "fx-1-02").unwrap();
+    assert_eq!(
+        two.completion_logprobs,
+        Some(vec![Some(-0.25), None, Some(0.0)]),
+        "an unknown logprob stays unknown, a logprob of 0 stays 0"
+    );
+    assert_eq!(two.weight_version_spans.as_ref().map(Vec::len), Some(2));
+    // Earlier versions: every logprob known, no spans.
+    for v in [1, 2] {
+        for r in read_records(&fixture_dir(v)).unwrap() {
+            assert!(r.weight_version_spans.is_none());
+            assert!(r.completion_logprobs.iter().flatten().all(Option::is_some));
+        }
+    }
 }

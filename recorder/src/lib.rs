@@ -37,7 +37,7 @@ pub use reader::{
     SessionBytes, SessionSummary, StoredBytes, export_jsonl, export_parquet, list_sessions,
     read_export_parquet, read_records, stored_bytes,
 };
-pub use record::{CallRecord, SCHEMA_VERSION, Usage};
+pub use record::{CallRecord, SCHEMA_VERSION, Usage, WeightSpan};
 pub use redact::{REDACTED, is_sensitive_key, redact_header_pairs, redact_headers, redact_json};
 pub use session_log::{SessionEvent, SessionLog, read_session_events};
 pub use writer::Recorder;

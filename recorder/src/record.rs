@@ -11,7 +11,19 @@ use crate::redact::redact_json;
 /// - 1: the client's request and response.
 /// - 2: adds `normalized_request`, `normalized_response`, `upstream_request` and
 ///   `upstream_dialect` (dialect translation). Version 1 data reads back with them `None`.
-pub const SCHEMA_VERSION: u32 = 2;
+/// - 3: an item of `completion_logprobs` may be null (the backend sent no logprob for
+///   that token: unknown, never 0.0); adds `weight_version_spans`. Earlier data reads back
+///   with every logprob known and no spans.
+pub const SCHEMA_VERSION: u32 = 3;
+
+/// Completion tokens `start..end` (indices into `completion_token_ids`) were sampled by
+/// the weights of `version` (SGLang's `meta_info.weight_versions`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WeightSpan {
+    pub version: String,
+    pub start: u64,
+    pub end: u64,
+}
 
 /// Token usage as reported by the upstream.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -63,8 +75,12 @@ pub struct CallRecord {
     pub error: Option<String>,
     pub prompt_token_ids: Option<Vec<u32>>,
     pub completion_token_ids: Option<Vec<u32>>,
-    pub completion_logprobs: Option<Vec<f32>>,
+    /// One per completion token; an item is `None` where the backend gave no logprob
+    /// (unknown: never stored as 0.0).
+    pub completion_logprobs: Option<Vec<Option<f32>>>,
     pub finish_reason: Option<String>,
+    /// The version of the weights that answered (the last one when they changed during
+    /// the call; see `weight_version_spans`).
     pub weight_version: Option<String>,
     /// A `Usage` whose three fields are all `None` is stored as `None`.
     pub usage: Option<Usage>,
@@ -89,6 +105,11 @@ pub struct CallRecord {
     /// not recorded.
     #[serde(default)]
     pub upstream_dialect: Option<String>,
+    /// Since v3. Which weights sampled which completion tokens, when the backend reported
+    /// it (SGLang's `meta_info.weight_versions`): spans in order, covering the completion.
+    /// `None` when it did not (then every token is `weight_version`'s).
+    #[serde(default)]
+    pub weight_version_spans: Option<Vec<WeightSpan>>,
 }
 
 impl CallRecord {
@@ -164,7 +185,7 @@ pub(crate) struct StoredRecord {
     #[serde(default)]
     pub completion_token_ids: Option<Vec<u32>>,
     #[serde(default)]
-    pub completion_logprobs: Option<Vec<f32>>,
+    pub completion_logprobs: Option<Vec<Option<f32>>>,
     #[serde(default)]
     pub finish_reason: Option<String>,
     #[serde(default)]
@@ -193,6 +214,9 @@ pub(crate) struct StoredRecord {
     /// earlier call of the session; `prompt_token_ids` is then `None`. Absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids_delta: Option<TokenIdsDelta>,
+    /// Since v3; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version_spans: Option<Vec<WeightSpan>>,
 }
 
 impl StoredRecord {
@@ -230,6 +254,7 @@ impl StoredRecord {
             normalized_response,
             upstream_request,
             upstream_dialect,
+            weight_version_spans,
         } = rec;
         let token_ids =
             delta::token_sequence(prompt_token_ids.as_deref(), completion_token_ids.as_deref());
@@ -270,6 +295,7 @@ impl StoredRecord {
             upstream_request_delta: deltas.upstream_request,
             upstream_dialect,
             prompt_token_ids_delta: deltas.prompt_token_ids,
+            weight_version_spans,
         };
         let requests = Requests {
             request,
@@ -314,6 +340,7 @@ impl StoredRecord {
             normalized_response: self.normalized_response,
             upstream_request: full.upstream_request,
             upstream_dialect: self.upstream_dialect,
+            weight_version_spans: self.weight_version_spans,
         }
     }
 }

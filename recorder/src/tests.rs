@@ -41,7 +41,7 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
         error: None,
         prompt_token_ids: Some(vec![1, 2, 3, turn as u32]),
         completion_token_ids: Some(vec![9, 8]),
-        completion_logprobs: Some(vec![-0.5, -1.25]),
+        completion_logprobs: Some(vec![Some(-0.5), None]),
         finish_reason: Some("stop".to_owned()),
         weight_version: Some("v3".to_owned()),
         usage: Some(Usage {
@@ -74,6 +74,20 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
             }
             .to_owned(),
         ),
+        weight_version_spans: (turn % 2 == 1).then(|| {
+            vec![
+                WeightSpan {
+                    version: "v2".to_owned(),
+                    start: 0,
+                    end: 1,
+                },
+                WeightSpan {
+                    version: "v3".to_owned(),
+                    start: 1,
+                    end: 2,
+                },
+            ]
+        }),
     }
 }
 

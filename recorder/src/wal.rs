@@ -367,6 +367,7 @@ mod tests {
             upstream_request_delta: None,
             upstream_dialect: None,
             prompt_token_ids_delta: None,
+            weight_version_spans: None,
         };
         let mut bytes = Vec::new();
         for i in 1..=3 {

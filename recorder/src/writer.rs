@@ -545,9 +545,14 @@ fn sanitize(mut rec: CallRecord) -> CallRecord {
     }
     rec.ttft_ms = rec.ttft_ms.filter(|t| t.is_finite());
     if let Some(lp) = rec.completion_logprobs.as_mut() {
-        for x in lp.iter_mut().filter(|x| !x.is_finite()) {
-            // -inf (and NaN) logprobs are stored as the lowest finite f32.
-            *x = f32::MIN;
+        for x in lp.iter_mut() {
+            match *x {
+                // NaN says nothing: unknown.
+                Some(v) if v.is_nan() => *x = None,
+                // -inf (and +inf) logprobs are stored as the lowest finite f32.
+                Some(v) if v.is_infinite() => *x = Some(f32::MIN),
+                _ => {}
+            }
         }
     }
     rec

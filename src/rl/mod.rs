@@ -1023,6 +1023,7 @@ fn samples(
             sessions: Some(sessions),
             without_token_ids: WithoutTokenIds::Skip,
             count_versions_of: Some(all),
+            ..FromRecords::all()
         },
         path,
     )?;

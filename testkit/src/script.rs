@@ -45,6 +45,12 @@ pub struct Rule {
     /// abort).
     #[serde(default)]
     pub fault: Option<String>,
+    /// SGLang `/generate` only: after this many output tokens the generation waits (up to
+    /// a minute) until the weights change (`/update_weights_from_disk` from an outside
+    /// controller) and samples the rest with the new ones; the answer reports both spans
+    /// in `meta_info.weight_versions`.
+    #[serde(default)]
+    pub weight_update_after: Option<usize>,
 }
 
 /// What the model says.

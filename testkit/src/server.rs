@@ -360,7 +360,13 @@ pub(crate) struct SseBody {
     pub(crate) sleep: Option<Pin<Box<tokio::time::Sleep>>>,
     pub(crate) sent: usize,
     pub(crate) abort_after: Option<usize>,
+    /// Events that exist only once something happened (a weight update): awaited after
+    /// `events` ran out.
+    pub(crate) later: Option<LaterEvents>,
 }
+
+/// Events produced by a future (see [`SseBody::later`]).
+pub(crate) type LaterEvents = Pin<Box<dyn Future<Output = Vec<Bytes>> + Send>>;
 
 impl SseBody {
     pub(crate) fn new(events: Vec<Bytes>, delay: Duration, abort_after: Option<usize>) -> Self {
@@ -370,7 +376,14 @@ impl SseBody {
             sleep: None,
             sent: 0,
             abort_after,
+            later: None,
         }
+    }
+
+    /// Once `events` are sent, awaits `later` and sends what it gives.
+    pub(crate) fn then(mut self, later: LaterEvents) -> Self {
+        self.later = Some(later);
+        self
     }
 }
 
@@ -400,6 +413,15 @@ impl Body for SseBody {
                 Abort,
             ))));
         }
+        if this.events.len() == 0
+            && let Some(later) = this.later.as_mut()
+        {
+            let Poll::Ready(more) = later.as_mut().poll(cx) else {
+                return Poll::Pending;
+            };
+            this.later = None;
+            this.events = more.into_iter();
+        }
         if this.sent > 0 && !this.delay.is_zero() && this.events.len() > 0 {
             let delay = this.delay;
             let sleep = this
@@ -420,7 +442,7 @@ impl Body for SseBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        self.events.len() == 0 && self.abort_after.is_none()
+        self.events.len() == 0 && self.abort_after.is_none() && self.later.is_none()
     }
 
     fn size_hint(&self) -> SizeHint {

@@ -15,8 +15,6 @@
 //! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
 //! push read and write.
 
-use std::sync::Mutex;
-
 use serde::Deserialize as _;
 
 use graft_wire::sglang::{
@@ -40,14 +38,14 @@ const TOKENS_PER_EVENT: usize = 2;
 
 /// What the SGLang side keeps between requests.
 pub(crate) struct Backend {
-    weight_version: Mutex<String>,
+    weight_version: watch::Sender<String>,
     paused: watch::Sender<bool>,
 }
 
 impl Default for Backend {
     fn default() -> Self {
         Backend {
-            weight_version: Mutex::new("default".to_string()),
+            weight_version: watch::Sender::new("default".to_string()),
             paused: watch::Sender::new(false),
         }
     }
@@ -55,10 +53,94 @@ impl Default for Backend {
 
 impl Backend {
     fn weight_version(&self) -> String {
-        self.weight_version
-            .lock()
-            .map(|v| v.clone())
-            .unwrap_or_default()
+        self.weight_version.borrow().clone()
+    }
+}
+
+/// How long a generation held for a weight update waits before it goes on with the old
+/// weights.
+const WEIGHT_UPDATE_WAIT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits until the weights are no longer `from` (or [`WEIGHT_UPDATE_WAIT`] passed); the
+/// version then.
+async fn next_version(mut rx: watch::Receiver<String>, from: String) -> String {
+    let _ = tokio::time::timeout(WEIGHT_UPDATE_WAIT, rx.wait_for(|v| *v != from)).await;
+    rx.borrow().clone()
+}
+
+/// Everything one generation's answers are made of, owned (a held stream builds its last
+/// events later).
+#[derive(Clone)]
+struct Generation {
+    rid: String,
+    prompt_tokens: u64,
+    output: Vec<u32>,
+    /// The visible text of `output[..n]`, per `n`.
+    texts: Vec<String>,
+    finish: FinishReason,
+}
+
+impl Generation {
+    /// The answer after `n` output tokens; `versions`: (version, first token) of each
+    /// weight version so far, in order; spans are reported when asked for (a held
+    /// generation reports them from its first event).
+    fn event(&self, n: usize, last: bool, versions: &[(String, usize)], spans: bool) -> Value {
+        let ids = &self.output[..n];
+        let current = versions
+            .iter()
+            .rev()
+            .find(|(_, at)| *at <= n)
+            .map(|(v, _)| v.clone());
+        let weight_versions = spans.then(|| {
+            versions
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, at))| *at < n || (*at == 0 && n == 0))
+                .map(|(i, (v, at))| wire::WeightVersionSpan {
+                    version: v.clone(),
+                    start: *at as u64,
+                    end: versions.get(i + 1).map_or(n, |(_, e)| (*e).min(n)) as u64,
+                })
+                .collect()
+        });
+        let answer = GenerateResponse {
+            text: self.texts.get(n).cloned().unwrap_or_default(),
+            output_ids: ids.to_vec(),
+            meta_info: MetaInfo {
+                id: Some(self.rid.clone()),
+                finish_reason: last.then(|| self.finish.clone()),
+                prompt_tokens: Some(self.prompt_tokens),
+                completion_tokens: Some(n as u64),
+                cached_tokens: Some(0),
+                output_token_logprobs: Some(
+                    ids.iter()
+                        .map(|&id| TokenLogprob(Some(scripted_logprob(id)), id, None))
+                        .collect(),
+                ),
+                weight_version: current,
+                weight_versions,
+                e2e_latency: Some(0.0),
+            },
+        };
+        serde_json::to_value(&answer).unwrap_or(Value::Null)
+    }
+
+    /// The streamed events for output lengths `from+1..=to` (every
+    /// [`TOKENS_PER_EVENT`] tokens), the last one finishing when `to` is the end.
+    fn events(
+        &self,
+        from: usize,
+        to: usize,
+        versions: &[(String, usize)],
+        spans: bool,
+    ) -> Vec<bytes::Bytes> {
+        let mut out = vec![];
+        let mut n = from;
+        while n < to {
+            n = (n + TOKENS_PER_EVENT).min(to);
+            out.push(sse(&self.event(n, n == self.output.len(), versions, spans)));
+        }
+        out
     }
 }
 
@@ -135,10 +217,8 @@ pub(crate) async fn route(
                     "'model_path' is required",
                 )));
             };
-            if let Some(v) = &req.weight_version
-                && let Ok(mut w) = b.weight_version.lock()
-            {
-                *w = v.clone();
+            if let Some(v) = &req.weight_version {
+                b.weight_version.send_replace(v.clone());
             }
             typed(
                 StatusCode::OK,
@@ -308,50 +388,66 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
     } else {
         FinishReason::stop(eos_id.map(|id| Matched::Token(i64::from(id))))
     };
-    let rid = format!("{:032x}", state.next_id());
-    let weight_version = state.sglang.weight_version();
-    let event = |n: usize, last: bool| -> Value {
-        let ids = &output[..n];
-        let answer = GenerateResponse {
-            text: model.tokenizer.decode_visible(ids).unwrap_or_default(),
-            output_ids: ids.to_vec(),
-            meta_info: MetaInfo {
-                id: Some(rid.clone()),
-                finish_reason: last.then(|| finish.clone()),
-                prompt_tokens: Some(input_ids.len() as u64),
-                completion_tokens: Some(n as u64),
-                cached_tokens: Some(0),
-                output_token_logprobs: Some(
-                    ids.iter()
-                        .map(|&id| TokenLogprob(Some(scripted_logprob(id)), id, None))
-                        .collect(),
-                ),
-                weight_version: Some(weight_version.clone()),
-                e2e_latency: Some(0.0),
-                ..MetaInfo::default()
-            },
-        };
-        serde_json::to_value(&answer).unwrap_or(Value::Null)
+    let texts = (0..=output.len())
+        .map(|n| {
+            model
+                .tokenizer
+                .decode_visible(&output[..n])
+                .unwrap_or_default()
+        })
+        .collect();
+    let generation = Generation {
+        rid: format!("{:032x}", state.next_id()),
+        prompt_tokens: input_ids.len() as u64,
+        output,
+        texts,
+        finish,
     };
+    let len = generation.output.len();
+    let first = state.sglang.weight_version();
+    let rx = state.sglang.weight_version.subscribe();
+    // Held for a weight update after `hold` tokens (script rule `weight_update_after`).
+    let hold = state
+        .script
+        .rule_for(&prompt)
+        .and_then(|r| r.weight_update_after)
+        .filter(|&h| h < len);
     if !stream {
-        return Ok(json_response(StatusCode::OK, &event(output.len(), true)));
+        let mut versions = vec![(first.clone(), 0)];
+        if let Some(h) = hold {
+            versions.push((next_version(rx, first).await, h));
+        }
+        return Ok(json_response(
+            StatusCode::OK,
+            &generation.event(len, true, &versions, hold.is_some()),
+        ));
     }
-    let mut events = vec![];
-    let mut n = 0;
-    while n < output.len() {
-        n = (n + TOKENS_PER_EVENT).min(output.len());
-        events.push(sse(&event(n, n == output.len())));
-    }
-    if output.is_empty() {
-        events.push(sse(&event(0, true)));
-    }
-    events.push(bytes::Bytes::from_static(DONE));
     let abort_after = (fault.as_deref() == Some("reset")).then_some(2);
-    Ok(sse_response(SseBody::new(
-        events,
-        state.chunk_delay,
-        abort_after,
-    )))
+    let Some(h) = hold else {
+        let versions = vec![(first, 0)];
+        let mut events = generation.events(0, len, &versions, false);
+        if len == 0 {
+            events.push(sse(&generation.event(0, true, &versions, false)));
+        }
+        events.push(bytes::Bytes::from_static(DONE));
+        return Ok(sse_response(SseBody::new(
+            events,
+            state.chunk_delay,
+            abort_after,
+        )));
+    };
+    let before = vec![(first.clone(), 0)];
+    let events = generation.events(0, h, &before, true);
+    let later = Box::pin(async move {
+        let mut versions = before;
+        versions.push((next_version(rx, first).await, h));
+        let mut events = generation.events(h, len, &versions, true);
+        events.push(bytes::Bytes::from_static(DONE));
+        events
+    });
+    Ok(sse_response(
+        SseBody::new(events, state.chunk_delay, abort_after).then(later),
+    ))
 }
 
 #[cfg(test)]

@@ -148,7 +148,7 @@ fn main() -> anyhow::Result<()> {
                 TrainSample {
                     tokens,
                     loss_mask: vec![1; a.seq],
-                    rollout_logprobs: Some(vec![-(spec.vocab_size as f32).ln(); a.seq]),
+                    rollout_logprobs: Some(vec![Some(-(spec.vocab_size as f32).ln()); a.seq]),
                     advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
                     reward: (i % 2) as f64,
                 }

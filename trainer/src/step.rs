@@ -12,7 +12,7 @@ use crate::error::TrainerError;
 use crate::grpo::{GrpoConfig, PolicyMode};
 use crate::model::Model;
 use crate::optim::AdamWConfig;
-use crate::train::{self, StepStats, TrainConfig, Trainer};
+use crate::train::{self, StepStats, TrainConfig, TrainSample, Trainer};
 
 /// Where π_old comes from.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +107,8 @@ pub struct StepReport {
     pub selection: SelectionCounts,
     /// The π_old actually used.
     pub policy: PolicyMode,
-    /// Bypass was asked for (or chosen) but some samples have no rollout logprobs
-    /// (re-tokenized text), so recompute was used.
+    /// Bypass was asked for (or chosen) but some trained tokens have no rollout logprob
+    /// (re-tokenized text, a backend that sent none), so recompute was used.
     pub recompute_forced: bool,
     pub parameters: i64,
     /// The device and dtype trained on, as libtorch names them (`Cuda(0)`, `BFloat16`).
@@ -234,7 +234,7 @@ pub fn run_step(
         PolicyChoice::Auto => PolicyMode::Recompute,
     };
     let recompute_forced =
-        asked == PolicyMode::Bypass && sel.samples.iter().any(|s| s.rollout_logprobs.is_none());
+        asked == PolicyMode::Bypass && !sel.samples.iter().all(TrainSample::rollout_complete);
     let mode = if recompute_forced {
         PolicyMode::Recompute
     } else {
@@ -368,7 +368,7 @@ mod tests {
             group_id: Some("g".to_owned()),
             tokens: vec![1, 2, 3],
             loss_mask: vec![0, 1, 1],
-            logprobs: vec![0.0, -0.5, -0.25],
+            logprobs: vec![None, Some(-0.5), Some(-0.25)],
             reward: Some(1.0),
             ..Sample::default()
         };

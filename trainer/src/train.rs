@@ -20,9 +20,11 @@ pub struct TrainSample {
     pub tokens: Vec<i64>,
     /// 1 on trained (sampled) tokens.
     pub loss_mask: Vec<u8>,
-    /// The rollout engine's logprobs, aligned to `tokens`; `None` when unknown
-    /// (re-tokenized text): then π_old must be recomputed and no importance weight applies.
-    pub rollout_logprobs: Option<Vec<f32>>,
+    /// The rollout engine's logprobs, aligned to `tokens`, `None` items where unknown;
+    /// `None` when no sampled token's is known (re-tokenized text). A trained token whose
+    /// rollout logprob is unknown needs π_old recomputed and gets no importance weight
+    /// (its rollout logprob is taken to be π_old's: weight 1), see [`Trainer::step`].
+    pub rollout_logprobs: Option<Vec<Option<f32>>>,
     pub advantage: f64,
     pub reward: f64,
 }
@@ -156,7 +158,7 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
             .loss_mask
             .iter()
             .zip(&s.logprobs)
-            .any(|(&m, &l)| m == 1 && l != 0.0);
+            .any(|(&m, l)| m == 1 && l.is_some());
         sel.samples.push(TrainSample {
             tokens: s.tokens.iter().map(|&t| i64::from(t)).collect(),
             loss_mask: s.loss_mask.clone(),
@@ -211,8 +213,24 @@ struct Micro {
     ids: Tensor,
     mask: Tensor,
     rollout: Tensor,
+    /// 1 where the rollout logprob is known, per token.
     known: Tensor,
     adv: Tensor,
+}
+
+impl TrainSample {
+    /// Whether every trained token (mask 1, past the first token) has a known rollout
+    /// logprob: what bypass mode (π_old = the rollout's) needs.
+    pub fn rollout_complete(&self) -> bool {
+        let Some(lp) = &self.rollout_logprobs else {
+            return false;
+        };
+        self.loss_mask
+            .iter()
+            .enumerate()
+            .skip(1)
+            .all(|(j, &m)| m == 0 || lp.get(j).is_some_and(Option::is_some))
+    }
 }
 
 fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Result<Micro> {
@@ -225,7 +243,7 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
     let mut ids = vec![0i64; n * len];
     let mut mask = vec![0f32; n * len];
     let mut rollout = vec![0f32; n * len];
-    let mut known = vec![0f32; n];
+    let mut known = vec![0f32; n * len];
     let mut adv = vec![0f32; n];
     for (r, &i) in rows.iter().enumerate() {
         let s = &batch[i];
@@ -241,10 +259,12 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
             mask[r * len + j] = f32::from(m.min(1));
         }
         if let Some(lp) = &s.rollout_logprobs {
-            for (j, &l) in lp.iter().enumerate().take(s.tokens.len()) {
-                rollout[r * len + j] = l;
+            for (j, l) in lp.iter().enumerate().take(s.tokens.len()) {
+                if let Some(l) = *l {
+                    rollout[r * len + j] = l;
+                    known[r * len + j] = 1.0;
+                }
             }
-            known[r] = 1.0;
         }
         adv[r] = s.advantage as f32;
     }
@@ -260,9 +280,7 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
             .f_to_device(device)?,
         mask: t(&mask)?,
         rollout: t(&rollout)?,
-        known: Tensor::from_slice(&known)
-            .f_reshape([n as i64, 1])?
-            .f_to_device(device)?,
+        known: t(&known)?,
         adv: Tensor::from_slice(&adv)
             .f_reshape([n as i64, 1])?
             .f_to_device(device)?,
@@ -306,9 +324,9 @@ impl Trainer {
             ));
         }
         let cfg = self.config.grpo.clone();
-        if cfg.mode == PolicyMode::Bypass && batch.iter().any(|s| s.rollout_logprobs.is_none()) {
+        if cfg.mode == PolicyMode::Bypass && !batch.iter().all(TrainSample::rollout_complete) {
             return Err(TrainerError::invalid(
-                "some samples have no rollout logprobs (re-tokenized text), so bypass mode has no π_old; train with the recompute policy mode",
+                "some trained tokens have no rollout logprob (re-tokenized text, or a backend that sent none), so bypass mode has no π_old for them; train with the recompute policy mode",
             ));
         }
         let device = self.model.device();
@@ -324,7 +342,9 @@ impl Trainer {
                     grpo::token_logprobs(&self.model, &m.ids, cfg.temperature, cfg.logprob_chunk)
                 })?,
             };
-            // Unknown rollout logprobs: weight 1 (rollout := old).
+            // Unknown rollout logprobs, per token: weight 1 (rollout := old), so a token
+            // whose sampler's logprob is unknown is left out of the importance correction
+            // but still trained against the recomputed π_old.
             let rollout = m
                 .rollout
                 .f_mul(&m.known)?
@@ -450,7 +470,7 @@ mod tests {
             group_id: group.map(str::to_owned),
             tokens: vec![1, 2, 3],
             loss_mask: vec![0, 1, 1],
-            logprobs: vec![0.0, -0.5, -0.25],
+            logprobs: vec![None, Some(-0.5), Some(-0.25)],
             reward,
             ..Sample::default()
         }
@@ -476,5 +496,30 @@ mod tests {
         assert!(a > 0.0 && (sel.samples[1].advantage - a).abs() < 1e-12);
         assert!(sel.samples[2].advantage < 0.0);
         assert!(sel.samples[0].rollout_logprobs.is_some());
+    }
+
+    #[test]
+    fn unknown_rollout_logprobs_are_masked_per_token() -> Result<()> {
+        let with = |lps: Vec<Option<f32>>| {
+            let mut s = sample("a", Some("g"), Some(1.0));
+            s.logprobs = lps;
+            let mut t = sample("b", Some("g"), Some(0.0));
+            t.logprobs = s.logprobs.clone();
+            select_samples(&[s, t], None, 1e-6).samples
+        };
+        // One sampled token known, one not (the backend sent null for it).
+        let part = with(vec![None, Some(-0.5), None]);
+        assert_eq!(part[0].rollout_logprobs, Some(vec![None, Some(-0.5), None]));
+        assert!(
+            !part[0].rollout_complete(),
+            "bypass has no π_old for token 2"
+        );
+        let m = build_micro(&part, &[0], tch::Device::Cpu)?;
+        let known: Vec<f32> = Vec::<f32>::try_from(m.known.f_flatten(0, -1)?)?;
+        assert_eq!(known, vec![0.0, 1.0, 0.0]);
+        // None known: no rollout logprobs at all; all known: complete.
+        assert_eq!(with(vec![None, None, None])[0].rollout_logprobs, None);
+        assert!(with(vec![None, Some(-0.5), Some(0.0)])[0].rollout_complete());
+        Ok(())
     }
 }

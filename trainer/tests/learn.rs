@@ -67,8 +67,8 @@ fn grpo_raises_reward_on_a_toy_task() -> anyhow::Result<()> {
                 tokens.extend(&g.tokens);
                 let mut mask = vec![0u8; p.len()];
                 mask.extend(std::iter::repeat_n(1u8, g.tokens.len()));
-                let mut lps = vec![0f32; p.len()];
-                lps.extend(&g.logprobs);
+                let mut lps = vec![None; p.len()];
+                lps.extend(g.logprobs.iter().map(|&l| Some(l)));
                 TrainSample {
                     tokens,
                     loss_mask: mask,
@@ -180,8 +180,8 @@ fn grpo_learns_through_the_engine_with_a_weight_reload_every_step() -> anyhow::R
             tokens.extend(&toks);
             let mut mask = vec![0u8; p.len()];
             mask.extend(std::iter::repeat_n(1u8, toks.len()));
-            let mut rollout = vec![0f32; p.len()];
-            rollout.extend(&lps);
+            let mut rollout = vec![None; p.len()];
+            rollout.extend(lps.iter().map(|&l| Some(l)));
             batch.push(TrainSample {
                 tokens,
                 loss_mask: mask,

@@ -647,6 +647,7 @@ impl Generate {
             );
         }
         o.weight_version = p.weight_version.clone();
+        o.weight_version_spans = p.weight_version_spans();
         o.finish_reason = finish_label(p);
         o.normalized_response = serde_json::to_value(a).ok();
         if !ok || !self.remember {
