@@ -176,6 +176,7 @@ pub async fn handle(
     let request = parse_request(route, &bytes)?;
     let dialect = dialect(kind);
     let call_id = uuid::Uuid::now_v7().to_string();
+    let signals = crate::retries::Signals::of(&headers, &bytes);
     let Plan {
         mut leg,
         conv,
@@ -185,15 +186,31 @@ pub async fn handle(
         upstream,
         model,
         stream,
-    } = state
-        .backend
-        .plan(route, dialect, &request, bytes, &session.id, &call_id)
-        .await?;
+        sampling,
+    } = {
+        let own = session.sampling();
+        let policy = own.as_deref().or(state.cfg.sampling.as_ref());
+        state
+            .backend
+            .plan(
+                route,
+                dialect,
+                &request,
+                bytes,
+                &session.id,
+                &call_id,
+                policy,
+            )
+            .await?
+    };
     let response_id = crate::dialect::new_id(dialect.id_prefix());
+    let mut prompt = None;
     if let Leg::Generate(g) = &mut leg {
         state.metrics.observe_exact_prompt(g.reused, g.render_time);
         g.response_id = response_id.clone();
+        prompt = Some(g.prompt_hash());
     }
+    let link = session.turns.begin(&call_id, signals, prompt);
     let call = Call {
         call_id,
         client: headers
@@ -214,6 +231,8 @@ pub async fn handle(
         upstream_dialect,
         upstream,
         response_id,
+        sampling,
+        link,
     };
     let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, mode = state.cfg.backend.mode().label());
     async move {
@@ -256,9 +275,24 @@ pub async fn handle(
             );
             return Ok(out);
         }
-        let result = whole(&call, leg.answering(), conv.as_ref(), resp, t_up).await;
-        drop(guard);
-        result
+        // The whole answer is read in a task of its own: when the client goes away, hyper
+        // drops this future (and `gone`'s sender with it); the task then still records the
+        // call, as abandoned, and stops the backend's generation.
+        let (_client, gone) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(
+            async move {
+                let result = whole(&call, leg.answering(), conv.as_ref(), resp, t_up, gone).await;
+                drop(guard);
+                result
+            }
+            .in_current_span(),
+        );
+        match task.await {
+            Ok(result) => result,
+            Err(e) => Err(GatewayError::Internal(format!(
+                "the call's task failed: {e}"
+            ))),
+        }
     }
     .instrument(span)
     .await
@@ -308,10 +342,28 @@ async fn whole(
     conv: Option<&Conversation>,
     resp: Response<Incoming>,
     t_up: Instant,
+    mut gone: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Response<GBody>, GatewayError> {
     let status = resp.status();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-    let body = collect_upstream(call, resp).await;
+    let body = tokio::select! {
+        body = collect_upstream(call, resp) => body,
+        _ = &mut gone => {
+            // The client went away before the answer was complete: recorded as abandoned
+            // (nothing of the answer was read), the backend told to stop.
+            let o = Outcome {
+                upstream_time: t_up.elapsed(),
+                status: StatusCode::OK.as_u16(),
+                ..Default::default()
+            };
+            call.abort_generation();
+            let wait = call.commit(&o, true).await.unwrap_or_default();
+            call.observe(o.upstream_time, wait, None);
+            return Err(GatewayError::Internal(
+                "the client closed the connection before the answer was complete".into(),
+            ));
+        }
+    };
     let mut o = Outcome {
         upstream_time: t_up.elapsed(),
         ..Outcome::ok()
@@ -526,6 +578,7 @@ async fn close_stream(
     call.observe(o.upstream_time, wait, o.ttft);
     if client_gone {
         debug!("client went away mid-stream; partial call recorded");
+        call.abort_generation();
         return;
     }
     match &o.error {

@@ -747,6 +747,19 @@ async fn admin(
             let s = state.sessions.reward(id, reward, info).await?;
             Ok(json_response(StatusCode::OK, &s.view()))
         }
+        (Method::POST, [id, "sampling"]) => {
+            let v = parse("sampling body")?;
+            let policy: Option<crate::policy::SamplingPolicy> = if v.is_null() {
+                None
+            } else {
+                Some(serde_json::from_value(v).map_err(|e| {
+                    GatewayError::field("sampling", format!("invalid sampling policy: {e}"))
+                })?)
+            };
+            let s = state.sessions.set_sampling(id, policy).await?;
+            info!(session = %s.id, sampling = ?s.sampling(), "session sampling policy set");
+            Ok(json_response(StatusCode::OK, &s.view()))
+        }
         (Method::POST, [id, "close"]) => {
             let s = state.sessions.close(id).await?;
             state.recorder.forget_session(id);

@@ -100,7 +100,10 @@ pub fn samples_from_records(
     let rewards = session_rewards(data_dir)?;
     let mut done = Reconstruction::default();
     let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
-    for rec in graft_recorder::read_records(data_dir)? {
+    let records = graft_recorder::read_records(data_dir)?;
+    // Retried turns are trained on the attempt the client received; abandoned calls not at all.
+    let left_out = crate::attempts::left_out(&records);
+    for rec in records {
         if how
             .count_versions_of
             .is_some_and(|s| s.contains(&rec.session_id))
@@ -115,6 +118,10 @@ pub fn samples_from_records(
                 .or_insert(0) += 1;
         }
         if how.sessions.is_some_and(|s| !s.contains(&rec.session_id)) {
+            continue;
+        }
+        if let Some(why) = left_out.get(&rec.call_id) {
+            *done.skipped.entry((*why).to_owned()).or_default() += 1;
             continue;
         }
         let calls = match CallTokens::from_record(&rec) {

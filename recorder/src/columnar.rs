@@ -99,6 +99,10 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         Field::new("upstream_dialect", DataType::Utf8, true),
         // Additive, no version of its own: JSON `{"base", "keep", "append"}`; null in exports.
         Field::new("prompt_token_ids_delta", DataType::Utf8, true),
+        // Additive: the sampling policy applied (JSON), the attempt and its first attempt.
+        Field::new("sampling", DataType::Utf8, true),
+        Field::new("attempt", DataType::UInt32, true),
+        Field::new("retry_of", DataType::Utf8, true),
     ]))
 }
 
@@ -156,6 +160,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut upstream_request = StringBuilder::new();
     let mut upstream_dialect = StringBuilder::new();
     let mut prompt_ids_delta = StringBuilder::new();
+    let mut sampling = StringBuilder::new();
+    let mut attempt = UInt32Builder::with_capacity(n);
+    let mut retry_of = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -209,6 +216,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         upstream_request.append_option(row.text.upstream_request.as_deref());
         upstream_dialect.append_option(r.upstream_dialect.as_deref());
         prompt_ids_delta.append_option(row.text.prompt_token_ids_delta.as_deref());
+        sampling.append_option(r.sampling.as_ref().map(|v| v.to_string()));
+        attempt.append_option(r.attempt);
+        retry_of.append_option(r.retry_of.as_deref());
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -245,6 +255,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(upstream_request.finish()),
         Arc::new(upstream_dialect.finish()),
         Arc::new(prompt_ids_delta.finish()),
+        Arc::new(sampling.finish()),
+        Arc::new(attempt.finish()),
+        Arc::new(retry_of.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -475,6 +488,9 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
         let upstream_request = c.string(json.upstream_request)?;
         let upstream_dialect = c.string("upstream_dialect")?;
         let prompt_ids_delta = c.string("prompt_token_ids_delta")?;
+        let sampling = c.string("sampling")?;
+        let attempt = c.prim::<UInt32Type>("attempt")?;
+        let retry_of = c.string("retry_of")?;
 
         for row in 0..batch.num_rows() {
             let json_value = |col: Option<&StringArray>, column: &'static str| {
@@ -491,6 +507,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
             };
             let response = json_value(response, "response")?;
             let normalized_response = json_value(normalized_response, "normalized_response")?;
+            let sampling = json_value(sampling, "sampling")?;
             let prompt_token_ids_delta = opt_str(prompt_ids_delta, row)
                 .map(|text| {
                     serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
@@ -542,6 +559,9 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
                 upstream_request_delta: None,
                 upstream_dialect: opt_str(upstream_dialect, row),
                 prompt_token_ids_delta,
+                sampling,
+                attempt: opt_prim(attempt, row),
+                retry_of: opt_str(retry_of, row),
             };
             out.push(ReadRow {
                 rec,

@@ -51,6 +51,9 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         normalized_response: None,
         upstream_request: None,
         upstream_dialect: None,
+        sampling: None,
+        attempt: None,
+        retry_of: None,
     }
 }
 
@@ -99,6 +102,7 @@ fn v1_events() -> Vec<SessionEvent> {
             group_id: Some("grp".into()),
             key_sha256: None,
             metadata: json!({"task": "t1"}),
+            sampling: None,
             at_us: T0,
         },
         SessionEvent::Created {
@@ -106,6 +110,7 @@ fn v1_events() -> Vec<SessionEvent> {
             group_id: None,
             key_sha256: Some("ab".repeat(32)),
             metadata: json!({}),
+            sampling: None,
             at_us: T0 + 1,
         },
         SessionEvent::Reward {

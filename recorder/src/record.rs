@@ -89,6 +89,18 @@ pub struct CallRecord {
     /// not recorded.
     #[serde(default)]
     pub upstream_dialect: Option<String>,
+    /// Additive (no schema version of its own; absent in older data). The sampling policy
+    /// the gateway applied, as `{"policy", "requested", "sent"}`: the policy, the client's
+    /// sampling parameters, and the ones sent upstream. `None`: no policy applied.
+    #[serde(default)]
+    pub sampling: Option<serde_json::Value>,
+    /// Additive. Which attempt of its turn this call is (1: the first); `None` when the
+    /// gateway did not look (older data).
+    #[serde(default)]
+    pub attempt: Option<u32>,
+    /// Additive. For a retry (`attempt` > 1): the call id of the turn's first attempt.
+    #[serde(default)]
+    pub retry_of: Option<String>,
 }
 
 impl CallRecord {
@@ -102,6 +114,7 @@ impl CallRecord {
             &mut self.normalized_request,
             &mut self.normalized_response,
             &mut self.upstream_request,
+            &mut self.sampling,
         ]
         .into_iter()
         .flatten()
@@ -193,6 +206,15 @@ pub(crate) struct StoredRecord {
     /// earlier call of the session; `prompt_token_ids` is then `None`. Absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_token_ids_delta: Option<TokenIdsDelta>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<serde_json::Value>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
 }
 
 impl StoredRecord {
@@ -230,6 +252,9 @@ impl StoredRecord {
             normalized_response,
             upstream_request,
             upstream_dialect,
+            sampling,
+            attempt,
+            retry_of,
         } = rec;
         let token_ids =
             delta::token_sequence(prompt_token_ids.as_deref(), completion_token_ids.as_deref());
@@ -270,6 +295,9 @@ impl StoredRecord {
             upstream_request_delta: deltas.upstream_request,
             upstream_dialect,
             prompt_token_ids_delta: deltas.prompt_token_ids,
+            sampling,
+            attempt,
+            retry_of,
         };
         let requests = Requests {
             request,
@@ -314,6 +342,9 @@ impl StoredRecord {
             normalized_response: self.normalized_response,
             upstream_request: full.upstream_request,
             upstream_dialect: self.upstream_dialect,
+            sampling: self.sampling,
+            attempt: self.attempt,
+            retry_of: self.retry_of,
         }
     }
 }

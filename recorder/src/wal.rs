@@ -343,6 +343,9 @@ mod tests {
             upstream_request_delta: None,
             upstream_dialect: None,
             prompt_token_ids_delta: None,
+            sampling: None,
+            attempt: None,
+            retry_of: None,
         };
         let mut bytes = Vec::new();
         for i in 1..=3 {

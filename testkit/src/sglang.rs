@@ -10,7 +10,10 @@
 //!
 //! Also served, for weight pushes: `/pause_generation` (new generations wait),
 //! `/continue_generation`, `/flush_cache`, `/update_weights_from_disk` (takes
-//! `weight_version`), `/get_model_info`, `/health`.
+//! `weight_version`), `/get_model_info`, `/health`; `/abort_request` (takes `rid`).
+//!
+//! For tests, `GET /testkit/requests` answers what this side was asked:
+//! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...]}`.
 //!
 //! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
 //! push read and write.
@@ -20,8 +23,8 @@ use std::sync::Mutex;
 use serde::Deserialize as _;
 
 use graft_wire::sglang::{
-    self as wire, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse, Matched,
-    MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
+    self as wire, AbortRequest, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse,
+    Matched, MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 };
 use http::{Response, StatusCode};
@@ -42,6 +45,10 @@ const TOKENS_PER_EVENT: usize = 2;
 pub(crate) struct Backend {
     weight_version: Mutex<String>,
     paused: watch::Sender<bool>,
+    /// Each `/generate` request as it arrived (rid, sampling parameters, stream).
+    seen: Mutex<Vec<Value>>,
+    /// The rids `/abort_request` was called with.
+    aborted: Mutex<Vec<String>>,
 }
 
 impl Default for Backend {
@@ -49,9 +56,14 @@ impl Default for Backend {
         Backend {
             weight_version: Mutex::new("default".to_string()),
             paused: watch::Sender::new(false),
+            seen: Mutex::new(vec![]),
+            aborted: Mutex::new(vec![]),
         }
     }
 }
+
+/// The path of the test log of what the SGLang side was asked.
+pub(crate) const REQUESTS: &str = "/testkit/requests";
 
 impl Backend {
     fn weight_version(&self) -> String {
@@ -95,6 +107,8 @@ pub(crate) fn is_route(path: &str) -> bool {
         wire::path::FLUSH_CACHE,
         wire::path::UPDATE_WEIGHTS_FROM_DISK,
         wire::path::GENERATE,
+        wire::path::ABORT_REQUEST,
+        REQUESTS,
     ]
     .contains(&path)
 }
@@ -150,6 +164,26 @@ pub(crate) async fn route(
             )
         }
         ("POST", wire::path::GENERATE) => generate(state, body).await?,
+        ("POST", wire::path::ABORT_REQUEST) => {
+            let Ok(req) = AbortRequest::deserialize(body) else {
+                return Ok(Some(error(
+                    StatusCode::BAD_REQUEST,
+                    "'rid' must be a string",
+                )));
+            };
+            if let (Some(rid), Ok(mut a)) = (req.rid, b.aborted.lock()) {
+                a.push(rid);
+            }
+            json_response(StatusCode::OK, &json!({}))
+        }
+        ("GET", REQUESTS) => {
+            let seen = b.seen.lock().map(|v| v.clone()).unwrap_or_default();
+            let aborted = b.aborted.lock().map(|v| v.clone()).unwrap_or_default();
+            json_response(
+                StatusCode::OK,
+                &json!({"generate": seen, "aborted": aborted}),
+            )
+        }
         _ => return Ok(None),
     };
     Ok(Some(resp))
@@ -222,6 +256,14 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
     // A body that does not fit the wire is read as one without a prompt (the error below
     // names what is needed).
     let req = GenerateRequest::deserialize(body).unwrap_or_default();
+    if let Ok(mut seen) = state.sglang.seen.lock() {
+        seen.push(json!({
+            "rid": req.rid,
+            "sampling_params": body.get("sampling_params"),
+            "stream": req.is_stream(),
+            "routing_key": req.routing_key,
+        }));
+    }
     let input_ids = match (req.input_ids.clone(), &req.text) {
         (Some(ids), _) => ids,
         (None, Some(text)) => match model.tokenizer.encode(text) {
@@ -308,7 +350,10 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
     } else {
         FinishReason::stop(eos_id.map(|id| Matched::Token(i64::from(id))))
     };
-    let rid = format!("{:032x}", state.next_id());
+    let rid = req
+        .rid
+        .clone()
+        .unwrap_or_else(|| format!("{:032x}", state.next_id()));
     let weight_version = state.sglang.weight_version();
     let event = |n: usize, last: bool| -> Value {
         let ids = &output[..n];

@@ -28,6 +28,7 @@ use crate::config::{BackendConfig, GatewayConfig};
 use crate::dialect::{Answer, Conversation, Delta, Dialect};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
+use crate::policy::SamplingPolicy;
 use crate::route::Route;
 use crate::sse::Event;
 
@@ -88,10 +89,11 @@ impl Backend {
         bytes: bytes::Bytes,
         session: &str,
         call_id: &str,
+        policy: Option<&SamplingPolicy>,
     ) -> Result<Plan, GatewayError> {
         match self {
-            Backend::OpenAi(o) => o.plan(route, dialect, request, bytes),
-            Backend::Sglang(s) => s.plan(dialect, request, session, call_id).await,
+            Backend::OpenAi(o) => o.plan(route, dialect, request, bytes, policy),
+            Backend::Sglang(s) => s.plan(dialect, request, session, call_id, policy).await,
         }
     }
 }
@@ -117,6 +119,8 @@ pub(crate) struct Plan {
     pub(crate) upstream: String,
     pub(crate) model: Option<String>,
     pub(crate) stream: bool,
+    /// The record's `sampling` (a policy applied: it, what the client asked, what was sent).
+    pub(crate) sampling: Option<Value>,
 }
 
 /// One call's way to its backend.

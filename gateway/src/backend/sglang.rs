@@ -34,6 +34,7 @@ use crate::config::{BackendHttp, ExactConfig};
 use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
+use crate::policy::SamplingPolicy;
 use crate::sessions::now_us;
 use crate::sglang::{self, FinishReason, Progress};
 use crate::sse::Event;
@@ -297,6 +298,7 @@ impl Sglang {
         request: &Value,
         session: &str,
         call_id: &str,
+        policy: Option<&SamplingPolicy>,
     ) -> Result<Plan, GatewayError> {
         let conv = dialect.parse(request)?;
         if let Some(n) = request.get("n").and_then(Value::as_u64)
@@ -390,8 +392,23 @@ impl Sglang {
             PromptKind::Reused { reused } => reused,
             PromptKind::Full => 0,
         };
-        let params = sglang::sampling_params(&conv.sampling, self.max_new_tokens);
-        let body = sglang::generate_body(&prompt.ids, params, conv.stream);
+        // A sampling policy decides what is sent; the normalized request keeps what the
+        // client asked for.
+        let sent = policy.map(|p| p.apply(&conv.sampling));
+        let params =
+            sglang::sampling_params(sent.as_ref().unwrap_or(&conv.sampling), self.max_new_tokens);
+        let sampling = policy.map(|p| {
+            crate::policy::record_value(
+                p,
+                serde_json::to_value(&conv.sampling).unwrap_or(Value::Null),
+                params.clone(),
+            )
+        });
+        let mut body = sglang::generate_body(&prompt.ids, params, conv.stream);
+        if let Some(o) = body.as_object_mut() {
+            // The call id is SGLang's request id: `/abort_request` stops it by that name.
+            o.insert("rid".into(), Value::String(call_id.to_string()));
+        }
         let mut recorded_body = body.clone();
         if let Some(o) = recorded_body.as_object_mut() {
             // The ids are the record's prompt_token_ids; the body keeps what else was sent.
@@ -448,18 +465,47 @@ impl Sglang {
             upstream: backend,
             model: Some(model),
             stream,
+            sampling,
         })
     }
 
-    /// `POST {backend}/generate`; returns once the answer's head has arrived.
+    /// `POST {backend}/generate`; returns once the answer's head has arrived. The session is
+    /// the routing key of SGLang's router (`X-SMG-Routing-Key`: its `consistent_hashing` and
+    /// `manual` policies keep a key on one worker, so the prefix cache keeps serving it).
     pub(crate) async fn send(&self, g: &Generate) -> Result<Response<Incoming>, GatewayError> {
-        self.request(
+        self.request_with(
             Method::POST,
             &format!("{}/generate", g.backend),
             &g.backend,
             g.body.clone(),
+            HeaderValue::from_str(&g.session).ok(),
         )
         .await
+    }
+
+    /// `POST {backend}/abort_request {"rid": call_id}`: stops a generation whose client went
+    /// away (best effort: a generation that already finished is not an error).
+    pub(crate) async fn abort(&self, backend: &str, call_id: &str) {
+        let body = serde_json::json!({"rid": call_id}).to_string();
+        let url = format!("{backend}{}", graft_wire::sglang::path::ABORT_REQUEST);
+        match self
+            .request(Method::POST, &url, backend, Bytes::from(body))
+            .await
+        {
+            Ok(r) if r.status().is_success() => {
+                info!(
+                    call_id,
+                    backend, "exact mode: the client went away; generation aborted"
+                );
+            }
+            Ok(r) => warn!(
+                call_id,
+                backend,
+                status = r.status().as_u16(),
+                "exact mode: /abort_request was refused"
+            ),
+            Err(e) => warn!(call_id, backend, error = %e, "exact mode: /abort_request failed"),
+        }
     }
 
     /// `GET /v1/models` of the first backend (SGLang serves the OpenAI routes too).
@@ -483,9 +529,23 @@ impl Sglang {
         backend: &str,
         body: Bytes,
     ) -> Result<Response<Incoming>, GatewayError> {
+        self.request_with(method, url, backend, body, None).await
+    }
+
+    async fn request_with(
+        &self,
+        method: Method,
+        url: &str,
+        backend: &str,
+        body: Bytes,
+        routing_key: Option<HeaderValue>,
+    ) -> Result<Response<Incoming>, GatewayError> {
         let mut req = Request::builder().method(method).uri(url);
         if !body.is_empty() {
             req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(k) = routing_key {
+            req = req.header("x-smg-routing-key", k);
         }
         let req = req.body(Full::new(body)).map_err(|e| {
             GatewayError::Internal(format!("cannot build the request to {url}: {e}"))
@@ -576,6 +636,11 @@ fn finish_label(p: &Progress) -> Option<String> {
 }
 
 impl Generate {
+    /// A hash of the prompt ids (to recognise a resent prompt as a retry).
+    pub(crate) fn prompt_hash(&self) -> u64 {
+        crate::retries::prompt_hash(&self.prompt.ids)
+    }
+
     fn invalid(&self, detail: String) -> GatewayError {
         GatewayError::UpstreamInvalid {
             upstream: self.backend.clone(),
