@@ -235,67 +235,84 @@ pub async fn handle(
         link,
     };
     let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, mode = state.cfg.backend.mode().label());
-    async move {
-        let guard =
-            InFlight::take(&state.limits, leg.gate(), &state.metrics.upstream_inflight).await?;
-        let t_up = Instant::now();
-        let resp = match leg.send(&state.backend, &headers).await {
-            Ok(r) => r,
-            Err(e) => {
-                drop(guard);
-                let o = Outcome {
-                    upstream_time: t_up.elapsed(),
-                    ..Default::default()
-                };
-                return Err(call.fail(o, e).await);
-            }
-        };
-        let is_sse = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if call.stream && leg.answering().streams(resp.status(), is_sse) {
-            let (tx, out) = call.sse_response();
-            tokio::spawn(
-                async move {
-                    relay(
-                        &call,
-                        leg.answering(),
-                        conv.as_ref(),
-                        resp.into_body(),
-                        &tx,
-                        t_up,
-                    )
-                    .await;
-                    // The backend's slot (and its pause gate) is held until the record is written.
+    // The call runs in a task of its own: when the client goes away before its answer has
+    // begun (an SDK's timeout), hyper drops this future and `gone`'s sender with it; the task
+    // then still records the call, as abandoned, and stops the backend's generation.
+    let (_client, mut gone) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        async move {
+            let guard =
+                InFlight::take(&state.limits, leg.gate(), &state.metrics.upstream_inflight).await?;
+            let t_up = Instant::now();
+            let sent = tokio::select! {
+                sent = leg.send(&state.backend, &headers) => sent,
+                _ = &mut gone => {
                     drop(guard);
+                    return Err(abandoned(&call, t_up).await);
                 }
-                .in_current_span(),
-            );
-            return Ok(out);
-        }
-        // The whole answer is read in a task of its own: when the client goes away, hyper
-        // drops this future (and `gone`'s sender with it); the task then still records the
-        // call, as abandoned, and stops the backend's generation.
-        let (_client, gone) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(
-            async move {
-                let result = whole(&call, leg.answering(), conv.as_ref(), resp, t_up, gone).await;
-                drop(guard);
-                result
+            };
+            let resp = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(guard);
+                    let o = Outcome {
+                        upstream_time: t_up.elapsed(),
+                        ..Default::default()
+                    };
+                    return Err(call.fail(o, e).await);
+                }
+            };
+            let is_sse = resp
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            if call.stream && leg.answering().streams(resp.status(), is_sse) {
+                let (tx, out) = call.sse_response();
+                tokio::spawn(
+                    async move {
+                        relay(
+                            &call,
+                            leg.answering(),
+                            conv.as_ref(),
+                            resp.into_body(),
+                            &tx,
+                            t_up,
+                        )
+                        .await;
+                        // The backend's slot (and its pause gate) is held until the record is written.
+                        drop(guard);
+                    }
+                    .in_current_span(),
+                );
+                return Ok(out);
             }
-            .in_current_span(),
-        );
-        match task.await {
-            Ok(result) => result,
-            Err(e) => Err(GatewayError::Internal(format!(
-                "the call's task failed: {e}"
-            ))),
+            let result = whole(&call, leg.answering(), conv.as_ref(), resp, t_up, gone).await;
+            drop(guard);
+            result
         }
+        .instrument(span),
+    );
+    match task.await {
+        Ok(result) => result,
+        Err(e) => Err(GatewayError::Internal(format!(
+            "the call's task failed: {e}"
+        ))),
     }
-    .instrument(span)
-    .await
+}
+
+/// A call whose client went away before its answer was complete: recorded as abandoned
+/// (with nothing of the answer), the backend told to stop generating it.
+async fn abandoned(call: &Call, t_up: Instant) -> GatewayError {
+    let o = Outcome {
+        upstream_time: t_up.elapsed(),
+        status: StatusCode::OK.as_u16(),
+        ..Default::default()
+    };
+    call.abort_generation();
+    let wait = call.commit(&o, true).await.unwrap_or_default();
+    call.observe(o.upstream_time, wait, None);
+    GatewayError::Internal("the client closed the connection before the answer was complete".into())
 }
 
 /// Reads a whole upstream body within the response size limit and the upstream timeout.
@@ -348,21 +365,7 @@ async fn whole(
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
     let body = tokio::select! {
         body = collect_upstream(call, resp) => body,
-        _ = &mut gone => {
-            // The client went away before the answer was complete: recorded as abandoned
-            // (nothing of the answer was read), the backend told to stop.
-            let o = Outcome {
-                upstream_time: t_up.elapsed(),
-                status: StatusCode::OK.as_u16(),
-                ..Default::default()
-            };
-            call.abort_generation();
-            let wait = call.commit(&o, true).await.unwrap_or_default();
-            call.observe(o.upstream_time, wait, None);
-            return Err(GatewayError::Internal(
-                "the client closed the connection before the answer was complete".into(),
-            ));
-        }
+        _ = &mut gone => return Err(abandoned(call, t_up).await),
     };
     let mut o = Outcome {
         upstream_time: t_up.elapsed(),

@@ -243,6 +243,9 @@ pub(crate) async fn handle(
         Some(Fault::Reset) | None => {}
     }
 
+    if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
+        tokio::time::sleep(d).await;
+    }
     let echo;
     let reply = match state.script.reply_for(&prompt) {
         Some(r) => r,

@@ -315,6 +315,9 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
         Some("reset") if !stream => return Err(Abort),
         _ => {}
     }
+    if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
+        tokio::time::sleep(d).await;
+    }
     let echo;
     let reply = match state.script.reply_for(&prompt) {
         Some(r) => r,
