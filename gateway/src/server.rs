@@ -90,6 +90,9 @@ impl Gateway {
             cfg.sessions.default_session.clone(),
         );
         let backend = Backend::new(&cfg)?;
+        if let Some(exact) = backend.exact() {
+            exact.restore(rs.data_dir.clone(), sessions.open_ids());
+        }
         let l = &cfg.limits;
         let limits = Limits::new(
             l.global_rps,

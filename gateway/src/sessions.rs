@@ -236,6 +236,19 @@ impl Sessions {
         inner.by_id.get(id).cloned()
     }
 
+    /// The ids of the sessions that are not closed.
+    pub fn open_ids(&self) -> std::collections::HashSet<String> {
+        let Ok(inner) = self.inner.read() else {
+            return Default::default();
+        };
+        inner
+            .by_id
+            .values()
+            .filter(|s| !s.is_closed())
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
     pub fn list(&self) -> Vec<Value> {
         let Ok(inner) = self.inner.read() else {
             return vec![];

@@ -29,6 +29,7 @@ use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 use tracing::{info, warn};
 
+use super::restore::Restored;
 use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
 use crate::config::{BackendHttp, ExactConfig};
 use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall};
@@ -135,6 +136,10 @@ pub struct Sglang {
     /// it; a pause takes it for writing.
     gates: Vec<Arc<RwLock<()>>>,
     paused: tokio::sync::Mutex<Vec<Option<OwnedRwLockWriteGuard<()>>>>,
+    /// Histories rebuilt from the records at start, taken by each session's first call.
+    restored: Arc<Mutex<HashMap<String, Restored>>>,
+    /// Whether the rebuild is done (calls wait for it).
+    ready: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Sglang {
@@ -164,7 +169,43 @@ impl Sglang {
                 .map(|_| Arc::new(RwLock::new(())))
                 .collect(),
             paused: tokio::sync::Mutex::new(cfg.backends.iter().map(|_| None).collect()),
+            restored: Arc::new(Mutex::new(HashMap::new())),
+            ready: Arc::new(tokio::sync::watch::Sender::new(true)),
         })
+    }
+
+    /// Rebuilds the token histories of the `open` sessions from the records in `data_dir`,
+    /// in the background; calls wait until it is done (see `restore.rs`).
+    pub fn restore(&self, data_dir: std::path::PathBuf, open: std::collections::HashSet<String>) {
+        self.ready.send_replace(false);
+        let (restored, ready) = (self.restored.clone(), self.ready.clone());
+        let per_session = self.memory.per_session;
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            match graft_recorder::read_records(&data_dir) {
+                Ok(records) => {
+                    let found = super::restore::histories(records, &open, per_session);
+                    let turns: usize = found.values().map(|r| r.turns.len()).sum();
+                    if !found.is_empty() {
+                        info!(
+                            sessions = found.len(),
+                            turns,
+                            ms = t.elapsed().as_millis() as u64,
+                            "exact mode: token histories rebuilt from the records"
+                        );
+                    }
+                    if let Ok(mut r) = restored.lock() {
+                        *r = found;
+                    }
+                }
+                Err(e) => warn!(
+                    error = %e,
+                    dir = %data_dir.display(),
+                    "exact mode: the records cannot be read to rebuild token histories; open sessions' next calls are tokenized in full"
+                ),
+            }
+            ready.send_replace(true);
+        });
     }
 
     pub fn backends(&self) -> &[String] {
@@ -186,13 +227,20 @@ impl Sglang {
             s.last_used = now;
             return (s.backend, s.turns.iter().cloned().collect());
         }
+        // The session's first call since the start: its history from the records, if any.
+        let restored = self.restored.lock().ok().and_then(|mut r| r.remove(id));
+        let pin = restored
+            .as_ref()
+            .and_then(|r| self.backend_index(&r.backend));
         let backend = match self.pinned.lock() {
             Ok(mut counts) => {
-                let (i, _) = counts
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, n)| **n)
-                    .unwrap_or((0, &0));
+                let i = pin.unwrap_or_else(|| {
+                    counts
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, n)| **n)
+                        .map_or(0, |(i, _)| i)
+                });
                 if let Some(c) = counts.get_mut(i) {
                     *c += 1;
                 }
@@ -200,15 +248,23 @@ impl Sglang {
             }
             Err(_) => 0,
         };
+        let turns: VecDeque<Arc<Turn>> = restored.map(|r| r.turns.into()).unwrap_or_default();
+        let held: usize = turns.iter().map(|t| t.tokens.len()).sum();
+        let out: Vec<Arc<Turn>> = turns.iter().cloned().collect();
         h.map.insert(
             id.to_string(),
             SessionTokens {
                 backend,
+                turns,
+                held,
                 last_used: now,
-                ..Default::default()
             },
         );
-        (backend, vec![])
+        h.held += held;
+        if held > 0 {
+            h.evict(self.memory.budget);
+        }
+        (backend, out)
     }
 
     /// A closed session's tokens are dropped.
@@ -312,6 +368,8 @@ impl Sglang {
             ));
         }
         let mut conv = conv;
+        // Histories are being rebuilt from the records after a start: wait for them.
+        let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
         let backend = self
             .backends
