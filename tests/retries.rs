@@ -123,8 +123,11 @@ fn run(exact: bool) {
         (up, gw)
     };
     let mut abandoned = vec![];
+    let mut sessions = vec![];
     for mode in ["json", "stream"] {
-        abandoned.push(retried_call(&env, &gw, &data, mode).1);
+        let (sid, first) = retried_call(&env, &gw, &data, mode);
+        abandoned.push(first);
+        sessions.push(sid);
     }
     if exact {
         // The backend was told to stop each abandoned generation, by the call id.
@@ -142,10 +145,25 @@ fn run(exact: bool) {
                 .collect();
             abandoned.iter().all(|a| aborted.contains(a)).then_some(log)
         });
-        // Every /generate carried its call id as rid.
+        // Every /generate carried its call id as rid and its session as the router's
+        // routing key.
         let gens = log["generate"].as_array().unwrap();
         assert_eq!(gens.len(), 4, "{log:#}");
         assert!(gens.iter().all(|g| g["rid"].is_string()), "{log:#}");
+        let keys: Vec<&str> = gens
+            .iter()
+            .map(|g| g["routing_key"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                sessions[0].as_str(),
+                sessions[0].as_str(),
+                sessions[1].as_str(),
+                sessions[1].as_str()
+            ],
+            "{log:#}"
+        );
     }
     let out = dir.path().join("samples.parquet");
     let summary = reconstruct(&data, &qwen3, &out);

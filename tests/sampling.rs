@@ -291,3 +291,61 @@ async fn bad_policies_and_n_in_exact_mode_get_clear_errors_in_the_clients_dialec
     assert_eq!(s["sampling"]["mode"], "default", "{s}");
     assert_eq!(s["sampling"]["temperature"], 0.9, "{s}");
 }
+
+/// Passthrough: a policy rewrites the sampling keys of the Chat Completions body graft
+/// forwards (set in graft.toml here, as `default`: only what the client left out is filled;
+/// then a session's own `enforce` policy replaces it). The record holds what the client
+/// sent (`request`), what was forwarded (`upstream_request`) and the policy.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passthrough_bodies_are_sampled_under_the_gateway_or_session_policy() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Proc::scripted_upstream(&[]);
+    let data = dir.path().join("data");
+    let config = dir.path().join("graft.toml");
+    std::fs::write(
+        &config,
+        "[sampling]\nmode = \"default\"\ntop_p = 0.95\nmax_new_tokens = 64\n",
+    )
+    .unwrap();
+    let gw = Proc::gateway_with(
+        &upstream.url,
+        &data,
+        &["--config", config.to_str().unwrap()],
+        &[],
+    );
+    let chat = json!({"model": "m", "temperature": 0.0, "max_tokens": 500,
+        "messages": [{"role": "user", "content": "hi"}]});
+    let sessions = format!("{}/graft/sessions", gw.url);
+    let r = http::post_json(&sessions, &[], &json!({"session_id": "plain"})).await;
+    assert_eq!(r.status, 201);
+    let r = http::post_json(
+        &sessions,
+        &[],
+        &json!({"session_id": "forced", "sampling": {"temperature": 1.0}}),
+    )
+    .await;
+    assert_eq!(r.status, 201);
+    for sid in ["plain", "forced"] {
+        let url = format!("{}/s/{sid}/v1/chat/completions", gw.url);
+        let r = http::post_json(&url, &[], &chat).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let recs = common::records_show(&data);
+    let rec = |sid: &str| recs.iter().find(|r| r["session_id"] == sid).unwrap().clone();
+    let plain = rec("plain");
+    assert_eq!(plain["request"]["temperature"], 0.0, "{plain:#}");
+    // `default`: the client's temperature stays, its missing top_p is filled, the cap holds.
+    assert_eq!(plain["upstream_request"]["temperature"], 0.0, "{plain:#}");
+    assert_eq!(plain["upstream_request"]["top_p"], 0.95, "{plain:#}");
+    assert_eq!(plain["upstream_request"]["max_tokens"], 64, "{plain:#}");
+    assert_eq!(plain["sampling"]["policy"]["mode"], "default");
+    assert_eq!(plain["sampling"]["requested"]["max_tokens"], 500);
+    let forced = rec("forced");
+    assert_eq!(forced["request"]["temperature"], 0.0, "{forced:#}");
+    assert_eq!(forced["upstream_request"]["temperature"], 1.0, "{forced:#}");
+    assert!(
+        forced["upstream_request"].get("top_p").is_none(),
+        "the session's policy replaces the gateway's: {forced:#}"
+    );
+    assert_eq!(forced["sampling"]["sent"]["temperature"], 1.0);
+}

@@ -13,7 +13,8 @@
 //! `weight_version`), `/get_model_info`, `/health`; `/abort_request` (takes `rid`).
 //!
 //! For tests, `GET /testkit/requests` answers what this side was asked:
-//! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...]}`.
+//! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...]}`
+//! (`routing_key`: the `X-SMG-Routing-Key` header SGLang's router reads, else the body's).
 //!
 //! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
 //! push read and write.
@@ -119,6 +120,7 @@ pub(crate) async fn route(
     method: &http::Method,
     path: &str,
     body: &Value,
+    routing_key: Option<String>,
 ) -> Result<Option<Response<RespBody>>, Abort> {
     let b = &state.sglang;
     let resp = match (method.as_str(), path) {
@@ -163,7 +165,7 @@ pub(crate) async fn route(
                 },
             )
         }
-        ("POST", wire::path::GENERATE) => generate(state, body).await?,
+        ("POST", wire::path::GENERATE) => generate(state, body, routing_key).await?,
         ("POST", wire::path::ABORT_REQUEST) => {
             let Ok(req) = AbortRequest::deserialize(body) else {
                 return Ok(Some(error(
@@ -246,7 +248,11 @@ fn raw_output(reply: &Reply, eos: &str) -> String {
     out
 }
 
-async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abort> {
+async fn generate(
+    state: &State,
+    body: &Value,
+    routing_key: Option<String>,
+) -> Result<Response<RespBody>, Abort> {
     let Some(model) = &state.model else {
         return Ok(error(
             StatusCode::BAD_REQUEST,
@@ -261,7 +267,8 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
             "rid": req.rid,
             "sampling_params": body.get("sampling_params"),
             "stream": req.is_stream(),
-            "routing_key": req.routing_key,
+            // SGLang's router reads the header; the body field is the scheduler's.
+            "routing_key": routing_key.or_else(|| req.routing_key.clone()),
         }));
     }
     let input_ids = match (req.input_ids.clone(), &req.text) {
