@@ -331,7 +331,12 @@ async fn passthrough_bodies_are_sampled_under_the_gateway_or_session_policy() {
         assert_eq!(r.status, 200, "{}", r.text());
     }
     let recs = common::records_show(&data);
-    let rec = |sid: &str| recs.iter().find(|r| r["session_id"] == sid).unwrap().clone();
+    let rec = |sid: &str| {
+        recs.iter()
+            .find(|r| r["session_id"] == sid)
+            .unwrap()
+            .clone()
+    };
     let plain = rec("plain");
     assert_eq!(plain["request"]["temperature"], 0.0, "{plain:#}");
     // `default`: the client's temperature stays, its missing top_p is filled, the cap holds.

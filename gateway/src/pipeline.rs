@@ -197,9 +197,11 @@ pub async fn handle(
                 dialect,
                 &request,
                 bytes,
-                &session.id,
-                &call_id,
-                policy,
+                crate::backend::CallCtx {
+                    session: &session.id,
+                    call_id: &call_id,
+                    policy,
+                },
             )
             .await?
     };

@@ -129,7 +129,7 @@ fn policy_of(session: &str, v: Option<Value>) -> Option<SamplingPolicy> {
 pub fn check_policy(p: &SamplingPolicy) -> Result<(), GatewayError> {
     p.check().map_err(|(key, message)| {
         GatewayError::field(
-            &format!("sampling.{key}"),
+            format!("sampling.{key}"),
             format!("sampling.{key} {message}"),
         )
     })

@@ -75,11 +75,11 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
             .to_owned(),
         ),
         // The additive fields on some turns (every store must keep them, and their absence).
-        sampling: (turn % 2 == 0).then(|| {
+        sampling: turn.is_multiple_of(2).then(|| {
             json!({"policy": {"mode": "enforce", "temperature": 1.0},
                    "requested": {"temperature": 0.0}, "sent": {"temperature": 1.0}})
         }),
-        attempt: (turn % 3 != 0).then_some(1 + (turn % 2) as u32),
+        attempt: (!turn.is_multiple_of(3)).then_some(1 + (turn % 2) as u32),
         retry_of: (turn % 2 == 1).then(|| format!("{session}-first-{turn}")),
     }
 }

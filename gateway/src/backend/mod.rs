@@ -88,15 +88,23 @@ impl Backend {
         dialect: &'static dyn Dialect,
         request: &Value,
         bytes: bytes::Bytes,
-        session: &str,
-        call_id: &str,
-        policy: Option<&SamplingPolicy>,
+        ctx: CallCtx<'_>,
     ) -> Result<Plan, GatewayError> {
         match self {
-            Backend::OpenAi(o) => o.plan(route, dialect, request, bytes, policy),
-            Backend::Sglang(s) => s.plan(dialect, request, session, call_id, policy).await,
+            Backend::OpenAi(o) => o.plan(route, dialect, request, bytes, ctx.policy),
+            Backend::Sglang(s) => {
+                s.plan(dialect, request, ctx.session, ctx.call_id, ctx.policy)
+                    .await
+            }
         }
     }
+}
+
+/// Whose call is planned, and the sampling policy it is sampled with.
+pub(crate) struct CallCtx<'a> {
+    pub(crate) session: &'a str,
+    pub(crate) call_id: &'a str,
+    pub(crate) policy: Option<&'a SamplingPolicy>,
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -175,7 +175,7 @@ pub(crate) fn logit_bias_of(v: Option<&Value>) -> Result<Option<Map<String, Valu
         Some(Value::Object(m)) => {
             if let Some((k, b)) = m.iter().find(|(_, b)| b.as_f64().is_none()) {
                 return Err(GatewayError::field(
-                    &format!("logit_bias.{k}"),
+                    format!("logit_bias.{k}"),
                     format!("'logit_bias.{k}' must be a number, got {}", kind(b)),
                 ));
             }
