@@ -957,3 +957,73 @@ async fn a_call_straddling_an_outside_weight_update_is_labelled_per_span() {
         "prompt tokens have no version and no logprob"
     );
 }
+
+/// kill -9 of the gateway between two turns of a session: after the restart (same data
+/// dir) the session's token history is rebuilt from its records, so the next prompt still
+/// reuses the sampled ids verbatim (`reused_tokens` > 0: without it the client's echo,
+/// which drops the reasoning, would render differently) and reconstruct merges the session
+/// into one sample without drift.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_goes_on_after_kill_9_of_the_gateway_reusing_its_sampled_tokens() {
+    let mut s = start(SCRIPT, &[], &[]);
+    let (sid, _) = common::open_session(&s.gateway.url).await;
+    let chat_url = |gw: &str| format!("{gw}/s/{sid}/v1/chat/completions");
+    let mut messages = vec![
+        json!({"role": "system", "content": "You run shell commands."}),
+        json!({"role": "user", "content": "list the files please"}),
+    ];
+    let body = json!({"model": "qwen3", "tools": tools(), "messages": messages});
+    let r = http::post_json(&chat_url(&s.gateway.url), &[], &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let msg = r.json()["choices"][0]["message"].clone();
+    let call = msg["tool_calls"][0].clone();
+    let mut echo = msg.clone();
+    echo.as_object_mut().unwrap().remove("reasoning_content");
+    messages.push(echo);
+    messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "a.txt b.txt"}));
+
+    s.gateway.kill9();
+    let q = s.qwen3.to_str().unwrap().to_string();
+    let gw = Proc::gateway_with(
+        &s.upstream.url,
+        &s.data,
+        &["--mode", "exact", "--model-dir", &q],
+        &[],
+    );
+    let body = json!({"model": "qwen3", "tools": tools(), "messages": messages, "stream": true});
+    let r = http::post_json(&chat_url(&gw.url), &[], &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let msg = common::assemble_chat(&chunks);
+    assert_eq!(
+        msg["content"], "The directory holds a.txt and b.txt.",
+        "{msg}"
+    );
+
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let recs = check_session_records(&common::records_show(&s.data), &sid, &tok);
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+    let reused = recs[1]["upstream_request"]["graft_prompt"]["reused_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        reused > 0,
+        "the restarted gateway reused the sampled ids: {:#}",
+        recs[1]
+    );
+    let mut sampled = ids(&recs[0]["prompt_token_ids"]);
+    sampled.extend(ids(&recs[0]["completion_token_ids"]));
+    assert!(ids(&recs[1]["prompt_token_ids"]).starts_with(&sampled));
+    drop(gw);
+
+    let out = s.dir.path().join("samples.parquet");
+    let summary = reconstruct(&s.data, &s.qwen3, &out);
+    assert_eq!(summary["samples"], 1, "{summary}");
+    assert_eq!(summary["drift_events"], 0, "{summary}");
+    check_samples(&out, &common::records_show(&s.data));
+}

@@ -150,6 +150,33 @@ header_timeout_secs = 2
     )
     .await;
     assert_error(&r, 400, "invalid_value", "'reward' must be a number");
+    // Sampling policies graft cannot sample with, at create and at update.
+    let r = http::post_json(
+        &format!("{base}/graft/sessions"),
+        &admin,
+        &json!({"session_id": "sess-neg", "sampling": {"temperature": -0.1}}),
+    )
+    .await;
+    assert_error(&r, 400, "invalid_value", "sampling.temperature");
+    let r = http::post_json(
+        &format!("{base}/graft/sessions/sess-a/sampling"),
+        &admin,
+        &json!({"top_p": 1.5}),
+    )
+    .await;
+    assert_error(
+        &r,
+        400,
+        "invalid_value",
+        "sampling.top_p must be in (0, 1], got 1.5",
+    );
+    let r = http::post_json(
+        &format!("{base}/graft/sessions/sess-a/sampling"),
+        &admin,
+        &json!({"temperature": "hot"}),
+    )
+    .await;
+    assert_error(&r, 400, "invalid_value", "invalid sampling policy");
     let r = http::post_json(
         &format!("{base}/graft/sessions/sess-a/close"),
         &admin,

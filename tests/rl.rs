@@ -133,6 +133,14 @@ fn rl_collects_rewarded_samples_in_sandboxes_and_resumes_after_the_last_step() {
         recs.iter()
             .all(|r| r["upstream_dialect"] == "sglang_generate")
     );
+    // Each rollout's session samples at the trainer's temperature (an enforced policy),
+    // whatever the agent asks for; the record holds both.
+    for r in &recs {
+        assert_eq!(r["sampling"]["policy"]["mode"], "enforce", "{r:#}");
+        assert_eq!(r["sampling"]["policy"]["temperature"], 1.0, "{r:#}");
+        assert_eq!(r["sampling"]["sent"]["temperature"], 1.0, "{r:#}");
+        assert!(r["sampling"]["requested"].is_object(), "{r:#}");
+    }
 
     // Resume: a run with more steps continues after the finished one.
     let cfg = config(dir.path(), &env, 2);
@@ -189,6 +197,14 @@ fn rl_refuses_a_bad_config_with_the_reason() {
     let (ok, out) = rl(&["--config", p.to_str().unwrap()]);
     assert!(!ok);
     assert!(out.contains("rollout.group_size (8)"), "{out}");
+    std::fs::write(
+        &p,
+        "[run]\nout_dir = \"o\"\nsteps = 1\n[tasks]\nfile = \"t.jsonl\"\n[harness]\ncommand = \"true\"\n[backend]\nmodel_dir = \"m\"\nurls = [\"http://127.0.0.1:9\"]\n[trainer]\ntemperature = 0.0\n",
+    )
+    .unwrap();
+    let (ok, out) = rl(&["--config", p.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(out.contains("trainer.temperature = 0"), "{out}");
     std::fs::write(&p, "[run]\nout_dir = \"o\"\nsteps = 1\nbogus = 2\n").unwrap();
     let (ok, out) = rl(&["--config", p.to_str().unwrap()]);
     assert!(!ok);

@@ -10,12 +10,13 @@ use graft_recorder::{CallRecord, SCHEMA_VERSION, Usage};
 use http::{HeaderValue, Response, header};
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tracing::error;
+use tracing::{Instrument, error};
 
 use crate::body::{GBody, channel_body, full};
 use crate::dialect::Dialect;
 use crate::error::{Cause, GatewayError};
 use crate::outcome::Outcome;
+use crate::retries::Link;
 use crate::route::Route;
 use crate::sessions::{Session, now_us};
 use crate::state::State;
@@ -45,6 +46,10 @@ pub(crate) struct Call {
     pub(crate) upstream: String,
     /// The id graft gives the answer in the client's dialect (`resp_…`, `msg_…`).
     pub(crate) response_id: String,
+    /// The sampling policy applied, what the client asked for and what was sent.
+    pub(crate) sampling: Option<Value>,
+    /// Which attempt of its turn the call is.
+    pub(crate) link: Link,
 }
 
 impl Call {
@@ -98,6 +103,9 @@ impl Call {
             ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
             latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
             client: self.client.clone(),
+            sampling: self.sampling.clone(),
+            attempt: Some(self.link.attempt),
+            retry_of: self.link.retry_of.clone(),
         }
     }
 
@@ -108,6 +116,9 @@ impl Call {
         client_gone: bool,
     ) -> Result<Duration, GatewayError> {
         let rec = self.build_record(o, client_gone);
+        self.session
+            .turns
+            .settle(&self.call_id, rec.outcome == "ok");
         let t = Instant::now();
         self.session
             .count_call(rec.outcome == Cause::Upstream.outcome());
@@ -122,6 +133,24 @@ impl Call {
                 Err(GatewayError::Record(e.to_string()))
             }
         }
+    }
+
+    /// Tells an exact-mode backend to stop this call's generation (its client went away);
+    /// in the background, so the client's side is not held up.
+    pub(crate) fn abort_generation(&self) {
+        if self.upstream_dialect != Some(crate::backend::sglang::WIRE) {
+            return;
+        }
+        let state = self.state.clone();
+        let (backend, call_id) = (self.upstream.clone(), self.call_id.clone());
+        tokio::spawn(
+            async move {
+                if let Some(exact) = state.backend.exact() {
+                    exact.abort(&backend, &call_id).await;
+                }
+            }
+            .in_current_span(),
+        );
     }
 
     /// Records a call that failed with `e` (best effort: the error goes back to the client

@@ -80,6 +80,9 @@ pub struct FileConfig {
     pub limits: LimitsSection,
     #[serde(default)]
     pub exact: ExactSection,
+    /// `[sampling]`: the sampling policy of every session that has none of its own.
+    #[serde(default)]
+    pub sampling: Option<crate::policy::SamplingPolicy>,
 }
 
 /// How calls reach the model.
@@ -233,6 +236,8 @@ pub struct GatewayConfig {
     pub auth: AuthConfig,
     pub sessions: SessionsConfig,
     pub limits: LimitsConfig,
+    /// The sampling policy of sessions without their own (`[sampling]`).
+    pub sampling: Option<crate::policy::SamplingPolicy>,
 }
 
 #[derive(Debug, Clone)]
@@ -534,7 +539,16 @@ impl GatewayConfig {
                     l.upstream_queue_timeout_ms.unwrap_or(30_000),
                 ),
             },
+            sampling: file.sampling.clone(),
         };
+        if let Some(p) = &cfg.sampling
+            && let Err((key, message)) = p.check()
+        {
+            return Err(ConfigError::Invalid {
+                key: format!("sampling.{key}"),
+                message,
+            });
+        }
         if cfg.limits.max_concurrent_upstream == 0 {
             return Err(ConfigError::Invalid {
                 key: "limits.max_concurrent_upstream".into(),
@@ -683,6 +697,35 @@ mod tests {
         assert_eq!(up.url, "http://127.0.0.1:30000/v1");
         assert_eq!(c.recorder.durability, DurabilityMode::Sync);
         assert_eq!(up.token_ids, crate::token_ids::TokenIdsMode::Off);
+    }
+
+    #[test]
+    fn a_sampling_policy_is_read_and_a_negative_temperature_refused() {
+        let f = FileConfig::from_toml(
+            "[upstream]\nurl = \"http://u:1/v1\"\n[sampling]\nmode = \"default\"\ntemperature = 0.7\nmax_new_tokens = 256\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(f, Overrides::default()).unwrap();
+        let p = c.sampling.unwrap();
+        assert_eq!(p.mode, crate::policy::PolicyMode::Default);
+        assert_eq!((p.temperature, p.max_new_tokens), (Some(0.7), Some(256)));
+        let f = FileConfig::from_toml(
+            "[upstream]\nurl = \"http://u:1/v1\"\n[sampling]\ntemperature = -1.0\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let err = GatewayConfig::resolve(f, Overrides::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("sampling.temperature") && err.contains("-1"),
+            "{err}"
+        );
+        let err = FileConfig::from_toml("[sampling]\ntemp = 1.0\n", Path::new("g.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("temp"), "{err}");
     }
 
     #[test]

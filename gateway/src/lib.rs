@@ -14,6 +14,8 @@ pub mod limits;
 pub mod metrics;
 mod outcome;
 pub mod pipeline;
+pub mod policy;
+mod retries;
 pub mod route;
 pub mod server;
 pub mod sessions;

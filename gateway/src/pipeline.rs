@@ -176,6 +176,7 @@ pub async fn handle(
     let request = parse_request(route, &bytes)?;
     let dialect = dialect(kind);
     let call_id = uuid::Uuid::now_v7().to_string();
+    let signals = crate::retries::Signals::of(&headers, &bytes);
     let Plan {
         mut leg,
         conv,
@@ -185,15 +186,33 @@ pub async fn handle(
         upstream,
         model,
         stream,
-    } = state
-        .backend
-        .plan(route, dialect, &request, bytes, &session.id, &call_id)
-        .await?;
+        sampling,
+    } = {
+        let own = session.sampling();
+        let policy = own.as_deref().or(state.cfg.sampling.as_ref());
+        state
+            .backend
+            .plan(
+                route,
+                dialect,
+                &request,
+                bytes,
+                crate::backend::CallCtx {
+                    session: &session.id,
+                    call_id: &call_id,
+                    policy,
+                },
+            )
+            .await?
+    };
     let response_id = crate::dialect::new_id(dialect.id_prefix());
+    let mut prompt = None;
     if let Leg::Generate(g) = &mut leg {
         state.metrics.observe_exact_prompt(g.reused, g.render_time);
         g.response_id = response_id.clone();
+        prompt = Some(g.prompt_hash());
     }
+    let link = session.turns.begin(&call_id, signals, prompt);
     let mut call = Call {
         call_id,
         client: headers
@@ -214,54 +233,88 @@ pub async fn handle(
         upstream_dialect,
         upstream,
         response_id,
+        sampling,
+        link,
     };
     let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, mode = state.cfg.backend.mode().label());
-    async move {
-        let guard =
-            InFlight::take(&state.limits, leg.gate(), &state.metrics.upstream_inflight).await?;
-        let t_up = Instant::now();
-        let resp = match leg.send(&state.backend, &headers).await {
-            Ok(r) => r,
-            Err(e) => {
-                drop(guard);
-                let o = Outcome {
-                    upstream_time: t_up.elapsed(),
-                    ..Default::default()
-                };
-                return Err(call.fail(o, e).await);
-            }
-        };
-        let is_sse = resp
-            .headers()
-            .get(header::CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok())
-            .is_some_and(|v| v.starts_with("text/event-stream"));
-        if call.stream && leg.answering().streams(resp.status(), is_sse) {
-            let (tx, out) = call.sse_response();
-            tokio::spawn(
-                async move {
-                    relay(
-                        &mut call,
-                        leg.answering(),
-                        conv.as_ref(),
-                        resp.into_body(),
-                        &tx,
-                        t_up,
-                    )
-                    .await;
-                    // The backend's slot (and its pause gate) is held until the record is written.
+    // The call runs in a task of its own: when the client goes away before its answer has
+    // begun (an SDK's timeout), hyper drops this future and `gone`'s sender with it; the task
+    // then still records the call, as abandoned, and stops the backend's generation.
+    let (_client, mut gone) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(
+        async move {
+            let guard =
+                InFlight::take(&state.limits, leg.gate(), &state.metrics.upstream_inflight).await?;
+            let t_up = Instant::now();
+            let sent = tokio::select! {
+                sent = leg.send(&state.backend, &headers) => sent,
+                _ = &mut gone => {
                     drop(guard);
+                    return Err(abandoned(&mut call, t_up).await);
                 }
-                .in_current_span(),
-            );
-            return Ok(out);
+            };
+            let resp = match sent {
+                Ok(r) => r,
+                Err(e) => {
+                    drop(guard);
+                    let o = Outcome {
+                        upstream_time: t_up.elapsed(),
+                        ..Default::default()
+                    };
+                    return Err(call.fail(o, e).await);
+                }
+            };
+            let is_sse = resp
+                .headers()
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .is_some_and(|v| v.starts_with("text/event-stream"));
+            if call.stream && leg.answering().streams(resp.status(), is_sse) {
+                let (tx, out) = call.sse_response();
+                tokio::spawn(
+                    async move {
+                        relay(
+                            &mut call,
+                            leg.answering(),
+                            conv.as_ref(),
+                            resp.into_body(),
+                            &tx,
+                            t_up,
+                        )
+                        .await;
+                        // The backend's slot (and its pause gate) is held until the record is written.
+                        drop(guard);
+                    }
+                    .in_current_span(),
+                );
+                return Ok(out);
+            }
+            let result = whole(&mut call, leg.answering(), conv.as_ref(), resp, t_up, gone).await;
+            drop(guard);
+            result
         }
-        let result = whole(&mut call, leg.answering(), conv.as_ref(), resp, t_up).await;
-        drop(guard);
-        result
+        .instrument(span),
+    );
+    match task.await {
+        Ok(result) => result,
+        Err(e) => Err(GatewayError::Internal(format!(
+            "the call's task failed: {e}"
+        ))),
     }
-    .instrument(span)
-    .await
+}
+
+/// A call whose client went away before its answer was complete: recorded as abandoned
+/// (with nothing of the answer), the backend told to stop generating it.
+async fn abandoned(call: &mut Call, t_up: Instant) -> GatewayError {
+    let mut o = Outcome {
+        upstream_time: t_up.elapsed(),
+        status: StatusCode::OK.as_u16(),
+        ..Default::default()
+    };
+    call.abort_generation();
+    let wait = call.commit(&mut o, true).await.unwrap_or_default();
+    call.observe(o.upstream_time, wait, None);
+    GatewayError::Internal("the client closed the connection before the answer was complete".into())
 }
 
 /// Reads a whole upstream body within the response size limit and the upstream timeout.
@@ -308,10 +361,14 @@ async fn whole(
     conv: Option<&Conversation>,
     resp: Response<Incoming>,
     t_up: Instant,
+    mut gone: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Response<GBody>, GatewayError> {
     let status = resp.status();
     let content_type = resp.headers().get(header::CONTENT_TYPE).cloned();
-    let body = collect_upstream(call, resp).await;
+    let body = tokio::select! {
+        body = collect_upstream(call, resp) => body,
+        _ = &mut gone => return Err(abandoned(call, t_up).await),
+    };
     let mut o = Outcome {
         upstream_time: t_up.elapsed(),
         ..Outcome::ok()
@@ -526,6 +583,7 @@ async fn close_stream(
     call.observe(o.upstream_time, wait, o.ttft);
     if client_gone {
         debug!("client went away mid-stream; partial call recorded");
+        call.abort_generation();
         return;
     }
     match &o.error {

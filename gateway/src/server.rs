@@ -90,6 +90,9 @@ impl Gateway {
             cfg.sessions.default_session.clone(),
         );
         let backend = Backend::new(&cfg)?;
+        if let Some(exact) = backend.exact() {
+            exact.restore(rs.data_dir.clone(), sessions.open_ids());
+        }
         let l = &cfg.limits;
         let limits = Limits::new(
             l.global_rps,
@@ -745,6 +748,19 @@ async fn admin(
             })?;
             let info = v.get("info").cloned().unwrap_or(Value::Null);
             let s = state.sessions.reward(id, reward, info).await?;
+            Ok(json_response(StatusCode::OK, &s.view()))
+        }
+        (Method::POST, [id, "sampling"]) => {
+            let v = parse("sampling body")?;
+            let policy: Option<crate::policy::SamplingPolicy> = if v.is_null() {
+                None
+            } else {
+                Some(serde_json::from_value(v).map_err(|e| {
+                    GatewayError::field("sampling", format!("invalid sampling policy: {e}"))
+                })?)
+            };
+            let s = state.sessions.set_sampling(id, policy).await?;
+            info!(session = %s.id, sampling = ?s.sampling(), "session sampling policy set");
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (Method::POST, [id, "close"]) => {

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
 
 use crate::error::GatewayError;
+use crate::policy::SamplingPolicy;
 use crate::route::valid_session_id;
 
 pub struct Session {
@@ -24,6 +25,10 @@ pub struct Session {
     /// Calls of this session that failed at the backend (unreachable, 5xx, timeout, broken
     /// stream): a rollout with any is not the policy's doing.
     upstream_errors: AtomicU64,
+    /// The session's own sampling policy (it replaces the gateway's `[sampling]`).
+    sampling: RwLock<Option<Arc<SamplingPolicy>>>,
+    /// The session's recent attempts, to link retries.
+    pub(crate) turns: crate::retries::Turns,
 }
 
 impl Session {
@@ -37,6 +42,19 @@ impl Session {
             reward: Mutex::new(None),
             calls: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
+            sampling: RwLock::new(None),
+            turns: crate::retries::Turns::default(),
+        }
+    }
+
+    /// The session's own sampling policy, if it has one.
+    pub fn sampling(&self) -> Option<Arc<SamplingPolicy>> {
+        self.sampling.read().ok().and_then(|p| p.clone())
+    }
+
+    fn set_sampling(&self, p: Option<SamplingPolicy>) {
+        if let Ok(mut s) = self.sampling.write() {
+            *s = p.map(Arc::new);
         }
     }
 
@@ -64,6 +82,7 @@ impl Session {
             "calls": self.calls.load(Ordering::Relaxed),
             "upstream_errors": self.upstream_errors.load(Ordering::Relaxed),
             "metadata": self.metadata,
+            "sampling": self.sampling().as_deref(),
         })
     }
 }
@@ -88,6 +107,32 @@ pub struct CreateRequest {
     pub group_id: Option<String>,
     #[serde(default)]
     pub metadata: Value,
+    /// The session's sampling policy (replaces the gateway's `[sampling]`).
+    #[serde(default)]
+    pub sampling: Option<SamplingPolicy>,
+}
+
+/// A policy as the session log keeps it; a policy this build cannot read is dropped with a
+/// warning (the session then samples with the gateway's).
+fn policy_of(session: &str, v: Option<Value>) -> Option<SamplingPolicy> {
+    let v = v?;
+    match serde_json::from_value(v) {
+        Ok(p) => Some(p),
+        Err(e) => {
+            tracing::warn!(session, error = %e, "the session log holds a sampling policy this build cannot read; the session samples with the gateway's");
+            None
+        }
+    }
+}
+
+/// Refuses a policy graft cannot sample with, naming the field.
+pub fn check_policy(p: &SamplingPolicy) -> Result<(), GatewayError> {
+    p.check().map_err(|(key, message)| {
+        GatewayError::field(
+            format!("sampling.{key}"),
+            format!("sampling.{key} {message}"),
+        )
+    })
 }
 
 pub fn key_hash(key: &str) -> String {
@@ -118,15 +163,22 @@ impl Sessions {
                     group_id,
                     key_sha256,
                     metadata,
+                    sampling,
                     at_us,
                 } => {
                     if let Some(h) = key_sha256 {
                         inner.by_key.insert(h, session_id.clone());
                     }
-                    inner.by_id.insert(
-                        session_id.clone(),
-                        Arc::new(Session::new(session_id, group_id, at_us, metadata)),
-                    );
+                    let s = Session::new(session_id.clone(), group_id, at_us, metadata);
+                    s.set_sampling(policy_of(&session_id, sampling));
+                    inner.by_id.insert(session_id, Arc::new(s));
+                }
+                SessionEvent::Sampling {
+                    session_id, policy, ..
+                } => {
+                    if let Some(s) = inner.by_id.get(&session_id) {
+                        s.set_sampling(policy_of(&session_id, policy));
+                    }
                 }
                 SessionEvent::Reward {
                     session_id,
@@ -184,6 +236,19 @@ impl Sessions {
         inner.by_id.get(id).cloned()
     }
 
+    /// The ids of the sessions that are not closed.
+    pub fn open_ids(&self) -> std::collections::HashSet<String> {
+        let Ok(inner) = self.inner.read() else {
+            return Default::default();
+        };
+        inner
+            .by_id
+            .values()
+            .filter(|s| !s.is_closed())
+            .map(|s| s.id.clone())
+            .collect()
+    }
+
     pub fn list(&self) -> Vec<Value> {
         let Ok(inner) = self.inner.read() else {
             return vec![];
@@ -222,6 +287,9 @@ impl Sessions {
         if self.get(&id).is_some() {
             return Err(GatewayError::SessionExists(id));
         }
+        if let Some(p) = &req.sampling {
+            check_policy(p)?;
+        }
         let key_bytes: [u8; 24] = rand::rng().random();
         let key = format!(
             "gk-{}",
@@ -241,6 +309,10 @@ impl Sessions {
             group_id: req.group_id.clone(),
             key_sha256: Some(key_hash(&key)),
             metadata: metadata.clone(),
+            sampling: req
+                .sampling
+                .as_ref()
+                .and_then(|p| serde_json::to_value(p).ok()),
             at_us,
         };
         self.log
@@ -248,6 +320,7 @@ impl Sessions {
             .await
             .map_err(|e| GatewayError::Record(e.to_string()))?;
         let session = Arc::new(Session::new(id.clone(), req.group_id, at_us, metadata));
+        session.set_sampling(req.sampling);
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
         if inner.by_id.contains_key(&id) {
             return Err(GatewayError::SessionExists(id));
@@ -268,6 +341,7 @@ impl Sessions {
             group_id: None,
             key_sha256: None,
             metadata: json!({"auto_created": true}),
+            sampling: None,
             at_us,
         };
         self.log
@@ -317,6 +391,31 @@ impl Sessions {
         if let Ok(mut r) = s.reward.lock() {
             *r = Some((reward, info));
         }
+        Ok(s)
+    }
+
+    /// Sets (or with `None` removes) a session's sampling policy. Durable before it returns.
+    pub async fn set_sampling(
+        &self,
+        id: &str,
+        policy: Option<SamplingPolicy>,
+    ) -> Result<Arc<Session>, GatewayError> {
+        let s = self
+            .get(id)
+            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        if let Some(p) = &policy {
+            check_policy(p)?;
+        }
+        let ev = SessionEvent::Sampling {
+            session_id: id.to_string(),
+            policy: policy.as_ref().and_then(|p| serde_json::to_value(p).ok()),
+            at_us: now_us(),
+        };
+        self.log
+            .append(&ev)
+            .await
+            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        s.set_sampling(policy);
         Ok(s)
     }
 

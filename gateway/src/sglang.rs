@@ -31,6 +31,9 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
         sampling_seed: s.seed,
         presence_penalty: s.presence_penalty,
         frequency_penalty: s.frequency_penalty,
+        min_p: s.min_p,
+        repetition_penalty: s.repetition_penalty,
+        logit_bias: s.logit_bias.clone(),
         // Output ids must hold everything sampled, the stop string included.
         no_stop_trim: Some(true),
         skip_special_tokens: Some(false),
@@ -348,9 +351,15 @@ mod tests {
             max_tokens: None,
             stop: vec!["END".into()],
             seed: Some(3),
+            min_p: Some(0.05),
+            repetition_penalty: Some(1.1),
+            logit_bias: json!({"42": -100}).as_object().cloned(),
             ..Default::default()
         };
         let p = sampling_params(&s, 512);
+        assert_eq!(p["min_p"], 0.05);
+        assert_eq!(p["repetition_penalty"], 1.1);
+        assert_eq!(p["logit_bias"], json!({"42": -100}));
         assert_eq!(p["max_new_tokens"], 512);
         assert_eq!(p["temperature"], 0.7);
         assert_eq!(p["stop"], json!(["END"]));

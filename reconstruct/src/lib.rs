@@ -3,6 +3,7 @@
 //! Pure and synchronous: no I/O beyond loading model files, reading a gateway's records
 //! ([`records`]) and reading/writing sample Parquet files; no async, no HTTP.
 
+pub mod attempts;
 pub mod error;
 pub mod exact;
 pub mod merge;

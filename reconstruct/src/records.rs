@@ -145,7 +145,10 @@ pub fn samples_from_records(
     let mut done = Reconstruction::default();
     let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
-    for rec in graft_recorder::read_records(data_dir)? {
+    let records = graft_recorder::read_records(data_dir)?;
+    // Retried turns are trained on the attempt the client received; abandoned calls not at all.
+    let left_out = crate::attempts::left_out(&records);
+    for rec in records {
         if how
             .count_versions_of
             .is_some_and(|s| s.contains(&rec.session_id))
@@ -168,6 +171,10 @@ pub fn samples_from_records(
         }
         if let Some(why) = how.leave_out.and_then(|l| l.reason(&rec)) {
             *done.skipped.entry(why).or_default() += 1;
+            continue;
+        }
+        if let Some(why) = left_out.get(&rec.call_id) {
+            *done.skipped.entry((*why).to_owned()).or_default() += 1;
             continue;
         }
         seen.insert(rec.session_id.clone());

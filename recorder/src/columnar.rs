@@ -101,6 +101,10 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         Field::new("prompt_token_ids_delta", DataType::Utf8, true),
         // v3: JSON `[{"version", "start", "end"}]`.
         Field::new("weight_version_spans", DataType::Utf8, true),
+        // Additive: the sampling policy applied (JSON), the attempt and its first attempt.
+        Field::new("sampling", DataType::Utf8, true),
+        Field::new("attempt", DataType::UInt32, true),
+        Field::new("retry_of", DataType::Utf8, true),
     ]))
 }
 
@@ -159,6 +163,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut upstream_dialect = StringBuilder::new();
     let mut prompt_ids_delta = StringBuilder::new();
     let mut spans = StringBuilder::new();
+    let mut sampling = StringBuilder::new();
+    let mut attempt = UInt32Builder::with_capacity(n);
+    let mut retry_of = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -223,6 +230,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
             })?),
             None => spans.append_null(),
         }
+        sampling.append_option(r.sampling.as_ref().map(|v| v.to_string()));
+        attempt.append_option(r.attempt);
+        retry_of.append_option(r.retry_of.as_deref());
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -260,6 +270,9 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(upstream_dialect.finish()),
         Arc::new(prompt_ids_delta.finish()),
         Arc::new(spans.finish()),
+        Arc::new(sampling.finish()),
+        Arc::new(attempt.finish()),
+        Arc::new(retry_of.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -519,6 +532,9 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
         let upstream_dialect = c.string("upstream_dialect")?;
         let prompt_ids_delta = c.string("prompt_token_ids_delta")?;
         let spans = c.string("weight_version_spans")?;
+        let sampling = c.string("sampling")?;
+        let attempt = c.prim::<UInt32Type>("attempt")?;
+        let retry_of = c.string("retry_of")?;
 
         for row in 0..batch.num_rows() {
             let json_value = |col: Option<&StringArray>, column: &'static str| {
@@ -535,6 +551,7 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
             };
             let response = json_value(response, "response")?;
             let normalized_response = json_value(normalized_response, "normalized_response")?;
+            let sampling = json_value(sampling, "sampling")?;
             let prompt_token_ids_delta = opt_str(prompt_ids_delta, row)
                 .map(|text| {
                     serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
@@ -597,6 +614,9 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
                 upstream_dialect: opt_str(upstream_dialect, row),
                 prompt_token_ids_delta,
                 weight_version_spans,
+                sampling,
+                attempt: opt_prim(attempt, row),
+                retry_of: opt_str(retry_of, row),
             };
             out.push(ReadRow {
                 rec,

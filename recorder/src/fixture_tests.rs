@@ -52,6 +52,9 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         upstream_request: None,
         upstream_dialect: None,
         weight_version_spans: None,
+        sampling: None,
+        attempt: None,
+        retry_of: None,
     }
 }
 
@@ -100,6 +103,7 @@ fn v1_events() -> Vec<SessionEvent> {
             group_id: Some("grp".into()),
             key_sha256: None,
             metadata: json!({"task": "t1"}),
+            sampling: None,
             at_us: T0,
         },
         SessionEvent::Created {
@@ -107,6 +111,7 @@ fn v1_events() -> Vec<SessionEvent> {
             group_id: None,
             key_sha256: Some("ab".repeat(32)),
             metadata: json!({}),
+            sampling: None,
             at_us: T0 + 1,
         },
         SessionEvent::Reward {

@@ -381,6 +381,7 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
             SessionEvent::Closed { session_id, at_us } => {
                 entry(&mut by_id, &session_id, at_us).closed = true
             }
+            SessionEvent::Sampling { .. } => {}
         }
     }
     let mut out: Vec<_> = by_id.into_values().collect();

@@ -110,6 +110,18 @@ pub struct CallRecord {
     /// `None` when it did not (then every token is `weight_version`'s).
     #[serde(default)]
     pub weight_version_spans: Option<Vec<WeightSpan>>,
+    /// Additive (no schema version of its own; absent in older data). The sampling policy
+    /// the gateway applied, as `{"policy", "requested", "sent"}`: the policy, the client's
+    /// sampling parameters, and the ones sent upstream. `None`: no policy applied.
+    #[serde(default)]
+    pub sampling: Option<serde_json::Value>,
+    /// Additive. Which attempt of its turn this call is (1: the first); `None` when the
+    /// gateway did not look (older data).
+    #[serde(default)]
+    pub attempt: Option<u32>,
+    /// Additive. For a retry (`attempt` > 1): the call id of the turn's first attempt.
+    #[serde(default)]
+    pub retry_of: Option<String>,
 }
 
 impl CallRecord {
@@ -123,6 +135,7 @@ impl CallRecord {
             &mut self.normalized_request,
             &mut self.normalized_response,
             &mut self.upstream_request,
+            &mut self.sampling,
         ]
         .into_iter()
         .flatten()
@@ -217,6 +230,15 @@ pub(crate) struct StoredRecord {
     /// Since v3; absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub weight_version_spans: Option<Vec<WeightSpan>>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<serde_json::Value>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub attempt: Option<u32>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_of: Option<String>,
 }
 
 impl StoredRecord {
@@ -255,6 +277,9 @@ impl StoredRecord {
             upstream_request,
             upstream_dialect,
             weight_version_spans,
+            sampling,
+            attempt,
+            retry_of,
         } = rec;
         let token_ids =
             delta::token_sequence(prompt_token_ids.as_deref(), completion_token_ids.as_deref());
@@ -296,6 +321,9 @@ impl StoredRecord {
             upstream_dialect,
             prompt_token_ids_delta: deltas.prompt_token_ids,
             weight_version_spans,
+            sampling,
+            attempt,
+            retry_of,
         };
         let requests = Requests {
             request,
@@ -341,6 +369,9 @@ impl StoredRecord {
             upstream_request: full.upstream_request,
             upstream_dialect: self.upstream_dialect,
             weight_version_spans: self.weight_version_spans,
+            sampling: self.sampling,
+            attempt: self.attempt,
+            retry_of: self.retry_of,
         }
     }
 }

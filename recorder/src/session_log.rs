@@ -23,6 +23,15 @@ pub enum SessionEvent {
         group_id: Option<String>,
         key_sha256: Option<String>,
         metadata: serde_json::Value,
+        /// The session's sampling policy, as the gateway wrote it (absent: none).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        sampling: Option<serde_json::Value>,
+        at_us: i64,
+    },
+    /// The session's sampling policy was set (`null`: removed).
+    Sampling {
+        session_id: String,
+        policy: Option<serde_json::Value>,
         at_us: i64,
     },
     Reward {
@@ -41,6 +50,7 @@ impl SessionEvent {
     pub fn session_id(&self) -> &str {
         match self {
             Self::Created { session_id, .. }
+            | Self::Sampling { session_id, .. }
             | Self::Reward { session_id, .. }
             | Self::Closed { session_id, .. } => session_id,
         }
@@ -172,6 +182,7 @@ mod tests {
             group_id: Some("g".into()),
             key_sha256: None,
             metadata: json!({"task": 1}),
+            sampling: None,
             at_us: 5,
         }
     }

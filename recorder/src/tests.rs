@@ -88,6 +88,13 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
                 },
             ]
         }),
+        // The additive fields on some turns (every store must keep them, and their absence).
+        sampling: turn.is_multiple_of(2).then(|| {
+            json!({"policy": {"mode": "enforce", "temperature": 1.0},
+                   "requested": {"temperature": 0.0}, "sent": {"temperature": 1.0}})
+        }),
+        attempt: (!turn.is_multiple_of(3)).then_some(1 + (turn % 2) as u32),
+        retry_of: (turn % 2 == 1).then(|| format!("{session}-first-{turn}")),
     }
 }
 
@@ -546,6 +553,9 @@ async fn export_redacts_and_parquet_export_reads_back() {
         "normalized_response",
         "upstream_request",
         "upstream_dialect",
+        "sampling",
+        "attempt",
+        "retry_of",
     ] {
         assert!(cols.iter().any(|x| x == c), "export column {c}: {cols:?}");
     }
@@ -560,6 +570,7 @@ async fn list_sessions_joins_records_and_events() {
         group_id: Some("grp".into()),
         key_sha256: None,
         metadata: json!({}),
+        sampling: None,
         at_us: T0 - 10,
     })
     .await
@@ -569,6 +580,7 @@ async fn list_sessions_joins_records_and_events() {
         group_id: None,
         key_sha256: None,
         metadata: json!({}),
+        sampling: None,
         at_us: T0 + 5,
     })
     .await

@@ -368,6 +368,9 @@ mod tests {
             upstream_dialect: None,
             prompt_token_ids_delta: None,
             weight_version_spans: None,
+            sampling: None,
+            attempt: None,
+            retry_of: None,
         };
         let mut bytes = Vec::new();
         for i in 1..=3 {

@@ -353,6 +353,12 @@ impl RlConfig {
                 "trainer.enabled = true, but this graft was built without the 'trainer' feature (libtorch); rebuild with default features or set trainer.enabled = false"
             );
         }
+        if !(self.trainer.temperature.is_finite() && self.trainer.temperature > 0.0) {
+            bail!(
+                "trainer.temperature = {}: the rollouts are sampled at it (an enforced session policy) and the trainer divides logits by it; use a number > 0",
+                self.trainer.temperature
+            );
+        }
         if !(r.min_positive >= 0.0 && r.min_positive <= r.max_positive && r.max_positive <= 1.0) {
             bail!(
                 "rollout.min_positive ({}) and rollout.max_positive ({}) must satisfy 0 <= min <= max <= 1",

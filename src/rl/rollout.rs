@@ -158,9 +158,13 @@ pub async fn run(
         .ok(
             Method::POST,
             "/graft/sessions",
-            Some(
-                &json!({"group_id": group_id, "metadata": {"task_id": task.id, "rollout": index}}),
-            ),
+            Some(&json!({
+                "group_id": group_id,
+                "metadata": {"task_id": task.id, "rollout": index},
+                // The rollouts sample at the temperature the trainer's log-softmax
+                // assumes, whatever the harness asks for.
+                "sampling": {"mode": "enforce", "temperature": cfg.trainer.temperature},
+            })),
         )
         .await
         .context("opening a gateway session")?;

@@ -51,6 +51,22 @@ pub struct Rule {
     /// in `meta_info.weight_versions`.
     #[serde(default)]
     pub weight_update_after: Option<usize>,
+    /// The first request this rule answers waits this long before its answer begins (a
+    /// slow first attempt, for clients that time out and retry); later ones do not wait.
+    #[serde(default)]
+    pub first_delay_ms: Option<u64>,
+    /// Whether the first delay was spent.
+    #[serde(skip)]
+    pub(crate) delayed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl Rule {
+    /// The wait before this answer: `first_delay_ms` for the rule's first request only.
+    pub(crate) fn first_delay(&self) -> Option<std::time::Duration> {
+        let ms = self.first_delay_ms?;
+        (!self.delayed.swap(true, std::sync::atomic::Ordering::SeqCst))
+            .then(|| std::time::Duration::from_millis(ms))
+    }
 }
 
 /// What the model says.

@@ -115,6 +115,11 @@ pub(crate) async fn handle(
     let path = req.uri().path().to_owned();
     if sglang::is_route(&path) {
         let method = req.method().clone();
+        let routing_key = req
+            .headers()
+            .get("x-smg-routing-key")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
         let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
             .collect()
             .await
@@ -144,7 +149,7 @@ pub(crate) async fn handle(
                 }
             }
         };
-        if let Some(resp) = sglang::route(&state, &method, &path, &body).await? {
+        if let Some(resp) = sglang::route(&state, &method, &path, &body, routing_key).await? {
             return Ok(resp);
         }
         return Ok(error(
@@ -243,6 +248,9 @@ pub(crate) async fn handle(
         Some(Fault::Reset) | None => {}
     }
 
+    if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
+        tokio::time::sleep(d).await;
+    }
     let echo;
     let reply = match state.script.reply_for(&prompt) {
         Some(r) => r,

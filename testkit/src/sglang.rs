@@ -10,16 +10,22 @@
 //!
 //! Also served, for weight pushes: `/pause_generation` (new generations wait),
 //! `/continue_generation`, `/flush_cache`, `/update_weights_from_disk` (takes
-//! `weight_version`), `/get_model_info`, `/health`.
+//! `weight_version`), `/get_model_info`, `/health`; `/abort_request` (takes `rid`).
+//!
+//! For tests, `GET /testkit/requests` answers what this side was asked:
+//! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...]}`
+//! (`routing_key`: the `X-SMG-Routing-Key` header SGLang's router reads, else the body's).
 //!
 //! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
 //! push read and write.
 
+use std::sync::Mutex;
+
 use serde::Deserialize as _;
 
 use graft_wire::sglang::{
-    self as wire, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse, Matched,
-    MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
+    self as wire, AbortRequest, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse,
+    Matched, MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
     UpdateWeightsFromDiskResponse,
 };
 use http::{Response, StatusCode};
@@ -40,6 +46,10 @@ const TOKENS_PER_EVENT: usize = 2;
 pub(crate) struct Backend {
     weight_version: watch::Sender<String>,
     paused: watch::Sender<bool>,
+    /// Each `/generate` request as it arrived (rid, sampling parameters, stream).
+    seen: Mutex<Vec<Value>>,
+    /// The rids `/abort_request` was called with.
+    aborted: Mutex<Vec<String>>,
 }
 
 impl Default for Backend {
@@ -47,9 +57,14 @@ impl Default for Backend {
         Backend {
             weight_version: watch::Sender::new("default".to_string()),
             paused: watch::Sender::new(false),
+            seen: Mutex::new(vec![]),
+            aborted: Mutex::new(vec![]),
         }
     }
 }
+
+/// The path of the test log of what the SGLang side was asked.
+pub(crate) const REQUESTS: &str = "/testkit/requests";
 
 impl Backend {
     fn weight_version(&self) -> String {
@@ -177,6 +192,8 @@ pub(crate) fn is_route(path: &str) -> bool {
         wire::path::FLUSH_CACHE,
         wire::path::UPDATE_WEIGHTS_FROM_DISK,
         wire::path::GENERATE,
+        wire::path::ABORT_REQUEST,
+        REQUESTS,
     ]
     .contains(&path)
 }
@@ -187,6 +204,7 @@ pub(crate) async fn route(
     method: &http::Method,
     path: &str,
     body: &Value,
+    routing_key: Option<String>,
 ) -> Result<Option<Response<RespBody>>, Abort> {
     let b = &state.sglang;
     let resp = match (method.as_str(), path) {
@@ -229,7 +247,27 @@ pub(crate) async fn route(
                 },
             )
         }
-        ("POST", wire::path::GENERATE) => generate(state, body).await?,
+        ("POST", wire::path::GENERATE) => generate(state, body, routing_key).await?,
+        ("POST", wire::path::ABORT_REQUEST) => {
+            let Ok(req) = AbortRequest::deserialize(body) else {
+                return Ok(Some(error(
+                    StatusCode::BAD_REQUEST,
+                    "'rid' must be a string",
+                )));
+            };
+            if let (Some(rid), Ok(mut a)) = (req.rid, b.aborted.lock()) {
+                a.push(rid);
+            }
+            json_response(StatusCode::OK, &json!({}))
+        }
+        ("GET", REQUESTS) => {
+            let seen = b.seen.lock().map(|v| v.clone()).unwrap_or_default();
+            let aborted = b.aborted.lock().map(|v| v.clone()).unwrap_or_default();
+            json_response(
+                StatusCode::OK,
+                &json!({"generate": seen, "aborted": aborted}),
+            )
+        }
         _ => return Ok(None),
     };
     Ok(Some(resp))
@@ -292,7 +330,11 @@ fn raw_output(reply: &Reply, eos: &str) -> String {
     out
 }
 
-async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abort> {
+async fn generate(
+    state: &State,
+    body: &Value,
+    routing_key: Option<String>,
+) -> Result<Response<RespBody>, Abort> {
     let Some(model) = &state.model else {
         return Ok(error(
             StatusCode::BAD_REQUEST,
@@ -302,6 +344,15 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
     // A body that does not fit the wire is read as one without a prompt (the error below
     // names what is needed).
     let req = GenerateRequest::deserialize(body).unwrap_or_default();
+    if let Ok(mut seen) = state.sglang.seen.lock() {
+        seen.push(json!({
+            "rid": req.rid,
+            "sampling_params": body.get("sampling_params"),
+            "stream": req.is_stream(),
+            // SGLang's router reads the header; the body field is the scheduler's.
+            "routing_key": routing_key.or_else(|| req.routing_key.clone()),
+        }));
+    }
     let input_ids = match (req.input_ids.clone(), &req.text) {
         (Some(ids), _) => ids,
         (None, Some(text)) => match model.tokenizer.encode(text) {
@@ -353,6 +404,9 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
         Some("reset") if !stream => return Err(Abort),
         _ => {}
     }
+    if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
+        tokio::time::sleep(d).await;
+    }
     let echo;
     let reply = match state.script.reply_for(&prompt) {
         Some(r) => r,
@@ -397,7 +451,10 @@ async fn generate(state: &State, body: &Value) -> Result<Response<RespBody>, Abo
         })
         .collect();
     let generation = Generation {
-        rid: format!("{:032x}", state.next_id()),
+        rid: req
+            .rid
+            .clone()
+            .unwrap_or_else(|| format!("{:032x}", state.next_id())),
         prompt_tokens: input_ids.len() as u64,
         output,
         texts,

@@ -208,16 +208,7 @@ pub fn push_weights(url: &str, model_path: &Path, weight_version: &str) -> Resul
     )?;
     expect_ok(&url, wire::path::PAUSE_GENERATION, pause)?;
     let swapped = (|| -> Result<()> {
-        expect_ok(
-            &url,
-            wire::path::FLUSH_CACHE,
-            post_json(
-                &url,
-                wire::path::FLUSH_CACHE,
-                &body(&FlushCacheRequest::default()),
-                short,
-            )?,
-        )?;
+        flush_cache(&url, short)?;
         let update = UpdateWeightsFromDiskRequest {
             model_path: model_path.to_string_lossy().into_owned(),
             weight_version: Some(weight_version.to_owned()),
@@ -263,6 +254,47 @@ pub fn push_weights(url: &str, model_path: &Path, weight_version: &str) -> Resul
     resumed?;
     tracing::info!(url = %url.raw, version = weight_version, path = %model_path.display(), "weights pushed");
     Ok(())
+}
+
+/// How long a push keeps asking `/flush_cache` while the server still has requests.
+const FLUSH_PATIENCE: Duration = Duration::from_secs(60);
+
+/// `POST /flush_cache`, asked again with backoff (0.1 s doubling to 2 s, up to
+/// [`FLUSH_PATIENCE`]) while SGLang answers 400: it refuses to flush while requests are
+/// queued or running ("Cache not flushed because there are pending requests"), which
+/// retracted requests briefly are after a pause. slime retries it the same way.
+fn flush_cache(url: &ServerUrl, timeout: Duration) -> Result<()> {
+    let start = std::time::Instant::now();
+    let mut wait = Duration::from_millis(100);
+    let mut refusals = 0u32;
+    loop {
+        let r = post_json(
+            url,
+            wire::path::FLUSH_CACHE,
+            &body(&FlushCacheRequest::default()),
+            timeout,
+        )?;
+        if r.status != 400 || start.elapsed() + wait > FLUSH_PATIENCE {
+            if refusals > 0 && (200..300).contains(&r.status) {
+                tracing::info!(url = %url.raw, refusals, "flush_cache succeeded after the server's pending requests drained");
+            }
+            return expect_ok(url, wire::path::FLUSH_CACHE, r)
+                .map(|_| ())
+                .map_err(|e| match e {
+                    TrainerError::Push { url, problem } if refusals > 0 => TrainerError::Push {
+                        url,
+                        problem: format!(
+                            "{problem} (after {refusals} refusals over {:.0} s)",
+                            start.elapsed().as_secs_f64()
+                        ),
+                    },
+                    e => e,
+                });
+        }
+        refusals += 1;
+        std::thread::sleep(wait);
+        wait = (wait * 2).min(Duration::from_secs(2));
+    }
 }
 
 /// A control body as JSON (the wire types are plain data, which serde_json always

@@ -14,6 +14,17 @@ fn serve(
     n: usize,
     refuse_update: bool,
 ) -> anyhow::Result<(String, Log, std::thread::JoinHandle<()>)> {
+    serve_with(n, refuse_update, 0)
+}
+
+/// As [`serve`], and the first `busy_flushes` calls of `/flush_cache` get SGLang's 400 for
+/// a server with pending requests.
+fn serve_with(
+    n: usize,
+    refuse_update: bool,
+    busy_flushes: usize,
+) -> anyhow::Result<(String, Log, std::thread::JoinHandle<()>)> {
+    let mut busy = busy_flushes;
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", listener.local_addr()?);
     let log: Log = Arc::default();
@@ -44,15 +55,24 @@ fn serve(
             if let Ok(mut log) = seen.lock() {
                 log.push((path.clone(), json));
             }
-            let answer = if refuse_update && path == "/update_weights_from_disk" {
-                r#"{"success": false, "message": "no such directory"}"#
+            let (status, answer) = if refuse_update && path == "/update_weights_from_disk" {
+                (
+                    "200 OK",
+                    r#"{"success": false, "message": "no such directory"}"#,
+                )
+            } else if path == "/flush_cache" && busy > 0 {
+                busy -= 1;
+                (
+                    "400 Bad Request",
+                    "Cache not flushed because there are pending requests. #queue-req: 2, #running-req: 0",
+                )
             } else {
-                r#"{"success": true, "message": "ok"}"#
+                ("200 OK", r#"{"success": true, "message": "ok"}"#)
             };
             let mut stream = reader.into_inner();
             let _ = write!(
                 stream,
-                "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
+                "HTTP/1.1 {status}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{}",
                 answer.len(),
                 answer
             );
@@ -83,6 +103,27 @@ fn push_pauses_flushes_updates_and_continues_in_order() -> anyhow::Result<()> {
     );
     assert_eq!(log[2].1["model_path"], "/models/step-3");
     assert_eq!(log[2].1["weight_version"], "step-3");
+    Ok(())
+}
+
+#[test]
+fn a_flush_refused_while_requests_are_pending_is_asked_again() -> anyhow::Result<()> {
+    let (url, log, h) = serve_with(6, false, 2)?;
+    push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4")?;
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    let log = log.lock().unwrap();
+    let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/pause_generation",
+            "/flush_cache",
+            "/flush_cache",
+            "/flush_cache",
+            "/update_weights_from_disk",
+            "/continue_generation"
+        ]
+    );
     Ok(())
 }
 

@@ -138,6 +138,10 @@ pub struct SamplingParams {
     pub regex: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ebnf: Option<String>,
+    /// Token id (as a string) → bias added to its logit before sampling
+    /// (`sampling_params.py`'s `logit_bias`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<Map<String, Value>>,
     /// Free-form parameters for a custom logit processor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_params: Option<Map<String, Value>>,

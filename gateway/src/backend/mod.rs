@@ -12,6 +12,7 @@
 //! `pipeline.rs` (whole answers and event streams alike).
 
 pub mod openai;
+mod restore;
 pub mod sglang;
 pub mod translate;
 
@@ -28,6 +29,7 @@ use crate::config::{BackendConfig, GatewayConfig};
 use crate::dialect::{Answer, Conversation, Delta, Dialect};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
+use crate::policy::SamplingPolicy;
 use crate::route::Route;
 use crate::sse::Event;
 
@@ -86,14 +88,23 @@ impl Backend {
         dialect: &'static dyn Dialect,
         request: &Value,
         bytes: bytes::Bytes,
-        session: &str,
-        call_id: &str,
+        ctx: CallCtx<'_>,
     ) -> Result<Plan, GatewayError> {
         match self {
-            Backend::OpenAi(o) => o.plan(route, dialect, request, bytes),
-            Backend::Sglang(s) => s.plan(dialect, request, session, call_id).await,
+            Backend::OpenAi(o) => o.plan(route, dialect, request, bytes, ctx.policy),
+            Backend::Sglang(s) => {
+                s.plan(dialect, request, ctx.session, ctx.call_id, ctx.policy)
+                    .await
+            }
         }
     }
+}
+
+/// Whose call is planned, and the sampling policy it is sampled with.
+pub(crate) struct CallCtx<'a> {
+    pub(crate) session: &'a str,
+    pub(crate) call_id: &'a str,
+    pub(crate) policy: Option<&'a SamplingPolicy>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -117,6 +128,8 @@ pub(crate) struct Plan {
     pub(crate) upstream: String,
     pub(crate) model: Option<String>,
     pub(crate) stream: bool,
+    /// The record's `sampling` (a policy applied: it, what the client asked, what was sent).
+    pub(crate) sampling: Option<Value>,
 }
 
 /// One call's way to its backend.

@@ -20,6 +20,7 @@ use crate::config::{BackendHttp, OpenAiConfig};
 use crate::dialect::{Delta, Dialect, DialectKind};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
+use crate::policy::SamplingPolicy;
 use crate::route::Route;
 use crate::sse::Event;
 use crate::token_ids::{self, Added, Capture, Recorded, TokenIdsMode};
@@ -73,6 +74,7 @@ impl OpenAi {
         dialect: &'static dyn Dialect,
         request: &Value,
         bytes: Bytes,
+        policy: Option<&SamplingPolicy>,
     ) -> Result<Plan, GatewayError> {
         let stream = request
             .get("stream")
@@ -95,6 +97,7 @@ impl OpenAi {
             upstream: self.base.clone(),
             model,
             stream,
+            sampling: None,
         };
         // Chat and Completions bodies go as they are; other dialects are parsed into the
         // internal conversation (that validates them field by field and gives the record
@@ -104,17 +107,24 @@ impl OpenAi {
             kind,
             DialectKind::ChatCompletions | DialectKind::Completions
         ) {
-            // Passthrough ids: ask the upstream for token ids and logprobs. The body is no
-            // longer the client's: the record keeps both.
-            if self.token_ids != TokenIdsMode::Off {
+            // Passthrough ids: ask the upstream for token ids and logprobs; a sampling policy
+            // rewrites the sampling keys. The body is then no longer the client's: the record
+            // keeps both.
+            if self.token_ids != TokenIdsMode::Off || policy.is_some() {
                 let mut body = request.clone();
-                if let Some(added) = token_ids::augment(self.token_ids, route, stream, &mut body) {
+                let sampled = policy.map(|p| {
+                    let asked = sampling_keys(&body);
+                    p.apply_openai_body(&mut body);
+                    crate::policy::record_value(p, asked, sampling_keys(&body))
+                });
+                let added = token_ids::augment(self.token_ids, route, stream, &mut body);
+                if added.is_some() || body != *request {
                     let mut p = Passthrough::new(
                         route.upstream_path(),
                         Bytes::from(body.to_string()),
                         &self.base,
                     );
-                    p.added = Some(added);
+                    p.added = added;
                     plan.leg = Leg::Passthrough(p);
                     graft_recorder::redact_json(&mut body);
                     plan.upstream_request = Some(body);
@@ -122,6 +132,7 @@ impl OpenAi {
                         plan.upstream_dialect = Some(DialectKind::ChatCompletions.label());
                     }
                 }
+                plan.sampling = sampled;
             }
             return Ok(plan);
         }
@@ -133,6 +144,15 @@ impl OpenAi {
         }
         let (mut chat_req, notes) = crate::dialect::chat::to_request(&conv);
         conv.notes.extend(notes);
+        if let Some(p) = policy {
+            let asked = sampling_keys(&chat_req);
+            p.apply_openai_body(&mut chat_req);
+            plan.sampling = Some(crate::policy::record_value(
+                p,
+                asked,
+                sampling_keys(&chat_req),
+            ));
+        }
         // Passthrough ids work for translated calls too: the client never sees the Chat
         // answer, so nothing has to be stripped from what it gets.
         token_ids::augment(
@@ -226,6 +246,29 @@ impl OpenAi {
 }
 
 /// The record's token fields from what was captured; a reason not to trust them is logged.
+/// The sampling keys of an OpenAI body (what a policy reads and writes), for the record.
+fn sampling_keys(body: &Value) -> Value {
+    const KEYS: [&str; 8] = [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "seed",
+        "max_tokens",
+        "max_completion_tokens",
+        "n",
+    ];
+    let mut out = serde_json::Map::new();
+    if let Some(o) = body.as_object() {
+        for k in KEYS {
+            if let Some(v) = o.get(k) {
+                out.insert(k.to_string(), v.clone());
+            }
+        }
+    }
+    Value::Object(out)
+}
+
 pub(crate) fn finish_capture(capture: Capture, asked: bool) -> Recorded {
     let (recorded, note) = capture.finish();
     if let Some(note) = note {

@@ -29,11 +29,13 @@ use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 use tracing::{info, warn};
 
+use super::restore::Restored;
 use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
 use crate::config::{BackendHttp, ExactConfig};
 use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
+use crate::policy::SamplingPolicy;
 use crate::sessions::now_us;
 use crate::sglang::{self, FinishReason, Progress};
 use crate::sse::Event;
@@ -134,6 +136,10 @@ pub struct Sglang {
     /// it; a pause takes it for writing.
     gates: Vec<Arc<RwLock<()>>>,
     paused: tokio::sync::Mutex<Vec<Option<OwnedRwLockWriteGuard<()>>>>,
+    /// Histories rebuilt from the records at start, taken by each session's first call.
+    restored: Arc<Mutex<HashMap<String, Restored>>>,
+    /// Whether the rebuild is done (calls wait for it).
+    ready: Arc<tokio::sync::watch::Sender<bool>>,
 }
 
 impl Sglang {
@@ -163,7 +169,43 @@ impl Sglang {
                 .map(|_| Arc::new(RwLock::new(())))
                 .collect(),
             paused: tokio::sync::Mutex::new(cfg.backends.iter().map(|_| None).collect()),
+            restored: Arc::new(Mutex::new(HashMap::new())),
+            ready: Arc::new(tokio::sync::watch::Sender::new(true)),
         })
+    }
+
+    /// Rebuilds the token histories of the `open` sessions from the records in `data_dir`,
+    /// in the background; calls wait until it is done (see `restore.rs`).
+    pub fn restore(&self, data_dir: std::path::PathBuf, open: std::collections::HashSet<String>) {
+        self.ready.send_replace(false);
+        let (restored, ready) = (self.restored.clone(), self.ready.clone());
+        let per_session = self.memory.per_session;
+        tokio::task::spawn_blocking(move || {
+            let t = Instant::now();
+            match graft_recorder::read_records(&data_dir) {
+                Ok(records) => {
+                    let found = super::restore::histories(records, &open, per_session);
+                    let turns: usize = found.values().map(|r| r.turns.len()).sum();
+                    if !found.is_empty() {
+                        info!(
+                            sessions = found.len(),
+                            turns,
+                            ms = t.elapsed().as_millis() as u64,
+                            "exact mode: token histories rebuilt from the records"
+                        );
+                    }
+                    if let Ok(mut r) = restored.lock() {
+                        *r = found;
+                    }
+                }
+                Err(e) => warn!(
+                    error = %e,
+                    dir = %data_dir.display(),
+                    "exact mode: the records cannot be read to rebuild token histories; open sessions' next calls are tokenized in full"
+                ),
+            }
+            ready.send_replace(true);
+        });
     }
 
     pub fn backends(&self) -> &[String] {
@@ -185,13 +227,20 @@ impl Sglang {
             s.last_used = now;
             return (s.backend, s.turns.iter().cloned().collect());
         }
+        // The session's first call since the start: its history from the records, if any.
+        let restored = self.restored.lock().ok().and_then(|mut r| r.remove(id));
+        let pin = restored
+            .as_ref()
+            .and_then(|r| self.backend_index(&r.backend));
         let backend = match self.pinned.lock() {
             Ok(mut counts) => {
-                let (i, _) = counts
-                    .iter()
-                    .enumerate()
-                    .min_by_key(|(_, n)| **n)
-                    .unwrap_or((0, &0));
+                let i = pin.unwrap_or_else(|| {
+                    counts
+                        .iter()
+                        .enumerate()
+                        .min_by_key(|(_, n)| **n)
+                        .map_or(0, |(i, _)| i)
+                });
                 if let Some(c) = counts.get_mut(i) {
                     *c += 1;
                 }
@@ -199,15 +248,23 @@ impl Sglang {
             }
             Err(_) => 0,
         };
+        let turns: VecDeque<Arc<Turn>> = restored.map(|r| r.turns.into()).unwrap_or_default();
+        let held: usize = turns.iter().map(|t| t.tokens.len()).sum();
+        let out: Vec<Arc<Turn>> = turns.iter().cloned().collect();
         h.map.insert(
             id.to_string(),
             SessionTokens {
                 backend,
+                turns,
+                held,
                 last_used: now,
-                ..Default::default()
             },
         );
-        (backend, vec![])
+        h.held += held;
+        if held > 0 {
+            h.evict(self.memory.budget);
+        }
+        (backend, out)
     }
 
     /// A closed session's tokens are dropped.
@@ -297,6 +354,7 @@ impl Sglang {
         request: &Value,
         session: &str,
         call_id: &str,
+        policy: Option<&SamplingPolicy>,
     ) -> Result<Plan, GatewayError> {
         let conv = dialect.parse(request)?;
         if let Some(n) = request.get("n").and_then(Value::as_u64)
@@ -310,6 +368,8 @@ impl Sglang {
             ));
         }
         let mut conv = conv;
+        // Histories are being rebuilt from the records after a start: wait for them.
+        let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
         let backend = self
             .backends
@@ -390,8 +450,23 @@ impl Sglang {
             PromptKind::Reused { reused } => reused,
             PromptKind::Full => 0,
         };
-        let params = sglang::sampling_params(&conv.sampling, self.max_new_tokens);
-        let body = sglang::generate_body(&prompt.ids, params, conv.stream);
+        // A sampling policy decides what is sent; the normalized request keeps what the
+        // client asked for.
+        let sent = policy.map(|p| p.apply(&conv.sampling));
+        let params =
+            sglang::sampling_params(sent.as_ref().unwrap_or(&conv.sampling), self.max_new_tokens);
+        let sampling = policy.map(|p| {
+            crate::policy::record_value(
+                p,
+                serde_json::to_value(&conv.sampling).unwrap_or(Value::Null),
+                params.clone(),
+            )
+        });
+        let mut body = sglang::generate_body(&prompt.ids, params, conv.stream);
+        if let Some(o) = body.as_object_mut() {
+            // The call id is SGLang's request id: `/abort_request` stops it by that name.
+            o.insert("rid".into(), Value::String(call_id.to_string()));
+        }
         let mut recorded_body = body.clone();
         if let Some(o) = recorded_body.as_object_mut() {
             // The ids are the record's prompt_token_ids; the body keeps what else was sent.
@@ -448,18 +523,47 @@ impl Sglang {
             upstream: backend,
             model: Some(model),
             stream,
+            sampling,
         })
     }
 
-    /// `POST {backend}/generate`; returns once the answer's head has arrived.
+    /// `POST {backend}/generate`; returns once the answer's head has arrived. The session is
+    /// the routing key of SGLang's router (`X-SMG-Routing-Key`: its `consistent_hashing` and
+    /// `manual` policies keep a key on one worker, so the prefix cache keeps serving it).
     pub(crate) async fn send(&self, g: &Generate) -> Result<Response<Incoming>, GatewayError> {
-        self.request(
+        self.request_with(
             Method::POST,
             &format!("{}/generate", g.backend),
             &g.backend,
             g.body.clone(),
+            HeaderValue::from_str(&g.session).ok(),
         )
         .await
+    }
+
+    /// `POST {backend}/abort_request {"rid": call_id}`: stops a generation whose client went
+    /// away (best effort: a generation that already finished is not an error).
+    pub(crate) async fn abort(&self, backend: &str, call_id: &str) {
+        let body = serde_json::json!({"rid": call_id}).to_string();
+        let url = format!("{backend}{}", graft_wire::sglang::path::ABORT_REQUEST);
+        match self
+            .request(Method::POST, &url, backend, Bytes::from(body))
+            .await
+        {
+            Ok(r) if r.status().is_success() => {
+                info!(
+                    call_id,
+                    backend, "exact mode: the client went away; generation aborted"
+                );
+            }
+            Ok(r) => warn!(
+                call_id,
+                backend,
+                status = r.status().as_u16(),
+                "exact mode: /abort_request was refused"
+            ),
+            Err(e) => warn!(call_id, backend, error = %e, "exact mode: /abort_request failed"),
+        }
     }
 
     /// `GET /v1/models` of the first backend (SGLang serves the OpenAI routes too).
@@ -483,9 +587,23 @@ impl Sglang {
         backend: &str,
         body: Bytes,
     ) -> Result<Response<Incoming>, GatewayError> {
+        self.request_with(method, url, backend, body, None).await
+    }
+
+    async fn request_with(
+        &self,
+        method: Method,
+        url: &str,
+        backend: &str,
+        body: Bytes,
+        routing_key: Option<HeaderValue>,
+    ) -> Result<Response<Incoming>, GatewayError> {
         let mut req = Request::builder().method(method).uri(url);
         if !body.is_empty() {
             req = req.header(header::CONTENT_TYPE, "application/json");
+        }
+        if let Some(k) = routing_key {
+            req = req.header("x-smg-routing-key", k);
         }
         let req = req.body(Full::new(body)).map_err(|e| {
             GatewayError::Internal(format!("cannot build the request to {url}: {e}"))
@@ -576,6 +694,11 @@ fn finish_label(p: &Progress) -> Option<String> {
 }
 
 impl Generate {
+    /// A hash of the prompt ids (to recognise a resent prompt as a retry).
+    pub(crate) fn prompt_hash(&self) -> u64 {
+        crate::retries::prompt_hash(&self.prompt.ids)
+    }
+
     fn invalid(&self, detail: String) -> GatewayError {
         GatewayError::UpstreamInvalid {
             upstream: self.backend.clone(),

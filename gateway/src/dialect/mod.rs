@@ -156,6 +156,39 @@ pub struct Sampling {
     pub presence_penalty: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub frequency_penalty: Option<f64>,
+    /// vLLM's and SGLang's `min_p` (an extension of the OpenAI wire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    /// vLLM's and SGLang's `repetition_penalty` (an extension of the OpenAI wire).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f64>,
+    /// OpenAI's `logit_bias`: token id (as a string) → bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<Map<String, Value>>,
+}
+
+/// OpenAI's `logit_bias` (`{"token id": bias}`), checked: an object of numbers. `None` when
+/// absent or `null`.
+pub(crate) fn logit_bias_of(v: Option<&Value>) -> Result<Option<Map<String, Value>>, GatewayError> {
+    match v {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(m)) => {
+            if let Some((k, b)) = m.iter().find(|(_, b)| b.as_f64().is_none()) {
+                return Err(GatewayError::field(
+                    format!("logit_bias.{k}"),
+                    format!("'logit_bias.{k}' must be a number, got {}", kind(b)),
+                ));
+            }
+            Ok(Some(m.clone()))
+        }
+        Some(v) => Err(GatewayError::field(
+            "logit_bias",
+            format!(
+                "'logit_bias' must be an object of token id → bias, got {}",
+                kind(v)
+            ),
+        )),
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

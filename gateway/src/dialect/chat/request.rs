@@ -243,8 +243,11 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         seed: obj.get("seed").and_then(Value::as_i64),
         presence_penalty: f64_of("presence_penalty"),
         frequency_penalty: f64_of("frequency_penalty"),
+        min_p: f64_of("min_p"),
+        repetition_penalty: f64_of("repetition_penalty"),
+        logit_bias: crate::dialect::logit_bias_of(obj.get("logit_bias"))?,
     };
-    const KNOWN: [&str; 18] = [
+    const KNOWN: [&str; 21] = [
         "model",
         "messages",
         "tools",
@@ -263,6 +266,9 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         "frequency_penalty",
         "reasoning_effort",
         "n",
+        "min_p",
+        "repetition_penalty",
+        "logit_bias",
     ];
     let extra: Map<String, Value> = obj
         .iter()
@@ -460,6 +466,9 @@ pub fn to_request(conv: &Conversation) -> (Value, Vec<String>) {
     put("seed", s.seed.map(|v| json!(v)));
     put("presence_penalty", s.presence_penalty.map(|v| json!(v)));
     put("frequency_penalty", s.frequency_penalty.map(|v| json!(v)));
+    put("min_p", s.min_p.map(|v| json!(v)));
+    put("repetition_penalty", s.repetition_penalty.map(|v| json!(v)));
+    put("logit_bias", s.logit_bias.clone().map(Value::Object));
     if conv.reasoning.is_some() {
         notes.push("reasoning settings are not forwarded to a Chat Completions upstream".into());
     }

@@ -6,8 +6,8 @@ use serde_json::{Map, Value};
 use crate::dialect::{Conversation, RawPrompt, Sampling, kind};
 use crate::error::GatewayError;
 
-/// Top-level keys this parser maps or refuses; every other key (`logprobs`, `logit_bias`,
-/// `user`, server extensions) is kept in `Conversation::extra`.
+/// Top-level keys this parser maps or refuses; every other key (`logprobs`, `user`, server
+/// extensions) is kept in `Conversation::extra`.
 const MAPPED_KEYS: &[&str] = &[
     "model",
     "prompt",
@@ -21,6 +21,9 @@ const MAPPED_KEYS: &[&str] = &[
     "seed",
     "presence_penalty",
     "frequency_penalty",
+    "min_p",
+    "repetition_penalty",
+    "logit_bias",
     "n",
     "best_of",
     "echo",
@@ -242,6 +245,9 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         seed,
         presence_penalty: opt_f64(obj, "presence_penalty")?,
         frequency_penalty: opt_f64(obj, "frequency_penalty")?,
+        min_p: opt_f64(obj, "min_p")?,
+        repetition_penalty: opt_f64(obj, "repetition_penalty")?,
+        logit_bias: crate::dialect::logit_bias_of(get(obj, "logit_bias"))?,
     };
     let extra: Map<String, Value> = obj
         .iter()

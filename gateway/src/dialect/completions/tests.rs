@@ -101,7 +101,8 @@ fn sampling_and_stream_fields_are_mapped() {
         "max_tokens": 32, "temperature": 0.7, "top_p": 0.9, "top_k": 20, "stop": "\n",
         "seed": 42, "presence_penalty": 0.5, "frequency_penalty": -0.5, "logprobs": 2,
         "stream": true, "stream_options": {"include_usage": true},
-        "user": "u1", "logit_bias": {"50256": -100}
+        "user": "u1", "logit_bias": {"50256": -100}, "min_p": 0.05,
+        "repetition_penalty": 1.1
     }))
     .unwrap();
     let s = &conv.sampling;
@@ -113,13 +114,20 @@ fn sampling_and_stream_fields_are_mapped() {
     assert_eq!(s.seed, Some(42));
     assert_eq!(s.presence_penalty, Some(0.5));
     assert_eq!(s.frequency_penalty, Some(-0.5));
+    assert_eq!(s.min_p, Some(0.05));
+    assert_eq!(s.repetition_penalty, Some(1.1));
+    assert_eq!(
+        s.logit_bias.clone().map(Value::Object),
+        Some(json!({"50256": -100}))
+    );
     assert!(conv.stream);
     assert!(conv.include_usage);
     // Fields the conversation has no place for are kept for the record.
     assert_eq!(conv.extra.get("logprobs"), Some(&json!(2)));
     assert_eq!(conv.extra.get("user"), Some(&json!("u1")));
-    assert_eq!(conv.extra.get("logit_bias"), Some(&json!({"50256": -100})));
     for mapped in [
+        "logit_bias",
+        "min_p",
         "prompt",
         "max_tokens",
         "stop",

@@ -1,0 +1,185 @@
+//! Retries: the openai Python SDK with a short timeout retries a call whose first attempt
+//! is slow (the scripted upstream's `first_delay_ms`), streaming and not, in exact and
+//! passthrough modes. Both attempts are recorded and linked (`attempt`, `retry_of`), the
+//! abandoned one as `client_disconnected`; in exact mode the backend is told to stop it
+//! (`/abort_request` with the call id as `rid`, which the scripted SGLang side logs); and
+//! `graft reconstruct` trains one sample per session, on the attempt the client received.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use common::{Proc, TestEnv, http};
+use serde_json::Value;
+
+const SCRIPT: &str = r#"{"rules": [
+  {"match": "graft-retry-json", "first_delay_ms": 5000, "reply": {"content": "Answered on the second attempt."}},
+  {"match": "graft-retry-stream", "first_delay_ms": 5000, "reply": {"content": "Streamed on the second attempt."}}
+]}"#;
+
+fn reconstruct(data: &Path, qwen3: &Path, out: &Path) -> Value {
+    let text = common::graft(&[
+        "reconstruct",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--tokenizer",
+        qwen3.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    serde_json::from_str(text.lines().last().unwrap()).unwrap_or_else(|e| panic!("{e}: {text}"))
+}
+
+fn block_on<F: std::future::Future>(f: F) -> F::Output {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// Polls `f` until it gives something (30 s at most).
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Runs the SDK once (`mode`: json | stream) in a new session; checks the records; returns
+/// the session id and the abandoned attempt's call id.
+fn retried_call(env: &TestEnv, gw: &Proc, data: &Path, mode: &str) -> (String, String) {
+    let (sid, base) = block_on(common::open_session(&gw.url));
+    let text = format!("graft-retry-{mode}: say something");
+    let mut cmd = Command::new(env.python());
+    cmd.arg(common::clients_dir().join("python").join("openai_retry.py"))
+        .arg(mode)
+        .env("GRAFT_BASE_URL", &base)
+        .env("GRAFT_API_KEY", "sk-graft-test")
+        .env("GRAFT_MODEL", "qwen3")
+        .env("GRAFT_TIMEOUT", "1.5")
+        .env("GRAFT_TEXT", &text)
+        .env("PYTHONUNBUFFERED", "1")
+        .env("PYTHONDONTWRITEBYTECODE", "1");
+    let out = common::run_client(cmd, Duration::from_secs(120));
+    let want = if mode == "json" {
+        "Answered on the second attempt."
+    } else {
+        "Streamed on the second attempt."
+    };
+    assert_eq!(out["content"], want, "{out:#}");
+    let recs = wait_for("both attempts' records", || {
+        let recs: Vec<Value> = common::records_show(data)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid.as_str())
+            .collect();
+        (recs.len() >= 2).then_some(recs)
+    });
+    assert_eq!(recs.len(), 2, "one abandoned attempt, one retry: {recs:#?}");
+    let first = recs
+        .iter()
+        .find(|r| r["attempt"] == 1)
+        .unwrap_or_else(|| panic!("{recs:#?}"));
+    let retry = recs
+        .iter()
+        .find(|r| r["attempt"] == 2)
+        .unwrap_or_else(|| panic!("{recs:#?}"));
+    assert_eq!(first["outcome"], "client_disconnected", "{first:#}");
+    assert!(first["retry_of"].is_null(), "{first:#}");
+    assert_eq!(retry["outcome"], "ok", "{retry:#}");
+    assert_eq!(retry["retry_of"], first["call_id"], "{retry:#}");
+    assert_eq!(retry["stream"], mode == "stream");
+    assert_eq!(
+        first["request"], retry["request"],
+        "the SDK resent the same body"
+    );
+    (sid, first["call_id"].as_str().unwrap().to_string())
+}
+
+fn run(exact: bool) {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let q = qwen3.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let s = script.to_str().unwrap();
+    let (upstream, gw) = if exact {
+        let up = Proc::scripted_upstream(&["--script", s, "--tokenizer", q]);
+        let gw = Proc::gateway_with(&up.url, &data, &["--mode", "exact", "--model-dir", q], &[]);
+        (up, gw)
+    } else {
+        let up = Proc::scripted_upstream(&["--script", s]);
+        let gw = Proc::gateway_with(&up.url, &data, &[], &[]);
+        (up, gw)
+    };
+    let mut abandoned = vec![];
+    let mut sessions = vec![];
+    for mode in ["json", "stream"] {
+        let (sid, first) = retried_call(&env, &gw, &data, mode);
+        abandoned.push(first);
+        sessions.push(sid);
+    }
+    if exact {
+        // The backend was told to stop each abandoned generation, by the call id.
+        let log = wait_for("the aborts", || {
+            let log = block_on(http::get(
+                &format!("{}/testkit/requests", upstream.url),
+                &[],
+            ))
+            .json();
+            let aborted: Vec<String> = log["aborted"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap().to_string())
+                .collect();
+            abandoned.iter().all(|a| aborted.contains(a)).then_some(log)
+        });
+        // Every /generate carried its call id as rid and its session as the router's
+        // routing key.
+        let gens = log["generate"].as_array().unwrap();
+        assert_eq!(gens.len(), 4, "{log:#}");
+        assert!(gens.iter().all(|g| g["rid"].is_string()), "{log:#}");
+        let keys: Vec<&str> = gens
+            .iter()
+            .map(|g| g["routing_key"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                sessions[0].as_str(),
+                sessions[0].as_str(),
+                sessions[1].as_str(),
+                sessions[1].as_str()
+            ],
+            "{log:#}"
+        );
+    }
+    let out = dir.path().join("samples.parquet");
+    let summary = reconstruct(&data, &qwen3, &out);
+    assert_eq!(summary["samples"], 2, "one sample per session: {summary:#}");
+    assert_eq!(
+        summary["skipped"]["abandoned by the client (client_disconnected)"], 2,
+        "{summary:#}"
+    );
+}
+
+#[test]
+fn sdk_retries_after_a_timeout_are_linked_and_trained_once_in_exact_mode() {
+    run(true);
+}
+
+#[test]
+fn sdk_retries_after_a_timeout_are_linked_and_trained_once_in_passthrough_mode() {
+    run(false);
+}
