@@ -210,12 +210,16 @@ pub fn reader_gone(fd: std::os::fd::BorrowedFd<'_>, wait: bool) -> bool {
 }
 
 /// `--die-with-envd`: a thread that waits for envd (the only reader of stdout) to be gone,
-/// then exits the agent at once. Nothing is printed: stderr's reader is gone too.
+/// then kills the agent's descendants and exits (as the sandbox's pid 1 the exit alone
+/// would end them; the kill also covers an agent that is not). Nothing is printed:
+/// stderr's reader is gone too.
 fn watch_envd() {
     std::thread::spawn(|| {
         use std::os::fd::AsFd;
         let stdout = std::io::stdout();
         if reader_gone(stdout.as_fd(), true) {
+            let me = rustix::process::getpid().as_raw_nonzero().get();
+            tree::kill_descendants(me, &|| {});
             std::process::exit(128 + 9);
         }
     });
