@@ -75,21 +75,40 @@ impl Draining {
     }
 }
 
-/// Serves plain HTTP on `listener` with `handler` until `shutdown` resolves.
-pub async fn serve<H, F, B, E>(
-    listener: TcpListener,
-    options: Options,
-    handler: H,
-    shutdown: impl Future<Output = ()>,
-) -> Draining
+/// A request handler: hyper's `service_fn` shape (`Fn(Request) -> Future<Output =
+/// Result<Response, E>>`, an `Err` aborting the connection), cloned into each connection.
+/// Every such closure is one.
+pub trait Handler: Clone + Send + 'static {
+    type Body: Body<Data: Send, Error: Into<BoxError>> + Send + 'static;
+    type Error: Into<BoxError>;
+    type Future: Future<Output = Result<Response<Self::Body>, Self::Error>> + Send + 'static;
+
+    fn call(&self, req: Request<Incoming>) -> Self::Future;
+}
+
+impl<H, F, B, E> Handler for H
 where
     H: Fn(Request<Incoming>) -> F + Clone + Send + 'static,
     F: Future<Output = Result<Response<B>, E>> + Send + 'static,
     E: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
+    B: Body<Data: Send, Error: Into<BoxError>> + Send + 'static,
 {
+    type Body = B;
+    type Error = E;
+    type Future = F;
+
+    fn call(&self, req: Request<Incoming>) -> F {
+        self(req)
+    }
+}
+
+/// Serves plain HTTP on `listener` with `handler` until `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    options: Options,
+    handler: impl Handler,
+    shutdown: impl Future<Output = ()>,
+) -> Draining {
     serve_with(
         listener,
         options,
@@ -103,23 +122,17 @@ where
 /// [`serve`] with a handshake run on each accepted connection, in that connection's own
 /// task (so a slow client holds up no other): it turns the TCP stream into the stream HTTP
 /// is spoken over (the gateway's TLS), or gives `None` to drop the connection (it logs why).
-pub async fn serve_with<T, TF, IO, H, F, B, E>(
+pub async fn serve_with<T, TF, IO>(
     listener: TcpListener,
     options: Options,
     handshake: T,
-    handler: H,
+    handler: impl Handler,
     shutdown: impl Future<Output = ()>,
 ) -> Draining
 where
     T: Fn(TcpStream, SocketAddr) -> TF + Clone + Send + 'static,
     TF: Future<Output = Option<IO>> + Send + 'static,
     IO: AsyncRead + AsyncWrite + Unpin + Send + 'static,
-    H: Fn(Request<Incoming>) -> F + Clone + Send + 'static,
-    F: Future<Output = Result<Response<B>, E>> + Send + 'static,
-    E: Into<BoxError>,
-    B: Body + Send + 'static,
-    B::Data: Send,
-    B::Error: Into<BoxError>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
     if let Some(timeout) = options.header_read_timeout {
@@ -154,7 +167,7 @@ where
                 return;
             };
             let conn = builder
-                .serve_connection(TokioIo::new(io), service_fn(handler))
+                .serve_connection(TokioIo::new(io), service_fn(move |req| handler.call(req)))
                 .into_owned();
             // Client disconnects, resets and timed-out heads: the client's doing, not ours.
             if let Err(e) = watcher.watch(conn).await {

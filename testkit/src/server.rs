@@ -147,14 +147,7 @@ pub(crate) async fn handle(
     };
     let prompt = match parsed {
         Ok(p) => p,
-        Err(msg) => {
-            return Ok(error(
-                StatusCode::BAD_REQUEST,
-                &msg,
-                "invalid_request_error",
-                None,
-            ));
-        }
+        Err(msg) => return Ok(bad_request(&msg)),
     };
     let fault = Fault::from_model(&prompt.model);
     let mut delay = state.chunk_delay;
@@ -194,14 +187,7 @@ pub(crate) async fn handle(
     let tokens = match &state.model {
         Some(m) => match m.answer(dialect, &body, &meta, reply) {
             Ok(t) => Some(t),
-            Err(msg) => {
-                return Ok(error(
-                    StatusCode::BAD_REQUEST,
-                    &msg,
-                    "invalid_request_error",
-                    None,
-                ));
-            }
+            Err(msg) => return Ok(bad_request(&msg)),
         },
         None => None,
     };
@@ -260,14 +246,18 @@ async fn read_json(body: Incoming, empty_is_null: bool) -> Result<Value, Respons
     if empty_is_null && bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(Value::Null);
     }
-    serde_json::from_slice(&bytes).map_err(|e| {
-        error(
-            StatusCode::BAD_REQUEST,
-            &format!("the request body is not valid JSON: {e}"),
-            "invalid_request_error",
-            None,
-        )
-    })
+    serde_json::from_slice(&bytes)
+        .map_err(|e| bad_request(&format!("the request body is not valid JSON: {e}")))
+}
+
+/// OpenAI's 400 for a request the scripted upstream cannot take.
+fn bad_request(message: &str) -> Response<RespBody> {
+    error(
+        StatusCode::BAD_REQUEST,
+        message,
+        "invalid_request_error",
+        None,
+    )
 }
 
 pub(crate) fn error(
