@@ -55,84 +55,77 @@ pub struct Harness {
     pub readme: &'static str,
 }
 
+/// One file of `harness-configs/<dir>/`, compiled in.
 macro_rules! tpl {
-    ($path:literal) => {
+    ($dir:literal, $file:literal) => {
         include_str!(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/harness-configs/",
-            $path
+            $dir,
+            "/",
+            $file
         ))
+    };
+}
+
+/// A harness whose folder is `harness-configs/<name>/`: its `env`, its `README.md`, and each
+/// config file as (where it belongs, its file in the folder).
+macro_rules! harness {
+    ($name:literal, $summary:literal, [$(($path:literal, $file:literal)),+ $(,)?]) => {
+        Harness {
+            name: $name,
+            summary: $summary,
+            env: tpl!($name, "env"),
+            files: &[$(ConfigFile { path: $path, template: tpl!($name, $file) }),+],
+            readme: tpl!($name, "README.md"),
+        }
     };
 }
 
 /// Every harness graft has configs for, in `graft harness list` order.
 pub const HARNESSES: &[Harness] = &[
-    Harness {
-        name: "codex",
-        summary: "Codex CLI: Responses API (SSE); a [model_providers.graft] block in $CODEX_HOME/config.toml",
-        env: tpl!("codex/env"),
-        files: &[ConfigFile {
-            path: "$CODEX_HOME/config.toml",
-            template: tpl!("codex/config.toml"),
-        }],
-        readme: tpl!("codex/README.md"),
-    },
-    Harness {
-        name: "mini-swe-agent",
-        summary: "mini-swe-agent (litellm): Chat Completions; OPENAI_BASE_URL + -m openai/<model>",
-        env: tpl!("mini-swe-agent/env"),
-        files: &[ConfigFile {
-            path: "graft.yaml (mini -c mini.yaml -c graft.yaml)",
-            template: tpl!("mini-swe-agent/graft.yaml"),
-        }],
-        readme: tpl!("mini-swe-agent/README.md"),
-    },
-    Harness {
-        name: "aider",
-        summary: "aider (litellm): Chat Completions, streaming; --openai-api-base / .aider.conf.yml",
-        env: tpl!("aider/env"),
-        files: &[ConfigFile {
-            path: "<repo root>/.aider.conf.yml",
-            template: tpl!("aider/.aider.conf.yml"),
-        }],
-        readme: tpl!("aider/README.md"),
-    },
-    Harness {
-        name: "openhands-sdk",
-        summary: "OpenHands SDK (litellm): Chat Completions; LLM(base_url=..., api_key=...) or LLM_* env",
-        env: tpl!("openhands-sdk/env"),
-        files: &[ConfigFile {
-            path: "graft_llm.py (import llm from your agent script)",
-            template: tpl!("openhands-sdk/graft_llm.py"),
-        }],
-        readme: tpl!("openhands-sdk/README.md"),
-    },
-    Harness {
-        name: "zeroclaw",
-        summary: "ZeroClaw: Chat Completions; default_provider = \"custom:<url>\" in ~/.zeroclaw/config.toml",
-        env: tpl!("zeroclaw/env"),
-        files: &[ConfigFile {
-            path: "~/.zeroclaw/config.toml",
-            template: tpl!("zeroclaw/config.toml"),
-        }],
-        readme: tpl!("zeroclaw/README.md"),
-    },
-    Harness {
-        name: "litellm-anthropic",
-        summary: "Anthropic Messages (/v1/messages): anthropic SDK or litellm anthropic/; base URL without /v1",
-        env: tpl!("litellm-anthropic/env"),
-        files: &[
-            ConfigFile {
-                path: "graft_anthropic.py (example client code)",
-                template: tpl!("litellm-anthropic/graft_anthropic.py"),
-            },
-            ConfigFile {
-                path: "litellm-config.yaml (litellm --config litellm-config.yaml)",
-                template: tpl!("litellm-anthropic/litellm-config.yaml"),
-            },
-        ],
-        readme: tpl!("litellm-anthropic/README.md"),
-    },
+    harness!(
+        "codex",
+        "Codex CLI: Responses API (SSE); a [model_providers.graft] block in $CODEX_HOME/config.toml",
+        [("$CODEX_HOME/config.toml", "config.toml")]
+    ),
+    harness!(
+        "mini-swe-agent",
+        "mini-swe-agent (litellm): Chat Completions; OPENAI_BASE_URL + -m openai/<model>",
+        [("graft.yaml (mini -c mini.yaml -c graft.yaml)", "graft.yaml")]
+    ),
+    harness!(
+        "aider",
+        "aider (litellm): Chat Completions, streaming; --openai-api-base / .aider.conf.yml",
+        [("<repo root>/.aider.conf.yml", ".aider.conf.yml")]
+    ),
+    harness!(
+        "openhands-sdk",
+        "OpenHands SDK (litellm): Chat Completions; LLM(base_url=..., api_key=...) or LLM_* env",
+        [(
+            "graft_llm.py (import llm from your agent script)",
+            "graft_llm.py"
+        )]
+    ),
+    harness!(
+        "zeroclaw",
+        "ZeroClaw: Chat Completions; default_provider = \"custom:<url>\" in ~/.zeroclaw/config.toml",
+        [("~/.zeroclaw/config.toml", "config.toml")]
+    ),
+    harness!(
+        "litellm-anthropic",
+        "Anthropic Messages (/v1/messages): anthropic SDK or litellm anthropic/; base URL without /v1",
+        [
+            (
+                "graft_anthropic.py (example client code)",
+                "graft_anthropic.py"
+            ),
+            (
+                "litellm-config.yaml (litellm --config litellm-config.yaml)",
+                "litellm-config.yaml"
+            ),
+        ]
+    ),
 ];
 
 /// The values the placeholders take.

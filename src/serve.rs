@@ -31,7 +31,6 @@ use graft_wire::sglang::{
 use http::{Method, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, combinators::UnsyncBoxBody};
 use hyper::body::{Frame, Incoming};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
@@ -109,31 +108,18 @@ pub async fn start(
 }
 
 async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) -> anyhow::Result<()> {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let shutdown = crate::cli::shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = &mut shutdown => return Ok(()),
-        };
-        let Ok((stream, _)) = accepted else {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            continue;
-        };
-        let _ = stream.set_nodelay(true);
+    let handler = move |req| {
         let state = Arc::clone(&state);
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(state, req).await) }
-            });
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+        async move { Ok::<_, Infallible>(handle(state, req).await) }
+    };
+    graft_http::serve(
+        listener,
+        graft_http::Options::new("serve"),
+        handler,
+        crate::cli::shutdown_signal(),
+    )
+    .await;
+    Ok(())
 }
 
 fn full(bytes: impl Into<Bytes>) -> RespBody {

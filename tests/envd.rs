@@ -934,8 +934,10 @@ fn memory_hog_is_oom_killed_with_a_clear_status() {
     assert_eq!(ok["oom_killed"], false);
 }
 
-/// kill -9 of envd takes every sandbox process with it (bubblewrap's `--die-with-parent`),
-/// and the next envd on the same data dir removes what the crashed one left.
+/// kill -9 of envd takes every sandbox process with it (bubblewrap's `--die-with-parent`,
+/// and the agent's `--die-with-envd` for an envd killed before bubblewrap armed that: the
+/// marker shows up in the joining `sh` already), and the next envd on the same data dir
+/// removes what the crashed one left.
 #[test]
 fn a_crashed_envd_leaves_no_process_and_the_next_one_cleans_up() {
     let mut e = Envd::start(&[]);

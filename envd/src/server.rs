@@ -10,10 +10,6 @@ use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast::error::RecvError;
@@ -116,13 +112,6 @@ impl Envd {
     /// Serves until `shutdown` resolves, then deletes every sandbox.
     pub async fn serve(self, shutdown: impl std::future::Future<Output = ()>) {
         let Envd { svc, listener } = self;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(Duration::from_secs(30))
-            .keep_alive(true);
-        let graceful = GracefulShutdown::new();
         let reaper = {
             let svc = svc.clone();
             tokio::spawn(async move {
@@ -133,42 +122,20 @@ impl Envd {
                 }
             })
         };
-        tokio::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                acc = listener.accept() => match acc {
-                    Ok(x) => x,
-                    Err(e) => {
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                },
-                _ = &mut shutdown => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let s = svc.clone();
-            let service = service_fn(move |req| {
-                let s = s.clone();
-                async move { Ok::<_, Infallible>(handle(s, req).await) }
-            });
-            let builder = builder.clone();
-            let watcher = graceful.watcher();
-            tokio::spawn(async move {
-                let conn = builder
-                    .serve_connection(TokioIo::new(stream), service)
-                    .into_owned();
-                if let Err(e) = watcher.watch(conn).await {
-                    debug!(%peer, error = %e, "connection ended with an error");
-                }
-            });
-        }
-        drop(listener);
+        let options = graft_http::Options::new("envd").header_read_timeout(Duration::from_secs(30));
+        let handler = {
+            let svc = svc.clone();
+            move |req| {
+                let svc = svc.clone();
+                async move { Ok::<_, Infallible>(handle(svc, req).await) }
+            }
+        };
+        let draining = graft_http::serve(listener, options, handler, shutdown).await;
         reaper.abort();
         info!("shutting down: deleting every sandbox");
         svc.delete_all().await;
         svc.backend.shutdown();
-        let _ = tokio::time::timeout(Duration::from_secs(10), graceful.shutdown()).await;
+        draining.finish(Duration::from_secs(10)).await;
     }
 }
 

@@ -10,10 +10,6 @@ use bytes::Bytes;
 use graft_recorder::{Recorder, RecorderConfig, RecoveryReport, SessionLog};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
-use hyper::service::service_fn;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tracing::{debug, error, info, warn};
@@ -159,13 +155,6 @@ impl Gateway {
             tls,
             ..
         } = self;
-        let mut builder = auto::Builder::new(TokioExecutor::new());
-        builder
-            .http1()
-            .timer(TokioTimer::new())
-            .header_read_timeout(state.cfg.server.header_timeout)
-            .keep_alive(true);
-        let graceful = GracefulShutdown::new();
         let housekeeping = {
             let state = state.clone();
             tokio::spawn(async move {
@@ -176,70 +165,41 @@ impl Gateway {
                 }
             })
         };
-        tokio::pin!(shutdown);
-        loop {
-            let (stream, peer) = tokio::select! {
-                acc = listener.accept() => match acc {
-                    Ok(x) => x,
-                    Err(e) => {
-                        warn!(error = %e, "accept failed");
-                        tokio::time::sleep(Duration::from_millis(20)).await;
-                        continue;
-                    }
-                },
-                _ = &mut shutdown => break,
-            };
-            let _ = stream.set_nodelay(true);
-            let st = state.clone();
-            let svc = service_fn(move |req| {
-                let st = st.clone();
-                async move { Ok::<_, Infallible>(route(st, req).await) }
-            });
-            let builder = builder.clone();
-            let watcher = graceful.watcher();
-            match &tls {
-                None => {
-                    tokio::spawn(async move {
-                        let conn = builder
-                            .serve_connection(TokioIo::new(stream), svc)
-                            .into_owned();
-                        if let Err(e) = watcher.watch(conn).await {
-                            debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                    });
-                }
-                Some(acceptor) => {
-                    let acceptor = acceptor.clone();
-                    let hs_timeout = state.cfg.server.header_timeout;
-                    tokio::spawn(async move {
-                        let tls_stream =
-                            match tokio::time::timeout(hs_timeout, acceptor.accept(stream)).await {
-                                Ok(Ok(s)) => s,
-                                Ok(Err(e)) => {
-                                    debug!(%peer, error = %e, "TLS handshake failed");
-                                    return;
-                                }
-                                Err(_) => {
-                                    debug!(%peer, "TLS handshake timed out");
-                                    return;
-                                }
-                            };
-                        let conn = builder
-                            .serve_connection(TokioIo::new(tls_stream), svc)
-                            .into_owned();
-                        if let Err(e) = watcher.watch(conn).await {
-                            debug!(%peer, error = %e, "connection ended with an error");
-                        }
-                    });
-                }
+        let options = graft_http::Options::new("gateway")
+            .header_read_timeout(state.cfg.server.header_timeout);
+        let handler = {
+            let state = state.clone();
+            move |req| {
+                let state = state.clone();
+                async move { Ok::<_, Infallible>(route(state, req).await) }
             }
-        }
-        drop(listener);
+        };
+        let draining = match tls {
+            None => graft_http::serve(listener, options, handler, shutdown).await,
+            Some(acceptor) => {
+                let handshake_timeout = state.cfg.server.header_timeout;
+                let handshake = move |stream, peer: SocketAddr| {
+                    let acceptor = acceptor.clone();
+                    async move {
+                        match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await
+                        {
+                            Ok(Ok(s)) => Some(s),
+                            Ok(Err(e)) => {
+                                debug!(%peer, error = %e, "TLS handshake failed");
+                                None
+                            }
+                            Err(_) => {
+                                debug!(%peer, "TLS handshake timed out");
+                                None
+                            }
+                        }
+                    }
+                };
+                graft_http::serve_with(listener, options, handshake, handler, shutdown).await
+            }
+        };
         info!("shutting down: draining connections");
-        if tokio::time::timeout(Duration::from_secs(30), graceful.shutdown())
-            .await
-            .is_err()
-        {
+        if !draining.finish(Duration::from_secs(30)).await {
             warn!("connections still open after 30 s; closing them");
         }
         housekeeping.abort();

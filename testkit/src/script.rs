@@ -122,6 +122,18 @@ impl Script {
         self.rule_for(req).map(|rule| &rule.reply)
     }
 
+    /// The reply for a request; when no rule matches, an echo of the last user text
+    /// ("You said: ...").
+    pub(crate) fn reply_or_echo(&self, req: &Prompt) -> std::borrow::Cow<'_, Reply> {
+        match self.reply_for(req) {
+            Some(r) => std::borrow::Cow::Borrowed(r),
+            None => std::borrow::Cow::Owned(Reply {
+                content: Some(format!("You said: {}", req.last_user_text)),
+                ..Reply::default()
+            }),
+        }
+    }
+
     pub(crate) fn rule_for(&self, req: &Prompt) -> Option<&Rule> {
         self.rules.iter().find(|rule| rule.matches(req))
     }

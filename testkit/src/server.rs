@@ -12,12 +12,11 @@ use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
-use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
 
 use crate::faults::{Fault, garbage};
 use crate::openai::{Meta, chat_events, chat_json, completion_events, completion_json, usage_for};
-use crate::script::{Prompt, Reply, Script};
+use crate::script::{Prompt, Script};
 use crate::tokens::TokenModel;
 use crate::{MAX_REQUEST_BYTES, RESET_FLUSH_PAUSE, sglang};
 
@@ -25,35 +24,19 @@ pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
     state: Arc<State>,
 ) -> anyhow::Result<()> {
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = tokio::signal::ctrl_c() => return Ok(()),
-        };
-        let (stream, _peer) = match accepted {
-            Ok(conn) => conn,
-            Err(e) => {
-                // Out of file descriptors and the like: back off instead of spinning.
-                tracing::warn!(error = %e, "scripted-upstream: accept failed");
-                tokio::time::sleep(Duration::from_millis(20)).await;
-                continue;
-            }
-        };
-        let _ = stream.set_nodelay(true);
-        let state = Arc::clone(&state);
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { handle(state, req).await }
-            });
-            // Errors here are client disconnects and the deliberate `fault-reset` aborts.
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
+    // Connection errors are client disconnects and the deliberate `fault-reset` aborts.
+    let handler = move |req| handle(Arc::clone(&state), req);
+    let shutdown = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    graft_http::serve(
+        listener,
+        graft_http::Options::new("scripted-upstream"),
+        handler,
+        shutdown,
+    )
+    .await;
+    Ok(())
 }
 
 pub(crate) struct State {
@@ -120,34 +103,10 @@ pub(crate) async fn handle(
             .get("x-smg-routing-key")
             .and_then(|v| v.to_str().ok())
             .map(str::to_string);
-        let body = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
-            .collect()
-            .await
-        {
-            Ok(c) => c.to_bytes(),
-            Err(e) => {
-                return Ok(error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    &format!("cannot read the request body: {e}"),
-                    "invalid_request_error",
-                    None,
-                ));
-            }
-        };
-        let body: Value = if body.iter().all(u8::is_ascii_whitespace) {
-            Value::Null
-        } else {
-            match serde_json::from_slice(&body) {
-                Ok(v) => v,
-                Err(e) => {
-                    return Ok(error(
-                        StatusCode::BAD_REQUEST,
-                        &format!("the request body is not valid JSON: {e}"),
-                        "invalid_request_error",
-                        None,
-                    ));
-                }
-            }
+        // SGLang's control routes take an empty body as no parameters.
+        let body = match read_json(req.into_body(), true).await {
+            Ok(v) => v,
+            Err(resp) => return Ok(resp),
         };
         if let Some(resp) = sglang::route(&state, &method, &path, &body, routing_key).await? {
             return Ok(resp);
@@ -183,30 +142,9 @@ pub(crate) async fn handle(
             ));
         }
     };
-    let bytes = match Limited::new(req.into_body(), MAX_REQUEST_BYTES)
-        .collect()
-        .await
-    {
-        Ok(c) => c.to_bytes(),
-        Err(e) => {
-            return Ok(error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                &format!("cannot read the request body: {e}"),
-                "invalid_request_error",
-                None,
-            ));
-        }
-    };
-    let body: Value = match serde_json::from_slice(&bytes) {
+    let body = match read_json(req.into_body(), false).await {
         Ok(v) => v,
-        Err(e) => {
-            return Ok(error(
-                StatusCode::BAD_REQUEST,
-                &format!("the request body is not valid JSON: {e}"),
-                "invalid_request_error",
-                None,
-            ));
-        }
+        Err(resp) => return Ok(resp),
     };
     let parsed = match dialect {
         Dialect::Chat => Prompt::from_chat(&body),
@@ -214,14 +152,7 @@ pub(crate) async fn handle(
     };
     let prompt = match parsed {
         Ok(p) => p,
-        Err(msg) => {
-            return Ok(error(
-                StatusCode::BAD_REQUEST,
-                &msg,
-                "invalid_request_error",
-                None,
-            ));
-        }
+        Err(msg) => return Ok(bad_request(&msg)),
     };
     let fault = Fault::from_model(&prompt.model);
     let mut delay = state.chunk_delay;
@@ -251,17 +182,8 @@ pub(crate) async fn handle(
     if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
         tokio::time::sleep(d).await;
     }
-    let echo;
-    let reply = match state.script.reply_for(&prompt) {
-        Some(r) => r,
-        None => {
-            echo = Reply {
-                content: Some(format!("You said: {}", prompt.last_user_text)),
-                ..Reply::default()
-            };
-            &echo
-        }
-    };
+    let reply = state.script.reply_or_echo(&prompt);
+    let reply = reply.as_ref();
     let meta = Meta {
         id: state.next_id(),
         created: SystemTime::now()
@@ -273,14 +195,7 @@ pub(crate) async fn handle(
     let tokens = match &state.model {
         Some(m) => match m.answer(dialect, &body, &meta, reply) {
             Ok(t) => Some(t),
-            Err(msg) => {
-                return Ok(error(
-                    StatusCode::BAD_REQUEST,
-                    &msg,
-                    "invalid_request_error",
-                    None,
-                ));
-            }
+            Err(msg) => return Ok(bad_request(&msg)),
         },
         None => None,
     };
@@ -322,6 +237,37 @@ pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response<RespBody>
 }
 
 /// An error in OpenAI's shape: `{"error":{"message","type","param","code"}}`.
+/// The request body (at most `MAX_REQUEST_BYTES`) as JSON, or the OpenAI-shaped error to
+/// answer with; with `empty_is_null` a body of only whitespace reads as `null`.
+async fn read_json(body: Incoming, empty_is_null: bool) -> Result<Value, Response<RespBody>> {
+    let bytes = match Limited::new(body, MAX_REQUEST_BYTES).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) => {
+            return Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                &format!("cannot read the request body: {e}"),
+                "invalid_request_error",
+                None,
+            ));
+        }
+    };
+    if empty_is_null && bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice(&bytes)
+        .map_err(|e| bad_request(&format!("the request body is not valid JSON: {e}")))
+}
+
+/// OpenAI's 400 for a request the scripted upstream cannot take.
+fn bad_request(message: &str) -> Response<RespBody> {
+    error(
+        StatusCode::BAD_REQUEST,
+        message,
+        "invalid_request_error",
+        None,
+    )
+}
+
 pub(crate) fn error(
     status: StatusCode,
     message: &str,
@@ -395,6 +341,21 @@ impl SseBody {
     }
 }
 
+/// Waits `delay` in a body's `poll_frame`: the timer lives in `sleep` across polls and is
+/// cleared once it fired.
+fn pause(
+    sleep: &mut Option<Pin<Box<tokio::time::Sleep>>>,
+    delay: Duration,
+    cx: &mut Context<'_>,
+) -> Poll<()> {
+    let timer = sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
+    if timer.as_mut().poll(cx).is_pending() {
+        return Poll::Pending;
+    }
+    *sleep = None;
+    Poll::Ready(())
+}
+
 impl Body for SseBody {
     type Data = Bytes;
     type Error = std::io::Error;
@@ -407,13 +368,9 @@ impl Body for SseBody {
         if this.abort_after.is_some_and(|n| this.sent >= n) {
             // Pause first: hyper flushes what it buffered (headers, the chunks so far) when
             // the body is pending, and drops the buffer when the body fails.
-            let sleep = this
-                .sleep
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(RESET_FLUSH_PAUSE)));
-            if sleep.as_mut().poll(cx).is_pending() {
+            if pause(&mut this.sleep, RESET_FLUSH_PAUSE, cx).is_pending() {
                 return Poll::Pending;
             }
-            this.sleep = None;
             this.abort_after = None;
             this.events = Vec::new().into_iter();
             return Poll::Ready(Some(Err(std::io::Error::new(
@@ -430,15 +387,12 @@ impl Body for SseBody {
             this.later = None;
             this.events = more.into_iter();
         }
-        if this.sent > 0 && !this.delay.is_zero() && this.events.len() > 0 {
-            let delay = this.delay;
-            let sleep = this
-                .sleep
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
-            if sleep.as_mut().poll(cx).is_pending() {
-                return Poll::Pending;
-            }
-            this.sleep = None;
+        if this.sent > 0
+            && !this.delay.is_zero()
+            && this.events.len() > 0
+            && pause(&mut this.sleep, this.delay, cx).is_pending()
+        {
+            return Poll::Pending;
         }
         match this.events.next() {
             Some(event) => {

@@ -407,17 +407,8 @@ async fn generate(
     if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
         tokio::time::sleep(d).await;
     }
-    let echo;
-    let reply = match state.script.reply_for(&prompt) {
-        Some(r) => r,
-        None => {
-            echo = Reply {
-                content: Some(format!("You said: {}", prompt.last_user_text)),
-                ..Reply::default()
-            };
-            &echo
-        }
-    };
+    let reply = state.script.reply_or_echo(&prompt);
+    let reply = reply.as_ref();
     let text = raw_output(reply, &model.eos);
     let mut output = match model.tokenizer.encode(&text) {
         Ok(ids) => ids,

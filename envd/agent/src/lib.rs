@@ -8,7 +8,13 @@
 //! serves on the host side, connected to graft's gateway — and runs the command, exiting
 //! with its status (`128 + signal` when a signal ended it). No process outlives its exec.
 //!
-//! Usage: `envd-agent [--forward 127.0.0.1:PORT=/path/to.sock] -- PROGRAM [ARGS...]`
+//! Usage: `envd-agent [--forward 127.0.0.1:PORT=/path/to.sock] [--die-with-envd] -- PROGRAM [ARGS...]`
+//!
+//! `--die-with-envd` (the local backend passes it) ends the exec when envd is gone: the
+//! agent's stdout is a pipe only envd reads, so when envd dies (even by SIGKILL, even before
+//! bubblewrap could arm `--die-with-parent`, whose parent-death signal only fires for a
+//! parent alive when it was set) the pipe's write end reports an error and the agent exits,
+//! which takes the sandbox's PID namespace down with it.
 //!
 //! In the Kubernetes backend the same binary is the sandbox container's entrypoint in
 //! server mode (`envd-agent serve`, see [`server`]): it answers envd over HTTP on the
@@ -55,6 +61,9 @@ pub struct AgentArgs {
     /// Shim mode: become a child subreaper and kill what is left of the command's
     /// process tree when it ends (when the agent is not a PID namespace's pid 1).
     pub subreaper: bool,
+    /// Exit (and so end the sandbox's PID namespace) once the reader of this process's
+    /// stdout, envd, is gone.
+    pub die_with_envd: bool,
     pub argv: Vec<String>,
 }
 
@@ -74,6 +83,7 @@ pub fn parse_forward(v: &str) -> Result<(SocketAddr, ForwardTarget), String> {
 pub fn parse_args(args: &[String]) -> Result<AgentArgs, String> {
     let mut forward = None;
     let mut subreaper = false;
+    let mut die_with_envd = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -84,6 +94,7 @@ pub fn parse_args(args: &[String]) -> Result<AgentArgs, String> {
                 forward = Some(parse_forward(v)?);
             }
             "--subreaper" => subreaper = true,
+            "--die-with-envd" => die_with_envd = true,
             "--" => {
                 let argv: Vec<String> = it.cloned().collect();
                 if argv.is_empty() {
@@ -92,17 +103,18 @@ pub fn parse_args(args: &[String]) -> Result<AgentArgs, String> {
                 return Ok(AgentArgs {
                     forward,
                     subreaper,
+                    die_with_envd,
                     argv,
                 });
             }
             other => {
                 return Err(format!(
-                    "unknown argument '{other}'; usage: envd-agent [--forward ADDR=SOCKET] -- PROGRAM [ARGS...]"
+                    "unknown argument '{other}'; usage: envd-agent [--forward ADDR=SOCKET] [--die-with-envd] -- PROGRAM [ARGS...]"
                 ));
             }
         }
     }
-    Err("no command; usage: envd-agent [--forward ADDR=SOCKET] -- PROGRAM [ARGS...]".to_owned())
+    Err("no command; usage: envd-agent [--forward ADDR=SOCKET] [--die-with-envd] -- PROGRAM [ARGS...]".to_owned())
 }
 
 /// A stream the forward relays to, split into halves.
@@ -173,8 +185,51 @@ fn start_forward(addr: SocketAddr, target: ForwardTarget) {
     });
 }
 
+/// Whether the pipe behind `fd` has lost its last reader (or `fd` is closed): a pipe's write
+/// end polls as `POLLERR` once no process holds its read end. Blocks until then when
+/// `wait`, else answers at once.
+pub fn reader_gone(fd: std::os::fd::BorrowedFd<'_>, wait: bool) -> bool {
+    use rustix::event::{PollFd, PollFlags, Timespec};
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    loop {
+        // No events asked for: poll reports only the error and hang-up conditions.
+        let mut fds = [PollFd::from_borrowed_fd(fd, PollFlags::empty())];
+        match rustix::event::poll(&mut fds, if wait { None } else { Some(&now) }) {
+            Ok(_) => {
+                let got = fds[0].revents();
+                return got.intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL);
+            }
+            Err(rustix::io::Errno::INTR) => {}
+            // Not pollable: nothing to watch.
+            Err(_) => return false,
+        }
+    }
+}
+
+/// `--die-with-envd`: a thread that waits for envd (the only reader of stdout) to be gone,
+/// then kills the agent's descendants and exits (as the sandbox's pid 1 the exit alone
+/// would end them; the kill also covers an agent that is not). Nothing is printed:
+/// stderr's reader is gone too.
+fn watch_envd() {
+    std::thread::spawn(|| {
+        use std::os::fd::AsFd;
+        let stdout = std::io::stdout();
+        if reader_gone(stdout.as_fd(), true) {
+            let me = rustix::process::getpid().as_raw_nonzero().get();
+            tree::kill_descendants(me, &|| {});
+            std::process::exit(128 + 9);
+        }
+    });
+}
+
 /// Runs the agent; returns the exit code to exit with.
 pub fn run(args: AgentArgs) -> i32 {
+    if args.die_with_envd {
+        watch_envd();
+    }
     if let Some((addr, target)) = args.forward {
         start_forward(addr, target);
     }
@@ -313,6 +368,12 @@ mod tests {
         ]))
         .unwrap();
         assert!(a.subreaper);
+        assert!(!a.die_with_envd);
+        assert!(
+            parse_args(&s(&["--die-with-envd", "--", "x"]))
+                .unwrap()
+                .die_with_envd
+        );
         assert_eq!(
             a.forward.unwrap().1,
             ForwardTarget::Tcp("10.0.0.7:8400".parse().unwrap())
@@ -320,6 +381,19 @@ mod tests {
         assert!(parse_args(&s(&["--"])).is_err());
         assert!(parse_args(&s(&["--forward", "nope", "--", "x"])).is_err());
         assert!(parse_args(&s(&["x"])).is_err());
+    }
+
+    #[test]
+    fn a_pipe_whose_reader_is_gone_is_noticed() {
+        use std::os::fd::AsFd;
+        let (reader, writer) = std::io::pipe().unwrap();
+        assert!(
+            !reader_gone(writer.as_fd(), false),
+            "the reader is still open"
+        );
+        drop(reader);
+        assert!(reader_gone(writer.as_fd(), false));
+        assert!(reader_gone(writer.as_fd(), true), "waiting returns at once");
     }
 
     #[test]

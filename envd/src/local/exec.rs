@@ -119,6 +119,9 @@ impl LocalBackend {
         a.push("--".into());
         a.push(AGENT_IN.into());
         a.extend(self.cfg.agent.args.iter().map(OsString::from));
+        // bwrap's `--die-with-parent` misses an envd killed before bwrap armed it; the agent
+        // also watches its stdout pipe, which only envd reads.
+        a.push("--die-with-envd".into());
         if forward {
             a.push("--forward".into());
             a.push(

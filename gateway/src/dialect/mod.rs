@@ -312,6 +312,47 @@ pub trait StreamEmitter: Send {
     fn finish(&mut self, answer: &Answer) -> Vec<Bytes>;
 }
 
+/// The lifecycle the named-event emitters (Responses, Anthropic) share: their opening events
+/// go out once, before any other, and nothing goes out once the stream has ended (finished
+/// or failed). Implementing it gives the [`StreamEmitter`], with those guards.
+pub trait EventStream: Send {
+    /// Whether the stream has ended.
+    fn ended(&self) -> bool;
+    /// The opening events, the first time it is called; nothing after that.
+    fn open(&mut self, out: &mut Vec<Bytes>);
+    /// One delta's events.
+    fn delta(&mut self, delta: &Delta, out: &mut Vec<Bytes>);
+    /// The closing events for the assembled answer; the stream has ended after it.
+    fn close(&mut self, answer: &Answer, out: &mut Vec<Bytes>);
+
+    /// Runs `step` after the opening events, unless the stream has ended.
+    fn step(&mut self, step: impl FnOnce(&mut Self, &mut Vec<Bytes>)) -> Vec<Bytes>
+    where
+        Self: Sized,
+    {
+        let mut out = Vec::new();
+        if !self.ended() {
+            self.open(&mut out);
+            step(self, &mut out);
+        }
+        out
+    }
+}
+
+impl<T: EventStream> StreamEmitter for T {
+    fn start(&mut self) -> Vec<Bytes> {
+        self.step(|_, _| {})
+    }
+
+    fn push(&mut self, delta: &Delta) -> Vec<Bytes> {
+        self.step(|s, out| s.delta(delta, out))
+    }
+
+    fn finish(&mut self, answer: &Answer) -> Vec<Bytes> {
+        self.step(|s, out| s.close(answer, out))
+    }
+}
+
 /// How a JSON value's type reads in an error message ("a string", "an array"...).
 pub fn kind(v: &Value) -> &'static str {
     match v {
@@ -347,9 +388,16 @@ pub trait Dialect: Send + Sync {
     /// Rebuilds a whole answer (this dialect's JSON) from its own relayed SSE events (the
     /// passthrough tee).
     fn assembler(&self) -> Box<dyn StreamAssembler>;
-    /// The error body of a refused call, and the SSE event that ends a failed stream.
-    fn error_body(&self, e: &GatewayError) -> Value;
-    fn error_event(&self, e: &GatewayError, response_id: &str) -> Bytes;
+    /// The error body of a refused call: OpenAI's `{"error": {...}}` unless the dialect has
+    /// its own shape.
+    fn error_body(&self, e: &GatewayError) -> Value {
+        e.body()
+    }
+    /// The SSE event that ends a failed stream: OpenAI's error chunk unless the dialect has
+    /// its own event.
+    fn error_event(&self, e: &GatewayError, _response_id: &str) -> Bytes {
+        e.sse_event()
+    }
     /// Prefix of the response ids graft makes (`chatcmpl-`, `resp_`, `msg_`, `cmpl-`).
     fn id_prefix(&self) -> &'static str;
 }

@@ -304,17 +304,11 @@ fn parse_user_blocks(
     for (j, block) in blocks.iter().enumerate() {
         let bpath = format!("{path}.content[{j}]");
         let b = as_obj(block, &bpath)?;
-        match block_type(b, &bpath)? {
-            "text" => user.content.push(Part::Text {
-                text: req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
-            }),
-            "image" => user.content.push(parse_image(b, &bpath)?),
-            "document" => match parse_document(b, &bpath)? {
-                Some(part) => user.content.push(part),
-                None => conv.notes.push(format!(
-                    "{bpath}: a document block with a non-text source was dropped (no equivalent in other dialects)"
-                )),
-            },
+        let ty = block_type(b, &bpath)?;
+        if push_content_block(ty, b, &bpath, &mut user.content, &mut conv.notes)? {
+            continue;
+        }
+        match ty {
             "tool_result" => results.push(parse_tool_result(b, &bpath, &mut conv.notes)?),
             ty @ ("tool_use" | "thinking" | "redacted_thinking") => {
                 return Err(bad(
@@ -437,6 +431,32 @@ fn parse_document(b: &Map<String, Value>, path: &str) -> Result<Option<Part>, Ga
     Ok(None)
 }
 
+/// Adds a `text`, `image` or `document` block (of a user message or a tool result) to
+/// `content`; a document whose source has no text is dropped with a note. Returns false,
+/// adding nothing, for any other block type.
+fn push_content_block(
+    ty: &str,
+    b: &Map<String, Value>,
+    bpath: &str,
+    content: &mut Vec<Part>,
+    notes: &mut Vec<String>,
+) -> Result<bool, GatewayError> {
+    match ty {
+        "text" => content.push(Part::Text {
+            text: req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
+        }),
+        "image" => content.push(parse_image(b, bpath)?),
+        "document" => match parse_document(b, bpath)? {
+            Some(part) => content.push(part),
+            None => notes.push(format!(
+                "{bpath}: a document block with a non-text source was dropped (no equivalent in other dialects)"
+            )),
+        },
+        _ => return Ok(false),
+    }
+    Ok(true)
+}
+
 fn parse_tool_result(
     b: &Map<String, Value>,
     path: &str,
@@ -452,20 +472,11 @@ fn parse_tool_result(
             for (k, block) in blocks.iter().enumerate() {
                 let cpath = format!("{path}.content[{k}]");
                 let c = as_obj(block, &cpath)?;
-                match block_type(c, &cpath)? {
-                    "text" => msg.content.push(Part::Text {
-                        text: req_str(c, "text", &format!("{cpath}.text"))?.to_string(),
-                    }),
-                    "image" => msg.content.push(parse_image(c, &cpath)?),
-                    "document" => match parse_document(c, &cpath)? {
-                        Some(part) => msg.content.push(part),
-                        None => notes.push(format!(
-                            "{cpath}: a document block with a non-text source was dropped"
-                        )),
-                    },
-                    other => notes.push(format!(
-                        "{cpath}: a \"{other}\" block in a tool_result was dropped"
-                    )),
+                let ty = block_type(c, &cpath)?;
+                if !push_content_block(ty, c, &cpath, &mut msg.content, notes)? {
+                    notes.push(format!(
+                        "{cpath}: a \"{ty}\" block in a tool_result was dropped"
+                    ));
                 }
             }
         }

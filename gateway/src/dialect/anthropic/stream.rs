@@ -4,7 +4,7 @@ use bytes::Bytes;
 use serde_json::json;
 
 use super::render::{error_body, model_name, stop_reason, tool_use_block, usage_json};
-use crate::dialect::{Answer, Conversation, Delta, StreamEmitter, ToolCall, sse_named};
+use crate::dialect::{Answer, Conversation, Delta, EventStream, ToolCall, sse_named};
 use crate::error::GatewayError;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,22 +167,19 @@ impl AnthropicStream {
     }
 }
 
-impl StreamEmitter for AnthropicStream {
-    fn start(&mut self) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        self.ensure_started(&mut out);
-        out
+impl EventStream for AnthropicStream {
+    fn ended(&self) -> bool {
+        self.finished
     }
 
-    fn push(&mut self, delta: &Delta) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        self.ensure_started(&mut out);
+    fn open(&mut self, out: &mut Vec<Bytes>) {
+        self.ensure_started(out);
+    }
+
+    fn delta(&mut self, delta: &Delta, out: &mut Vec<Bytes>) {
         match delta {
-            Delta::Text(t) => self.piece(BlockKind::Text, t, &mut out),
-            Delta::Reasoning(t) => self.piece(BlockKind::Thinking, t, &mut out),
+            Delta::Text(t) => self.piece(BlockKind::Text, t, out),
+            Delta::Reasoning(t) => self.piece(BlockKind::Thinking, t, out),
             Delta::ToolCallStart { index, id, name } => {
                 let tool = self.tools.entry(*index).or_default();
                 tool.id.clone_from(id);
@@ -201,26 +198,20 @@ impl StreamEmitter for AnthropicStream {
                 }
             }
         }
-        out
     }
 
-    fn finish(&mut self, answer: &Answer) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        self.ensure_started(&mut out);
+    fn close(&mut self, answer: &Answer, out: &mut Vec<Bytes>) {
         self.finished = true;
         // Whatever the answer has that never arrived as a delta.
         if !self.sent_thinking
             && let Some(r) = answer.reasoning.as_deref()
         {
-            self.piece(BlockKind::Thinking, r, &mut out);
+            self.piece(BlockKind::Thinking, r, out);
         }
         if !self.sent_text {
-            self.piece(BlockKind::Text, &answer.text, &mut out);
+            self.piece(BlockKind::Text, &answer.text, out);
         }
-        self.close_open(&mut out);
+        self.close_open(out);
 
         // The assembled answer's calls are authoritative; the buffered deltas are the fallback.
         let buffered: Vec<ToolCall> = std::mem::take(&mut self.tools)
@@ -237,7 +228,7 @@ impl StreamEmitter for AnthropicStream {
             &answer.tool_calls
         };
         for (n, call) in calls.iter().enumerate() {
-            self.tool_block(call, n, &mut out);
+            self.tool_block(call, n, out);
         }
 
         out.push(sse_named(
@@ -252,7 +243,6 @@ impl StreamEmitter for AnthropicStream {
             }),
         ));
         out.push(sse_named("message_stop", &json!({"type": "message_stop"})));
-        out
     }
 }
 

@@ -14,7 +14,6 @@ pub use render::{parse_answer, render_answer};
 pub use request::{parse_request, to_request};
 pub use stream::{ChatStream, stream};
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use crate::dialect::{Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter};
@@ -43,14 +42,6 @@ impl Dialect for Chat {
 
     fn assembler(&self) -> Box<dyn StreamAssembler> {
         Box::new(Assembler::chat())
-    }
-
-    fn error_body(&self, e: &GatewayError) -> Value {
-        e.body()
-    }
-
-    fn error_event(&self, e: &GatewayError, _response_id: &str) -> Bytes {
-        e.sse_event()
     }
 
     fn id_prefix(&self) -> &'static str {

@@ -29,7 +29,6 @@ pub use render::render_answer;
 pub use request::parse_request;
 pub use stream::{CompletionsStream, stream};
 
-use bytes::Bytes;
 use serde_json::Value;
 
 use crate::dialect::{Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter};
@@ -58,14 +57,6 @@ impl Dialect for Completions {
 
     fn assembler(&self) -> Box<dyn StreamAssembler> {
         Box::new(assembler())
-    }
-
-    fn error_body(&self, e: &GatewayError) -> Value {
-        e.body()
-    }
-
-    fn error_event(&self, e: &GatewayError, _response_id: &str) -> Bytes {
-        e.sse_event()
     }
 
     fn id_prefix(&self) -> &'static str {

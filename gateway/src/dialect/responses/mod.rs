@@ -59,10 +59,6 @@ impl Dialect for Responses {
         Box::new(ResponsesAssembler::new())
     }
 
-    fn error_body(&self, e: &GatewayError) -> Value {
-        e.body()
-    }
-
     fn error_event(&self, e: &GatewayError, response_id: &str) -> Bytes {
         error_event(e, response_id)
     }

@@ -9,7 +9,7 @@ use super::render::{
     call_item, custom_input, custom_tool_names, finalize, id_suffix, item_id, mark_last_status,
     message_item, output_text_part, reasoning_item, response_skeleton,
 };
-use crate::dialect::{Answer, Conversation, Delta, Finish, StreamEmitter, sse_named};
+use crate::dialect::{Answer, Conversation, Delta, EventStream, Finish, sse_named};
 use crate::error::GatewayError;
 
 /// The highest integer JavaScript and JSON tooling keep exactly (2^53 - 1). [`error_event`]
@@ -288,18 +288,14 @@ impl ResponsesStream {
     /// A mid-stream failure with this stream's numbering: an `error` event, then
     /// `response.failed` carrying the items finished so far. See [`error_event`] for why both.
     pub fn fail(&mut self, err: &GatewayError) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        self.ensure_started(&mut out);
-        self.finished = true;
-        let mut resp = self.skeleton.clone();
-        resp.insert("output".into(), Value::Array(self.completed_output()));
-        let (error_fields, failed) = error_payloads(err, resp);
-        out.push(self.event("error", error_fields));
-        out.push(self.event("response.failed", json!({"response": failed})));
-        out
+        self.step(|s, out| {
+            s.finished = true;
+            let mut resp = s.skeleton.clone();
+            resp.insert("output".into(), Value::Array(s.completed_output()));
+            let (error_fields, failed) = error_payloads(err, resp);
+            out.push(s.event("error", error_fields));
+            out.push(s.event("response.failed", json!({"response": failed})));
+        })
     }
 
     /// The response id this stream was created with.
@@ -308,36 +304,27 @@ impl ResponsesStream {
     }
 }
 
-impl StreamEmitter for ResponsesStream {
-    fn start(&mut self) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        self.ensure_started(&mut out);
-        out
+impl EventStream for ResponsesStream {
+    fn ended(&self) -> bool {
+        self.finished
     }
 
-    fn push(&mut self, delta: &Delta) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        self.ensure_started(&mut out);
+    fn open(&mut self, out: &mut Vec<Bytes>) {
+        self.ensure_started(out);
+    }
+
+    fn delta(&mut self, delta: &Delta, out: &mut Vec<Bytes>) {
         match delta {
-            Delta::Text(t) => self.text_delta(TextKind::Message, t, &mut out),
-            Delta::Reasoning(t) => self.text_delta(TextKind::Reasoning, t, &mut out),
-            Delta::ToolCallStart { index, id, name } => self.call_start(*index, id, name, &mut out),
-            Delta::ToolCallArgs { index, arguments } => self.call_args(*index, arguments, &mut out),
+            Delta::Text(t) => self.text_delta(TextKind::Message, t, out),
+            Delta::Reasoning(t) => self.text_delta(TextKind::Reasoning, t, out),
+            Delta::ToolCallStart { index, id, name } => self.call_start(*index, id, name, out),
+            Delta::ToolCallArgs { index, arguments } => self.call_args(*index, arguments, out),
         }
-        out
     }
 
-    fn finish(&mut self, answer: &Answer) -> Vec<Bytes> {
-        let mut out = Vec::new();
-        if self.finished {
-            return out;
-        }
-        self.ensure_started(&mut out);
-        self.close_text(&mut out);
-        self.close_calls(&mut out);
+    fn close(&mut self, answer: &Answer, out: &mut Vec<Bytes>) {
+        self.close_text(out);
+        self.close_calls(out);
         self.finished = true;
         let mut output = self.completed_output();
         mark_last_status(&mut output, answer.finish);
@@ -349,7 +336,6 @@ impl StreamEmitter for ResponsesStream {
             Finish::Error => "response.failed",
         };
         out.push(self.event(ty, json!({"response": resp})));
-        out
     }
 }
 
