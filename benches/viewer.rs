@@ -120,7 +120,10 @@ fn main() {
         ("groups", "/groups", ""),
         ("one session", "/session/s000123", ""),
     ];
-    println!("baseline list_sessions ({sessions} sessions): {:.0} ms", base.as_secs_f64() * 1e3);
+    println!(
+        "baseline list_sessions ({sessions} sessions): {:.0} ms",
+        base.as_secs_f64() * 1e3
+    );
     println!("| page | median of 3 | × baseline | HTML bytes |");
     println!("|---|---:|---:|---:|");
     for (name, p, q) in rows {

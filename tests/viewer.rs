@@ -9,33 +9,13 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::Duration;
 
-use common::{Proc, Stack, TestEnv, graft, http, run_client};
+use common::{Proc, Stack, TestEnv, graft, http};
 use serde_json::{Value, json};
-
-fn chromium() -> PathBuf {
-    let p = std::env::var_os("CHROMIUM")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
-    assert!(
-        p.exists(),
-        "{} is missing: run `bash scripts/setup-test-env.sh` (it installs Debian's chromium)",
-        p.display()
-    );
-    p
-}
 
 #[test]
 fn every_page_loads_in_chromium_with_the_expected_content() {
     let env = TestEnv::get();
-    let playwright = env.root.join("playwright").join("node_modules");
-    assert!(
-        playwright.join("playwright-core").exists(),
-        "playwright-core is missing: run `bash scripts/setup-test-env.sh`"
-    );
-    let browser = chromium();
     let stack = Stack::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let gw = stack.gateway.url.clone();
@@ -136,22 +116,7 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
         {"name": "run", "path": "/run"},
     ]);
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("viewer-screenshots");
-    let mut cmd = Command::new("node");
-    cmd.arg(common::clients_dir().join("node").join("viewer_pages.cjs"))
-        .env("NODE_PATH", &playwright)
-        .env("CHROMIUM", &browser)
-        .env("GRAFT_VIEW_URL", &view.url)
-        .env("GRAFT_VIEW_PAGES", pages.to_string())
-        .env("GRAFT_SHOTS", &shots);
-    let out = run_client(cmd, Duration::from_secs(180));
-
-    for (name, p) in out.as_object().unwrap() {
-        assert_eq!(p["status"], 200, "{name}: {p}");
-        assert_eq!(p["errors"], json!([]), "{name}: console errors");
-        assert_eq!(p["scripts"], 0, "{name}");
-        assert!(p["error"].is_null(), "{name}: {}", p["error"]);
-        assert!(shots.join(format!("{name}.png")).exists(), "{name}");
-    }
+    let out = env.browse(&view.url, &pages, &shots);
     let names = |v: &Value| -> BTreeSet<String> {
         v.as_array()
             .unwrap()
@@ -160,7 +125,11 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
             .collect()
     };
     let s = &out["sessions"];
-    assert_eq!(names(&s["sessions"]), calls.keys().cloned().collect(), "{s}");
+    assert_eq!(
+        names(&s["sessions"]),
+        calls.keys().cloned().collect(),
+        "{s}"
+    );
     let shown: BTreeMap<String, usize> = s["sessions"]
         .as_array()
         .unwrap()
@@ -182,7 +151,12 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
     let sess = &out["session"];
     assert_eq!(sess["calls"], 2, "{sess}");
     assert!(sess["tool_calls"].as_u64().unwrap() >= 1, "{sess}");
-    assert!(sess["text"].as_str().unwrap().contains("graft-chat: hello there"));
+    assert!(
+        sess["text"]
+            .as_str()
+            .unwrap()
+            .contains("graft-chat: hello there")
+    );
     // The sample view marks exactly the loss-mask-1 tokens.
     let sp = &out["sample"];
     assert_eq!(sp["tokens"], sample.tokens.len(), "{sp}");

@@ -89,9 +89,7 @@ fn frame(out: &mut String, title: &str, s: &Scale, x_label: &str) {
 }
 
 fn short(v: f64) -> String {
-    if v.fract() == 0.0 && v.abs() < 1e9 {
-        format!("{v:.0}")
-    } else if v.abs() >= 100.0 {
+    if (v.fract() == 0.0 && v.abs() < 1e9) || v.abs() >= 100.0 {
         format!("{v:.0}")
     } else {
         format!("{v:.3}")
