@@ -156,6 +156,7 @@ fn rl_collects_rewarded_samples_in_sandboxes_and_resumes_after_the_last_step() {
     assert!(!report.contains("<script") && !report.contains("src="));
     // The viewer on this run, in headless Chromium: every session, a group's rollouts, a
     // sample with exactly its loss-mask-1 tokens marked, one point per step.
+    let qwen3 = env.qwen3_dir();
     let view = common::Proc::spawn_env(
         "view",
         &[
@@ -164,6 +165,8 @@ fn rl_collects_rewarded_samples_in_sandboxes_and_resumes_after_the_last_step() {
             out_dir.join("data").to_str().unwrap(),
             "--run",
             out_dir.to_str().unwrap(),
+            "--model-dir",
+            qwen3.to_str().unwrap(),
             "--listen",
             "127.0.0.1:0",
         ],
