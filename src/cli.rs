@@ -56,6 +56,8 @@ pub enum Command {
     /// Online RL sessions in a real harness: rollouts in sandboxes through the gateway,
     /// rewards, samples per step (`--dry-run` checks the components and prints the plan).
     Rl(crate::rl::RlArgs),
+    /// Web pages over a data dir (sessions, groups, calls) and an RL run (steps, samples).
+    View(crate::view::ViewArgs),
 }
 
 impl Command {
@@ -102,6 +104,10 @@ pub struct GatewayArgs {
     /// The model's HF directory (tokenizer + chat template), for exact mode (`exact.model_dir`).
     #[arg(long)]
     pub model_dir: Option<PathBuf>,
+    /// Listen beyond loopback with no admin key (`auth.insecure_open_admin`): anyone who can
+    /// reach the port can read every recorded call, post rewards and pause backends.
+    #[arg(long)]
+    pub insecure_open_admin: bool,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -158,6 +164,7 @@ pub fn main() -> ExitCode {
             Command::Model(cmd) => crate::model::run(cmd),
             Command::Envd(args) => crate::envd::run(args).await,
             Command::Rl(args) => crate::rl::run(args).await,
+            Command::View(args) => crate::view::run(args).await,
         }
     });
     match result {
@@ -188,6 +195,7 @@ pub fn gateway_config(args: &GatewayArgs) -> anyhow::Result<GatewayConfig> {
             GatewayMode::Exact => graft_gateway::config::Mode::Exact,
         }),
         model_dir: args.model_dir.clone(),
+        insecure_open_admin: args.insecure_open_admin,
     };
     Ok(GatewayConfig::resolve(file, overrides)?)
 }

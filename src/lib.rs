@@ -18,3 +18,4 @@ pub mod rl;
 pub mod serve;
 #[cfg(feature = "trainer")]
 pub mod train;
+pub mod view;

@@ -502,3 +502,212 @@ async fn same_dialect_upstreams_get_the_call_unchanged() {
         "{recs_a:?}"
     );
 }
+
+/// Closed by default: beyond loopback the gateway refuses to start without an admin key
+/// (saying how to set one); with one, every admin route needs it (401 in the caller's
+/// dialect), model calls need a key too (also into a session named in the URL), and a
+/// session's own key reaches only its own calls: not other sessions, rewards or backends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Proc::scripted_upstream(&[]);
+    let data = dir.path().join("data");
+    let data_s = data.to_str().unwrap();
+    let beyond = [
+        "gateway",
+        "--listen",
+        "0.0.0.0:0",
+        "--upstream",
+        upstream.url.as_str(),
+        "--data-dir",
+        data_s,
+    ];
+
+    // 1. No key: refused, with the reason and the way out; nothing listens.
+    let out = std::process::Command::new(common::graft_bin())
+        .args(beyond)
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("0.0.0.0:0")
+            && err.contains("auth.admin_key")
+            && err.contains("GRAFT_ADMIN_KEY")
+            && err.contains("--insecure-open-admin"),
+        "{err}"
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // 2. With a key.
+    let admin_key = "admin-key-7f3a9c1e5b";
+    let config = dir.path().join("graft.toml");
+    std::fs::write(
+        &config,
+        "[auth]\nadmin_key = \"env::GRAFT_TEST_ADMIN_KEY\"\n",
+    )
+    .unwrap();
+    let mut args = beyond.to_vec();
+    args.extend(["--config", config.to_str().unwrap()]);
+    let mut gw = Proc::spawn_env(
+        "gateway",
+        &args,
+        &[("GRAFT_TEST_ADMIN_KEY", admin_key)],
+        "graft gateway listening on",
+        None,
+    );
+    let base = gw.url.clone();
+    let admin_h = format!("Bearer {admin_key}");
+    let admin = [("authorization", admin_h.as_str())];
+    let mut sessions = vec![];
+    for g in ["ga", "gb"] {
+        let r = http::post_json(
+            &format!("{base}/graft/sessions"),
+            &admin,
+            &json!({"group_id": g}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        let v = r.json();
+        sessions.push((
+            v["session_id"].as_str().unwrap().to_string(),
+            v["api_key"].as_str().unwrap().to_string(),
+        ));
+    }
+    let (a, a_key) = sessions[0].clone();
+    let (b, b_key) = sessions[1].clone();
+    let a_h = format!("Bearer {a_key}");
+    let a_auth = [("authorization", a_h.as_str())];
+    let admin_routes: Vec<(&str, String)> = vec![
+        ("GET", "/graft/sessions".into()),
+        ("POST", "/graft/sessions".into()),
+        ("GET", format!("/graft/sessions/{b}")),
+        ("POST", format!("/graft/sessions/{a}/reward")),
+        ("POST", format!("/graft/sessions/{b}/reward")),
+        ("POST", format!("/graft/sessions/{b}/close")),
+        ("POST", "/graft/backend/pause".into()),
+        ("POST", "/graft/backend/resume".into()),
+        ("GET", "/graft/backend/status".into()),
+        ("GET", "/ui".into()),
+        ("GET", "/ui/groups".into()),
+        ("GET", format!("/ui/session/{b}")),
+    ];
+    let reward = br#"{"reward": 1.0}"#.to_vec();
+    for (method, path) in &admin_routes {
+        let url = format!("{base}{path}");
+        // No key, a wrong key: 401 in OpenAI's shape, the wrong key not echoed.
+        for headers in [vec![], vec![("authorization", "Bearer not-the-admin-key")]] {
+            let r = http::send(method, &url, &headers, reward.clone())
+                .await
+                .unwrap();
+            assert_eq!(r.status, 401, "{method} {path}: {}", r.text());
+            let v = r.json();
+            assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+            assert!(r.header("www-authenticate").is_some());
+            assert!(!r.text().contains("not-the-admin-key"), "{}", r.text());
+        }
+        // A session's own key: 403, never the admin API.
+        let r = http::send(method, &url, &a_auth, reward.clone())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.text());
+        assert_eq!(r.json()["error"]["type"], "permission_error");
+    }
+    // Nothing above touched the sessions.
+    let listed = http::get(&format!("{base}/graft/sessions"), &admin).await;
+    assert_eq!(listed.status, 200);
+    for s in listed.json()["sessions"].as_array().unwrap() {
+        assert!(s["reward"].is_null() && s["closed"] != true, "{s}");
+    }
+    assert!(!listed.text().contains(&a_key) && !listed.text().contains(&b_key));
+
+    // Model calls: no key is 401 also into a session named in the URL; OpenAI's body on
+    // /v1/chat/completions, Anthropic's on /v1/messages.
+    for path in [
+        "/v1/chat/completions".to_string(),
+        format!("/s/{a}/v1/chat/completions"),
+    ] {
+        let r = http::post_json(&format!("{base}{path}"), &[], &chat("m", "hi", false)).await;
+        assert_eq!(r.status, 401, "{path}: {}", r.text());
+        assert_eq!(r.json()["error"]["type"], "authentication_error");
+    }
+    let r = http::post_json(
+        &format!("{base}/s/{a}/v1/messages"),
+        &[("anthropic-version", "2023-06-01")],
+        &json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+    // A's key into B's session: 403; into its own: answered and recorded.
+    let r = http::post_json(
+        &format!("{base}/s/{b}/v1/chat/completions"),
+        &a_auth,
+        &chat("m", "hi", false),
+    )
+    .await;
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = http::post_json(
+        &format!("{base}/s/{a}/v1/chat/completions"),
+        &a_auth,
+        &chat("m", "hi", false),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The viewer with the admin key: the session's page, no key in it.
+    let page = http::get(&format!("{base}/ui/session/{a}"), &admin).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    assert!(
+        page.header("content-type")
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(page.text().contains(&a) && page.text().contains("call-1"));
+    let listing = http::get(&format!("{base}/ui/"), &admin).await;
+    assert_eq!(listing.status, 200, "{}", listing.text());
+    for body in [page.text(), listing.text()] {
+        for secret in [admin_key, a_key.as_str(), b_key.as_str()] {
+            assert!(!body.contains(secret), "a key is on a page");
+        }
+    }
+    // The admin key does what the session key could not.
+    let r = http::post_json(
+        &format!("{base}/graft/sessions/{a}/reward"),
+        &admin,
+        &json!({"reward": 0.5}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    gw.stop();
+    let log = gw.stderr();
+    for secret in [admin_key, a_key.as_str(), b_key.as_str()] {
+        assert!(
+            !log.contains(secret),
+            "a key is in the gateway's log:\n{log}"
+        );
+    }
+    let recs = graft_records(&data);
+    assert_eq!(recs.len(), 1, "{recs:?}");
+    assert_eq!(recs[0]["session_id"], a.as_str());
+    assert!(!serde_json::to_string(&recs).unwrap().contains(&a_key));
+
+    // 3. The loud opt-out starts without a key; model calls still need one there.
+    let mut args = beyond.to_vec();
+    let data2 = dir.path().join("data2");
+    args[6] = data2.to_str().unwrap();
+    args.push("--insecure-open-admin");
+    let open = Proc::spawn_env("gateway", &args, &[], "graft gateway listening on", None);
+    let r = http::post_json(
+        &format!("{}/v1/chat/completions", open.url),
+        &[],
+        &chat("m", "hi", false),
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.text());
+}

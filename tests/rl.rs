@@ -150,7 +150,85 @@ fn rl_collects_rewarded_samples_in_sandboxes_and_resumes_after_the_last_step() {
     let log = steps(&out_dir);
     assert_eq!(log.len(), 2, "{log:#?}");
     assert_eq!(log[1]["step"], 1);
-    assert_eq!(common::records_show(&out_dir.join("data")).len(), 16);
+    let recs = common::records_show(&out_dir.join("data"));
+    assert_eq!(recs.len(), 16);
+
+    // report.html: the run page, self-contained, one point per step.
+    let report = std::fs::read_to_string(out_dir.join("report.html")).unwrap();
+    assert_eq!(
+        report
+            .matches("<circle class=\"point\" data-series=\"reward mean\"")
+            .count(),
+        2
+    );
+    assert!(!report.contains("<script") && !report.contains("src="));
+    // The viewer on this run, in headless Chromium: every session, a group's rollouts, a
+    // sample with exactly its loss-mask-1 tokens marked, one point per step.
+    let qwen3 = env.qwen3_dir();
+    let view = common::Proc::spawn_env(
+        "view",
+        &[
+            "view",
+            "--data-dir",
+            out_dir.join("data").to_str().unwrap(),
+            "--run",
+            out_dir.to_str().unwrap(),
+            "--model-dir",
+            qwen3.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+        "graft view listening on",
+        None,
+    );
+    let file = Path::new(log[1]["samples_file"].as_str().unwrap());
+    let samples = read_samples_parquet(file).unwrap();
+    let x = &samples[0];
+    let group = x.group_id.clone().unwrap();
+    let pages = serde_json::json!([
+        {"name": "sessions", "path": "/?per=500"},
+        {"name": "group", "path": format!("/group/{group}")},
+        {"name": "sample", "path": format!("/sample?file={}&id={}",
+            file.file_name().unwrap().to_str().unwrap(), x.sample_id.replace('/', "%2F"))},
+        {"name": "run", "path": "/run"},
+    ]);
+    let shots = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("viewer-rl-screenshots");
+    let seen = env.browse(&view.url, &pages, &shots);
+    let ids = |v: &Value| -> std::collections::BTreeSet<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let recorded: std::collections::BTreeSet<String> = recs
+        .iter()
+        .map(|r| r["session_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(
+        ids(&seen["sessions"]["sessions"]).is_superset(&recorded),
+        "{seen}"
+    );
+    let in_group: std::collections::BTreeSet<String> = recs
+        .iter()
+        .filter(|r| r["group_id"] == group.as_str())
+        .map(|r| r["session_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids(&seen["group"]["members"]), in_group);
+    let marked: Vec<u64> = seen["sample"]["trained"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap())
+        .collect();
+    let mask1: Vec<u64> = (0..x.loss_mask.len())
+        .filter(|i| x.loss_mask[*i] == 1)
+        .map(|i| i as u64)
+        .collect();
+    assert_eq!(marked, mask1);
+    assert_eq!(seen["run"]["points"], 2);
+    assert_eq!(seen["run"]["steps"], 2);
 }
 
 /// `harness.name` picks an entry of `harness-configs/`: envd writes its config into each

@@ -187,14 +187,19 @@ pub struct RecorderSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
-    /// Required on `/graft/*` when set.
+    /// Required on `/graft/*` and `/ui` when set. A gateway that listens beyond loopback
+    /// refuses to start without one (unless `insecure_open_admin`).
     pub admin_key: Option<SecretRef>,
     /// Keys accepted on `/v1/*` besides session keys.
     #[serde(default)]
     pub client_keys: Vec<SecretRef>,
-    /// When true, `/v1/*` needs a client key or a session key.
+    /// When true, `/v1/*` needs a client key or a session key. Default: on when the gateway
+    /// listens beyond loopback, off on loopback.
+    pub require_client_key: Option<bool>,
+    /// Start beyond loopback with no admin key: anyone who reaches the port can read every
+    /// recorded call, post rewards and pause backends. Loudly named on purpose.
     #[serde(default)]
-    pub require_client_key: bool,
+    pub insecure_open_admin: bool,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -313,11 +318,41 @@ pub struct RecordingConfig {
     pub seal_after: Duration,
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct AuthConfig {
     pub admin_key: Option<String>,
     pub client_keys: Vec<String>,
     pub require_client_key: bool,
+    /// Allow a listen address beyond loopback without an admin key.
+    pub insecure_open_admin: bool,
+}
+
+/// Keys stay out of `{:?}`: only whether they are set.
+impl std::fmt::Debug for AuthConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AuthConfig")
+            .field("admin_key", &self.admin_key.as_ref().map(|_| "<set>"))
+            .field("client_keys", &self.client_keys.len())
+            .field("require_client_key", &self.require_client_key)
+            .field("insecure_open_admin", &self.insecure_open_admin)
+            .finish()
+    }
+}
+
+impl AuthConfig {
+    /// Closed by default: an address beyond loopback needs an admin key, or the loudly named
+    /// opt-out. The error says how to set one.
+    pub fn check_listen(&self, what: &str, listen: SocketAddr) -> Result<(), ConfigError> {
+        if listen.ip().is_loopback() || self.admin_key.is_some() || self.insecure_open_admin {
+            return Ok(());
+        }
+        Err(ConfigError::Invalid {
+            key: "auth.admin_key".into(),
+            message: format!(
+                "{what} refuses to listen on {listen} (beyond loopback) without an admin key: anyone who can reach it could read every recorded call, post rewards and pause backends. Set auth.admin_key = \"env::GRAFT_ADMIN_KEY\" in graft.toml and export GRAFT_ADMIN_KEY to a long random secret (e.g. `openssl rand -hex 32`), or listen on 127.0.0.1, or, if the network itself is trusted, pass --insecure-open-admin (auth.insecure_open_admin = true)"
+            ),
+        })
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -373,6 +408,8 @@ pub struct Overrides {
     pub mode: Option<Mode>,
     /// `exact.model_dir`.
     pub model_dir: Option<PathBuf>,
+    /// `--insecure-open-admin`: `auth.insecure_open_admin = true`.
+    pub insecure_open_admin: bool,
 }
 
 impl FileConfig {
@@ -483,12 +520,13 @@ impl GatewayConfig {
             .collect::<Result<Vec<_>, _>>()?;
         let l = &file.limits;
         let r = &file.recorder;
+        let listen = o
+            .listen
+            .or(file.server.listen)
+            .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8400)));
         let cfg = GatewayConfig {
             server: ServerConfig {
-                listen: o
-                    .listen
-                    .or(file.server.listen)
-                    .unwrap_or_else(|| SocketAddr::from(([127, 0, 0, 1], 8400))),
+                listen,
                 public_url: file
                     .server
                     .public_url
@@ -518,7 +556,11 @@ impl GatewayConfig {
             auth: AuthConfig {
                 admin_key,
                 client_keys,
-                require_client_key: file.auth.require_client_key,
+                require_client_key: file
+                    .auth
+                    .require_client_key
+                    .unwrap_or(!listen.ip().is_loopback()),
+                insecure_open_admin: o.insecure_open_admin || file.auth.insecure_open_admin,
             },
             sessions: SessionsConfig {
                 auto_create: file.sessions.auto_create,
@@ -561,6 +603,7 @@ impl GatewayConfig {
                 message: "must be at least 1".into(),
             });
         }
+        cfg.auth.check_listen("the gateway", cfg.server.listen)?;
         if !valid_session_id(&cfg.sessions.default_session) {
             return Err(ConfigError::Invalid {
                 key: "sessions.default_session".into(),
@@ -697,6 +740,54 @@ mod tests {
         assert_eq!(up.url, "http://127.0.0.1:30000/v1");
         assert_eq!(c.recorder.durability, DurabilityMode::Sync);
         assert_eq!(up.token_ids, crate::token_ids::TokenIdsMode::Off);
+        assert!(!c.auth.require_client_key && !c.auth.insecure_open_admin);
+    }
+
+    #[test]
+    fn beyond_loopback_needs_an_admin_key_and_client_keys_by_default() {
+        let beyond = Overrides {
+            listen: Some(([0, 0, 0, 0], 8400).into()),
+            upstream: Some("http://u:1".into()),
+            ..Default::default()
+        };
+        let err = GatewayConfig::resolve(FileConfig::default(), beyond.clone())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("0.0.0.0:8400")
+                && err.contains("auth.admin_key")
+                && err.contains("--insecure-open-admin"),
+            "{err}"
+        );
+        // With a key: starts, and model calls need a key by default.
+        let f =
+            FileConfig::from_toml("[auth]\nadmin_key = \"a-key\"\n", Path::new("g.toml")).unwrap();
+        let c = GatewayConfig::resolve(f, beyond.clone()).unwrap();
+        assert!(c.auth.require_client_key);
+        assert!(!format!("{:?}", c.auth).contains("a-key"));
+        // The explicit opt-outs.
+        let f = FileConfig::from_toml(
+            "[auth]\ninsecure_open_admin = true\nrequire_client_key = false\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(f, beyond.clone()).unwrap();
+        assert!(c.auth.admin_key.is_none() && !c.auth.require_client_key);
+        let o = Overrides {
+            insecure_open_admin: true,
+            ..beyond
+        };
+        assert!(GatewayConfig::resolve(FileConfig::default(), o).is_ok());
+        // Loopback (v4 and v6) needs neither.
+        for l in ["127.0.0.1:0", "[::1]:0"] {
+            let o = Overrides {
+                listen: Some(l.parse().unwrap()),
+                upstream: Some("http://u:1".into()),
+                ..Default::default()
+            };
+            let c = GatewayConfig::resolve(FileConfig::default(), o).unwrap();
+            assert!(!c.auth.require_client_key, "{l}");
+        }
     }
 
     #[test]

@@ -37,6 +37,10 @@ pub enum StartError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Open(crate::config::ConfigError),
+    #[error("the viewer could not start: {0}")]
+    Viewer(String),
     #[error("TLS set-up failed: {0}")]
     Tls(String),
     #[error(transparent)]
@@ -55,6 +59,10 @@ pub struct Gateway {
 
 impl Gateway {
     pub async fn bind(cfg: GatewayConfig) -> Result<Self, StartError> {
+        // Closed by default, also for configs built in code (`graft rl`, tests).
+        cfg.auth
+            .check_listen("the gateway", cfg.server.listen)
+            .map_err(StartError::Open)?;
         let metrics = Metrics::new();
         let m = metrics.clone();
         let rs = &cfg.recorder;
@@ -107,6 +115,19 @@ impl Gateway {
                 addr: cfg.server.listen,
                 source,
             })?;
+        let tokenizer_dir = match &cfg.backend {
+            crate::config::BackendConfig::Sglang(e) => Some(e.model_dir.clone()),
+            crate::config::BackendConfig::OpenAi(_) => None,
+        };
+        // Exact mode knows the tokenizer: sample pages then show text (ids without it).
+        let viewer = match tokenizer_dir
+            .as_deref()
+            .map(|d| graft_viewer::Viewer::new(&rs.data_dir, None, Some(d), "/ui"))
+        {
+            Some(Ok(v)) => v,
+            _ => graft_viewer::Viewer::new(&rs.data_dir, None, None, "/ui")
+                .map_err(|e| StartError::Viewer(e.to_string()))?,
+        };
         let state = Arc::new(State {
             cfg,
             recorder,
@@ -114,6 +135,7 @@ impl Gateway {
             limits,
             metrics,
             backend,
+            viewer: Arc::new(viewer),
         });
         Ok(Gateway {
             state,
@@ -335,6 +357,9 @@ async fn dispatch(
     if path == "/graft/sessions" || path.starts_with("/graft/sessions/") {
         return (None, "sessions", admin(state, req, &path).await);
     }
+    if path == "/ui" || path.starts_with("/ui/") {
+        return (None, "ui", ui(state, req, &path).await);
+    }
     if path.starts_with("/graft/backend/") {
         return (None, "backend", backend_admin(state, req, &path).await);
     }
@@ -503,25 +528,82 @@ fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
     r
 }
 
-/// Refuses a request to an admin route without the admin key (when one is configured).
-fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), GatewayError> {
-    if let Some(admin) = &state.cfg.auth.admin_key {
-        match bearer(headers) {
+/// The one check in front of every admin route (`/graft/*`) and viewer page (`/ui`): with an
+/// admin key configured, a request without it is refused (401); a session's own key is never
+/// an admin key (403), with or without one configured, so a harness cannot read other
+/// sessions, post rewards or pause backends.
+pub fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), GatewayError> {
+    let key = bearer(headers).filter(|k| !k.is_empty());
+    let admin = state.cfg.auth.admin_key.as_deref();
+    if let Some(k) = key
+        && admin != Some(k)
+        && state.sessions.by_key(k).is_some()
+    {
+        return Err(GatewayError::Forbidden(format!(
+            "{what} is not open to session keys: a session's key reaches only its own /v1 calls; use the admin key (auth.admin_key)"
+        )));
+    }
+    if let Some(admin) = admin {
+        match key {
             None => {
                 return Err(GatewayError::Unauthorized(format!(
                     "{what} needs the admin key: send 'Authorization: Bearer <auth.admin_key>'"
                 )));
             }
-            Some(k) if k != admin => {
+            Some(k) if !constant_time_eq(k.as_bytes(), admin.as_bytes()) => {
                 return Err(GatewayError::Unauthorized(format!(
-                    "'{}' is not the admin key",
-                    mask(k)
+                    "that key is not the admin key; {what} needs 'Authorization: Bearer <auth.admin_key>'"
                 )));
             }
             Some(_) => {}
         }
     }
     Ok(())
+}
+
+/// Compares keys without an early exit on the first differing byte.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// The viewer's pages under `/ui`, behind the admin key like every admin route. Pages run
+/// no script and load nothing from elsewhere (the CSP says so to the browser).
+async fn ui(
+    state: &Arc<State>,
+    req: Request<Incoming>,
+    path: &str,
+) -> Result<Response<GBody>, GatewayError> {
+    check_admin(state, req.headers(), "the viewer (/ui)")?;
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        return Err(GatewayError::MethodNotAllowed {
+            method: req.method().to_string(),
+            path: path.to_string(),
+        });
+    }
+    let sub = path.trim_start_matches("/ui").to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let viewer = state.viewer.clone();
+    let page = tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?;
+    let mut r = Response::new(full(Bytes::from(page.body)));
+    *r.status_mut() =
+        StatusCode::from_u16(page.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static(page.content_type),
+    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; img-src data:"),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    Ok(r)
 }
 
 /// Exact mode's backend control, for weight updates: `POST /graft/backend/pause` holds new
@@ -616,22 +698,7 @@ async fn admin(
     req: Request<Incoming>,
     path: &str,
 ) -> Result<Response<GBody>, GatewayError> {
-    if let Some(admin) = &state.cfg.auth.admin_key {
-        match bearer(req.headers()) {
-            None => {
-                return Err(GatewayError::Unauthorized(
-                    "the session API needs the admin key: send 'Authorization: Bearer <auth.admin_key>'".into(),
-                ));
-            }
-            Some(k) if k != admin => {
-                return Err(GatewayError::Unauthorized(format!(
-                    "'{}' is not the admin key",
-                    mask(k)
-                )));
-            }
-            Some(_) => {}
-        }
-    }
+    check_admin(state, req.headers(), "the session API")?;
     let method = req.method().clone();
     let rest = path
         .trim_start_matches("/graft/sessions")

@@ -18,4 +18,6 @@ pub struct State {
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub backend: Backend,
+    /// The pages under `/ui`, over this gateway's data dir.
+    pub viewer: Arc<graft_viewer::Viewer>,
 }

@@ -192,7 +192,9 @@ async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     )?))?;
     gcfg.server.listen = ([127, 0, 0, 1], 0).into();
     gcfg.recorder.data_dir = data_dir;
+    // Closed: the admin API behind a generated key, model calls behind each session's key.
     gcfg.auth.admin_key = Some(admin.clone());
+    gcfg.auth.require_client_key = true;
     let gw = Gateway::bind(gcfg).await?;
     let gateway_url = gw.url();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
@@ -654,6 +656,22 @@ async fn finish(
     ));
     state.next_step = step + 1;
     write_state(&cfg.run.out_dir, state)?;
+    // report.html: the run page, self-contained, rewritten after every step.
+    let report = graft_viewer::Viewer::new(
+        &cfg.run.out_dir.join("data"),
+        Some(&cfg.run.out_dir),
+        None,
+        "",
+    )
+    .and_then(|v| v.run_report());
+    match report {
+        Ok(html) => {
+            if let Err(e) = std::fs::write(cfg.run.out_dir.join("report.html"), html) {
+                tracing::warn!(error = %e, "report.html not written");
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "report.html not written"),
+    }
     prune_checkpoints(cfg, state);
     Ok(())
 }

@@ -155,6 +155,41 @@ impl TestEnv {
         run_client(cmd, CLIENT_TIMEOUT)
     }
 
+    /// Loads `pages` (`[{"name", "path"}]`) of the viewer at `view_url` in Debian's headless
+    /// chromium (`tests/clients/node/viewer_pages.cjs` over playwright-core), saving a
+    /// screenshot of each as `shots/NAME.png`; returns per page what the DOM showed.
+    pub fn browse(&self, view_url: &str, pages: &Value, shots: &Path) -> Value {
+        let playwright = self.root.join("playwright").join("node_modules");
+        assert!(
+            playwright.join("playwright-core").exists(),
+            "playwright-core is missing: run `bash scripts/setup-test-env.sh`"
+        );
+        let browser = std::env::var_os("CHROMIUM")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/usr/bin/chromium"));
+        assert!(
+            browser.exists(),
+            "{} is missing: run `bash scripts/setup-test-env.sh` (it installs Debian's chromium)",
+            browser.display()
+        );
+        let mut cmd = Command::new("node");
+        cmd.arg(clients_dir().join("node").join("viewer_pages.cjs"))
+            .env("NODE_PATH", &playwright)
+            .env("CHROMIUM", &browser)
+            .env("GRAFT_VIEW_URL", view_url)
+            .env("GRAFT_VIEW_PAGES", pages.to_string())
+            .env("GRAFT_SHOTS", shots);
+        let out = run_client(cmd, Duration::from_secs(180));
+        for (name, p) in out.as_object().unwrap() {
+            assert_eq!(p["status"], 200, "{name}: {p}");
+            assert_eq!(p["errors"], serde_json::json!([]), "{name}: console errors");
+            assert_eq!(p["scripts"], 0, "{name}");
+            assert!(p["error"].is_null(), "{name}: {}", p["error"]);
+            assert!(shots.join(format!("{name}.png")).exists(), "{name}");
+        }
+        out
+    }
+
     /// A Node client script from `tests/clients/node/`.
     pub fn node_client(&self, script: &str, target: &Target) -> Value {
         let mut cmd = Command::new("node");

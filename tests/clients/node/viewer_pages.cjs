@@ -1,0 +1,68 @@
+// Drives the viewer's pages in Debian's chromium (headless, through playwright-core; no
+// browser download) and prints one JSON line: per page its HTTP status, console errors,
+// counts read from the DOM, and a screenshot saved under GRAFT_SHOTS.
+//
+// env: GRAFT_VIEW_URL   the viewer's base URL (http://127.0.0.1:PORT, or .../ui)
+//      GRAFT_VIEW_PAGES JSON list of {"name": ..., "path": ...}
+//      GRAFT_VIEW_AUTH  optional: the Authorization header value for every request
+//      GRAFT_SHOTS      folder for the screenshots (NAME.png)
+//      CHROMIUM         the browser (default /usr/bin/chromium)
+const fs = require("fs");
+const os = require("os");
+const path = require("path");
+const { chromium } = require("playwright-core");
+
+(async () => {
+  const base = process.env.GRAFT_VIEW_URL;
+  const pages = JSON.parse(process.env.GRAFT_VIEW_PAGES);
+  const shots = process.env.GRAFT_SHOTS;
+  fs.mkdirSync(shots, { recursive: true });
+  const profile = fs.mkdtempSync(path.join(os.tmpdir(), "graft-chromium-"));
+  const context = await chromium.launchPersistentContext(profile, {
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    headless: true,
+    args: [
+      "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+      "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    ],
+    viewport: { width: 1280, height: 900 },
+    extraHTTPHeaders: process.env.GRAFT_VIEW_AUTH ? { authorization: process.env.GRAFT_VIEW_AUTH } : {},
+  });
+  const out = {};
+  for (const p of pages) {
+    const page = await context.newPage();
+    const errors = [];
+    page.on("console", (m) => { if (m.type() === "error") errors.push(m.text()); });
+    page.on("pageerror", (e) => errors.push(String(e)));
+    page.on("requestfailed", (r) => errors.push(`request failed: ${r.url()}`));
+    const resp = await page.goto(base + p.path, { waitUntil: "load" });
+    const dom = await page.evaluate(() => ({
+      title: document.title,
+      h1: document.querySelector("h1")?.textContent ?? null,
+      error: document.querySelector("#error")?.textContent ?? null,
+      sessions: [...document.querySelectorAll("tr.session td:first-child")].map((e) => e.textContent.trim()),
+      session_calls: [...document.querySelectorAll("tr.session td.calls")].map((e) => Number(e.textContent)),
+      groups: [...document.querySelectorAll("tr.group td:first-child")].map((e) => e.textContent.trim()),
+      members: [...document.querySelectorAll("tr.member td:first-child")].map((e) => e.textContent.trim()),
+      samples: [...document.querySelectorAll("tr.sample td:first-child")].map((e) => e.textContent.trim()),
+      matched: document.querySelector("#matched")?.textContent ?? null,
+      calls: document.querySelectorAll(".call").length,
+      tool_calls: document.querySelectorAll(".toolcall").length,
+      tokens: document.querySelectorAll(".tok").length,
+      trained: [...document.querySelectorAll(".tok.trained")].map((e) => Number(e.dataset.i)),
+      points: document.querySelectorAll('circle.point[data-series="reward mean"]').length,
+      steps: document.querySelectorAll("tr.step").length,
+      scripts: document.querySelectorAll("script").length,
+      text: document.body.innerText,
+    }));
+    await page.screenshot({ path: path.join(shots, `${p.name}.png`), fullPage: true });
+    out[p.name] = { status: resp ? resp.status() : 0, errors, ...dom };
+    await page.close();
+  }
+  await context.close();
+  fs.rmSync(profile, { recursive: true, force: true });
+  console.log(JSON.stringify(out));
+})().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

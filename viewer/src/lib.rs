@@ -1,0 +1,720 @@
+//! graft's web viewer: server-rendered pages over a recorder data dir (sessions, groups, a
+//! session's calls as the conversation), an RL run's samples (tokens with the trained ones
+//! marked, logprob heat) and its `steps.jsonl` (SVG charts, one point per step).
+//!
+//! [`Viewer::page`] answers one GET by path and query; whoever serves it (`graft view`, the
+//! gateway's `/ui`) owns the listener and the admin key. Pages are self-contained: the
+//! stylesheet is inline, charts are inline SVG, nothing is fetched from anywhere.
+
+mod conversation;
+pub mod svg;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use graft_reconstruct::sample::Sample;
+use graft_reconstruct::template::Tokenizer;
+use graft_recorder::{CallRecord, SessionSummary};
+use minijinja::Environment;
+use serde_json::{Value, json};
+
+pub use conversation::Msg;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ViewError {
+    #[error("cannot read the records in {dir}: {source}")]
+    Records {
+        dir: PathBuf,
+        source: graft_recorder::RecorderError,
+    },
+    #[error("cannot read {path}: {message}")]
+    Read { path: PathBuf, message: String },
+    #[error("{0}")]
+    NotFound(String),
+    #[error("bad query: {0}")]
+    BadQuery(String),
+    #[error("page template {name} failed: {message}")]
+    Template { name: String, message: String },
+}
+
+impl ViewError {
+    pub fn status(&self) -> u16 {
+        match self {
+            ViewError::NotFound(_) => 404,
+            ViewError::BadQuery(_) => 400,
+            _ => 500,
+        }
+    }
+}
+
+/// One answered page.
+#[derive(Debug, Clone)]
+pub struct Page {
+    pub status: u16,
+    pub content_type: &'static str,
+    pub body: String,
+}
+
+const TEMPLATES: [(&str, &str); 7] = [
+    ("base.html", include_str!("../templates/base.html")),
+    ("sessions.html", include_str!("../templates/sessions.html")),
+    ("groups.html", include_str!("../templates/groups.html")),
+    ("group.html", include_str!("../templates/group.html")),
+    ("session.html", include_str!("../templates/session.html")),
+    ("sample.html", include_str!("../templates/sample.html")),
+    ("run.html", include_str!("../templates/run.html")),
+];
+
+const DEFAULT_PER_PAGE: usize = 50;
+const MAX_PER_PAGE: usize = 500;
+
+/// The viewer over one data dir (and optionally one `graft rl` output dir).
+pub struct Viewer {
+    data_dir: PathBuf,
+    run_dir: Option<PathBuf>,
+    /// Prefix of every link: "" for `graft view`, "/ui" under the gateway.
+    base: String,
+    tokenizer: Option<Tokenizer>,
+    env: Environment<'static>,
+}
+
+fn q(s: &str) -> String {
+    form_urlencoded::byte_serialize(s.as_bytes()).collect()
+}
+
+fn fmt_time(us: i64) -> String {
+    let secs = us.div_euclid(1_000_000);
+    let (d, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
+    // Civil date from days since the epoch (Howard Hinnant's algorithm).
+    let z = d + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+/// Filters of the sessions page, from its query string.
+#[derive(Debug, Default, Clone)]
+struct Filters {
+    group: Option<String>,
+    outcome: Option<String>,
+    reward_min: Option<f64>,
+    reward_max: Option<f64>,
+    closed: Option<bool>,
+    page: usize,
+    per: usize,
+}
+
+fn parse_query(query: &str) -> BTreeMap<String, String> {
+    form_urlencoded::parse(query.as_bytes())
+        .filter(|(_, v)| !v.is_empty())
+        .map(|(k, v)| (k.into_owned(), v.into_owned()))
+        .collect()
+}
+
+impl Filters {
+    fn parse(query: &str) -> Result<Filters, ViewError> {
+        let m = parse_query(query);
+        let num = |k: &str| -> Result<Option<f64>, ViewError> {
+            m.get(k)
+                .map(|v| {
+                    v.parse::<f64>().map_err(|_| {
+                        ViewError::BadQuery(format!("{k} must be a number, got '{v}'"))
+                    })
+                })
+                .transpose()
+        };
+        let int = |k: &str, d: usize| -> Result<usize, ViewError> {
+            m.get(k).map_or(Ok(d), |v| {
+                v.parse::<usize>().map_err(|_| {
+                    ViewError::BadQuery(format!("{k} must be a whole number, got '{v}'"))
+                })
+            })
+        };
+        let outcome = m.get("outcome").cloned();
+        if let Some(o) = &outcome
+            && o != "ok"
+            && o != "errors"
+        {
+            return Err(ViewError::BadQuery(format!(
+                "outcome must be 'ok' or 'errors', got '{o}'"
+            )));
+        }
+        let closed = match m.get("closed").map(String::as_str) {
+            None => None,
+            Some("yes") => Some(true),
+            Some("no") => Some(false),
+            Some(o) => {
+                return Err(ViewError::BadQuery(format!(
+                    "closed must be 'yes' or 'no', got '{o}'"
+                )));
+            }
+        };
+        Ok(Filters {
+            group: m.get("group").cloned(),
+            outcome,
+            reward_min: num("reward_min")?,
+            reward_max: num("reward_max")?,
+            closed,
+            page: int("page", 1)?.max(1),
+            per: int("per", DEFAULT_PER_PAGE)?.clamp(1, MAX_PER_PAGE),
+        })
+    }
+
+    fn matches(&self, s: &SessionSummary) -> bool {
+        self.group
+            .as_ref()
+            .is_none_or(|g| s.group_id.as_ref() == Some(g))
+            && self.outcome.as_deref().is_none_or(|o| match o {
+                "ok" => s.errors == 0,
+                _ => s.errors > 0,
+            })
+            && self
+                .reward_min
+                .is_none_or(|m| s.reward.is_some_and(|r| r >= m))
+            && self
+                .reward_max
+                .is_none_or(|m| s.reward.is_some_and(|r| r <= m))
+            && self.closed.is_none_or(|c| s.closed == c)
+    }
+
+    /// The query string of these filters on page `page`.
+    fn query(&self, page: usize) -> String {
+        let mut ser = form_urlencoded::Serializer::new(String::new());
+        if let Some(g) = &self.group {
+            ser.append_pair("group", g);
+        }
+        if let Some(o) = &self.outcome {
+            ser.append_pair("outcome", o);
+        }
+        if let Some(v) = self.reward_min {
+            ser.append_pair("reward_min", &v.to_string());
+        }
+        if let Some(v) = self.reward_max {
+            ser.append_pair("reward_max", &v.to_string());
+        }
+        if let Some(c) = self.closed {
+            ser.append_pair("closed", if c { "yes" } else { "no" });
+        }
+        ser.append_pair("per", &self.per.to_string());
+        ser.append_pair("page", &page.to_string());
+        ser.finish()
+    }
+}
+
+fn session_row(s: &SessionSummary) -> Value {
+    json!({
+        "id": s.session_id, "id_q": q(&s.session_id),
+        "group": s.group_id, "group_q": s.group_id.as_deref().map(q),
+        "calls": s.calls, "errors": s.errors, "reward": s.reward, "closed": s.closed,
+        "first": fmt_time(s.first_us),
+    })
+}
+
+impl Viewer {
+    /// `tokenizer_dir`: a model dir whose `tokenizer.json` turns sample tokens into text
+    /// (without one, the sample page shows token ids).
+    pub fn new(
+        data_dir: &Path,
+        run_dir: Option<&Path>,
+        tokenizer_dir: Option<&Path>,
+        base: &str,
+    ) -> Result<Viewer, ViewError> {
+        let mut env = Environment::new();
+        for (name, src) in TEMPLATES {
+            env.add_template(name, src)
+                .map_err(|e| ViewError::Template {
+                    name: name.to_owned(),
+                    message: e.to_string(),
+                })?;
+        }
+        let tokenizer = tokenizer_dir
+            .map(|d| {
+                Tokenizer::from_dir(d).map_err(|e| ViewError::Read {
+                    path: d.join("tokenizer.json"),
+                    message: e.to_string(),
+                })
+            })
+            .transpose()?;
+        Ok(Viewer {
+            data_dir: data_dir.to_path_buf(),
+            run_dir: run_dir.map(Path::to_path_buf),
+            base: base.trim_end_matches('/').to_owned(),
+            tokenizer,
+            env,
+        })
+    }
+
+    /// Answers `GET {base}{path}?{query}` (`path` without the base). Errors are pages too.
+    pub fn page(&self, path: &str, query: &str) -> Page {
+        let path = if path.is_empty() { "/" } else { path };
+        let result = match path {
+            "/" | "/sessions" => self.sessions(query),
+            "/groups" => self.groups(),
+            "/run" => self.run(),
+            "/sample" => self.sample(query),
+            p => match (p.strip_prefix("/session/"), p.strip_prefix("/group/")) {
+                (Some(id), _) => self.session(&decode(id)),
+                (_, Some(id)) => self.group(&decode(id)),
+                _ => Err(ViewError::NotFound(format!("no page at '{path}'"))),
+            },
+        };
+        match result {
+            Ok(body) => Page {
+                status: 200,
+                content_type: "text/html; charset=utf-8",
+                body,
+            },
+            Err(e) => Page {
+                status: e.status(),
+                content_type: "text/html; charset=utf-8",
+                body: self
+                    .render(
+                        "base.html",
+                        json!({"title": "error", "error": e.to_string()}),
+                    )
+                    .unwrap_or_else(|_| e.to_string()),
+            },
+        }
+    }
+
+    /// The run page as one self-contained HTML file (`graft rl` writes it as `report.html`).
+    pub fn run_report(&self) -> Result<String, ViewError> {
+        self.run()
+    }
+
+    fn render(&self, name: &str, mut ctx: Value) -> Result<String, ViewError> {
+        if let Some(o) = ctx.as_object_mut() {
+            o.insert("base".into(), json!(self.base));
+            o.insert("has_run".into(), json!(self.run_dir.is_some()));
+        }
+        self.env
+            .get_template(name)
+            .and_then(|t| t.render(minijinja::Value::from(minijinja::value::Serde(&ctx))))
+            .map_err(|e| ViewError::Template {
+                name: name.to_owned(),
+                message: format!("{e:#}"),
+            })
+    }
+
+    fn summaries(&self) -> Result<Vec<SessionSummary>, ViewError> {
+        graft_recorder::list_sessions(&self.data_dir).map_err(|source| ViewError::Records {
+            dir: self.data_dir.clone(),
+            source,
+        })
+    }
+
+    fn sessions(&self, query: &str) -> Result<String, ViewError> {
+        let f = Filters::parse(query)?;
+        let all = self.summaries()?;
+        let matched: Vec<&SessionSummary> = all.iter().filter(|s| f.matches(s)).collect();
+        let pages = matched.len().div_ceil(f.per).max(1);
+        let page = f.page.min(pages);
+        let rows: Vec<Value> = matched
+            .iter()
+            .skip((page - 1) * f.per)
+            .take(f.per)
+            .map(|s| session_row(s))
+            .collect();
+        self.render(
+            "sessions.html",
+            json!({
+                "title": "sessions",
+                "total": all.len(), "matched": matched.len(), "shown": rows.len(),
+                "page": page, "pages": pages, "rows": rows,
+                "prev": (page > 1).then(|| f.query(page - 1)),
+                "next": (page < pages).then(|| f.query(page + 1)),
+                "f": {"group": f.group, "outcome": f.outcome, "reward_min": f.reward_min,
+                      "reward_max": f.reward_max, "closed": f.closed.map(|c| if c { "yes" } else { "no" }),
+                      "per": f.per},
+            }),
+        )
+    }
+
+    fn groups(&self) -> Result<String, ViewError> {
+        let mut by: BTreeMap<String, (usize, Vec<f64>, u64)> = BTreeMap::new();
+        for s in self.summaries()? {
+            let Some(g) = s.group_id else { continue };
+            let e = by.entry(g).or_default();
+            e.0 += 1;
+            e.1.extend(s.reward);
+            e.2 += s.errors;
+        }
+        let rows: Vec<Value> = by
+            .iter()
+            .map(|(g, (n, rewards, errors))| {
+                let mean = (!rewards.is_empty())
+                    .then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
+                json!({"group": g, "group_q": q(g), "sessions": n, "rewarded": rewards.len(),
+                       "mean": mean, "best": rewards.iter().copied().reduce(f64::max), "errors": errors})
+            })
+            .collect();
+        self.render(
+            "groups.html",
+            json!({"title": "groups", "rows": rows, "total": rows.len()}),
+        )
+    }
+
+    /// Records of one session, in seq order. Reads through the recorder's reader.
+    fn session_records(&self, id: &str) -> Result<Vec<CallRecord>, ViewError> {
+        let all =
+            graft_recorder::read_records(&self.data_dir).map_err(|source| ViewError::Records {
+                dir: self.data_dir.clone(),
+                source,
+            })?;
+        Ok(all.into_iter().filter(|r| r.session_id == id).collect())
+    }
+
+    fn session(&self, id: &str) -> Result<String, ViewError> {
+        let summary = self.summaries()?.into_iter().find(|s| s.session_id == id);
+        let recs = self.session_records(id)?;
+        let Some(summary) = summary else {
+            return Err(ViewError::NotFound(format!(
+                "no session '{id}' in {}",
+                self.data_dir.display()
+            )));
+        };
+        let mut seen = 0usize;
+        let calls: Vec<Value> = recs
+            .iter()
+            .map(|r| {
+                let msgs =
+                    conversation::request_messages(r.normalized_request.as_ref(), &r.request);
+                // Only what this call added to the conversation (a harness resends it all).
+                let new = if msgs.len() >= seen {
+                    msgs[seen..].to_vec()
+                } else {
+                    msgs.clone()
+                };
+                let answer =
+                    conversation::answer(r.normalized_response.as_ref(), r.response.as_ref());
+                seen = msgs.len() + usize::from(answer.is_some());
+                json!({
+                    "seq": r.seq, "call_id": r.call_id, "status": r.status, "outcome": r.outcome,
+                    "error": r.error, "latency_ms": r.latency_ms, "ttft_ms": r.ttft_ms,
+                    "model": r.model, "client": r.client, "dialect": r.dialect, "stream": r.stream,
+                    "weight_version": r.weight_version,
+                    "prompt_tokens": r.usage.as_ref().and_then(|u| u.prompt_tokens),
+                    "completion_tokens": r.usage.as_ref().and_then(|u| u.completion_tokens),
+                    "started": fmt_time(r.started_at_us),
+                    "messages": new, "answer": answer,
+                })
+            })
+            .collect();
+        self.render(
+            "session.html",
+            json!({"title": format!("session {id}"), "s": session_row(&summary), "calls": calls}),
+        )
+    }
+
+    fn steps(&self) -> Result<Vec<Value>, ViewError> {
+        let Some(run) = &self.run_dir else {
+            return Err(ViewError::NotFound(
+                "no RL run given: start the viewer with --run OUT_DIR".into(),
+            ));
+        };
+        let path = run.join("steps.jsonl");
+        let text = std::fs::read_to_string(&path).map_err(|e| ViewError::Read {
+            path: path.clone(),
+            message: e.to_string(),
+        })?;
+        text.lines()
+            .filter(|l| !l.trim().is_empty())
+            .enumerate()
+            .map(|(i, l)| {
+                serde_json::from_str(l).map_err(|e| ViewError::Read {
+                    path: path.clone(),
+                    message: format!("line {}: {e}", i + 1),
+                })
+            })
+            .collect()
+    }
+
+    fn group(&self, id: &str) -> Result<String, ViewError> {
+        let sessions: Vec<Value> = self
+            .summaries()?
+            .iter()
+            .filter(|s| s.group_id.as_deref() == Some(id))
+            .map(session_row)
+            .collect();
+        if sessions.is_empty() {
+            return Err(ViewError::NotFound(format!("no group '{id}'")));
+        }
+        // The BAR decision and the samples, when an RL run made this group.
+        let mut decision = Value::Null;
+        let mut samples: Vec<Value> = vec![];
+        if self.run_dir.is_some() {
+            for step in self.steps()? {
+                let Some(g) = step["groups"]
+                    .as_array()
+                    .and_then(|gs| gs.iter().find(|g| g["group"] == id))
+                else {
+                    continue;
+                };
+                decision = json!({"step": step["step"], "rollouts": g["rollouts"],
+                    "selected": g["selected"], "decision": g["decision"].to_string()});
+                if let Some(file) = step["samples_file"].as_str() {
+                    let path = PathBuf::from(file);
+                    let name = path
+                        .file_name()
+                        .map(|n| n.to_string_lossy().into_owned())
+                        .unwrap_or_default();
+                    if let Ok(all) = self.read_samples(&name) {
+                        samples = all
+                            .iter()
+                            .filter(|s| s.group_id.as_deref() == Some(id))
+                            .map(|s| json!({"id": s.sample_id, "id_q": q(&s.sample_id), "file_q": q(&name),
+                                "session": s.session_id, "reward": s.reward, "tokens": s.tokens.len(),
+                                "trained": s.trained_tokens(), "fork_reason": s.fork_reason}))
+                            .collect();
+                    }
+                }
+            }
+        }
+        self.render(
+            "group.html",
+            json!({"title": format!("group {id}"), "group": id, "sessions": sessions,
+                   "decision": decision, "samples": samples}),
+        )
+    }
+
+    fn read_samples(&self, file: &str) -> Result<Vec<Sample>, ViewError> {
+        let Some(run) = &self.run_dir else {
+            return Err(ViewError::NotFound(
+                "no RL run given: start the viewer with --run OUT_DIR".into(),
+            ));
+        };
+        if file.is_empty()
+            || file.contains('/')
+            || file.contains('\\')
+            || file.starts_with('.')
+            || !file.ends_with(".parquet")
+        {
+            return Err(ViewError::BadQuery(format!(
+                "file must name a samples file in the run's samples/ folder, got '{file}'"
+            )));
+        }
+        let path = run.join("samples").join(file);
+        graft_reconstruct::sample::read_samples_parquet(&path).map_err(|e| ViewError::Read {
+            path,
+            message: e.to_string(),
+        })
+    }
+
+    fn sample(&self, query: &str) -> Result<String, ViewError> {
+        let m = parse_query(query);
+        let (Some(file), Some(id)) = (m.get("file"), m.get("id")) else {
+            return Err(ViewError::BadQuery(
+                "a sample is named by file=step-NNNNN.parquet&id=SESSION/N".into(),
+            ));
+        };
+        let s = self
+            .read_samples(file)?
+            .into_iter()
+            .find(|s| &s.sample_id == id)
+            .ok_or_else(|| ViewError::NotFound(format!("no sample '{id}' in {file}")))?;
+        let tokens: Vec<Value> = s
+            .tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| {
+                let text = match &self.tokenizer {
+                    Some(tk) => tk.decode(&[t]).unwrap_or_else(|_| format!("#{t}")),
+                    None => format!("#{t} "),
+                };
+                let lp = s.logprobs.get(i).copied().flatten();
+                let wv = s
+                    .token_weight_versions
+                    .get(i)
+                    .copied()
+                    .flatten()
+                    .and_then(|v| s.weight_versions.get(v as usize).cloned());
+                json!({
+                    "i": i, "id": t, "text": text,
+                    "trained": s.loss_mask.get(i) == Some(&1),
+                    "logprob": lp,
+                    // Heat: the sampled token's probability, 0 (red) .. 1 (green).
+                    "hue": lp.map(|l| (f64::from(l).exp().clamp(0.0, 1.0) * 120.0).round() as i64),
+                    "weight_version": wv,
+                })
+            })
+            .collect();
+        let trained = s.trained_tokens();
+        self.render(
+            "sample.html",
+            json!({"title": format!("sample {id}"), "s": {
+                "id": s.sample_id, "session": s.session_id, "session_q": q(&s.session_id),
+                "group": s.group_id, "group_q": s.group_id.as_deref().map(q),
+                "reward": s.reward, "fork_reason": s.fork_reason, "calls": s.call_ids.len(),
+                "weight_versions": s.weight_versions, "tokens": s.tokens.len(), "trained": trained,
+                "decoded": self.tokenizer.is_some(),
+            }, "tokens": tokens}),
+        )
+    }
+
+    fn run(&self) -> Result<String, ViewError> {
+        let steps = self.steps()?;
+        let x: Vec<f64> = steps
+            .iter()
+            .enumerate()
+            .map(|(i, s)| s["step"].as_f64().unwrap_or(i as f64))
+            .collect();
+        let rewards = |s: &Value| -> Vec<f64> {
+            s["rollout_list"]
+                .as_array()
+                .map(|rs| rs.iter().filter_map(|r| r["reward"].as_f64()).collect())
+                .unwrap_or_default()
+        };
+        let reward = svg::line_chart(
+            "reward: mean, and min–max over the step's rollouts",
+            "step",
+            &[svg::Series {
+                name: "reward mean",
+                points: x
+                    .iter()
+                    .zip(&steps)
+                    .map(|(x, s)| (*x, s["reward_mean"].as_f64()))
+                    .collect(),
+                band: Some(
+                    steps
+                        .iter()
+                        .map(|s| {
+                            let r = rewards(s);
+                            let lo = r.iter().copied().reduce(f64::min)?;
+                            let hi = r.iter().copied().reduce(f64::max)?;
+                            Some((lo, hi))
+                        })
+                        .collect(),
+                ),
+            }],
+        );
+        let trained = svg::line_chart(
+            "trained tokens (loss mask 1)",
+            "step",
+            &[svg::Series {
+                name: "trained tokens",
+                points: x
+                    .iter()
+                    .zip(&steps)
+                    .map(|(x, s)| (*x, s["trained_tokens"].as_f64()))
+                    .collect(),
+                band: None,
+            }],
+        );
+        let phases = ["rollout", "reconstruct", "train", "push"];
+        let phase_layers: Vec<(&str, Vec<f64>)> = phases
+            .iter()
+            .map(|p| {
+                (
+                    *p,
+                    steps
+                        .iter()
+                        .map(|s| s["secs"][p].as_f64().unwrap_or(0.0))
+                        .collect(),
+                )
+            })
+            .collect();
+        let phase_chart = svg::stacked_bars("phase seconds", "step", &x, &phase_layers);
+        let mut versions: Vec<String> = vec![];
+        for s in &steps {
+            if let Some(m) = s["call_weight_versions"].as_object() {
+                for k in m.keys() {
+                    if !versions.contains(k) {
+                        versions.push(k.clone());
+                    }
+                }
+            }
+        }
+        let version_layers: Vec<(&str, Vec<f64>)> = versions
+            .iter()
+            .map(|v| {
+                (
+                    v.as_str(),
+                    steps
+                        .iter()
+                        .map(|s| s["call_weight_versions"][v].as_f64().unwrap_or(0.0))
+                        .collect(),
+                )
+            })
+            .collect();
+        let version_chart =
+            svg::stacked_bars("calls per weight version", "step", &x, &version_layers);
+        // Staleness: calls of a step answered by weights other than the step's newest.
+        let stale: Vec<Value> = steps
+            .iter()
+            .map(|s| {
+                let total: f64 = s["call_weight_versions"]
+                    .as_object()
+                    .map(|m| m.values().filter_map(Value::as_f64).sum())
+                    .unwrap_or(0.0);
+                let current = s["call_weight_versions"][s["weight_version"].as_str().unwrap_or("")]
+                    .as_f64()
+                    .unwrap_or(0.0);
+                json!({"step": s["step"], "calls": total, "other_versions": total - current})
+            })
+            .collect();
+        let rows: Vec<Value> = steps
+            .iter()
+            .zip(&stale)
+            .map(|(s, st)| {
+                let groups: Vec<Value> = s["groups"]
+                    .as_array()
+                    .map(|gs| {
+                        gs.iter()
+                            .filter_map(|g| g["group"].as_str())
+                            .map(|g| json!({"name": g, "q": q(g)}))
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                json!({"step": s["step"], "rollouts": s["rollouts"], "scored": s["scored"],
+                   "reward_mean": s["reward_mean"], "samples": s["samples"],
+                   "trained_tokens": s["trained_tokens"], "weight_version": s["weight_version"],
+                   "secs": s["secs"]["step"], "groups": groups, "other_versions": st["other_versions"]})
+            })
+            .collect();
+        self.render(
+            "run.html",
+            json!({"title": "RL run", "steps": steps.len(), "rows": rows,
+                   "charts": [reward, trained, phase_chart, version_chart]}),
+        )
+    }
+}
+
+fn decode(s: &str) -> String {
+    percent_decode(s)
+}
+
+/// `%XX` decoding of a path segment (invalid escapes are kept as they are).
+fn percent_decode(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%'
+            && i + 2 < b.len()
+            && let Some(v) = std::str::from_utf8(&b[i + 1..i + 3])
+                .ok()
+                .and_then(|h| u8::from_str_radix(h, 16).ok())
+        {
+            out.push(v);
+            i += 3;
+            continue;
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests;
