@@ -15,6 +15,8 @@ import subprocess
 # (phase, regex on a frame's symbol); the first phase whose pattern matches the innermost
 # matching frame wins. Order matters only among patterns that can match the same frame.
 PHASES = [
+    ("socket I/O (read/write syscalls, both connections)", r"Registration::poll_io|Registration::poll_read_io|Registration::poll_write_io"),
+    ("recorder hand-off to the blocking pool", r"blocking::pool|BlockingTask"),
     ("read + validate request", r"pipeline::parse_request|pipeline::read_body"),
     ("plan (dialect parse, upstream body)", r"Backend.*::plan|backend::openai::OpenAi::plan|dialect::.*::parse"),
     ("answer (parse upstream JSON, capture ids)", r"Passthrough as .*Answering.*::whole|pipeline::whole|Answering.*::event|pipeline::relay"),
