@@ -613,7 +613,11 @@ async fn ticker(tx: mpsc::WeakSender<Command>, mut deadline: watch::Receiver<Opt
 }
 
 impl Writer {
-    async fn run(mut self, mut rx: mpsc::Receiver<Command>, deadline: watch::Sender<Option<Instant>>) {
+    async fn run(
+        mut self,
+        mut rx: mpsc::Receiver<Command>,
+        deadline: watch::Sender<Option<Instant>>,
+    ) {
         loop {
             let event = match rx.recv().await {
                 Some(first) => Event::Commands(drain(first, &mut rx)),

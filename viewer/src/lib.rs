@@ -649,18 +649,19 @@ impl Viewer {
             .collect();
         let version_chart =
             svg::stacked_bars("calls per weight version", "step", &x, &version_layers);
-        // Staleness: calls of a step answered by weights other than the step's newest.
+        // Staleness: calls of a step answered by weights other than the step's newest. A
+        // step that names no weights (nothing pushed yet) has no staleness to show.
         let stale: Vec<Value> = steps
             .iter()
             .map(|s| {
-                let total: f64 = s["call_weight_versions"]
-                    .as_object()
-                    .map(|m| m.values().filter_map(Value::as_f64).sum())
-                    .unwrap_or(0.0);
-                let current = s["call_weight_versions"][s["weight_version"].as_str().unwrap_or("")]
-                    .as_f64()
-                    .unwrap_or(0.0);
-                json!({"step": s["step"], "calls": total, "other_versions": total - current})
+                let counts = s["call_weight_versions"].as_object();
+                let total: u64 = counts
+                    .map(|m| m.values().filter_map(Value::as_u64).sum())
+                    .unwrap_or(0);
+                let other = s["weight_version"].as_str().map(|w| {
+                    total.saturating_sub(counts.and_then(|m| m.get(w)?.as_u64()).unwrap_or(0))
+                });
+                json!({"step": s["step"], "calls": total, "other_versions": other})
             })
             .collect();
         let rows: Vec<Value> = steps

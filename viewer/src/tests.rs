@@ -204,3 +204,29 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
     // No path tricks.
     assert_eq!(v.page("/sample", "file=..%2Fsteps.jsonl&id=x").status, 400);
 }
+
+#[test]
+fn the_run_page_counts_calls_on_older_weights_only_where_a_step_names_its_weights() {
+    let d = data_dir();
+    let run = tempfile::tempdir().unwrap();
+    let steps = [
+        // Nothing pushed yet: the step names no weights, so there is no staleness to show.
+        json!({"step": 0, "rollouts": 2, "call_weight_versions": {"default": 8}}),
+        // 3 of the step's 8 calls were answered by the weights before v2.
+        json!({"step": 1, "rollouts": 2, "weight_version": "v2", "call_weight_versions": {"v1": 3, "v2": 5}}),
+    ];
+    let text: String = steps.iter().map(|s| format!("{s}\n")).collect();
+    std::fs::write(run.path().join("steps.jsonl"), text).unwrap();
+    let v = Viewer::new(d.path(), Some(run.path()), None, "/ui").unwrap();
+    let page = v.page("/run", "");
+    assert_eq!(page.status, 200, "{}", page.body);
+    let cells: Vec<&str> = page
+        .body
+        .split("<tr class=\"step\">")
+        .skip(1)
+        .map(|row| row.split("<td>").nth(8).unwrap_or_default())
+        .collect();
+    assert_eq!(cells.len(), 2, "{}", page.body);
+    assert!(cells[0].starts_with("</td>"), "step 0: {}", cells[0]);
+    assert!(cells[1].starts_with("3</td>"), "step 1: {}", cells[1]);
+}
