@@ -10,9 +10,9 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
+use graft_http::auth::{bearer, same_key};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
 use http_body_util::Full;
-use hyper_util::rt::{TokioExecutor, TokioIo};
 
 #[derive(Debug, clap::Args)]
 pub struct ViewArgs {
@@ -62,82 +62,21 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
         out.flush()?;
     }
     let state = Arc::new((viewer, key));
-    let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-    let shutdown = crate::cli::shutdown_signal();
-    tokio::pin!(shutdown);
-    loop {
-        let accepted = tokio::select! {
-            accepted = listener.accept() => accepted,
-            _ = &mut shutdown => return Ok(()),
-        };
-        let Ok((stream, _)) = accepted else {
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-            continue;
-        };
+    let handler = move |req| {
         let state = Arc::clone(&state);
-        let builder = builder.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |req| {
-                let state = Arc::clone(&state);
-                async move { Ok::<_, Infallible>(handle(&state, req).await) }
-            });
-            let _ = builder
-                .serve_connection(TokioIo::new(stream), service)
-                .await;
-        });
-    }
-}
-
-fn text(status: StatusCode, msg: &str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::from(format!("{msg}\n"))));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
-async fn handle<B>(
-    state: &Arc<(graft_viewer::Viewer, Option<String>)>,
-    req: Request<B>,
-) -> Response<Full<Bytes>> {
-    if let Some(key) = &state.1 {
-        let sent = req
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .map(|v| v.trim().trim_start_matches("Bearer ").trim());
-        let ok = sent.is_some_and(|s| {
-            s.len() == key.len()
-                && s.bytes()
-                    .zip(key.bytes())
-                    .fold(0u8, |acc, (x, y)| acc | (x ^ y))
-                    == 0
-        });
-        if !ok {
-            let mut r = text(
-                StatusCode::UNAUTHORIZED,
-                "the viewer needs the admin key: send 'Authorization: Bearer <key>'",
-            );
-            r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-            return r;
-        }
-    }
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return text(
-            StatusCode::METHOD_NOT_ALLOWED,
-            "the viewer answers GET only",
-        );
-    }
-    let path = req.uri().path().to_string();
-    let query = req.uri().query().unwrap_or("").to_string();
-    let st = Arc::clone(state);
-    let page = match tokio::task::spawn_blocking(move || st.0.page(&path, &query)).await {
-        Ok(p) => p,
-        Err(e) => return text(StatusCode::INTERNAL_SERVER_ERROR, &format!("{e}")),
+        async move { Ok::<_, Infallible>(handle(&state, req).await) }
     };
+    graft_http::serve(
+        listener,
+        graft_http::Options::new("view"),
+        handler,
+        crate::cli::shutdown_signal(),
+    )
+    .await;
+    Ok(())
+}
+
+fn respond(page: graft_viewer::Page) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(page.body)));
     *r.status_mut() =
         StatusCode::from_u16(page.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -146,10 +85,49 @@ async fn handle<B>(
         header::CONTENT_TYPE,
         HeaderValue::from_static(page.content_type),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; img-src data:"),
-    );
+    for (name, value) in graft_viewer::RESPONSE_HEADERS {
+        h.insert(name, HeaderValue::from_static(value));
+    }
     r
+}
+
+/// Answers one request: the admin key first (when one is set), GET only, then the page.
+/// Refusals are viewer pages that say why (a browser's dialect is HTML).
+async fn handle<B>(
+    state: &Arc<(graft_viewer::Viewer, Option<String>)>,
+    req: Request<B>,
+) -> Response<Full<Bytes>> {
+    let (viewer, key) = &**state;
+    if let Some(key) = key {
+        let sent = bearer(req.headers()).filter(|k| !k.is_empty());
+        let reason = match sent {
+            None => Some("the viewer needs the admin key: send 'Authorization: Bearer <key>'"),
+            Some(s) if !same_key(s, key) => Some(
+                "that key is not the admin key; the viewer needs 'Authorization: Bearer <key>'",
+            ),
+            Some(_) => None,
+        };
+        if let Some(reason) = reason {
+            let mut r = respond(viewer.error_page(401, reason));
+            r.headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return r;
+        }
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let mut r = respond(viewer.error_page(
+            405,
+            &format!("the viewer answers GET only, not {}", req.method()),
+        ));
+        r.headers_mut()
+            .insert(header::ALLOW, HeaderValue::from_static("GET, HEAD"));
+        return r;
+    }
+    let path = req.uri().path().to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let st = Arc::clone(state);
+    match tokio::task::spawn_blocking(move || st.0.page(&path, &query)).await {
+        Ok(p) => respond(p),
+        Err(e) => respond(viewer.error_page(500, &format!("the page failed: {e}"))),
+    }
 }

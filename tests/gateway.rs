@@ -599,14 +599,21 @@ async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
     let reward = br#"{"reward": 1.0}"#.to_vec();
     for (method, path) in &admin_routes {
         let url = format!("{base}{path}");
-        // No key, a wrong key: 401 in OpenAI's shape, the wrong key not echoed.
+        // No key, a wrong key: 401 in the route's dialect (OpenAI's JSON for the admin API,
+        // a viewer page for /ui, which browsers read), the wrong key not echoed.
+        let page = path.starts_with("/ui");
         for headers in [vec![], vec![("authorization", "Bearer not-the-admin-key")]] {
             let r = http::send(method, &url, &headers, reward.clone())
                 .await
                 .unwrap();
             assert_eq!(r.status, 401, "{method} {path}: {}", r.text());
-            let v = r.json();
-            assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+            if page {
+                assert!(r.header("content-type").unwrap().starts_with("text/html"));
+                assert!(r.text().contains("admin key"), "{}", r.text());
+            } else {
+                let v = r.json();
+                assert_eq!(v["error"]["type"], "authentication_error", "{v}");
+            }
             assert!(r.header("www-authenticate").is_some());
             assert!(!r.text().contains("not-the-admin-key"), "{}", r.text());
         }
@@ -615,7 +622,15 @@ async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
             .await
             .unwrap();
         assert_eq!(r.status, 403, "{method} {path}: {}", r.text());
-        assert_eq!(r.json()["error"]["type"], "permission_error");
+        if page {
+            assert!(
+                r.text().contains("not open to session keys"),
+                "{}",
+                r.text()
+            );
+        } else {
+            assert_eq!(r.json()["error"]["type"], "permission_error");
+        }
     }
     // Nothing above touched the sessions.
     let listed = http::get(&format!("{base}/graft/sessions"), &admin).await;

@@ -178,3 +178,79 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
     assert_eq!(out["run"]["points"], 3);
     assert_eq!(out["run"]["steps"], 3);
 }
+
+/// `graft view` on its own listener, closed by default: beyond loopback without a key it
+/// refuses to start and says how to set one; with a key, every page without it (or with
+/// another) is a 401 viewer page, other methods a 405, and the key itself opens the pages.
+#[test]
+fn graft_view_is_closed_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let o = std::process::Command::new(common::graft_bin())
+        .args([
+            "view",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "0.0.0.0:0",
+        ])
+        .env_remove("GRAFT_ADMIN_KEY")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("beyond loopback") && err.contains("GRAFT_ADMIN_KEY"),
+        "{err}"
+    );
+
+    let key = "view-key-0123456789abcdef";
+    let view = Proc::spawn_env(
+        "view-keyed",
+        &[
+            "view",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("GRAFT_ADMIN_KEY", key)],
+        "graft view listening on",
+        None,
+    );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let good = format!("Bearer {key}");
+    for path in ["/", "/groups", "/session/s-one", "/run"] {
+        let url = format!("{}{path}", view.url);
+        for headers in [vec![], vec![("authorization", "Bearer not-the-key")]] {
+            let r = rt.block_on(http::get(&url, &headers));
+            assert_eq!(r.status, 401, "{path}: {}", r.text());
+            assert!(r.header("content-type").unwrap().starts_with("text/html"));
+            assert!(r.header("www-authenticate").is_some());
+            assert!(r.text().contains("admin key"), "{}", r.text());
+            assert!(!r.text().contains("not-the-key") && !r.text().contains(key));
+        }
+        let r = rt
+            .block_on(http::send(
+                "POST",
+                &url,
+                &[("authorization", &good)],
+                vec![],
+            ))
+            .unwrap();
+        assert_eq!(r.status, 405, "{path}: {}", r.text());
+    }
+    let r = rt.block_on(http::get(
+        &format!("{}/", view.url),
+        &[("authorization", &good)],
+    ));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        r.text().contains("<span id=\"total\">0</span>"),
+        "{}",
+        r.text()
+    );
+    assert!(!r.text().contains(key));
+}

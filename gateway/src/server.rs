@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use graft_http::auth::{bearer, same_key};
 use graft_recorder::{Recorder, RecorderConfig, RecoveryReport, SessionLog};
 use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header};
 use hyper::body::Incoming;
@@ -423,25 +424,6 @@ fn websocket_refusal() -> Response<GBody> {
     r
 }
 
-fn bearer(headers: &HeaderMap) -> Option<&str> {
-    if let Some(v) = headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-    {
-        let v = v.trim();
-        return Some(
-            v.strip_prefix("Bearer ")
-                .or_else(|| v.strip_prefix("bearer "))
-                .unwrap_or(v)
-                .trim(),
-        );
-    }
-    headers
-        .get("x-api-key")
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-}
-
 /// Which session a call belongs to: the URL prefix, then `x-graft-session`, then a session
 /// key, then the default session.
 async fn resolve_session(
@@ -550,7 +532,7 @@ pub fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(),
                     "{what} needs the admin key: send 'Authorization: Bearer <auth.admin_key>'"
                 )));
             }
-            Some(k) if !constant_time_eq(k.as_bytes(), admin.as_bytes()) => {
+            Some(k) if !same_key(k, admin) => {
                 return Err(GatewayError::Unauthorized(format!(
                     "that key is not the admin key; {what} needs 'Authorization: Bearer <auth.admin_key>'"
                 )));
@@ -561,31 +543,35 @@ pub fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(),
     Ok(())
 }
 
-/// Compares keys without an early exit on the first differing byte.
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-}
-
-/// The viewer's pages under `/ui`, behind the admin key like every admin route. Pages run
-/// no script and load nothing from elsewhere (the CSP says so to the browser).
+/// The viewer's pages under `/ui`, behind the admin key like every admin route. Its
+/// refusals are viewer pages too (a browser's dialect is HTML), with the status and, for a
+/// missing key, `WWW-Authenticate`. Pages run no script and load nothing from elsewhere.
 async fn ui(
     state: &Arc<State>,
     req: Request<Incoming>,
     path: &str,
 ) -> Result<Response<GBody>, GatewayError> {
-    check_admin(state, req.headers(), "the viewer (/ui)")?;
-    if req.method() != Method::GET && req.method() != Method::HEAD {
-        return Err(GatewayError::MethodNotAllowed {
+    let viewer = state.viewer.clone();
+    let refused = if let Err(e) = check_admin(state, req.headers(), "the viewer (/ui)") {
+        Some(e)
+    } else if req.method() != Method::GET && req.method() != Method::HEAD {
+        Some(GatewayError::MethodNotAllowed {
             method: req.method().to_string(),
             path: path.to_string(),
-        });
-    }
-    let sub = path.trim_start_matches("/ui").to_string();
-    let query = req.uri().query().unwrap_or("").to_string();
-    let viewer = state.viewer.clone();
-    let page = tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
-        .await
-        .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?;
+        })
+    } else {
+        None
+    };
+    let page = match &refused {
+        Some(e) => viewer.error_page(e.status().as_u16(), &e.to_string()),
+        None => {
+            let sub = path.trim_start_matches("/ui").to_string();
+            let query = req.uri().query().unwrap_or("").to_string();
+            tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
+                .await
+                .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?
+        }
+    };
     let mut r = Response::new(full(Bytes::from(page.body)));
     *r.status_mut() =
         StatusCode::from_u16(page.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -594,15 +580,12 @@ async fn ui(
         header::CONTENT_TYPE,
         HeaderValue::from_static(page.content_type),
     );
-    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    h.insert(
-        header::CONTENT_SECURITY_POLICY,
-        HeaderValue::from_static("default-src 'none'; style-src 'unsafe-inline'; img-src data:"),
-    );
-    h.insert(
-        header::X_CONTENT_TYPE_OPTIONS,
-        HeaderValue::from_static("nosniff"),
-    );
+    for (name, value) in graft_viewer::RESPONSE_HEADERS {
+        h.insert(name, HeaderValue::from_static(value));
+    }
+    if matches!(refused, Some(GatewayError::Unauthorized(_))) {
+        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    }
     Ok(r)
 }
 

@@ -9,6 +9,8 @@
 //! `Draining::finish` tells the open connections to end their requests and waits for them
 //! within a deadline. Dropping the `Draining` also tells them, without waiting.
 
+pub mod auth;
+
 use std::error::Error as StdError;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -10,6 +10,7 @@ use std::fs::File;
 use std::path::Path;
 use std::sync::Arc;
 
+use arrow_array::BooleanArray;
 use arrow_array::builder::{
     BooleanBuilder, Float32Builder, Float64Builder, Int64Builder, ListBuilder, StringBuilder,
     UInt16Builder, UInt32Builder, UInt64Builder,
@@ -17,9 +18,10 @@ use arrow_array::builder::{
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, Int64Type, UInt16Type, UInt32Type, UInt64Type};
 use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, PrimitiveArray, RecordBatch, StringArray};
+use arrow_schema::ArrowError;
 use arrow_schema::{DataType, Field, Schema, SchemaRef};
-use parquet::arrow::ArrowWriter;
-use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::arrow_reader::{ArrowPredicateFn, ParquetRecordBatchReaderBuilder, RowFilter};
+use parquet::arrow::{ArrowWriter, ProjectionMask};
 use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
@@ -481,9 +483,40 @@ fn opt_prim<T: ArrowPrimitiveType>(
 /// Reads every row of a parquet file written by [`write_parquet`] (or an older version of
 /// it: missing nullable columns read as null).
 pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow>> {
+    read_parquet_where(path, json, None)
+}
+
+/// The rows of one session only (`Some(id)`), or every row (`None`). The session filter
+/// reads the `session_id` column first and decodes the other columns only for the rows it
+/// keeps, so one session's page costs its own rows, not the file's.
+pub(crate) fn read_parquet_where(
+    path: &Path,
+    json: JsonColumns,
+    session: Option<&str>,
+) -> Result<Vec<ReadRow>> {
     let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
-    let reader = ParquetRecordBatchReaderBuilder::try_new(file)
-        .and_then(|b| b.with_batch_size(BATCH_ROWS).build())
+    let mut builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| RecorderError::parquet(path, e))?
+        .with_batch_size(BATCH_ROWS);
+    if let Some(id) = session {
+        let id = id.to_owned();
+        let mask = ProjectionMask::columns(builder.parquet_schema(), ["session_id"]);
+        let predicate = ArrowPredicateFn::new(mask, move |batch: RecordBatch| {
+            let col = batch
+                .column_by_name("session_id")
+                .and_then(|c| c.as_string_opt::<i32>())
+                .ok_or_else(|| {
+                    ArrowError::SchemaError("session_id is missing or not Utf8".into())
+                })?;
+            Ok(col
+                .iter()
+                .map(|v| Some(v == Some(id.as_str())))
+                .collect::<BooleanArray>())
+        });
+        builder = builder.with_row_filter(RowFilter::new(vec![Box::new(predicate)]));
+    }
+    let reader = builder
+        .build()
         .map_err(|e| RecorderError::parquet(path, e))?;
     let mut out = Vec::new();
     for batch in reader {
@@ -627,4 +660,93 @@ pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow
         }
     }
     Ok(out)
+}
+
+/// The columns of a row that a session summary needs, borrowed from the batch.
+pub(crate) struct SummaryRow<'a> {
+    pub session_id: &'a str,
+    pub group_id: Option<&'a str>,
+    pub started_at_us: i64,
+    pub finished_at_us: i64,
+    pub ok: bool,
+    pub client: Option<&'a str>,
+    pub weight_version: Option<&'a str>,
+    /// Bytes of the stored request, normalized request and upstream request columns (their
+    /// JSON text as written).
+    pub request_bytes: u64,
+}
+
+fn opt_str_ref(col: Option<&StringArray>, row: usize) -> Option<&str> {
+    col.filter(|c| !c.is_null(row)).map(|c| c.value(row))
+}
+
+/// Calls `f` for every row of a parquet file, reading only the columns a session summary
+/// needs (no JSON is parsed, no row is kept): memory is one batch, whatever the file's size.
+pub(crate) fn scan_summaries(
+    path: &Path,
+    json: JsonColumns,
+    mut f: impl FnMut(SummaryRow<'_>),
+) -> Result<()> {
+    let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| RecorderError::parquet(path, e))?;
+    let mask = ProjectionMask::columns(
+        builder.parquet_schema(),
+        [
+            "session_id",
+            "group_id",
+            "started_at_us",
+            "finished_at_us",
+            "outcome",
+            "client",
+            "weight_version",
+            json.request,
+            json.normalized_request,
+            json.upstream_request,
+        ],
+    );
+    let reader = builder
+        .with_projection(mask)
+        .with_batch_size(BATCH_ROWS)
+        .build()
+        .map_err(|e| RecorderError::parquet(path, e))?;
+    for batch in reader {
+        let batch = batch.map_err(|source| RecorderError::Arrow {
+            path: path.to_owned(),
+            source,
+        })?;
+        let c = Cols {
+            batch: &batch,
+            path,
+        };
+        let session_id = c.required("session_id", c.string("session_id")?)?;
+        let group_id = c.string("group_id")?;
+        let started = c.required("started_at_us", c.prim::<Int64Type>("started_at_us")?)?;
+        let finished = c.prim::<Int64Type>("finished_at_us")?;
+        let outcome = c.string("outcome")?;
+        let client = c.string("client")?;
+        let weight_version = c.string("weight_version")?;
+        let texts = [
+            c.string(json.request)?,
+            c.string(json.normalized_request)?,
+            c.string(json.upstream_request)?,
+        ];
+        for row in 0..batch.num_rows() {
+            let started_at_us = started.value(row);
+            f(SummaryRow {
+                session_id: session_id.value(row),
+                group_id: opt_str_ref(group_id, row),
+                started_at_us,
+                finished_at_us: opt_prim(finished, row).unwrap_or(started_at_us),
+                ok: opt_str_ref(outcome, row).unwrap_or_default() == "ok",
+                client: opt_str_ref(client, row),
+                weight_version: opt_str_ref(weight_version, row),
+                request_bytes: texts
+                    .iter()
+                    .map(|t| opt_str_ref(*t, row).map_or(0, |v| v.len() as u64))
+                    .sum(),
+            });
+        }
+    }
+    Ok(())
 }

@@ -35,7 +35,7 @@ pub use delta::RequestDelta;
 pub use error::RecorderError;
 pub use reader::{
     SessionBytes, SessionSummary, StoredBytes, export_jsonl, export_parquet, list_sessions,
-    read_export_parquet, read_records, stored_bytes,
+    read_export_parquet, read_records, read_session, stored_bytes,
 };
 pub use record::{CallRecord, SCHEMA_VERSION, Usage, WeightSpan};
 pub use redact::{REDACTED, is_sensitive_key, redact_header_pairs, redact_headers, redact_json};

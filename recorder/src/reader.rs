@@ -21,9 +21,20 @@ use crate::wal;
 /// skipped without modifying the file). Safe to run beside a live recorder: a segment
 /// sealed while we read is retried.
 pub(crate) fn read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
+    read_stored_where(dir, None)
+}
+
+/// [`read_stored`], of one session only when `session` is given.
+fn read_stored_where(dir: &Path, session: Option<&str>) -> Result<Vec<StoredRecord>> {
+    retry_vanished(|| try_read_stored(dir, session))
+}
+
+/// Runs `read` again (up to 3 times) when a file it listed vanished under it: a segment
+/// sealed, or a WAL deleted, while we read.
+fn retry_vanished<T>(mut read: impl FnMut() -> Result<T>) -> Result<T> {
     let mut attempt = 0;
     loop {
-        match try_read_stored(dir) {
+        match read() {
             Err(RecorderError::Io { source, .. })
                 if source.kind() == std::io::ErrorKind::NotFound && attempt < 3 =>
             {
@@ -34,7 +45,7 @@ pub(crate) fn read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
     }
 }
 
-fn try_read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
+fn try_read_stored(dir: &Path, session: Option<&str>) -> Result<Vec<StoredRecord>> {
     // Order matters against a concurrent seal (parquet, then manifest, then WAL delete):
     // list the WAL first so a segment is seen either as WAL or as sealed.
     let segments = wal::list_segments(dir)?;
@@ -47,7 +58,7 @@ fn try_read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
         if !manifests.contains_key(segment) && in_wal.contains(segment) {
             continue; // interrupted seal: the WAL is the source of truth
         }
-        for (row_no, row) in columnar::read_parquet(path, DELTA_COLUMNS)?
+        for (row_no, row) in columnar::read_parquet_where(path, DELTA_COLUMNS, session)?
             .into_iter()
             .enumerate()
         {
@@ -84,7 +95,11 @@ fn try_read_stored(dir: &Path) -> Result<Vec<StoredRecord>> {
         if manifests.contains_key(segment) {
             continue;
         }
-        out.extend(wal::scan_segment(path)?);
+        let records = wal::scan_segment(path)?;
+        match session {
+            None => out.extend(records),
+            Some(id) => out.extend(records.into_iter().filter(|r| r.session_id == id)),
+        }
     }
     Ok(out)
 }
@@ -217,6 +232,13 @@ pub fn read_records(dir: &Path) -> Result<Vec<CallRecord>> {
     resolve(read_stored(dir)?)
 }
 
+/// The records of one session, with FULL requests, in seq order. Reads only that session's
+/// rows of each sealed segment (deltas resolve within a session, so nothing else is
+/// needed); an unknown session reads as no records.
+pub fn read_session(dir: &Path, session_id: &str) -> Result<Vec<CallRecord>> {
+    resolve(read_stored_where(dir, Some(session_id))?)
+}
+
 /// Stored bytes of one session's growing values: what is on disk against what full
 /// values would take.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -320,9 +342,19 @@ pub struct SessionSummary {
     /// Stored delta bytes of the request, normalized request and upstream request
     /// ([`SessionBytes::delta_bytes`]).
     pub stored_request_bytes: u64,
+    /// The harness that ran the session, as its creator named it in the session's
+    /// metadata (`"harness"`; `graft rl` sets it).
+    pub harness: Option<String>,
+    /// The client of its first call (its `User-Agent`).
+    pub client: Option<String>,
+    /// The weight versions that answered its calls, sorted, each once.
+    pub weight_versions: Vec<String>,
 }
 
 /// Sessions of `dir`, from its records and `sessions.log`, sorted by first_us then id.
+///
+/// Sealed segments are scanned through the summary columns only (no JSON parsed, no record
+/// kept), so memory grows with the number of sessions, not of calls.
 pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
     fn entry<'a>(
         by_id: &'a mut HashMap<String, SessionSummary>,
@@ -341,35 +373,87 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
                 reward: None,
                 closed: false,
                 stored_request_bytes: 0,
+                harness: None,
+                client: None,
+                weight_versions: vec![],
             });
         s.first_us = s.first_us.min(at);
         s.last_us = s.last_us.max(at);
         s
     }
-    let mut by_id: HashMap<String, SessionSummary> = HashMap::new();
-    for r in read_stored(dir)? {
-        let s = entry(&mut by_id, &r.session_id, r.started_at_us);
+    fn add_call(by_id: &mut HashMap<String, SessionSummary>, r: columnar::SummaryRow<'_>) {
+        let s = entry(by_id, r.session_id, r.started_at_us);
         s.last_us = s.last_us.max(r.finished_at_us);
+        // The first call by start time names the client.
+        if (s.calls == 0 || r.started_at_us <= s.first_us)
+            && let Some(c) = r.client
+        {
+            s.client = Some(c.to_owned());
+        }
         s.calls += 1;
-        s.errors += u64::from(r.outcome != "ok");
-        s.stored_request_bytes += json_len(&r.request_delta)
-            + opt_json_len(r.normalized_request_delta.as_ref())
-            + opt_json_len(r.upstream_request_delta.as_ref());
+        s.errors += u64::from(!r.ok);
+        s.stored_request_bytes += r.request_bytes;
         if s.group_id.is_none() {
-            s.group_id = r.group_id;
+            s.group_id = r.group_id.map(str::to_owned);
+        }
+        if let Some(v) = r.weight_version
+            && let Err(at) = s.weight_versions.binary_search_by(|w| w.as_str().cmp(v))
+        {
+            s.weight_versions.insert(at, v.to_owned());
         }
     }
+    let mut by_id: HashMap<String, SessionSummary> = HashMap::new();
+    retry_vanished(|| {
+        by_id.clear();
+        let segments = wal::list_segments(dir)?;
+        let manifests = seal::read_manifests(dir)?;
+        let parquet = seal::list_parquet(dir)?;
+        let in_wal: HashSet<u64> = segments.iter().map(|(n, _)| *n).collect();
+        for (segment, path) in &parquet {
+            if !manifests.contains_key(segment) && in_wal.contains(segment) {
+                continue; // interrupted seal: the WAL is the source of truth
+            }
+            columnar::scan_summaries(path, DELTA_COLUMNS, |r| add_call(&mut by_id, r))?;
+        }
+        for (segment, path) in &segments {
+            if manifests.contains_key(segment) {
+                continue;
+            }
+            for r in wal::scan_segment(path)? {
+                add_call(
+                    &mut by_id,
+                    columnar::SummaryRow {
+                        session_id: &r.session_id,
+                        group_id: r.group_id.as_deref(),
+                        started_at_us: r.started_at_us,
+                        finished_at_us: r.finished_at_us,
+                        ok: r.outcome == "ok",
+                        client: r.client.as_deref(),
+                        weight_version: r.weight_version.as_deref(),
+                        request_bytes: json_len(&r.request_delta)
+                            + opt_json_len(r.normalized_request_delta.as_ref())
+                            + opt_json_len(r.upstream_request_delta.as_ref()),
+                    },
+                );
+            }
+        }
+        Ok(())
+    })?;
     for ev in read_session_events(dir)? {
         match ev {
             SessionEvent::Created {
                 session_id,
                 group_id,
+                metadata,
                 at_us,
                 ..
             } => {
                 let s = entry(&mut by_id, &session_id, at_us);
                 if group_id.is_some() {
                     s.group_id = group_id;
+                }
+                if let Some(h) = metadata.get("harness").and_then(Value::as_str) {
+                    s.harness = Some(h.to_owned());
                 }
             }
             SessionEvent::Reward {

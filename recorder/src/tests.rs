@@ -620,6 +620,62 @@ async fn list_sessions_joins_records_and_events() {
     assert_eq!((list[1].session_id.as_str(), list[1].calls), ("idle", 0));
 }
 
+#[tokio::test]
+async fn read_session_reads_one_session_from_sealed_and_unsealed_segments() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = SessionLog::open(dir.path()).unwrap();
+    log.append(&SessionEvent::Created {
+        session_id: "s-b".into(),
+        group_id: Some("grp".into()),
+        key_sha256: None,
+        metadata: json!({"harness": "codex", "task_id": "t1"}),
+        sampling: None,
+        at_us: T0 - 10,
+    })
+    .await
+    .unwrap();
+    let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))
+        .await
+        .unwrap();
+    // Interleaved sessions, half sealed to Parquet, the rest left in the WAL.
+    let mut input = sessions(&["s-a", "s-b", "s-c"], 8);
+    input.sort_by_key(|r| (r.started_at_us, r.session_id.clone()));
+    for (i, r) in input.iter_mut().enumerate() {
+        if r.session_id == "s-b" && i % 2 == 0 {
+            r.weight_version = Some("v4".into());
+        }
+    }
+    let (first, rest) = input.split_at(input.len() / 2);
+    for r in first {
+        rec.record(r.clone()).await.unwrap();
+    }
+    rec.seal_now().await.unwrap();
+    for r in rest {
+        rec.record(r.clone()).await.unwrap();
+    }
+    // Stopped as a crash would leave it: the second half stays unsealed.
+    rec.halt().await;
+    assert_eq!(manifests(dir.path()), 1, "half of it sealed");
+    assert!(!wal_files(dir.path()).is_empty(), "the rest in the WAL");
+
+    let all = read_records(dir.path()).unwrap();
+    for id in ["s-a", "s-b", "s-c"] {
+        let want: Vec<_> = all.iter().filter(|r| r.session_id == id).cloned().collect();
+        assert_eq!(want.len(), 8);
+        assert_eq!(read_session(dir.path(), id).unwrap(), want, "session {id}");
+    }
+    assert!(read_session(dir.path(), "nobody").unwrap().is_empty());
+
+    let list = list_sessions(dir.path()).unwrap();
+    let b = list.iter().find(|s| s.session_id == "s-b").unwrap();
+    assert_eq!(b.harness.as_deref(), Some("codex"));
+    assert_eq!(b.client.as_deref(), Some("test/1.0"));
+    assert_eq!(b.weight_versions, vec!["v3".to_owned(), "v4".to_owned()]);
+    let a = list.iter().find(|s| s.session_id == "s-a").unwrap();
+    assert_eq!((a.harness.as_deref(), a.calls, a.errors), (None, 8, 1));
+    assert_eq!(a.weight_versions, vec!["v3".to_owned()]);
+}
+
 /// Records written and fsynced, then the writer stopped as a crash would leave it.
 async fn crashed_dir(dir: &Path, input: &[CallRecord]) {
     let (rec, _) = Recorder::open(RecorderConfig::new(dir)).await.unwrap();

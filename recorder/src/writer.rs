@@ -686,6 +686,11 @@ impl Writer {
         }
         let items = std::mem::take(pending);
         let sync = self.durability == Durability::Sync;
+        // Forgets that came in since the last batch apply before it is encoded (the call
+        // after a forget is stored whole); those for calls still in this batch, after it.
+        if let Some(st) = self.state.as_mut() {
+            st.apply_forgets(&self.seqs);
+        }
         if let Some(closed) = self.blocking(move |st| st.write_batch(items, sync)).await {
             self.spawn_seals(closed);
         }

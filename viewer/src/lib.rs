@@ -55,6 +55,17 @@ pub struct Page {
     pub body: String,
 }
 
+/// Headers every page is served with, by whoever serves it: never cached, no script, nothing
+/// loaded from elsewhere (inline styles and `data:` images only), no content sniffing.
+pub const RESPONSE_HEADERS: [(&str, &str); 3] = [
+    ("cache-control", "no-store"),
+    (
+        "content-security-policy",
+        "default-src 'none'; style-src 'unsafe-inline'; img-src data:",
+    ),
+    ("x-content-type-options", "nosniff"),
+];
+
 const TEMPLATES: [(&str, &str); 7] = [
     ("base.html", include_str!("../templates/base.html")),
     ("sessions.html", include_str!("../templates/sessions.html")),
@@ -111,6 +122,11 @@ struct Filters {
     reward_min: Option<f64>,
     reward_max: Option<f64>,
     closed: Option<bool>,
+    /// The harness `graft rl` named for the session, or (for a session that names none) a
+    /// part of its first call's `User-Agent`, case-insensitive.
+    harness: Option<String>,
+    /// A weight version that answered one of its calls.
+    weight: Option<String>,
     page: usize,
     per: usize,
 }
@@ -134,13 +150,7 @@ impl Filters {
                 })
                 .transpose()
         };
-        let int = |k: &str, d: usize| -> Result<usize, ViewError> {
-            m.get(k).map_or(Ok(d), |v| {
-                v.parse::<usize>().map_err(|_| {
-                    ViewError::BadQuery(format!("{k} must be a whole number, got '{v}'"))
-                })
-            })
-        };
+        let (page, per) = paging(&m)?;
         let outcome = m.get("outcome").cloned();
         if let Some(o) = &outcome
             && o != "ok"
@@ -166,8 +176,10 @@ impl Filters {
             reward_min: num("reward_min")?,
             reward_max: num("reward_max")?,
             closed,
-            page: int("page", 1)?.max(1),
-            per: int("per", DEFAULT_PER_PAGE)?.clamp(1, MAX_PER_PAGE),
+            harness: m.get("harness").cloned(),
+            weight: m.get("weight").cloned(),
+            page,
+            per,
         })
     }
 
@@ -186,6 +198,17 @@ impl Filters {
                 .reward_max
                 .is_none_or(|m| s.reward.is_some_and(|r| r <= m))
             && self.closed.is_none_or(|c| s.closed == c)
+            && self.harness.as_deref().is_none_or(|h| match &s.harness {
+                Some(named) => named.eq_ignore_ascii_case(h),
+                None => s
+                    .client
+                    .as_deref()
+                    .is_some_and(|c| c.to_ascii_lowercase().contains(&h.to_ascii_lowercase())),
+            })
+            && self
+                .weight
+                .as_ref()
+                .is_none_or(|w| s.weight_versions.contains(w))
     }
 
     /// The query string of these filters on page `page`.
@@ -206,6 +229,12 @@ impl Filters {
         if let Some(c) = self.closed {
             ser.append_pair("closed", if c { "yes" } else { "no" });
         }
+        if let Some(h) = &self.harness {
+            ser.append_pair("harness", h);
+        }
+        if let Some(w) = &self.weight {
+            ser.append_pair("weight", w);
+        }
         ser.append_pair("per", &self.per.to_string());
         ser.append_pair("page", &page.to_string());
         ser.finish()
@@ -218,7 +247,23 @@ fn session_row(s: &SessionSummary) -> Value {
         "group": s.group_id, "group_q": s.group_id.as_deref().map(q),
         "calls": s.calls, "errors": s.errors, "reward": s.reward, "closed": s.closed,
         "first": fmt_time(s.first_us),
+        "harness": s.harness.as_deref().or(s.client.as_deref()),
+        "weights": s.weight_versions.join(", "),
     })
+}
+
+/// `page` and `per` of a paged list page, from its query string.
+fn paging(m: &BTreeMap<String, String>) -> Result<(usize, usize), ViewError> {
+    let int = |k: &str, d: usize| -> Result<usize, ViewError> {
+        m.get(k).map_or(Ok(d), |v| {
+            v.parse::<usize>()
+                .map_err(|_| ViewError::BadQuery(format!("{k} must be a whole number, got '{v}'")))
+        })
+    };
+    Ok((
+        int("page", 1)?.max(1),
+        int("per", DEFAULT_PER_PAGE)?.clamp(1, MAX_PER_PAGE),
+    ))
 }
 
 impl Viewer {
@@ -260,7 +305,7 @@ impl Viewer {
         let path = if path.is_empty() { "/" } else { path };
         let result = match path {
             "/" | "/sessions" => self.sessions(query),
-            "/groups" => self.groups(),
+            "/groups" => self.groups(query),
             "/run" => self.run(),
             "/sample" => self.sample(query),
             p => match (p.strip_prefix("/session/"), p.strip_prefix("/group/")) {
@@ -275,16 +320,19 @@ impl Viewer {
                 content_type: "text/html; charset=utf-8",
                 body,
             },
-            Err(e) => Page {
-                status: e.status(),
-                content_type: "text/html; charset=utf-8",
-                body: self
-                    .render(
-                        "base.html",
-                        json!({"title": "error", "error": e.to_string()}),
-                    )
-                    .unwrap_or_else(|_| e.to_string()),
-            },
+            Err(e) => self.error_page(e.status(), &e.to_string()),
+        }
+    }
+
+    /// An error as a page of the viewer (what its server answers when it refuses a request
+    /// itself: no admin key, a method other than GET), so a browser shows the reason.
+    pub fn error_page(&self, status: u16, message: &str) -> Page {
+        Page {
+            status,
+            content_type: "text/html; charset=utf-8",
+            body: self
+                .render("base.html", json!({"title": "error", "error": message}))
+                .unwrap_or_else(|_| message.to_owned()),
         }
     }
 
@@ -336,12 +384,13 @@ impl Viewer {
                 "next": (page < pages).then(|| f.query(page + 1)),
                 "f": {"group": f.group, "outcome": f.outcome, "reward_min": f.reward_min,
                       "reward_max": f.reward_max, "closed": f.closed.map(|c| if c { "yes" } else { "no" }),
-                      "per": f.per},
+                      "harness": f.harness, "weight": f.weight, "per": f.per},
             }),
         )
     }
 
-    fn groups(&self) -> Result<String, ViewError> {
+    fn groups(&self, query: &str) -> Result<String, ViewError> {
+        let (page, per) = paging(&parse_query(query))?;
         let mut by: BTreeMap<String, (usize, Vec<f64>, u64)> = BTreeMap::new();
         for s in self.summaries()? {
             let Some(g) = s.group_id else { continue };
@@ -350,8 +399,13 @@ impl Viewer {
             e.1.extend(s.reward);
             e.2 += s.errors;
         }
+        let pages = by.len().div_ceil(per).max(1);
+        let page = page.min(pages);
+        let link = |p: usize| format!("per={per}&page={p}");
         let rows: Vec<Value> = by
             .iter()
+            .skip((page - 1) * per)
+            .take(per)
             .map(|(g, (n, rewards, errors))| {
                 let mean = (!rewards.is_empty())
                     .then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
@@ -361,18 +415,19 @@ impl Viewer {
             .collect();
         self.render(
             "groups.html",
-            json!({"title": "groups", "rows": rows, "total": rows.len()}),
+            json!({"title": "groups", "total": by.len(), "shown": rows.len(), "rows": rows,
+                   "page": page, "pages": pages,
+                   "prev": (page > 1).then(|| link(page - 1)),
+                   "next": (page < pages).then(|| link(page + 1))}),
         )
     }
 
-    /// Records of one session, in seq order. Reads through the recorder's reader.
+    /// Records of one session, in seq order: only that session's rows are read.
     fn session_records(&self, id: &str) -> Result<Vec<CallRecord>, ViewError> {
-        let all =
-            graft_recorder::read_records(&self.data_dir).map_err(|source| ViewError::Records {
-                dir: self.data_dir.clone(),
-                source,
-            })?;
-        Ok(all.into_iter().filter(|r| r.session_id == id).collect())
+        graft_recorder::read_session(&self.data_dir, id).map_err(|source| ViewError::Records {
+            dir: self.data_dir.clone(),
+            source,
+        })
     }
 
     fn session(&self, id: &str) -> Result<String, ViewError> {

@@ -36,11 +36,17 @@ fn data_dir() -> tempfile::TempDir {
             json!({"choices": [{"message": call.clone()}]}), "ok")).await.unwrap();
         rec.record(mk("s-a", "g1", 2, vec![user.clone(), call.clone(), result.clone()],
             json!({"choices": [{"message": {"role": "assistant", "content": "there is a.txt"}}]}), "ok")).await.unwrap();
-        rec.record(mk("s-b", "g1", 3, vec![user.clone()],
-            json!({"choices": [{"message": {"role": "assistant", "content": "no"}}]}), "ok")).await.unwrap();
+        let mut b = mk("s-b", "g1", 3, vec![user.clone()],
+            json!({"choices": [{"message": {"role": "assistant", "content": "no"}}]}), "ok");
+        b.weight_version = Some("v8".into());
+        rec.record(b).await.unwrap();
         rec.record(mk("s-c", "g2", 4, vec![user.clone()], Value::Null, "upstream_error")).await.unwrap();
         rec.shutdown().await.unwrap();
         let (log, _) = SessionLog::open(dir.path()).unwrap();
+        log.append(&SessionEvent::Created { session_id: "s-a".into(), group_id: Some("g1".into()), key_sha256: None,
+            metadata: json!({"harness": "mini-swe-agent"}), sampling: None, at_us: 1_750_000_000_000_000 })
+            .await
+            .unwrap();
         for (s, r) in [("s-a", 1.0), ("s-b", 0.0)] {
             log.append(&SessionEvent::Reward { session_id: s.into(), reward: r, info: Value::Null, at_us: 1_750_000_000_100_000 })
                 .await
@@ -77,6 +83,19 @@ fn sessions_page_filters_and_pages() {
     assert_eq!(only("outcome=ok"), 2);
     assert_eq!(only("reward_min=0.5"), 1);
     assert_eq!(only("reward_max=0.5"), 1);
+    // Harness: the name graft rl gave the session, else a part of its client's User-Agent.
+    assert_eq!(only("harness=mini-swe-agent"), 1);
+    assert_eq!(only("harness=OpenAI-Python"), 2);
+    assert_eq!(only("harness=codex"), 0);
+    assert_eq!(only("weight=v8"), 1);
+    assert_eq!(only("weight=v7"), 2);
+    assert_eq!(only("weight=v7&group=g1"), 1);
+    let p = v.page("/sessions", "harness=mini-swe-agent");
+    assert!(
+        p.body.contains("<td class=\"harness\">mini-swe-agent</td>"),
+        "{}",
+        p.body
+    );
     // Paging: 2 per page, the second page holds the rest and links back.
     let p = v.page("/sessions", "per=2&page=2");
     assert_eq!(rows(&p.body, "session"), 1);
@@ -119,6 +138,12 @@ fn groups_and_group_pages() {
     let v = Viewer::new(d.path(), None, None, "").unwrap();
     let p = v.page("/groups", "");
     assert_eq!(rows(&p.body, "group"), 2, "{}", p.body);
+    // Paged like the sessions page.
+    let p = v.page("/groups", "per=1&page=2");
+    assert_eq!(rows(&p.body, "group"), 1, "{}", p.body);
+    assert!(p.body.contains("href=\"/group/g2\""), "{}", p.body);
+    assert!(p.body.contains("id=\"prev\"") && !p.body.contains("id=\"next\""));
+    assert_eq!(v.page("/groups", "page=two").status, 400);
     let p = v.page("/group/g1", "");
     assert_eq!(rows(&p.body, "member"), 2, "{}", p.body);
     assert_eq!(v.page("/run", "").status, 404);
