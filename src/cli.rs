@@ -29,6 +29,9 @@ pub enum Command {
     Records(RecordsCommand),
     /// Turn recorded calls (or an OpenAI-format JSONL log) into token-masked training samples.
     Reconstruct(crate::reconstruct::ReconstructArgs),
+    /// A samples Parquet in a training framework's layout (verl, TRL, SkyRL, OpenRLHF, slime,
+    /// Tinker), through the `graft_rl` Python package.
+    Export(crate::export::ExportArgs),
     /// One GRPO iteration over a samples file: new weights (HF layout), optionally pushed
     /// to an SGLang-compatible server.
     #[cfg(feature = "trainer")]
@@ -156,6 +159,7 @@ pub fn main() -> ExitCode {
             Command::ScriptedUpstream(args) => graft_testkit::run(args).await,
             Command::Harness(cmd) => crate::harness::run(cmd),
             Command::Reconstruct(args) => crate::reconstruct::run(args),
+            Command::Export(args) => crate::export::run(args),
             #[cfg(feature = "trainer")]
             Command::Train(args) => crate::train::run(args),
             #[cfg(feature = "trainer")]

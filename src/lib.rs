@@ -8,6 +8,7 @@ pub mod cli;
 #[cfg(feature = "testkit")]
 pub mod demo;
 pub mod envd;
+pub mod export;
 pub mod harness;
 #[cfg(feature = "trainer")]
 pub mod model;
