@@ -87,6 +87,10 @@ enabled = false
 /// pytest on one file of `python/tests` with the samples real graft made; fails with its
 /// output unless every test passed.
 fn pytest(python: &Path, file: &str, samples: &Path) -> String {
+    pytest_env(python, file, samples, &[])
+}
+
+fn pytest_env(python: &Path, file: &str, samples: &Path, envs: &[(&str, &str)]) -> String {
     let o = Command::new(python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
         .arg(repo_root().join("python/tests").join(file))
@@ -97,6 +101,7 @@ fn pytest(python: &Path, file: &str, samples: &Path) -> String {
             "HYPOTHESIS_STORAGE_DIRECTORY",
             samples.with_file_name("hypothesis"),
         )
+        .envs(envs.iter().copied())
         .current_dir(samples.parent().unwrap())
         .stdin(Stdio::null())
         .output()
@@ -294,7 +299,12 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
     let py = venv_python(&env, "rlfw", "bash scripts/setup-test-env.sh rlfw");
     let dir = tempfile::tempdir().unwrap();
     let file = graft_rl_samples(&env, dir.path());
-    let out = pytest(&py, "test_frameworks.py", &file);
+    let out = pytest_env(
+        &py,
+        "test_frameworks.py",
+        &file,
+        &[("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap())],
+    );
     assert!(out.contains("passed"), "{out}");
 
     // graft export --format native: verl's own DataProto file, loaded back by verl.

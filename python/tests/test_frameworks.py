@@ -166,3 +166,61 @@ def test_slime_debug_rollout_data_round_trips_through_torch_save(samples, tmp_pa
     data = torch.load(p, weights_only=False)
     assert data["rollout_id"] == 0
     assert data["samples"] == to_slime(samples)
+
+
+def test_trl_grpo_trainer_takes_a_step_on_graft_samples_through_rollout_func(samples, tmp_path):
+    """TRL's own GRPOTrainer, one optimizer step on a tiny random Qwen3 (CPU), with a
+    ``rollout_func`` that hands it graft's samples (real graft rl rollouts) and a reward
+    function that reads graft's reward. The tokenizer is the real Qwen3 one
+    (``GRAFT_QWEN3_DIR``), so the ids graft recorded mean the same tokens here."""
+    import os
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    qwen3 = os.environ.get("GRAFT_QWEN3_DIR")
+    assert qwen3, "GRAFT_QWEN3_DIR names the Qwen3 tokenizer dir (tests/interop.rs sets it)"
+    tok = AutoTokenizer.from_pretrained(qwen3)
+    torch.manual_seed(0)
+    cfg = Qwen3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+    )
+    model = Qwen3ForCausalLM(cfg)
+    before = {k: v.detach().clone() for k, v in model.named_parameters()}
+
+    groups = {}
+    for s in samples:
+        groups.setdefault(s.group_id, []).append(s)
+    n = len(next(iter(groups.values())))
+    assert all(len(g) == n for g in groups.values())
+    calls = []
+
+    def rollout_func(prompts, trainer):
+        calls.append(list(prompts))
+        return to_trl(samples, num_generations=n)
+
+    rewards_seen = []
+
+    def graft_reward(completions, graft_reward, **kwargs):
+        rewards_seen.extend(graft_reward)
+        return graft_reward
+
+    ds = Dataset.from_dict({"prompt": [f"task {g}" for g in groups]})
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=len(samples), num_generations=n,
+        max_steps=1, use_cpu=True, report_to=[], save_strategy="no", logging_steps=1, bf16=False,
+        learning_rate=1e-2, max_completion_length=4096, seed=0,
+    )
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[graft_reward], args=args, train_dataset=ds,
+        processing_class=tok, rollout_func=rollout_func,
+    )
+    trainer.train()
+    assert len(calls) == 1 and len(calls[0]) == len(samples)
+    assert sorted(rewards_seen) == sorted(s.reward for s in samples)
+    changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
+    assert changed, "one GRPO step changed no weight"
+    assert trainer.state.global_step == 1
