@@ -59,6 +59,10 @@ pub enum Command {
     /// Online RL sessions in a real harness: rollouts in sandboxes through the gateway,
     /// rewards, samples per step (`--dry-run` checks the components and prints the plan).
     Rl(crate::rl::RlArgs),
+    /// The rollout service for another trainer: batches of tasks in, token-level samples
+    /// with rewards out (NDJSON, a line per finished group).
+    #[command(subcommand)]
+    Rollouts(crate::rollouts::RolloutsCommand),
     /// Web pages over a data dir (sessions, groups, calls) and an RL run (steps, samples).
     View(crate::view::ViewArgs),
 }
@@ -168,6 +172,7 @@ pub fn main() -> ExitCode {
             Command::Model(cmd) => crate::model::run(cmd),
             Command::Envd(args) => crate::envd::run(args).await,
             Command::Rl(args) => crate::rl::run(args).await,
+            Command::Rollouts(cmd) => crate::rollouts::run(cmd).await,
             Command::View(args) => crate::view::run(args).await,
         }
     });

@@ -15,6 +15,7 @@ pub mod model;
 pub mod reconstruct;
 pub mod records;
 pub mod rl;
+pub mod rollouts;
 #[cfg(feature = "trainer")]
 pub mod serve;
 #[cfg(feature = "trainer")]

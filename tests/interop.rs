@@ -28,8 +28,8 @@ fn venv_python(env: &TestEnv, name: &str, how: &str) -> PathBuf {
     p
 }
 
-/// `graft rl`, one step of 2 tasks × 2 rollouts, collecting only; returns its samples file.
-fn graft_rl_samples(env: &TestEnv, dir: &Path) -> PathBuf {
+/// The `graft rl` config of these tests: 2 tasks × 2 rollouts a step, collecting only.
+fn rl_config(env: &TestEnv, dir: &Path) -> PathBuf {
     let ex = repo_root().join("examples/rl");
     let cfg = format!(
         r#"[run]
@@ -67,6 +67,12 @@ enabled = false
     );
     let p = dir.join("rl.toml");
     std::fs::write(&p, cfg).unwrap();
+    p
+}
+
+/// `graft rl`, one step of 2 tasks × 2 rollouts, collecting only; returns its samples file.
+fn graft_rl_samples(env: &TestEnv, dir: &Path) -> PathBuf {
+    let p = rl_config(env, dir);
     let o = Command::new(graft_bin())
         .args(["rl", "--config", p.to_str().unwrap()])
         .env("GRAFT_LOG", "warn")
@@ -299,12 +305,28 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
     let py = venv_python(&env, "rlfw", "bash scripts/setup-test-env.sh rlfw");
     let dir = tempfile::tempdir().unwrap();
     let file = graft_rl_samples(&env, dir.path());
+    // The rollout service, for TRL's rollout_func driving real rollouts.
+    let svc_dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(&env, svc_dir.path());
+    let svc = common::Proc::spawn_env(
+        "rollouts",
+        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
+        &[],
+        "graft rollouts listening on",
+        None,
+    );
+    let tasks = repo_root().join("examples/rl/tasks.jsonl");
     let out = pytest_env(
         &py,
         "test_frameworks.py",
         &file,
-        &[("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap())],
+        &[
+            ("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap()),
+            ("GRAFT_ROLLOUTS_URL", svc.url.as_str()),
+            ("GRAFT_TASKS", tasks.to_str().unwrap()),
+        ],
     );
+    assert!(out.contains("9 passed"), "{out}");
     assert!(out.contains("passed"), "{out}");
 
     // graft export --format native: verl's own DataProto file, loaded back by verl.
@@ -334,4 +356,94 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     assert!(text.starts_with("4 ["), "{text}");
+}
+
+/// `graft rollouts serve` over real HTTP: graft's Python client posts two tasks with a group
+/// size of 2 and a weight version the backend does not serve; the groups stream back as
+/// NDJSON lines with their rollouts, rewards and token-level samples.
+#[test]
+fn the_rollout_service_streams_each_group_with_rewards_and_samples() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(&env, dir.path());
+    let svc = common::Proc::spawn_env(
+        "rollouts",
+        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
+        &[],
+        "graft rollouts listening on",
+        None,
+    );
+    // A body that is no batch is refused with what to send.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = rt.block_on(common::http::post_json(
+        &format!("{}/rollouts", svc.url),
+        &[],
+        &serde_json::json!({"task": []}),
+    ));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("group_size"), "{}", r.text());
+
+    let script = r#"
+import json, sys, time
+from graft_rl.service import RolloutClient
+from graft_rl import verl_layout
+tasks = [json.loads(l) for l in open(sys.argv[2])][:2]
+c = RolloutClient(sys.argv[1])
+out = []
+for g in c.groups(tasks, group_size=2, weight_version="trainer-v9"):
+    b = verl_layout(g.samples)
+    out.append({"task": g.task_id, "rewards": [r["reward"] for r in g.rollouts],
+                "outcomes": [r["outcome"] for r in g.rollouts],
+                "samples": len(g.samples), "groups": sorted({s.group_id for s in g.samples}),
+                "sampled": [s.sampled_tokens() for s in g.samples],
+                "verl_trained": [int(x) for x in b["response_mask"].sum(axis=1)],
+                "known": all(s.sampled_logprobs_known() for s in g.samples),
+                "stale": g.stale_calls, "calls": sum(g.calls_by_weight_version.values())})
+print(json.dumps({"groups": out, "summary": c.last_summary}))
+"#;
+    let mut cmd = Command::new(&py);
+    cmd.args(["-c", script])
+        .arg(&svc.url)
+        .arg(repo_root().join("examples/rl/tasks.jsonl"))
+        .env("PYTHONPATH", repo_root().join("python/src"));
+    let v = common::run_client(cmd, std::time::Duration::from_secs(240));
+    assert_eq!(v["summary"]["groups"], 2, "{v}");
+    assert_eq!(v["summary"]["rollouts"], 4, "{v}");
+    let groups = v["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{v}");
+    for g in groups {
+        // The scripted model solves the addition and miscounts the lines (as in tests/rl.rs).
+        let want = if g["task"] == "add-17-25" { 1.0 } else { 0.0 };
+        assert_eq!(g["rewards"], serde_json::json!([want, want]), "{g}");
+        assert_eq!(
+            g["outcomes"],
+            serde_json::json!(["scored", "scored"]),
+            "{g}"
+        );
+        assert_eq!(g["samples"], 2, "one sample per rollout: {g}");
+        assert_eq!(g["groups"].as_array().unwrap().len(), 1, "{g}");
+        assert_eq!(g["known"], true, "exact mode records every logprob: {g}");
+        // Every call of the group was answered by weights other than the trainer's.
+        assert!(g["calls"].as_u64().unwrap() >= 4, "{g}");
+        assert_eq!(g["stale"], g["calls"], "{g}");
+        for (sampled, trained) in g["sampled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(g["verl_trained"].as_array().unwrap())
+        {
+            assert!(sampled.as_array().unwrap().len() > 10, "{g}");
+            assert_eq!(
+                sampled.as_array().unwrap().len() as u64,
+                trained.as_u64().unwrap()
+            );
+        }
+    }
+    // The service's sessions are the gateway's: their records are in the run's data dir.
+    let recs = common::records_show(&dir.path().join("out/data"));
+    assert_eq!(recs.len(), 8, "two model calls per rollout");
 }

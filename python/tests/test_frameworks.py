@@ -223,3 +223,61 @@ def test_trl_grpo_trainer_takes_a_step_on_graft_samples_through_rollout_func(sam
     changed = [k for k, v in model.named_parameters() if not torch.equal(v.detach(), before[k])]
     assert changed, "one GRPO step changed no weight"
     assert trainer.state.global_step == 1
+
+
+def test_trl_grpo_trainer_steps_with_graft_rollout_service_driving_real_rollouts(tmp_path):
+    """``trl_rollout_func`` against a running ``graft rollouts serve`` (``GRAFT_ROLLOUTS_URL``;
+    tests/interop.rs starts it): each TRL prompt is an example task, run as a group of
+    ``num_generations`` rollouts of the example agent in envd sandboxes, scored, and handed to
+    GRPOTrainer as token ids, logprobs, env_mask and graft's reward."""
+    import json
+    import os
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    from graft_rl.service import RolloutClient, trl_rollout_func
+
+    url = os.environ.get("GRAFT_ROLLOUTS_URL")
+    tasks_file = os.environ.get("GRAFT_TASKS")
+    assert url and tasks_file, "GRAFT_ROLLOUTS_URL and GRAFT_TASKS (tests/interop.rs sets them)"
+    tasks = {t["prompt"]: t for t in map(json.loads, open(tasks_file))}
+    prompts = list(tasks)[:2]
+    tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+    ))
+    client = RolloutClient(url)
+    inner = trl_rollout_func(client, lambda p: tasks[p], weight_version="default")
+    seen = []
+
+    def rollout_func(prompts_, trainer):
+        out = inner(prompts_, trainer)
+        seen.append(out)
+        return out
+
+    rewards = []
+
+    def graft_reward(completions, graft_reward, **kwargs):
+        rewards.extend(graft_reward)
+        return graft_reward
+
+    os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+    args = GRPOConfig(
+        output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2, max_steps=1,
+        use_cpu=True, report_to=[], save_strategy="no", bf16=False, max_completion_length=4096, seed=0,
+    )
+    trainer = GRPOTrainer(
+        model=model, reward_funcs=[graft_reward], args=args,
+        train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok, rollout_func=rollout_func,
+    )
+    trainer.train()
+    assert trainer.state.global_step == 1
+    assert len(seen) == 1 and len(seen[0]["completion_ids"]) == 4
+    assert client.last_summary["rollouts"] == 4
+    # real rollouts: the agent's completions were sampled (env_mask 1) and scored by the task
+    assert all(sum(m) > 10 for m in seen[0]["env_mask"])
+    assert sorted(rewards) == [0.0, 0.0, 1.0, 1.0]
