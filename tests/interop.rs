@@ -181,7 +181,7 @@ fn sampled(s: &Sample) -> Vec<u64> {
 fn by_id<'a>(samples: &'a [Sample], id: &Value) -> &'a Sample {
     samples
         .iter()
-        .find(|s| Value::from(s.sample_id.as_str()) == *id)
+        .find(|s| id.as_str() == Some(s.sample_id.as_str()))
         .unwrap_or_else(|| panic!("no sample {id}"))
 }
 
