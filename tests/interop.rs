@@ -1,0 +1,449 @@
+//! graft's samples in other RL frameworks' layouts: a real `graft rl` run (the example agent
+//! in envd sandboxes, exact mode, the scripted backend with real Qwen3 ids) makes the
+//! samples; the `graft_rl` Python package (`python/`) reads them with pyarrow.
+//!
+//! - `python/tests/test_properties.py` (hypothesis) on generated samples and on these;
+//! - `graft export --to NAME` for every layout, checked here against graft's own Rust reader;
+//! - ignored (the heavier tier, `--ignored`): `python/tests/test_frameworks.py` in the
+//!   `rlfw` venv, the real verl / TRL / SkyRL / OpenRLHF / Tinker types.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::{TestEnv, graft_bin, repo_root};
+use graft_reconstruct::sample::{Sample, read_samples_parquet};
+use serde_json::Value;
+
+/// A venv of the test env by name, or a failure that says how to install it.
+fn venv_python(env: &TestEnv, name: &str, how: &str) -> PathBuf {
+    let p = env.root.join(name).join("bin").join("python");
+    assert!(
+        p.exists(),
+        "{} is missing: run `{how}` from the repository root",
+        p.display()
+    );
+    p
+}
+
+/// The `graft rl` config of these tests: 2 tasks × 2 rollouts a step, collecting only.
+fn rl_config(env: &TestEnv, dir: &Path) -> PathBuf {
+    let ex = repo_root().join("examples/rl");
+    let cfg = format!(
+        r#"[run]
+out_dir = "{out}"
+steps = 1
+
+[tasks]
+file = "{tasks}"
+
+[harness]
+command = "/mnt/py/bin/python /mnt/harness/agent.py"
+timeout_secs = 120
+env = {{ AGENT_MAX_STEPS = "4" }}
+mounts = {{ "/mnt/harness" = "{harness}", "/mnt/py" = "{venv}" }}
+
+[backend]
+model_dir = "{model}"
+scripted = "{script}"
+
+[rollout]
+tasks_per_step = 2
+group_size = 2
+max_group_size = 2
+concurrency = 2
+
+[trainer]
+enabled = false
+"#,
+        out = dir.join("out").display(),
+        tasks = ex.join("tasks.jsonl").display(),
+        harness = ex.display(),
+        venv = env.sandbox_venv().display(),
+        model = env.qwen3_dir().display(),
+        script = ex.join("scripted.json").display(),
+    );
+    let p = dir.join("rl.toml");
+    std::fs::write(&p, cfg).unwrap();
+    p
+}
+
+/// `graft rl`, one step of 2 tasks × 2 rollouts, collecting only; returns its samples file.
+fn graft_rl_samples(env: &TestEnv, dir: &Path) -> PathBuf {
+    let p = rl_config(env, dir);
+    let o = Command::new(graft_bin())
+        .args(["rl", "--config", p.to_str().unwrap()])
+        .env("GRAFT_LOG", "warn")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "graft rl failed\n{}\n{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let f = dir.join("out/samples/step-00000.parquet");
+    assert!(f.is_file(), "graft rl wrote no samples file");
+    f
+}
+
+/// pytest on one file of `python/tests` with the samples real graft made; fails with its
+/// output unless every test passed.
+fn pytest(python: &Path, file: &str, samples: &Path) -> String {
+    pytest_env(python, file, samples, &[])
+}
+
+fn pytest_env(python: &Path, file: &str, samples: &Path, envs: &[(&str, &str)]) -> String {
+    let o = Command::new(python)
+        .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .arg(repo_root().join("python/tests").join(file))
+        .env("PYTHONPATH", repo_root().join("python/src"))
+        .env("GRAFT_SAMPLES", samples)
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env(
+            "HYPOTHESIS_STORAGE_DIRECTORY",
+            samples.with_file_name("hypothesis"),
+        )
+        .envs(envs.iter().copied())
+        .current_dir(samples.parent().unwrap())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.status.success(), "pytest {file} failed:\n{text}");
+    assert!(
+        text.contains(" passed") && !text.contains("failed") && !text.contains("skipped"),
+        "{text}"
+    );
+    text
+}
+
+/// `graft export` with `python` (the package from this checkout on its path).
+fn export(python: &Path, args: &[&str]) -> (bool, String, String) {
+    let o = Command::new(graft_bin())
+        .arg("export")
+        .args(args)
+        .arg("--python")
+        .arg(python)
+        .env("PYTHONPATH", repo_root().join("python/src"))
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn jsonl(p: &Path) -> Vec<Value> {
+    std::fs::read_to_string(p)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+fn ints(v: &Value) -> Vec<u64> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect()
+}
+
+/// The tokens of `ids` where `mask` is 1.
+fn masked(ids: &Value, mask: &Value) -> Vec<u64> {
+    ints(ids)
+        .into_iter()
+        .zip(ints(mask))
+        .filter(|(_, m)| *m == 1)
+        .map(|(t, _)| t)
+        .collect()
+}
+
+fn sampled(s: &Sample) -> Vec<u64> {
+    s.tokens
+        .iter()
+        .zip(&s.loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(t, _)| u64::from(*t))
+        .collect()
+}
+
+fn by_id<'a>(samples: &'a [Sample], id: &Value) -> &'a Sample {
+    samples
+        .iter()
+        .find(|s| id.as_str() == Some(s.sample_id.as_str()))
+        .unwrap_or_else(|| panic!("no sample {id}"))
+}
+
+#[test]
+fn graft_rl_samples_pass_every_exporters_properties_and_graft_export_writes_each_layout() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let file = graft_rl_samples(&env, dir.path());
+    let samples = read_samples_parquet(&file).unwrap();
+    assert_eq!(samples.len(), 4);
+
+    let out = pytest(&py, "test_properties.py", &file);
+    assert!(out.contains("6 passed"), "{out}");
+
+    let f = file.to_str().unwrap();
+    for to in graft::export::FORMATS {
+        let dest = dir.path().join(format!("{to}.jsonl"));
+        let (ok, stdout, stderr) = export(
+            &py,
+            &["--to", to, "--samples", f, "--out", dest.to_str().unwrap()],
+        );
+        assert!(ok, "graft export --to {to}: {stderr}");
+        let summary: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        assert_eq!(summary["samples"], 4, "{summary}");
+        let rows = jsonl(&dest);
+        assert_eq!(rows.len(), 4, "{to}");
+        for (i, r) in rows.iter().enumerate() {
+            // What each layout trains on, read back from its own field names, must be the
+            // sampled tokens graft's Rust reader sees.
+            let (got, s) = match to {
+                "verl" => (
+                    masked(&r["response_ids"], &r["response_mask"]),
+                    by_id(&samples, &r["graft_sample_id"]),
+                ),
+                "trl" => (
+                    masked(&r["completion_ids"], &r["env_mask"]),
+                    by_id(&samples, &r["graft_sample_id"]),
+                ),
+                "trl-sft" => (masked(&r["input_ids"], &r["assistant_masks"]), &samples[i]),
+                "skyrl" => (masked(&r["response_ids"], &r["loss_masks"]), &samples[i]),
+                "openrlhf" => {
+                    let obs = ints(&r["observation_tokens"]);
+                    let got = r["action_ranges"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .flat_map(|ab| {
+                            let ab = ints(ab);
+                            obs[ab[0] as usize..ab[1] as usize].to_vec()
+                        })
+                        .collect();
+                    (got, by_id(&samples, &r["graft_sample_id"]))
+                }
+                "slime" => {
+                    let toks = ints(&r["tokens"]);
+                    let n = r["response_length"].as_u64().unwrap() as usize;
+                    let resp = Value::from(toks[toks.len() - n..].to_vec());
+                    (
+                        masked(&resp, &r["loss_mask"]),
+                        by_id(&samples, &r["metadata"]["graft_sample_id"]),
+                    )
+                }
+                "tinker" => (
+                    masked(
+                        &r["loss_fn_inputs"]["target_tokens"],
+                        &Value::from(
+                            r["loss_fn_inputs"]["mask"]
+                                .as_array()
+                                .unwrap()
+                                .iter()
+                                .map(|m| m.as_f64().unwrap() as u64)
+                                .collect::<Vec<_>>(),
+                        ),
+                    ),
+                    by_id(&samples, &r["graft_sample_id"]),
+                ),
+                other => panic!("a layout without a check: {other}"),
+            };
+            assert_eq!(got, sampled(s), "{to} row {i}");
+        }
+    }
+    // The reward sits on the last response token of verl's layout, in its group.
+    let verl = jsonl(&dir.path().join("verl.jsonl"));
+    for r in &verl {
+        let s = by_id(&samples, &r["graft_sample_id"]);
+        assert_eq!(r["reward_score"].as_f64(), s.reward);
+        assert_eq!(r["uid"].as_str(), s.group_id.as_deref());
+        assert_eq!(
+            r["response_logprobs"].as_array().unwrap().len(),
+            r["response_ids"].as_array().unwrap().len()
+        );
+    }
+
+    // A Python without the package: the error says how to install it.
+    let (ok, _, stderr) = {
+        let o = Command::new(graft_bin())
+            .args(["export", "--to", "trl", "--samples", f, "--out"])
+            .arg(dir.path().join("x.jsonl"))
+            .arg("--python")
+            .arg(&py)
+            .env_remove("PYTHONPATH")
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::new(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    assert!(!ok);
+    assert!(stderr.contains("pip install ./python"), "{stderr}");
+}
+
+/// The heavier tier: `bash scripts/setup-test-env.sh rlfw` (torch and the frameworks from
+/// PyPI, ~6.5 GB), then `cargo test -p graft --features testkit --test interop -- --ignored`.
+#[test]
+#[ignore = "needs the rlfw venv (bash scripts/setup-test-env.sh rlfw); run with --ignored"]
+fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "rlfw", "bash scripts/setup-test-env.sh rlfw");
+    let dir = tempfile::tempdir().unwrap();
+    let file = graft_rl_samples(&env, dir.path());
+    // The rollout service, for TRL's rollout_func driving real rollouts.
+    let svc_dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(&env, svc_dir.path());
+    let svc = common::Proc::spawn_env(
+        "rollouts",
+        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
+        &[],
+        "graft rollouts listening on",
+        None,
+    );
+    let tasks = repo_root().join("examples/rl/tasks.jsonl");
+    let out = pytest_env(
+        &py,
+        "test_frameworks.py",
+        &file,
+        &[
+            ("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap()),
+            ("GRAFT_ROLLOUTS_URL", svc.url.as_str()),
+            ("GRAFT_TASKS", tasks.to_str().unwrap()),
+        ],
+    );
+    assert!(out.contains("9 passed"), "{out}");
+    assert!(out.contains("passed"), "{out}");
+
+    // graft export --format native: verl's own DataProto file, loaded back by verl.
+    let dest = dir.path().join("batch.dp");
+    let (ok, _, stderr) = export(
+        &py,
+        &[
+            "--to",
+            "verl",
+            "--format",
+            "native",
+            "--samples",
+            file.to_str().unwrap(),
+            "--out",
+            dest.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{stderr}");
+    let o = Command::new(&py)
+        .args([
+            "-c",
+            "import sys; from verl import DataProto; d = DataProto.load_from_disk(sys.argv[1]); d.check_consistency(); print(len(d), sorted(set(d.non_tensor_batch['uid'])))",
+        ])
+        .arg(&dest)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(text.starts_with("4 ["), "{text}");
+}
+
+/// `graft rollouts serve` over real HTTP: graft's Python client posts two tasks with a group
+/// size of 2 and a weight version the backend does not serve; the groups stream back as
+/// NDJSON lines with their rollouts, rewards and token-level samples.
+#[test]
+fn the_rollout_service_streams_each_group_with_rewards_and_samples() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(&env, dir.path());
+    let svc = common::Proc::spawn_env(
+        "rollouts",
+        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
+        &[],
+        "graft rollouts listening on",
+        None,
+    );
+    // A body that is no batch is refused with what to send.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = rt.block_on(common::http::post_json(
+        &format!("{}/rollouts", svc.url),
+        &[],
+        &serde_json::json!({"task": []}),
+    ));
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("group_size"), "{}", r.text());
+
+    let script = r#"
+import json, sys, time
+from graft_rl.service import RolloutClient
+from graft_rl import verl_layout
+tasks = [json.loads(l) for l in open(sys.argv[2])][:2]
+c = RolloutClient(sys.argv[1])
+out = []
+for g in c.groups(tasks, group_size=2, weight_version="trainer-v9"):
+    b = verl_layout(g.samples)
+    out.append({"task": g.task_id, "rewards": [r["reward"] for r in g.rollouts],
+                "outcomes": [r["outcome"] for r in g.rollouts],
+                "samples": len(g.samples), "groups": sorted({s.group_id for s in g.samples}),
+                "sampled": [s.sampled_tokens() for s in g.samples],
+                "verl_trained": [int(x) for x in b["response_mask"].sum(axis=1)],
+                "known": all(s.sampled_logprobs_known() for s in g.samples),
+                "stale": g.stale_calls, "calls": sum(g.calls_by_weight_version.values())})
+print(json.dumps({"groups": out, "summary": c.last_summary}))
+"#;
+    let mut cmd = Command::new(&py);
+    cmd.args(["-c", script])
+        .arg(&svc.url)
+        .arg(repo_root().join("examples/rl/tasks.jsonl"))
+        .env("PYTHONPATH", repo_root().join("python/src"));
+    let v = common::run_client(cmd, std::time::Duration::from_secs(240));
+    assert_eq!(v["summary"]["groups"], 2, "{v}");
+    assert_eq!(v["summary"]["rollouts"], 4, "{v}");
+    let groups = v["groups"].as_array().unwrap();
+    assert_eq!(groups.len(), 2, "{v}");
+    for g in groups {
+        // The scripted model solves the addition and miscounts the lines (as in tests/rl.rs).
+        let want = if g["task"] == "add-17-25" { 1.0 } else { 0.0 };
+        assert_eq!(g["rewards"], serde_json::json!([want, want]), "{g}");
+        assert_eq!(
+            g["outcomes"],
+            serde_json::json!(["scored", "scored"]),
+            "{g}"
+        );
+        assert_eq!(g["samples"], 2, "one sample per rollout: {g}");
+        assert_eq!(g["groups"].as_array().unwrap().len(), 1, "{g}");
+        assert_eq!(g["known"], true, "exact mode records every logprob: {g}");
+        // Every call of the group was answered by weights other than the trainer's.
+        assert!(g["calls"].as_u64().unwrap() >= 4, "{g}");
+        assert_eq!(g["stale"], g["calls"], "{g}");
+        for (sampled, trained) in g["sampled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .zip(g["verl_trained"].as_array().unwrap())
+        {
+            assert!(sampled.as_array().unwrap().len() > 10, "{g}");
+            assert_eq!(
+                sampled.as_array().unwrap().len() as u64,
+                trained.as_u64().unwrap()
+            );
+        }
+    }
+    // The service's sessions are the gateway's: their records are in the run's data dir.
+    let recs = common::records_show(&dir.path().join("out/data"));
+    assert_eq!(recs.len(), 8, "two model calls per rollout");
+}
