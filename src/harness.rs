@@ -113,6 +113,16 @@ pub const HARNESSES: &[Harness] = &[
         [("~/.zeroclaw/config.toml", "config.toml")]
     ),
     harness!(
+        "claude-code",
+        "Claude Code: Anthropic Messages (SSE); ANTHROPIC_BASE_URL (no /v1) + ANTHROPIC_MODEL, or ~/.claude/settings.json env",
+        [("~/.claude/settings.json", "settings.json")]
+    ),
+    harness!(
+        "pi",
+        "pi (pi-coding-agent): Chat Completions (SSE); a \"graft\" provider in ~/.pi/agent/models.json",
+        [("~/.pi/agent/models.json", "models.json")]
+    ),
+    harness!(
         "litellm-anthropic",
         "Anthropic Messages (/v1/messages): anthropic SDK or litellm anthropic/; base URL without /v1",
         [

@@ -18,6 +18,7 @@ pub struct Script {
 #[serde(deny_unknown_fields)]
 pub struct Rule {
     /// Substring of the text of the LAST message (chat) or of the prompt (completions).
+    /// System messages after the last turn (Claude Code sends one) are skipped.
     #[serde(default, rename = "match")]
     pub pattern: Option<String>,
     /// Role of the last message (`user`, `tool`, ...).
@@ -250,7 +251,14 @@ impl Prompt {
             }
         }
         p.prompt_words = words;
-        if let Some(last) = messages.last() {
+        // The last turn: system messages after it (Claude Code puts one after the user's
+        // message) are instructions, not turns.
+        let last = messages
+            .iter()
+            .rev()
+            .find(|m| m.get("role").and_then(Value::as_str) != Some("system"))
+            .or(messages.last());
+        if let Some(last) = last {
             p.last_text = content_text(last.get("content"));
             p.last_role = last.get("role").and_then(Value::as_str).map(str::to_owned);
         }
