@@ -127,6 +127,7 @@ def harnesses(env: Path, zeroclaw: Path | None):
         H("openai-python-sdk", None, "chat", [("sandbox", "/mnt/h")],
           ["/mnt/h/bin/python", "/mnt/clients/sdk_tool_loop.py", None],
           ["/mnt/h/bin/python", "-c", "import openai; print(openai.__version__)"],
+          env={"GRAFT_MODEL": MODEL},
           tool=("bash", lambda n: {"command": shell(n)}),
           needs="sandbox/bin/python"),
     ]

@@ -123,6 +123,11 @@ pub const HARNESSES: &[Harness] = &[
         [("~/.pi/agent/models.json", "models.json")]
     ),
     harness!(
+        "opencode",
+        "opencode: Chat Completions (SSE) through its openai-compatible provider; ~/.config/opencode/opencode.json",
+        [("~/.config/opencode/opencode.json", "opencode.json")]
+    ),
+    harness!(
         "litellm-anthropic",
         "Anthropic Messages (/v1/messages): anthropic SDK or litellm anthropic/; base URL without /v1",
         [
