@@ -128,6 +128,11 @@ pub const HARNESSES: &[Harness] = &[
         [("~/.config/opencode/opencode.json", "opencode.json")]
     ),
     harness!(
+        "openclaw",
+        "OpenClaw: Chat Completions (SSE); a \"graft\" provider in ~/.openclaw/openclaw.json; openclaw agent exec",
+        [("~/.openclaw/openclaw.json", "openclaw.json")]
+    ),
+    harness!(
         "litellm-anthropic",
         "Anthropic Messages (/v1/messages): anthropic SDK or litellm anthropic/; base URL without /v1",
         [

@@ -316,6 +316,7 @@ fn prompt_of(text: &str) -> Prompt {
         last_user_text: last_user,
         message_count: turns.iter().filter(|(r, _)| r != "system").count(),
         has_tools: text.contains("<tools>"),
+        prompt_text: text.to_string(),
         ..Prompt::default()
     }
 }
