@@ -133,6 +133,11 @@ pub const HARNESSES: &[Harness] = &[
         [("~/.openclaw/openclaw.json", "openclaw.json")]
     ),
     harness!(
+        "hermes",
+        "Hermes Agent: Chat Completions (SSE); provider custom + base_url in ~/.hermes/config.yaml",
+        [("~/.hermes/config.yaml", "config.yaml")]
+    ),
+    harness!(
         "litellm-anthropic",
         "Anthropic Messages (/v1/messages): anthropic SDK or litellm anthropic/; base URL without /v1",
         [
