@@ -37,6 +37,8 @@ def task(name: str) -> str:
 
 
 def shell(name: str) -> str:
+    if name == "zeroclaw":  # its shell tool refuses redirects by policy; a pipe it allows
+        return f"echo graft-done-{name} | tee graft_done.txt; echo graft-wrote-{name}"
     # Its output (graft-wrote-NAME) is not in the task text, so the scripted model can tell
     # the tool's result from the task wherever the harness puts it.
     return f"echo graft-done-{name} > graft_done.txt && echo graft-wrote-{name}"

@@ -109,7 +109,7 @@ pub const HARNESSES: &[Harness] = &[
     ),
     harness!(
         "zeroclaw",
-        "ZeroClaw: Chat Completions; default_provider = \"custom:<url>\" in ~/.zeroclaw/config.toml",
+        "ZeroClaw (0.8): Chat Completions; schema-3 [providers.models.openai.graft] + [agents.graft] in ~/.zeroclaw/config.toml",
         [("~/.zeroclaw/config.toml", "config.toml")]
     ),
     harness!(

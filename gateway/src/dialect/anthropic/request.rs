@@ -265,9 +265,7 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
             other => {
                 return Err(bad(
                     &format!("{path}.role"),
-                    format!(
-                        "must be \"user\", \"assistant\" or \"system\", got \"{other}\""
-                    ),
+                    format!("must be \"user\", \"assistant\" or \"system\", got \"{other}\""),
                 ));
             }
         };

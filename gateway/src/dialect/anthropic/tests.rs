@@ -304,7 +304,9 @@ fn bad_inputs_name_their_path() {
             "messages[0].role",
         ),
         (
-            msgs(json!([{"role": "user", "content": "a"}, {"role": "system", "content": [{"type": "image"}]}])),
+            msgs(
+                json!([{"role": "user", "content": "a"}, {"role": "system", "content": [{"type": "image"}]}]),
+            ),
             "messages[1].content[0].type",
         ),
         (
@@ -927,6 +929,8 @@ fn a_system_message_inside_messages_keeps_its_place() {
     assert_eq!(roles, [Role::System, Role::User, Role::System, Role::User]);
     assert_eq!(
         conv.messages[2].content,
-        vec![Part::Text { text: "agent types: a, b".into() }]
+        vec![Part::Text {
+            text: "agent types: a, b".into()
+        }]
     );
 }
