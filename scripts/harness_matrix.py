@@ -224,6 +224,16 @@ def records(graft, data: Path):
 # one run
 
 
+def strip(v):
+    """A request's messages without prompt-cache markers (Claude Code moves `cache_control`
+    to its newest block every call: not a change of what the model saw)."""
+    if isinstance(v, dict):
+        return {k: strip(x) for k, x in v.items() if k != "cache_control"}
+    if isinstance(v, list):
+        return [strip(x) for x in v]
+    return v
+
+
 def run_one(h: H, mode: str, a, work: Path) -> dict:
     graft, env, qwen3 = a.graft, Path(a.test_env), a.qwen3
     row = {"harness": h.name, "mode": mode}
@@ -313,7 +323,7 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
     for prev, nxt in zip(main, main[1:]):
         pm = (prev.get("request") or {}).get("messages") or (prev.get("request") or {}).get("input")
         nm = (nxt.get("request") or {}).get("messages") or (nxt.get("request") or {}).get("input")
-        if isinstance(pm, list) and isinstance(nm, list) and nm[:len(pm)] != pm:
+        if isinstance(pm, list) and isinstance(nm, list) and strip(nm[:len(pm)]) != strip(pm):
             rewrites += 1
     row["history_rewrites"] = rewrites
     out = d / "samples.parquet"
@@ -384,7 +394,7 @@ def cell(v):
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def write_doc(rows, path: Path, cmd: str, started: str, total: float):
+def write_doc(rows, path: Path, run: str):
     head = ["harness", "version", "mode", "wire", "streaming", "tool call executed", "records",
             "samples (session)", "drift events", "masked == sampled", "seconds", "status"]
     lines = [
@@ -405,7 +415,7 @@ def write_doc(rows, path: Path, cmd: str, started: str, total: float):
         "- **masked == sampled**: the loss-masked tokens of the session's samples are exactly the",
         "  recorded completion ids (n/a without ids: passthrough to a server that sends none).",
         "",
-        f"Run: `{cmd}` at {started}, {total:.0f} s in all.",
+        f"Run: {run}.",
         "",
         "| " + " | ".join(head) + " |",
         "|" + "---|" * len(head),
@@ -436,6 +446,10 @@ def main():
     ap.add_argument("--out", default="")
     ap.add_argument("--keep", action="store_true")
     ap.add_argument("--cmd", default="scripts/harness-matrix.sh")
+    ap.add_argument("--previous-note", default="the same command")
+    ap.add_argument("--previous", default="",
+                    help="JSON rows (one per line) of an earlier run; this run's rows replace "
+                         "theirs, the rest are kept in the doc (with the earlier run named)")
     ap.add_argument("--write-script", default="",
                     help="only write the scripted model's rules (tests/clients/harnesses/script.json)")
     a = ap.parse_args()
@@ -468,8 +482,19 @@ def main():
             row["status"] = verdict(row)
             rows.append(row)
             print(json.dumps(row), flush=True)
+    cmd = f"`{a.cmd}` at {started}, {time.time() - t0:.0f} s"
+    if a.previous:
+        order = [h.name for h in harnesses(Path(a.test_env), zc)]
+        mine = {(r["harness"], r["mode"]) for r in rows}
+        prev = [json.loads(x) for x in Path(a.previous).read_text().splitlines() if x.startswith("{")]
+        kept = [r for r in prev if (r["harness"], r["mode"]) not in mine]
+        for r in kept:
+            r["status"] = verdict(r)
+        rows = sorted(kept + rows, key=lambda r: (order.index(r["harness"]) if r["harness"] in order else 99,
+                                                  r["mode"] != "passthrough"))
+        cmd += f"; the rows of {', '.join(sorted({r['harness'] for r in kept}))} from an earlier run ({a.previous_note})"
     if a.out:
-        write_doc(rows, Path(a.out), a.cmd, started, time.time() - t0)
+        write_doc(rows, Path(a.out), cmd)
     print(f"harness-matrix: work dir {work}", file=sys.stderr)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
