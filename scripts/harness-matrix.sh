@@ -26,7 +26,8 @@ while [[ $# -gt 0 ]]; do
     --modes) modes="$2"; shift 2 ;;
     --no-doc) out=""; shift ;;
     --keep) keep="--keep"; shift ;;
-    --previous) previous=(--previous "$2"); shift 2 ;;
+    --previous) previous+=(--previous "$2"); shift 2 ;;
+    --previous-note) previous+=(--previous-note "$2"); shift 2 ;;
     *) echo "harness-matrix: unknown flag $1" >&2; exit 2 ;;
   esac
 done
