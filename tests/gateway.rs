@@ -726,3 +726,29 @@ async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
     .await;
     assert_eq!(r.status, 401, "{}", r.text());
 }
+
+/// Claude Code sends `HEAD <base url>` (the session root) before its first call: the roots
+/// a client may probe answer 200, record nothing, and a wrong method on them is still a 404.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connectivity_probes_on_the_base_url_answer_200_and_record_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let base = gw.url.clone();
+    for path in ["/s/probe-1", "/s/probe-1/", "/s/probe-1/v1", "/v1", "/"] {
+        for method in ["HEAD", "GET"] {
+            let r = http::send(method, &format!("{base}{path}"), &[], vec![])
+                .await
+                .unwrap();
+            assert_eq!(r.status, 200, "{method} {path}: {}", r.text());
+        }
+    }
+    let r = http::send("POST", &format!("{base}/s/probe-1/api/show"), &[], vec![])
+        .await
+        .unwrap();
+    assert_eq!(r.status, 404, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "unknown_route");
+    drop(gw);
+    assert!(graft_records(&data).is_empty());
+}

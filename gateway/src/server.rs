@@ -371,6 +371,20 @@ async fn dispatch(
         },
         None => (None, path.clone()),
     };
+    // Connectivity probes: Claude Code sends `HEAD <base url>` (the session root, no `/v1`)
+    // before its first call; answer the roots a client may probe instead of a 404.
+    if matches!(rest.as_str(), "" | "/" | "/v1" | "/v1/")
+        && (method == Method::HEAD || method == Method::GET)
+    {
+        return (
+            None,
+            "probe",
+            Ok(json_response(
+                StatusCode::OK,
+                &json!({"status": "ok", "service": "graft gateway"}),
+            )),
+        );
+    }
     let Some(route) = Route::from_path(&rest) else {
         return (
             None,

@@ -18,8 +18,14 @@ pub struct Script {
 #[serde(deny_unknown_fields)]
 pub struct Rule {
     /// Substring of the text of the LAST message (chat) or of the prompt (completions).
+    /// System messages after the last turn (Claude Code sends one) are skipped.
     #[serde(default, rename = "match")]
     pub pattern: Option<String>,
+    /// Substring of the text of ANY message (chat) or of the prompt (completions), for
+    /// harnesses whose last message is context of their own (OpenClaw appends one after the
+    /// user's task).
+    #[serde(default)]
+    pub match_prompt: Option<String>,
     /// Role of the last message (`user`, `tool`, ...).
     #[serde(default)]
     pub role: Option<String>,
@@ -146,6 +152,11 @@ impl Rule {
         {
             return false;
         }
+        if let Some(p) = &self.match_prompt
+            && !req.prompt_text.contains(p.as_str())
+        {
+            return false;
+        }
         if let Some(role) = &self.role
             && req.last_role.as_deref() != Some(role.as_str())
         {
@@ -183,6 +194,8 @@ pub(crate) struct Prompt {
     pub(crate) last_user_text: String,
     pub(crate) message_count: usize,
     pub(crate) has_tools: bool,
+    /// The text of every message (chat) or the prompt (completions), for `match_prompt`.
+    pub(crate) prompt_text: String,
     /// Whitespace-separated words of the whole prompt (see [`count_words`]).
     pub(crate) prompt_words: u64,
 }
@@ -240,7 +253,10 @@ impl Prompt {
         p.message_count = messages.len();
         let mut words = 0;
         for m in messages {
-            words += count_words(&content_text(m.get("content")));
+            let text = content_text(m.get("content"));
+            words += count_words(&text);
+            p.prompt_text.push_str(&text);
+            p.prompt_text.push('\n');
             if let Some(calls) = m.get("tool_calls").and_then(Value::as_array) {
                 for c in calls {
                     if let Some(a) = c.pointer("/function/arguments").and_then(Value::as_str) {
@@ -250,7 +266,14 @@ impl Prompt {
             }
         }
         p.prompt_words = words;
-        if let Some(last) = messages.last() {
+        // The last turn: system messages after it (Claude Code puts one after the user's
+        // message) are instructions, not turns.
+        let last = messages
+            .iter()
+            .rev()
+            .find(|m| m.get("role").and_then(Value::as_str) != Some("system"))
+            .or(messages.last());
+        if let Some(last) = last {
             p.last_text = content_text(last.get("content"));
             p.last_role = last.get("role").and_then(Value::as_str).map(str::to_owned);
         }
@@ -275,6 +298,7 @@ impl Prompt {
             _ => return Err("'prompt' must be a string or an array of strings".to_owned()),
         };
         p.prompt_words = count_words(&prompt);
+        p.prompt_text = prompt.clone();
         p.last_text = prompt.clone();
         p.last_user_text = prompt;
         Ok(p)

@@ -294,7 +294,15 @@ fn prompt_of(text: &str) -> Prompt {
     if turns.is_empty() && !text.contains("<|im_start|>") {
         turns.push(("user".to_string(), text.to_string()));
     }
-    let last = turns.last().cloned().unwrap_or_default();
+    // System turns after the last turn (Claude Code sends one) are skipped, as on the
+    // OpenAI wire.
+    let last = turns
+        .iter()
+        .rev()
+        .find(|(r, _)| r != "system")
+        .or(turns.last())
+        .cloned()
+        .unwrap_or_default();
     let last_user = turns
         .iter()
         .rev()
@@ -308,6 +316,7 @@ fn prompt_of(text: &str) -> Prompt {
         last_user_text: last_user,
         message_count: turns.iter().filter(|(r, _)| r != "system").count(),
         has_tools: text.contains("<tools>"),
+        prompt_text: text.to_string(),
         ..Prompt::default()
     }
 }
@@ -513,6 +522,15 @@ mod tests {
         assert_eq!(p.last_user_text, "graft-task");
         assert!(p.has_tools);
         assert_eq!(p.message_count, 3);
+    }
+
+    #[test]
+    fn a_system_turn_after_the_last_turn_is_skipped() {
+        let p = prompt_of(
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\ngraft-task<|im_end|>\n<|im_start|>system\nagent types<|im_end|>\n<|im_start|>assistant\n",
+        );
+        assert_eq!(p.last_role.as_deref(), Some("user"));
+        assert_eq!(p.last_text, "graft-task");
     }
 
     #[test]

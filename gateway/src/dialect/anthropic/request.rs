@@ -256,12 +256,16 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
         let role = match req_str(m, "role", &format!("{path}.role"))? {
             "user" => Role::User,
             "assistant" => Role::Assistant,
+            // Claude Code (2.1) sends mid-conversation `system` messages (text only), e.g.
+            // the list of agent types after the first user turn.
+            "system" => {
+                conv.messages.push(parse_system_message(m, &path)?);
+                continue;
+            }
             other => {
                 return Err(bad(
                     &format!("{path}.role"),
-                    format!(
-                        "must be \"user\" or \"assistant\", got \"{other}\" (system prompts go in the top-level `system` field)"
-                    ),
+                    format!("must be \"user\", \"assistant\" or \"system\", got \"{other}\""),
                 ));
             }
         };
@@ -287,6 +291,41 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
         }
     }
     Ok(())
+}
+
+/// A `system` message inside `messages`: a string or text blocks.
+fn parse_system_message(m: &Map<String, Value>, path: &str) -> Result<Message, GatewayError> {
+    let mut msg = empty_message(Role::System);
+    match given(m, "content") {
+        Some(Value::String(s)) => msg.content.push(Part::Text { text: s.clone() }),
+        Some(Value::Array(blocks)) => {
+            for (j, block) in blocks.iter().enumerate() {
+                let bpath = format!("{path}.content[{j}]");
+                let b = as_obj(block, &bpath)?;
+                let ty = block_type(b, &bpath)?;
+                if ty != "text" {
+                    return Err(bad(
+                        &format!("{bpath}.type"),
+                        format!("must be \"text\" in a system message, got \"{ty}\""),
+                    ));
+                }
+                msg.content.push(Part::Text {
+                    text: req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
+                });
+            }
+        }
+        Some(other) => {
+            return Err(bad(
+                &format!("{path}.content"),
+                format!(
+                    "must be a string or an array of text blocks, got {}",
+                    kind(other)
+                ),
+            ));
+        }
+        None => return Err(bad(&format!("{path}.content"), "is required")),
+    }
+    Ok(msg)
 }
 
 /// A block's `type`, required to be a string.

@@ -300,8 +300,14 @@ fn bad_inputs_name_their_path() {
         (json!({"model": "m", "max_tokens": 5}), "messages"),
         (with("messages", json!({})), "messages"),
         (
-            msgs(json!([{"role": "system", "content": "x"}])),
+            msgs(json!([{"role": "developer", "content": "x"}])),
             "messages[0].role",
+        ),
+        (
+            msgs(
+                json!([{"role": "user", "content": "a"}, {"role": "system", "content": [{"type": "image"}]}]),
+            ),
+            "messages[1].content[0].type",
         ),
         (
             msgs(json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": 5}])),
@@ -904,4 +910,27 @@ proptest! {
         prop_assert_eq!(&got["usage"], &want["usage"]);
         prop_assert_eq!(got, want);
     }
+}
+
+/// Claude Code 2.1 puts `system` messages between the turns (the agent list after the first
+/// user message); they keep their place in the conversation.
+#[test]
+fn a_system_message_inside_messages_keeps_its_place() {
+    let conv = parse_request(&json!({
+        "model": "m", "max_tokens": 5, "system": "top",
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "system", "content": [{"type": "text", "text": "agent types: a, b"}]},
+            {"role": "user", "content": "go"}
+        ]
+    }))
+    .unwrap();
+    let roles: Vec<Role> = conv.messages.iter().map(|m| m.role).collect();
+    assert_eq!(roles, [Role::System, Role::User, Role::System, Role::User]);
+    assert_eq!(
+        conv.messages[2].content,
+        vec![Part::Text {
+            text: "agent types: a, b".into()
+        }]
+    );
 }
