@@ -90,11 +90,7 @@ pub async fn start(
     if tokenizer.is_none() {
         tracing::warn!(dir = %a.model.display(), "serve: no tokenizer here; /generate takes input_ids only and answers no text");
     }
-    let engine = Arc::new(Engine::start(
-        model,
-        a.weight_version.clone(),
-        a.max_batch,
-    )?);
+    let engine = Arc::new(Engine::start(model, a.weight_version.clone(), a.max_batch)?);
     let state = Arc::new(State {
         engine: Arc::clone(&engine),
         tokenizer,

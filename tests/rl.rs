@@ -391,10 +391,18 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
         assert_eq!(train["weight_version"], version.as_str());
         assert_eq!(s["weight_version"], version.as_str());
         let weights = Path::new(train["weights"].as_str().unwrap());
-        assert!(weights.join("config.json").exists(), "{}", weights.display());
+        assert!(
+            weights.join("config.json").exists(),
+            "{}",
+            weights.display()
+        );
         if i == 1 {
             let ckpt = Path::new(train["checkpoint"].as_str().unwrap());
-            assert!(ckpt.join("optimizer.safetensors").exists(), "{}", ckpt.display());
+            assert!(
+                ckpt.join("optimizer.safetensors").exists(),
+                "{}",
+                ckpt.display()
+            );
         } else {
             assert!(train["checkpoint"].is_null(), "no checkpoint due: {s:#}");
         }
@@ -418,7 +426,12 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("state.json")).unwrap())
             .unwrap();
     assert_eq!(state["next_step"], 2);
-    assert!(state["policy"].as_str().unwrap().ends_with("checkpoints/step-00001"));
+    assert!(
+        state["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("checkpoints/step-00001")
+    );
 }
 
 /// The per-step figures (loss, gradient norm) of every step's training.
@@ -427,7 +440,10 @@ fn train_figures(log: &[Value]) -> Vec<(f64, f64)> {
     log.iter()
         .map(|s| {
             let f = &s["train"]["steps"][0];
-            (f["loss"].as_f64().unwrap(), f["grad_norm"].as_f64().unwrap())
+            (
+                f["loss"].as_f64().unwrap(),
+                f["grad_norm"].as_f64().unwrap(),
+            )
         })
         .collect()
 }
@@ -461,7 +477,10 @@ fn rl_resumed_from_its_checkpoint_trains_like_an_unbroken_run() {
     eprintln!("unbroken {want:?}\nresumed  {got:?}");
     for (i, (a, b)) in want.iter().zip(&got).enumerate() {
         let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1e-12);
-        assert!(close(a.0, b.0) && close(a.1, b.1), "step {i}: unbroken {a:?}, resumed {b:?}");
+        assert!(
+            close(a.0, b.0) && close(a.1, b.1),
+            "step {i}: unbroken {a:?}, resumed {b:?}"
+        );
     }
 }
 
@@ -483,7 +502,11 @@ fn rl_max_staleness_3_bounds_every_calls_staleness_and_a_tight_rejection_bound_m
         let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
         assert!(ok, "{out}");
         let out_dir = dir.path().join("out");
-        (steps(&out_dir), common::records_show(&out_dir.join("data")), dir)
+        (
+            steps(&out_dir),
+            common::records_show(&out_dir.join("data")),
+            dir,
+        )
     };
     let (log, recs, _keep) = run(
         "max_staleness = 3\n",
@@ -499,10 +522,16 @@ fn rl_max_staleness_3_bounds_every_calls_staleness_and_a_tight_rejection_bound_m
     };
     for s in 0..steps_n as i64 {
         for r in recs.iter().filter(|r| {
-            r["group_id"].as_str().unwrap().starts_with(&format!("step{s}-"))
+            r["group_id"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("step{s}-"))
         }) {
             let v = version_step(r["weight_version"].as_str().unwrap());
-            assert!(v >= s - 4 && v <= s - 1, "a call of step {s} was sampled by {v}");
+            assert!(
+                v >= s - 4 && v <= s - 1,
+                "a call of step {s} was sampled by {v}"
+            );
         }
     }
     for s in &log {
@@ -532,7 +561,10 @@ fn rl_max_staleness_3_bounds_every_calls_staleness_and_a_tight_rejection_bound_m
         "staleness per step: {:?}",
         log.iter().map(|s| &s["call_staleness"]).collect::<Vec<_>>()
     );
-    let (tight, _, _keep) = run("", "policy = \"recompute\"\nreject = { low = 0.5, high = 2.0 }\n");
+    let (tight, _, _keep) = run(
+        "",
+        "policy = \"recompute\"\nreject = { low = 0.5, high = 2.0 }\n",
+    );
     for s in &tight {
         let t = &s["train"];
         assert!(t["masked_share"].as_f64().unwrap() > 0.9, "{s:#}");
@@ -939,7 +971,10 @@ lr = 0.005
     for s in log.iter().filter(|s| s["samples"] != 0) {
         assert_eq!(s["train"]["trainer"], "resident", "{s:#}");
         assert!(
-            s["train"]["handoff"].as_str().unwrap().starts_with("in memory"),
+            s["train"]["handoff"]
+                .as_str()
+                .unwrap()
+                .starts_with("in memory"),
             "{s:#}"
         );
         assert!(s["train"]["weights"].is_null(), "no weights file: {s:#}");

@@ -257,7 +257,11 @@ fn resident_trainer_resumed_from_a_checkpoint_matches_an_unbroken_one_step_for_s
     let mut unbroken = Resident::load(&req(&fixture(), PathBuf::new()), |_| {})?;
     let mut want = vec![];
     for step in 0..4 {
-        want.extend(figures(&unbroken.train(&[parquet.clone()], step, |_| {})?));
+        want.extend(figures(&unbroken.train(
+            &[parquet.clone()],
+            step,
+            |_| {},
+        )?));
     }
     assert_eq!(unbroken.optimizer_steps(), 4);
     // Broken: two steps, a checkpoint, the process's trainer gone, two more from the disk.
@@ -271,7 +275,11 @@ fn resident_trainer_resumed_from_a_checkpoint_matches_an_unbroken_one_step_for_s
         first.checkpoint(&ckpt)?;
     }
     let mut second = Resident::load(&req(&ckpt, PathBuf::new()), |_| {})?;
-    assert_eq!(second.optimizer_steps(), 2, "the optimizer state was resumed");
+    assert_eq!(
+        second.optimizer_steps(),
+        2,
+        "the optimizer state was resumed"
+    );
     for step in 2..4 {
         got.extend(figures(&second.train(&[parquet.clone()], step, |_| {})?));
     }

@@ -487,9 +487,12 @@ async fn steps(
         state.checkpoint_next = Some(0);
     }
     if state.versions.is_empty() {
-        state
-            .versions
-            .push(state.weight_version.clone().unwrap_or_else(|| "default".into()));
+        state.versions.push(
+            state
+                .weight_version
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+        );
     }
     let resident = cfg.trainer.enabled && cfg.trainer.resident;
     if resident {

@@ -311,10 +311,15 @@ pub fn grpo_loss(
             Some(k) => sum(&k.f_neg()?.f_add_scalar(1.0)?)?,
             None => 0.0,
         },
-        rows: row_tokens.f_gt(0.0)?.f_sum(Kind::Float)?.f_double_value(&[])?,
+        rows: row_tokens
+            .f_gt(0.0)?
+            .f_sum(Kind::Float)?
+            .f_double_value(&[])?,
         masked_rows: match &keep {
             Some(k) => {
-                let kept = k.f_mul(mask)?.f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?;
+                let kept =
+                    k.f_mul(mask)?
+                        .f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?;
                 row_tokens
                     .f_gt(0.0)?
                     .f_logical_and(&kept.f_eq(0.0)?)?
