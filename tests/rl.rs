@@ -528,10 +528,7 @@ fn rl_max_staleness_3_bounds_every_calls_staleness_and_a_tight_rejection_bound_m
                 .starts_with(&format!("step{s}-"))
         }) {
             let v = version_step(r["weight_version"].as_str().unwrap());
-            assert!(
-                v >= s - 4 && v <= s - 1,
-                "a call of step {s} was sampled by {v}"
-            );
+            assert!(v >= s - 4 && v < s, "a call of step {s} was sampled by {v}");
         }
     }
     for s in &log {
@@ -1200,4 +1197,47 @@ fn rl_survives_the_backend_restarting_mid_step_and_repushes_the_weights() {
     for r in answered {
         assert_eq!(r["weight_version"], "step-00000", "{r:#}");
     }
+}
+
+/// `trainer.resident = false`: the per-step path (the benchmark's baseline) still works:
+/// each step loads the policy from the previous step's checkpoint (its optimizer state
+/// resumed), writes a checkpoint, and pushes that checkpoint as files.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_per_step_trainer_checkpoints_and_pushes_every_step() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = training_config(dir.path(), &env, 2, "", "resident = false\n");
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(!out.contains("trainer: resident"), "{out}");
+    let out_dir = dir.path().join("out");
+    let log = steps(&out_dir);
+    assert_eq!(log.len(), 2, "{log:#?}");
+    for (i, s) in log.iter().enumerate() {
+        let train = &s["train"];
+        assert_eq!(train["trainer"], "per step", "{s:#}");
+        assert_eq!(
+            train["steps"][0]["step"],
+            i + 1,
+            "optimizer state resumed: {s:#}"
+        );
+        let ckpt = Path::new(train["checkpoint"].as_str().unwrap());
+        assert!(
+            ckpt.join("optimizer.safetensors").exists(),
+            "{}",
+            ckpt.display()
+        );
+        assert_eq!(
+            train["weights"].as_str(),
+            train["checkpoint"].as_str(),
+            "{s:#}"
+        );
+        assert!(
+            train["handoff"].as_str().unwrap().starts_with("file"),
+            "{s:#}"
+        );
+        assert_eq!(s["weight_version"], format!("step-{i:05}"));
+    }
+    assert!(!out_dir.join("weights").exists());
 }

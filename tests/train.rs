@@ -258,7 +258,7 @@ fn resident_trainer_resumed_from_a_checkpoint_matches_an_unbroken_one_step_for_s
     let mut want = vec![];
     for step in 0..4 {
         want.extend(figures(&unbroken.train(
-            &[parquet.clone()],
+            std::slice::from_ref(&parquet),
             step,
             |_| {},
         )?));
@@ -270,7 +270,11 @@ fn resident_trainer_resumed_from_a_checkpoint_matches_an_unbroken_one_step_for_s
     {
         let mut first = Resident::load(&req(&fixture(), PathBuf::new()), |_| {})?;
         for step in 0..2 {
-            got.extend(figures(&first.train(&[parquet.clone()], step, |_| {})?));
+            got.extend(figures(&first.train(
+                std::slice::from_ref(&parquet),
+                step,
+                |_| {},
+            )?));
         }
         first.checkpoint(&ckpt)?;
     }
@@ -281,7 +285,11 @@ fn resident_trainer_resumed_from_a_checkpoint_matches_an_unbroken_one_step_for_s
         "the optimizer state was resumed"
     );
     for step in 2..4 {
-        got.extend(figures(&second.train(&[parquet.clone()], step, |_| {})?));
+        got.extend(figures(&second.train(
+            std::slice::from_ref(&parquet),
+            step,
+            |_| {},
+        )?));
     }
     assert_eq!(got, want, "(loss, grad_norm, mismatch_kl) per step");
     assert!(want[1].0 != want[3].0, "the steps differ: {want:?}");

@@ -765,7 +765,7 @@ async fn finish(
         state.policy = Some(p);
         state.checkpoint_next = Some(col.step + 1);
         state.checkpoint_version = state.weight_version.clone();
-    } else if !(cfg.trainer.enabled && cfg.trainer.resident) || !trained.changed {
+    } else if !(cfg.trainer.enabled && cfg.trainer.resident && trained.changed) {
         // Nothing only in memory: a resume may start after this step.
         if state.checkpoint_next == Some(col.step) {
             state.checkpoint_next = Some(col.step + 1);

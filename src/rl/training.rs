@@ -179,7 +179,7 @@ pub struct Ctx {
 /// Whether step `step` writes a checkpoint (resident trainer).
 fn checkpoint_due(cfg: &RlConfig, step: usize) -> bool {
     let every = cfg.trainer.checkpoint_every;
-    step + 1 >= cfg.run.steps || (every > 0 && (step + 1) % every == 0)
+    step + 1 >= cfg.run.steps || (every > 0 && (step + 1).is_multiple_of(every))
 }
 
 /// Trains step `step` on `samples` once `prev` (the previous training) is done, then hands
@@ -237,28 +237,6 @@ pub async fn train(
         }
     };
     let version = format!("step-{step:05}");
-    // The checkpoint: per-step training wrote one; a resident trainer when it is due.
-    let mut t_checkpoint = 0.0;
-    let checkpoint = if !resident {
-        *guard(&ctx.trainer.policy) = ckpt.clone();
-        Some(ckpt.clone())
-    } else if checkpoint_due(cfg, step) {
-        let t = Instant::now();
-        let me = Arc::clone(&ctx.trainer);
-        let dir = ckpt.clone();
-        tokio::task::spawn_blocking(move || {
-            guard(&me.resident)
-                .as_ref()
-                .map(|r| r.checkpoint(&dir))
-                .transpose()
-        })
-        .await
-        .context("the checkpoint thread failed")??;
-        t_checkpoint = t.elapsed().as_secs_f64();
-        Some(ckpt.clone())
-    } else {
-        None
-    };
     let mut t_push = 0.0;
     let mut t_export = 0.0;
     let mut weights_dir = None;
@@ -274,9 +252,9 @@ pub async fn train(
             handoff = json!("in memory (tensor copy into the embedded graft serve)");
         } else {
             // Files: the checkpoint (per step) or a weights-only directory (resident).
-            let dir = match (&checkpoint, resident) {
-                (Some(c), false) => c.clone(),
-                _ => {
+            let dir = match resident {
+                false => ckpt.clone(),
+                true => {
                     let dir = cfg
                         .run
                         .out_dir
@@ -308,6 +286,29 @@ pub async fn train(
             weights_dir = Some(path);
         }
     }
+    // The checkpoint, after the handoff (the backends need not wait for it): per-step
+    // training wrote one; a resident trainer writes one when it is due.
+    let mut t_checkpoint = 0.0;
+    let checkpoint = if !resident {
+        *guard(&ctx.trainer.policy) = ckpt.clone();
+        Some(ckpt.clone())
+    } else if checkpoint_due(cfg, step) {
+        let t = Instant::now();
+        let me = Arc::clone(&ctx.trainer);
+        let dir = ckpt.clone();
+        tokio::task::spawn_blocking(move || {
+            guard(&me.resident)
+                .as_ref()
+                .map(|r| r.checkpoint(&dir))
+                .transpose()
+        })
+        .await
+        .context("the checkpoint thread failed")??;
+        t_checkpoint = t.elapsed().as_secs_f64();
+        Some(ckpt.clone())
+    } else {
+        None
+    };
     let log: Vec<String> = report.steps.iter().map(trainer_step::step_line).collect();
     let figures: Vec<Value> = report
         .steps
