@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
 # The graft rl loop benchmark, on CPU: the CPU example (SmolLM2-135M-Instruct served by the
 # embedded `graft serve`, the example agent in local envd sandboxes, the gateway in exact
-# mode) run for a few steps twice, side by side:
-#   baseline  rollout.max_staleness = 0: each step's rollouts wait for the previous
-#             step's training and weight push;
-#   overlap   rollout.max_staleness = 1: the next step's rollouts run while a step trains.
+# mode) run for a few steps three times, side by side in one invocation:
+#   baseline  trainer.resident = false, rollout.max_staleness = 0: today's per-step loop
+#             (each step loads the policy from the last checkpoint, takes one GRPO step,
+#             writes a checkpoint, and the backend reloads it from disk);
+#   resident  trainer.resident = true, max_staleness = 0: the trainer stays in memory, the
+#             new weights are copied into the embedded graft serve in process, a checkpoint
+#             is written every trainer.checkpoint_every (10) steps and after the last;
+#   overlap   the resident loop with max_staleness = 1 (the next step's rollouts run while a
+#             step trains).
 # So that every step trains, the tasks' reward is graded (shorter final answers score
 # higher) and groups are taken whole (rollout.selection = "group"). Writes a table of the
-# time per step split into rollout, reward, reconstruct, train and weight push (from each
-# run's steps.jsonl), and the overlap's wall time against the baseline's, to
-# target/bench-rl.md.
+# time per step split into rollout, reconstruct, train, weight handoff and checkpoint (from
+# each run's steps.jsonl), the reward command's time within the rollouts, and every run's
+# wall time against the baseline's, to target/bench-rl.md.
 #
-# Usage: bash scripts/bench-rl.sh [--update-docs] [--steps N]
+# Usage: bash scripts/bench-rl.sh [--update-docs] [--steps N] [--debug]
 #   --update-docs  also replaces the results in docs/BENCHMARKS.md (between the bench:rl
 #   markers) with target/bench-rl.md.
+#   --debug        use the debug build (no release build; libtorch is optimized either way,
+#   graft's own code is not).
 set -euo pipefail
 
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -21,10 +28,12 @@ cd "$repo"
 
 update_docs=0
 steps=3
+profile=release
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --update-docs) update_docs=1 ;;
     --steps) steps="$2"; shift ;;
+    --debug) profile=debug ;;
     *) echo "bench-rl: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -32,8 +41,12 @@ done
 
 bash scripts/setup-libtorch.sh > /dev/null
 bash scripts/setup-test-env.sh > /dev/null
-cargo build --release --locked --bin graft --bin envd-agent < /dev/null
-graft="${CARGO_TARGET_DIR:-$repo/target}/release/graft"
+if [[ $profile == release ]]; then
+  cargo build --release --locked --bin graft --bin envd-agent < /dev/null
+else
+  cargo build --locked --features graft/testkit --bin graft --bin envd-agent < /dev/null   # the test build's features: no rebuild after it
+fi
+graft="${CARGO_TARGET_DIR:-$repo/target}/$profile/graft"
 if [[ ! -f models/smollm2/config.json ]]; then
   gguf="$(bash scripts/setup-models.sh)"
   "$graft" model import --gguf "$gguf" --out models/smollm2
@@ -55,7 +68,7 @@ with open("examples/rl/tasks.jsonl") as f, open(sys.argv[1], "w") as out:
 EOF
 cp examples/rl/agent.py "$work/agent.py"
 
-config() { # name staleness
+config() { # name staleness resident
   cat > "$work/$1.toml" <<EOF
 [run]
 out_dir = "$1"
@@ -85,67 +98,79 @@ max_staleness = $2
 
 [trainer]
 lr = 1e-5
+resident = $3
 EOF
 }
 
 declare -A wall
-for run in baseline overlap; do
-  staleness=0
-  [[ $run == overlap ]] && staleness=1
-  config "$run" "$staleness"
-  echo "bench-rl: $run (max_staleness = $staleness), $steps steps"
+runs=(baseline resident overlap)
+for run in "${runs[@]}"; do
+  case $run in
+    baseline) config "$run" 0 false ;;
+    resident) config "$run" 0 true ;;
+    overlap) config "$run" 1 true ;;
+  esac
+  echo "bench-rl: $run, $steps steps"
   t0=$(date +%s.%N)
   GRAFT_LOG=warn "$graft" rl --config "$work/$run.toml" < /dev/null > "$work/$run.log" 2>&1 \
     || { tail -20 "$work/$run.log" >&2; exit 1; }
   t1=$(date +%s.%N)
   wall[$run]=$(python3 -c "print($t1 - $t0)")
-  rm -rf "$work/$run/checkpoints"   # SmolLM2's weights + optimizer state: 2 GB a step
+  rm -rf "$work/$run/checkpoints" "$work/$run/weights"   # SmolLM2's weights + optimizer state: 2 GB each
 done
 
-python3 - "$work" "$steps" "${wall[baseline]}" "${wall[overlap]}" > "$work/table.md" <<'EOF'
+python3 - "$work" "${wall[baseline]}" "${wall[resident]}" "${wall[overlap]}" > "$work/table.md" <<'EOF'
 import json, sys, pathlib
-work, steps, wall_b, wall_o = pathlib.Path(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
+work = pathlib.Path(sys.argv[1])
+walls = dict(zip(["baseline", "resident", "overlap"], map(float, sys.argv[2:5])))
+names = {
+    "baseline": "baseline: per-step trainer, file push, max_staleness = 0",
+    "resident": "resident trainer, in-memory handoff, max_staleness = 0",
+    "overlap": "resident trainer, in-memory handoff, max_staleness = 1",
+}
 def load(run):
     return [json.loads(l) for l in (work / run / "steps.jsonl").read_text().splitlines() if l.strip()]
-base, over = load("baseline"), load("overlap")
+logs = {r: load(r) for r in walls}
 def mean(xs):
     return sum(xs) / len(xs) if xs else 0.0
-rows = [
-    ("rollout (wall: sandboxes, harness, reward, in parallel)", "rollout"),
-    ("reconstruct (records → samples Parquet)", "reconstruct"),
-    ("train (`graft train`: load, GRPO step, write checkpoint)", "train"),
-    ("weight push (pause → flush → reload → continue)", "push"),
-]
-total = mean([sum(s["secs"][k] for _, k in rows) for s in base])
-print("| phase (baseline run, mean per step) | seconds | share of step |")
-print("|---|---|---|")
-for name, k in rows:
-    v = mean([s["secs"][k] for s in base])
-    print(f"| {name} | {v:.3f} | {v / total:.1%} |")
-print(f"| **step** | **{total:.2f}** | 100% |")
-rollouts = sum(s["rollouts"] for s in base)
-harness = mean([s["secs"]["harness_in_rollouts"] / max(1, s["rollouts"]) for s in base])
-reward = mean([s["secs"]["reward_in_rollouts"] / max(1, s["rollouts"]) for s in base])
+phases = [("rollout", "rollout"), ("reconstruct", "reconstruct"), ("train", "train"),
+          ("handoff", "push"), ("checkpoint", "checkpoint")]
+print("Mean seconds per step by phase, from steps.jsonl. *rollout*: the wall time of a step's rollouts "
+      "(sandboxes, harness, model calls, reward; 4 at a time). *train*: the baseline's load + GRPO step + "
+      "checkpoint write; the resident's GRPO step. *handoff*: the baseline's push (pause, flush, reload "
+      "from disk, continue); the resident's in-memory copy (pause, copy, continue). *checkpoint*: the "
+      "resident's checkpoint writes (after the last step here), averaged over the steps.")
 print()
-print(f"Within a rollout ({rollouts} rollouts, 4 at a time): the harness ran {harness:.2f} s on average "
-      f"(model calls included) and the reward command {reward:.2f} s.")
+print("| run | " + " | ".join(p for p, _ in phases) + " | reward per rollout | s per step (wall / steps) | train share of step | vs baseline |")
+print("|---|" + "---|" * (len(phases) + 4))
+base = walls["baseline"] / max(1, len(logs["baseline"]))
+for r, log in logs.items():
+    per_step = walls[r] / max(1, len(log))
+    vals = [mean([s["secs"].get(k, 0.0) for s in log]) for _, k in phases]
+    reward = mean([s["secs"]["reward_in_rollouts"] / max(1, s["rollouts"]) for s in log])
+    share = vals[2] / per_step if per_step else 0.0
+    print(f"| {names[r]} | " + " | ".join(f"{v:.3f}" for v in vals)
+          + f" | {reward:.2f} | {per_step:.2f} | {share:.1%} | {per_step / base:.2f}x |")
 print()
-print("| run | steps | wall s | s per step | vs baseline | trained steps | calls by weight version |")
-print("|---|---|---|---|---|---|---|")
-for run, log, wall in (("baseline: max_staleness = 0", base, wall_b), ("overlap: max_staleness = 1", over, wall_o)):
-    versions = {}
+print("| run | steps | wall s | trained steps | calls by weight version | calls by staleness |")
+print("|---|---|---|---|---|---|")
+for r, log in logs.items():
+    versions, stale = {}, {}
     for s in log:
         for v, n in s.get("call_weight_versions", {}).items():
             versions[v] = versions.get(v, 0) + n
+        for v, n in s.get("call_staleness", {}).items():
+            stale[v] = stale.get(v, 0) + n
     trained = sum(1 for s in log if "log" in s["train"])
     vs = ", ".join(f"{k}: {v}" for k, v in sorted(versions.items()))
-    print(f"| {run} | {len(log)} | {wall:.1f} | {wall / len(log):.2f} | {wall / wall_b:.2f}x | {trained} | {vs} |")
+    st = ", ".join(f"{k}: {v}" for k, v in sorted(stale.items()))
+    print(f"| {r} | {len(log)} | {walls[r]:.1f} | {trained} | {vs} | {st} |")
 EOF
 
 out="target/bench-rl.md"
 {
-  echo "Run $(date -u +%Y-%m-%dT%H:%MZ) with \`bash scripts/bench-rl.sh --steps $steps\` on $(nproc) cores"
-  echo "($(uname -m), release build; wall times include graft rl's start: the embedded backend loading SmolLM2)."
+  echo "Run $(date -u +%Y-%m-%dT%H:%MZ) with \`bash scripts/bench-rl.sh --steps $steps$([[ $profile == debug ]] && echo ' --debug')\` on $(nproc) cores"
+  echo "($(uname -m), $profile build; wall times include graft rl's start: the embedded backend loading SmolLM2, and the resident runs' trainer load)."
   echo
   cat "$work/table.md"
 } > "$out"

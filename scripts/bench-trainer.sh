@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The trainer benchmark (trainer/benches/trainer.rs): GRPO optimizer steps (forward,
 # backward, AdamW over fp32 masters) against a bare forward + backward of the same batch
-# measured in the same run, MFU against --peak-tflops, and KV-cache sampling throughput,
-# on Qwen3 shapes with random weights. Writes target/bench-trainer.md.
+# measured in the same run, MFU against --peak-tflops, KV-cache sampling throughput, and
+# the resident trainer against the per-step path (a step + checkpoint write + reload vs the
+# step alone; the in-process weight handoff), on Qwen3 shapes with random weights. Writes
+# target/bench-trainer.md.
 #
 # Usage: bash scripts/bench-trainer.sh [--update-docs] [bench flags...]
 #   CPU default:  --shape tiny --batch 4 --seq 256 --steps 3

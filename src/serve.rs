@@ -55,13 +55,13 @@ pub struct ServeArgs {
 }
 
 struct State {
-    engine: Engine,
+    engine: Arc<Engine>,
     tokenizer: Option<Tokenizer>,
     model_path: PathBuf,
 }
 
 pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let (addr, device, serve) = start(&a).await?;
+    let (addr, device, _engine, serve) = start(&a).await?;
     {
         use std::io::Write as _;
         let mut out = std::io::stdout().lock();
@@ -71,13 +71,16 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
     serve.await
 }
 
-/// Loads the model and binds; returns the address, the device, and the future that serves
-/// (until Ctrl-C or SIGTERM, or until it is dropped).
+/// Loads the model and binds; returns the address, the device, the engine (so a trainer in
+/// the same process can hand it new weights as tensors:
+/// [`Engine::update_weights_from_tensors`]) and the future that serves (until Ctrl-C or
+/// SIGTERM, or until it is dropped).
 pub async fn start(
     a: &ServeArgs,
 ) -> anyhow::Result<(
     std::net::SocketAddr,
     graft_trainer::tch::Device,
+    Arc<Engine>,
     impl std::future::Future<Output = anyhow::Result<()>> + use<>,
 )> {
     let dev = graft_trainer::device::init();
@@ -87,9 +90,9 @@ pub async fn start(
     if tokenizer.is_none() {
         tracing::warn!(dir = %a.model.display(), "serve: no tokenizer here; /generate takes input_ids only and answers no text");
     }
-    let engine = Engine::start(model, a.weight_version.clone(), a.max_batch)?;
+    let engine = Arc::new(Engine::start(model, a.weight_version.clone(), a.max_batch)?);
     let state = Arc::new(State {
-        engine,
+        engine: Arc::clone(&engine),
         tokenizer,
         model_path: a.model.clone(),
     });
@@ -104,7 +107,7 @@ pub async fn start(
     let addr = listener
         .local_addr()
         .context("cannot read the bound address")?;
-    Ok((addr, dev.device, serve(listener, state)))
+    Ok((addr, dev.device, engine, serve(listener, state)))
 }
 
 async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) -> anyhow::Result<()> {

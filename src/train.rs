@@ -94,6 +94,8 @@ impl TrainArgs {
                 weight_version: self.weight_version.clone(),
             }),
             seed: self.seed,
+            tis_level: graft_trainer::grpo::Level::Token,
+            reject: None,
         }
     }
 }
@@ -143,7 +145,9 @@ pub fn run(a: TrainArgs) -> anyhow::Result<()> {
             "graft train: some samples have no rollout logprobs (re-tokenized text): used the recompute policy"
         );
     }
-    writeln!(out, "weights written to {}", report.checkpoint.display())?;
+    if let Some(c) = &report.checkpoint {
+        writeln!(out, "weights written to {}", c.display())?;
+    }
     if let Some((url, version)) = &report.pushed {
         writeln!(out, "pushed to {url} as weight_version {version}")?;
     }

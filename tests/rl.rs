@@ -315,23 +315,29 @@ fn tiny_qwen3(dir: &Path) {
     write_tiny_qwen3(dir, 151936, 151643, 151645);
 }
 
+/// A training run on the scripted backend: one task whose verifier passes every other
+/// rollout of a group (each group is balanced, so Balanced Adaptive Rollout selects it and
+/// GRPO gets a signal), a tiny random Qwen3 as the policy, `trainer` lines added to the
+/// `[trainer]` section and `rollout` lines to `[rollout]`.
 #[cfg(feature = "trainer")]
-#[test]
-fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
-    let env = TestEnv::get();
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("tiny-qwen3");
-    tiny_qwen3(&model);
-    // A verifier that passes every other rollout of a group: each group is balanced, so
-    // Balanced Adaptive Rollout selects it and GRPO gets a signal. (Learning itself is the
-    // trainer's tests' business; this checks the loop.)
-    let tasks = dir.path().join("tasks.jsonl");
+fn training_config(
+    dir: &Path,
+    env: &TestEnv,
+    steps: usize,
+    rollout: &str,
+    trainer: &str,
+) -> std::path::PathBuf {
+    let model = dir.join("tiny-qwen3");
+    if !model.exists() {
+        tiny_qwen3(&model);
+    }
+    let tasks = dir.join("tasks.jsonl");
     std::fs::write(
         &tasks,
         "{\"id\": \"alternate\", \"prompt\": \"graft-rl-add: write the sum of 17 and 25 into answer.txt.\", \"reward\": {\"command\": \"[ $((GRAFT_ROLLOUT_INDEX % 2)) -eq 0 ]\"}}\n",
     )
     .unwrap();
-    let cfg = config(dir.path(), &env, 2);
+    let cfg = config(dir, env, steps);
     let text = std::fs::read_to_string(&cfg)
         .unwrap()
         .replace(
@@ -340,15 +346,29 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
         )
         .replace(
             "tasks_per_step = 2\ngroup_size = 2\nmax_group_size = 2\n",
-            "tasks_per_step = 1\ngroup_size = 4\nmax_group_size = 8\nstride = 2\nmin_positive = 0.25\nmax_positive = 0.75\n",
+            &format!("tasks_per_step = 1\ngroup_size = 4\nmax_group_size = 8\nstride = 2\nmin_positive = 0.25\nmax_positive = 0.75\n{rollout}"),
         )
         .replace(
             "[trainer]\nenabled = false\n",
-            &format!("[trainer]\nenabled = true\nmodel = \"{}\"\nlr = 0.0001\n", model.display()),
+            &format!("[trainer]\nenabled = true\nmodel = \"{}\"\nlr = 0.0001\n{trainer}", model.display()),
         );
     std::fs::write(&cfg, text).unwrap();
+    cfg
+}
+
+/// The resident trainer (the default) on an SGLang-wire backend: each step trains in memory,
+/// writes the weights for the file push (`<out>/weights/step-N`) and pushes them; the
+/// checkpoint (weights + optimizer state) is written after the run's last step only
+/// (`trainer.checkpoint_every` = 10 by default), and state.json names it.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = training_config(dir.path(), &env, 2, "", "");
     let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
     assert!(ok, "{out}");
+    assert!(out.contains("trainer: resident"), "{out}");
     let out_dir = dir.path().join("out");
     let log = steps(&out_dir);
     assert_eq!(log.len(), 2, "{log:#?}");
@@ -364,15 +384,33 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
             !lines.is_empty() && lines[0].as_str().unwrap().contains("loss"),
             "{s:#}"
         );
+        assert_eq!(train["trainer"], "resident", "{s:#}");
+        // The optimizer's update count goes on across steps: the trainer stayed in memory.
+        assert_eq!(train["steps"][0]["step"], i + 1, "{s:#}");
         let version = format!("step-{i:05}");
         assert_eq!(train["weight_version"], version.as_str());
         assert_eq!(s["weight_version"], version.as_str());
-        let ckpt = Path::new(train["checkpoint"].as_str().unwrap());
-        assert!(ckpt.join("config.json").exists(), "{}", ckpt.display());
+        let weights = Path::new(train["weights"].as_str().unwrap());
+        assert!(
+            weights.join("config.json").exists(),
+            "{}",
+            weights.display()
+        );
+        if i == 1 {
+            let ckpt = Path::new(train["checkpoint"].as_str().unwrap());
+            assert!(
+                ckpt.join("optimizer.safetensors").exists(),
+                "{}",
+                ckpt.display()
+            );
+        } else {
+            assert!(train["checkpoint"].is_null(), "no checkpoint due: {s:#}");
+        }
         assert_eq!(s["sandboxes_open"], 0);
         assert_eq!(s["sessions_open"], 0);
         assert!(s["secs"]["train"].as_f64().unwrap() > 0.0);
         assert!(s["secs"]["push"].as_f64().unwrap() > 0.0);
+        assert_eq!(s["max_call_staleness"], 0, "{s:#}");
     }
     // The calls of step 1 were served by the weights step 0 pushed.
     let recs = common::records_show(&out_dir.join("data"));
@@ -388,7 +426,147 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
         serde_json::from_str(&std::fs::read_to_string(out_dir.join("state.json")).unwrap())
             .unwrap();
     assert_eq!(state["next_step"], 2);
-    assert!(state["policy"].as_str().unwrap().ends_with("step-00001"));
+    assert!(
+        state["policy"]
+            .as_str()
+            .unwrap()
+            .ends_with("checkpoints/step-00001")
+    );
+}
+
+/// The per-step figures (loss, gradient norm) of every step's training.
+#[cfg(feature = "trainer")]
+fn train_figures(log: &[Value]) -> Vec<(f64, f64)> {
+    log.iter()
+        .map(|s| {
+            let f = &s["train"]["steps"][0];
+            (
+                f["loss"].as_f64().unwrap(),
+                f["grad_norm"].as_f64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// A resident run stopped after two steps (a checkpoint at its end: weights, fp32 masters,
+/// AdamW moments) and resumed for a third trains like an unbroken three-step run, step for
+/// step. The scripted backend plays the same text whatever the weights, so both runs train
+/// on the same tokens; the figures agree to 1e-6 relative rather than bitwise because the
+/// samples' order in a step's file follows the order the concurrent rollouts finished in,
+/// which changes the order of the floating-point sums.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_resumed_from_its_checkpoint_trains_like_an_unbroken_run() {
+    let env = TestEnv::get();
+    let unbroken = tempfile::tempdir().unwrap();
+    let cfg = training_config(unbroken.path(), &env, 3, "", "checkpoint_every = 0\n");
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let want = train_figures(&steps(&unbroken.path().join("out")));
+    let broken = tempfile::tempdir().unwrap();
+    let cfg = training_config(broken.path(), &env, 3, "", "checkpoint_every = 0\n");
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap(), "--steps", "2"]);
+    assert!(ok, "{out}");
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(out.contains("optimizer state resumed at update 2"), "{out}");
+    let log = steps(&broken.path().join("out"));
+    assert_eq!(log.len(), 3, "{log:#?}");
+    assert_eq!(log[2]["train"]["steps"][0]["step"], 3, "{:#}", log[2]);
+    let got = train_figures(&log);
+    eprintln!("unbroken {want:?}\nresumed  {got:?}");
+    for (i, (a, b)) in want.iter().zip(&got).enumerate() {
+        let close = |x: f64, y: f64| (x - y).abs() <= 1e-6 * x.abs().max(y.abs()).max(1e-12);
+        assert!(
+            close(a.0, b.0) && close(a.1, b.1),
+            "step {i}: unbroken {a:?}, resumed {b:?}"
+        );
+    }
+}
+
+/// `rollout.max_staleness = 3`: up to three steps train while a step's rollouts run. Every
+/// call of step s is sampled by weights no older than step s − 4's (checked on the records),
+/// and the step log's per-call staleness never exceeds 3. The scripted backend's logprobs
+/// (`-(id % 97) / 100`) are far from the tiny policy's (about ln(1/151936) ≈ −11.9), so a
+/// rejection bound on the trainer/rollout ratio masks them: with a wide bound nothing is
+/// masked, with a tight one (0.5 to 2) nearly every trained token is, and the step log says
+/// so.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_max_staleness_3_bounds_every_calls_staleness_and_a_tight_rejection_bound_masks() {
+    let env = TestEnv::get();
+    let steps_n = 5;
+    let run = |rollout: &str, trainer: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = training_config(dir.path(), &env, steps_n, rollout, trainer);
+        let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+        assert!(ok, "{out}");
+        let out_dir = dir.path().join("out");
+        (
+            steps(&out_dir),
+            common::records_show(&out_dir.join("data")),
+            dir,
+        )
+    };
+    let (log, recs, _keep) = run(
+        "max_staleness = 3\n",
+        "policy = \"recompute\"\nreject = { low = 0.0, high = 1e30 }\n",
+    );
+    assert_eq!(log.len(), steps_n);
+    let version_step = |v: &str| -> i64 {
+        if v == "default" {
+            -1
+        } else {
+            v.trim_start_matches("step-").parse().unwrap()
+        }
+    };
+    for s in 0..steps_n as i64 {
+        for r in recs.iter().filter(|r| {
+            r["group_id"]
+                .as_str()
+                .unwrap()
+                .starts_with(&format!("step{s}-"))
+        }) {
+            let v = version_step(r["weight_version"].as_str().unwrap());
+            assert!(v >= s - 4 && v < s, "a call of step {s} was sampled by {v}");
+        }
+    }
+    for s in &log {
+        let per_call = s["call_staleness"].as_object().unwrap();
+        let calls: u64 = s["call_weight_versions"]
+            .as_object()
+            .unwrap()
+            .values()
+            .map(|n| n.as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            per_call.values().map(|n| n.as_u64().unwrap()).sum::<u64>(),
+            calls,
+            "{s:#}"
+        );
+        for k in per_call.keys() {
+            let n: u64 = k.parse().unwrap_or_else(|_| panic!("staleness {k}: {s:#}"));
+            assert!(n <= 3, "{s:#}");
+        }
+        assert!(s["max_call_staleness"].as_u64().unwrap() <= 3, "{s:#}");
+        let t = &s["train"];
+        assert_eq!(t["policy"], "recompute", "{s:#}");
+        assert_eq!(t["masked_share"], 0.0, "{s:#}");
+        assert!(t["mismatch_kl"].as_f64().unwrap() > 1.0, "{s:#}");
+    }
+    eprintln!(
+        "staleness per step: {:?}",
+        log.iter().map(|s| &s["call_staleness"]).collect::<Vec<_>>()
+    );
+    let (tight, _, _keep) = run(
+        "",
+        "policy = \"recompute\"\nreject = { low = 0.5, high = 2.0 }\n",
+    );
+    for s in &tight {
+        let t = &s["train"];
+        assert!(t["masked_share"].as_f64().unwrap() > 0.9, "{s:#}");
+        assert!(t["masked_samples"].as_u64().unwrap() >= 1, "{s:#}");
+    }
 }
 
 /// A run config with its own task file and harness command (collect mode, one rollout per
@@ -638,7 +816,8 @@ fn tiny_byte_model(dir: &Path) {
 
 /// GRPO learns through the whole loop: `graft rl` with the embedded `graft serve` (no
 /// backend URL, no script) sampling a tiny random model, a real HTTP client (python's
-/// urllib) in envd sandboxes, the gateway in exact mode, reconstruct, `graft train` and weight pushes. The
+/// urllib) in envd sandboxes, the gateway in exact mode, reconstruct, the resident trainer
+/// and in-memory weight handoffs to the embedded backend. The
 /// task is verifiable and graded: the reward is the share of lowercase ASCII letters among
 /// the 12 bytes the model may answer with (about 1 in 10 at random). The mean reward of the
 /// last steps must clearly exceed that of the first. Rollouts of a step overlap the previous
@@ -783,7 +962,21 @@ lr = 0.005
         "{mixed} of {} steps sampled by two weight versions",
         steps_n - 1
     );
-    // Old checkpoints are pruned (run.keep_checkpoints = 2 by default); the policy stays.
+    // The resident trainer handed every version to the embedded graft serve in memory and
+    // wrote a checkpoint every 10 steps (trainer.checkpoint_every's default) and after the
+    // last; old ones are pruned (run.keep_checkpoints = 2 by default); the policy stays.
+    for s in log.iter().filter(|s| s["samples"] != 0) {
+        assert_eq!(s["train"]["trainer"], "resident", "{s:#}");
+        assert!(
+            s["train"]["handoff"]
+                .as_str()
+                .unwrap()
+                .starts_with("in memory"),
+            "{s:#}"
+        );
+        assert!(s["train"]["weights"].is_null(), "no weights file: {s:#}");
+    }
+    assert!(!out_dir.join("weights").exists());
     let mut kept: Vec<String> = std::fs::read_dir(out_dir.join("checkpoints"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
@@ -792,7 +985,7 @@ lr = 0.005
     assert_eq!(
         kept,
         [
-            format!("step-{:05}", steps_n - 2),
+            format!("step-{:05}", steps_n - 11),
             format!("step-{:05}", steps_n - 1)
         ]
     );
@@ -1004,4 +1197,47 @@ fn rl_survives_the_backend_restarting_mid_step_and_repushes_the_weights() {
     for r in answered {
         assert_eq!(r["weight_version"], "step-00000", "{r:#}");
     }
+}
+
+/// `trainer.resident = false`: the per-step path (the benchmark's baseline) still works:
+/// each step loads the policy from the previous step's checkpoint (its optimizer state
+/// resumed), writes a checkpoint, and pushes that checkpoint as files.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_per_step_trainer_checkpoints_and_pushes_every_step() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = training_config(dir.path(), &env, 2, "", "resident = false\n");
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(!out.contains("trainer: resident"), "{out}");
+    let out_dir = dir.path().join("out");
+    let log = steps(&out_dir);
+    assert_eq!(log.len(), 2, "{log:#?}");
+    for (i, s) in log.iter().enumerate() {
+        let train = &s["train"];
+        assert_eq!(train["trainer"], "per step", "{s:#}");
+        assert_eq!(
+            train["steps"][0]["step"],
+            i + 1,
+            "optimizer state resumed: {s:#}"
+        );
+        let ckpt = Path::new(train["checkpoint"].as_str().unwrap());
+        assert!(
+            ckpt.join("optimizer.safetensors").exists(),
+            "{}",
+            ckpt.display()
+        );
+        assert_eq!(
+            train["weights"].as_str(),
+            train["checkpoint"].as_str(),
+            "{s:#}"
+        );
+        assert!(
+            train["handoff"].as_str().unwrap().starts_with("file"),
+            "{s:#}"
+        );
+        assert_eq!(s["weight_version"], format!("step-{i:05}"));
+    }
+    assert!(!out_dir.join("weights").exists());
 }

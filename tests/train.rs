@@ -219,3 +219,93 @@ fn graft_train_with_a_kl_term_reports_the_distance_to_the_reference() -> anyhow:
     assert!(kl > 0.0, "{stdout}");
     Ok(())
 }
+
+/// The resident trainer (what `graft rl` keeps in memory across steps) resumed from a
+/// checkpoint continues exactly as an unbroken one: four steps in one go, and two steps +
+/// checkpoint + a fresh load + two steps, give bitwise the same losses, gradient norms and
+/// weights (same ops on the same CPU threads; the checkpoint holds the fp32 masters and both
+/// AdamW moments as f32, so nothing is rounded). The per-step path (`run_step`: load, step,
+/// checkpoint, each step) is the same computation, so it matches too.
+#[test]
+fn resident_trainer_resumed_from_a_checkpoint_matches_an_unbroken_one_step_for_step()
+-> anyhow::Result<()> {
+    use graft_trainer::step::{PolicyChoice, Resident, StepRequest, run_step};
+    let (samples, _) = rollouts()?;
+    let tmp = tempfile::tempdir()?;
+    let parquet = tmp.path().join("samples.parquet");
+    write_samples_parquet(&samples, &parquet)?;
+    let req = |model: &Path, out: PathBuf| {
+        let mut r = StepRequest::new(vec![parquet.clone()], model.to_path_buf(), out);
+        r.lr = 0.01;
+        // Recompute: π_old and the importance weight come from the trainer's own forward.
+        r.policy = PolicyChoice::Recompute;
+        r
+    };
+    let figures = |r: &graft_trainer::step::StepReport| -> Vec<(f64, f64, f64)> {
+        r.steps
+            .iter()
+            .map(|s| (s.loss, s.grad_norm, s.mismatch_kl))
+            .collect()
+    };
+    let params = |r: &Resident| -> Vec<(String, Tensor)> {
+        r.parameters()
+            .into_iter()
+            .map(|(n, t)| (n, t.detach().copy()))
+            .collect()
+    };
+    // Unbroken: four steps.
+    let mut unbroken = Resident::load(&req(&fixture(), PathBuf::new()), |_| {})?;
+    let mut want = vec![];
+    for step in 0..4 {
+        want.extend(figures(&unbroken.train(
+            std::slice::from_ref(&parquet),
+            step,
+            |_| {},
+        )?));
+    }
+    assert_eq!(unbroken.optimizer_steps(), 4);
+    // Broken: two steps, a checkpoint, the process's trainer gone, two more from the disk.
+    let ckpt = tmp.path().join("ckpt");
+    let mut got = vec![];
+    {
+        let mut first = Resident::load(&req(&fixture(), PathBuf::new()), |_| {})?;
+        for step in 0..2 {
+            got.extend(figures(&first.train(
+                std::slice::from_ref(&parquet),
+                step,
+                |_| {},
+            )?));
+        }
+        first.checkpoint(&ckpt)?;
+    }
+    let mut second = Resident::load(&req(&ckpt, PathBuf::new()), |_| {})?;
+    assert_eq!(
+        second.optimizer_steps(),
+        2,
+        "the optimizer state was resumed"
+    );
+    for step in 2..4 {
+        got.extend(figures(&second.train(
+            std::slice::from_ref(&parquet),
+            step,
+            |_| {},
+        )?));
+    }
+    assert_eq!(got, want, "(loss, grad_norm, mismatch_kl) per step");
+    assert!(want[1].0 != want[3].0, "the steps differ: {want:?}");
+    for ((n, a), (_, b)) in params(&unbroken).iter().zip(params(&second)) {
+        assert!(a.equal(&b), "{n} differs after the resume");
+    }
+    // The per-step path: four loads and four checkpoints, the same figures.
+    let mut policy = fixture();
+    let mut per_step = vec![];
+    for step in 0..4 {
+        let out = tmp.path().join(format!("step-{step}"));
+        let mut r = req(&policy, out.clone());
+        r.seed = step;
+        per_step.extend(figures(&run_step(&r, |_| {})?));
+        policy = out;
+    }
+    assert_eq!(per_step, want, "per-step path against the resident trainer");
+    Ok(())
+}

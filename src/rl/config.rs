@@ -184,9 +184,12 @@ pub struct RolloutSection {
     /// rewards; a group whose rewards are all equal has no signal and is dropped).
     #[serde(default)]
     pub selection: Selection,
-    /// 0: each step's rollouts wait for the previous step's weights. 1: the next step's
-    /// rollouts run while a step trains (they are sampled by weights at most one step
-    /// old; each call's `weight_version` is recorded, and the step log counts them).
+    /// How many weight versions the rollouts may lag behind the trainer. 0: each step's
+    /// rollouts wait for the previous step's weights. N: step s's rollouts start once the
+    /// training of step s − 1 − N is done, so up to N steps train while they run (each
+    /// call's `weight_version` is recorded; the step log has every call's staleness: the
+    /// versions between the one that sampled it and the one the trainer held when it
+    /// trained on it, never more than N).
     #[serde(default)]
     pub max_staleness: usize,
 }
@@ -257,9 +260,72 @@ pub struct TrainerSection {
     /// The rollouts' sampling temperature (for the trainer's log-softmax).
     #[serde(default = "default_temperature")]
     pub temperature: f64,
-    /// Push each step's weights to the backends (pause → flush → update → continue).
+    /// Push each step's weights to the backends: in memory to the embedded `graft serve`
+    /// (a tensor copy), as files to SGLang backends (pause → flush → update → continue).
     #[serde(default = "default_true")]
     pub push: bool,
+    /// true: the trainer stays in memory across steps (model, fp32 masters, AdamW moments)
+    /// and writes a checkpoint every `checkpoint_every` steps and after the last. false: each
+    /// step loads the policy from the previous step's checkpoint and writes a new one (the
+    /// per-step path; `graft train`'s, and the benchmark's baseline).
+    #[serde(default = "default_true")]
+    pub resident: bool,
+    /// A resident trainer writes a checkpoint (weights + optimizer state, under
+    /// `<out_dir>/checkpoints`) after every this many steps and after the run's last step;
+    /// 0: after the last only. A run resumed after a crash continues from the newest
+    /// checkpoint and runs the steps after it again (their finished rollouts are kept).
+    #[serde(default = "default_checkpoint_every")]
+    pub checkpoint_every: usize,
+    /// Where π_old comes from: `auto` (the rollout logprobs for a single optimizer step per
+    /// batch), `bypass`, or `recompute` (a forward of the trainer before the step, with the
+    /// truncated importance weight against the rollout logprobs).
+    #[serde(default)]
+    pub policy: PolicyChoice,
+    /// What the truncated importance weight is over (recompute): `token` or `sequence` (the
+    /// geometric mean of a sample's token ratios).
+    #[serde(default)]
+    pub tis_level: Level,
+    /// Cap of the truncated importance weight.
+    #[serde(default = "default_tis_cap")]
+    pub tis_cap: f64,
+    /// Rejection: tokens (or whole samples) whose trainer/rollout ratio lies outside
+    /// `[low, high]` are left out of the loss; the step log has the masked share.
+    #[serde(default)]
+    pub reject: Option<RejectSection>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PolicyChoice {
+    #[default]
+    Auto,
+    Bypass,
+    Recompute,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Level {
+    #[default]
+    Token,
+    Sequence,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RejectSection {
+    #[serde(default)]
+    pub level: Level,
+    pub low: f64,
+    pub high: f64,
+}
+
+fn default_checkpoint_every() -> usize {
+    10
+}
+
+fn default_tis_cap() -> f64 {
+    2.0
 }
 
 fn default_lr() -> f64 {
@@ -278,6 +344,12 @@ impl Default for TrainerSection {
             lr: default_lr(),
             temperature: default_temperature(),
             push: true,
+            resident: true,
+            checkpoint_every: default_checkpoint_every(),
+            policy: PolicyChoice::Auto,
+            tis_level: Level::Token,
+            tis_cap: default_tis_cap(),
+            reject: None,
         }
     }
 }
@@ -366,10 +438,17 @@ impl RlConfig {
                 r.max_positive
             );
         }
-        if r.max_staleness > 1 {
+        let t = &self.trainer;
+        if !(t.tis_cap.is_finite() && t.tis_cap > 0.0) {
+            bail!("trainer.tis_cap = {}: use a number > 0", t.tis_cap);
+        }
+        if let Some(b) = &t.reject
+            && !(b.low.is_finite() && b.high.is_finite() && 0.0 <= b.low && b.low < b.high)
+        {
             bail!(
-                "rollout.max_staleness = {}: graft rl overlaps at most one step of rollouts with training (0 or 1)",
-                r.max_staleness
+                "trainer.reject = {{ low = {}, high = {} }}: the bound on the trainer/rollout ratio needs 0 <= low < high (e.g. low = 0.5, high = 2.0)",
+                b.low,
+                b.high
             );
         }
         if !r.positive_above.is_finite() {

@@ -12,19 +12,22 @@
 //!
 //! Groups grow in strides until Balanced Adaptive Rollout (`graft_trainer::bar`) selects a
 //! balanced set or drops the group; with `trainer.enabled` each step then trains on the
-//! selected sessions' samples (in this process: `graft_trainer::step::run_step` on a
-//! blocking thread) and pushes the new weights to the backends (the gateway holds new calls
-//! meanwhile), so the next step's records carry the new `weight_version`. With no backend URL or script, `graft serve` runs in this process
-//! on the policy's weights (not yet exercised end to end by a test). Not wired yet:
-//! rollouts of the next step overlapping training.
+//! selected sessions' samples (`training.rs`: a resident trainer kept in memory across
+//! steps, or the per-step path) and hands the new weights to the backends (the gateway
+//! holds new calls meanwhile), so the next step's records carry the new `weight_version`.
+//! With no backend URL or script, `graft serve` runs in this process and takes each new
+//! version from the trainer as a tensor copy. Up to `rollout.max_staleness` steps train
+//! while the next step's rollouts run.
 
 mod backends;
 pub mod config;
 mod progress;
 pub mod rollout;
 pub mod tasks;
+#[cfg(feature = "trainer")]
+mod training;
 
-use std::collections::HashSet;
+use std::collections::{HashSet, VecDeque};
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -71,7 +74,14 @@ pub(crate) struct Components {
     tasks: Vec<tokio::task::JoinHandle<()>>,
     /// Servers without a stop signal (the scripted backend): aborted at the end.
     aborts: Vec<tokio::task::JoinHandle<()>>,
+    /// The embedded `graft serve`'s engine (new weights are handed to it in memory).
+    engine: Option<EngineHandle>,
 }
+
+#[cfg(feature = "trainer")]
+type EngineHandle = Arc<graft_trainer::engine::Engine>;
+#[cfg(not(feature = "trainer"))]
+type EngineHandle = ();
 
 impl Components {
     /// Stops the gateway and envd (they drain and flush), then whatever has no stop signal.
@@ -98,7 +108,7 @@ impl Components {
 async fn start_serve(
     cfg: &RlConfig,
     aborts: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<(Vec<String>, Option<EngineHandle>)> {
     let model = cfg
         .trainer
         .model
@@ -110,21 +120,21 @@ async fn start_serve(
         max_batch: cfg.rollout.concurrency.max(1),
         weight_version: "default".into(),
     };
-    let (addr, device, serve) = crate::serve::start(&args).await?;
+    let (addr, device, engine, serve) = crate::serve::start(&args).await?;
     println!("embedded backend: graft serve on {device:?}");
     aborts.push(tokio::spawn(async move {
         if let Err(e) = serve.await {
             tracing::error!(error = %format!("{e:#}"), "the embedded graft serve stopped");
         }
     }));
-    Ok(vec![format!("http://{addr}")])
+    Ok((vec![format!("http://{addr}")], Some(engine)))
 }
 
 #[cfg(not(feature = "trainer"))]
 async fn start_serve(
     _cfg: &RlConfig,
     _aborts: &mut Vec<tokio::task::JoinHandle<()>>,
-) -> anyhow::Result<Vec<String>> {
+) -> anyhow::Result<(Vec<String>, Option<EngineHandle>)> {
     bail!(
         "no backend: give backend.urls (SGLang-compatible servers); the embedded `graft serve` needs a graft built with the 'trainer' feature"
     )
@@ -171,12 +181,15 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let mut tasks = vec![];
     let mut aborts = vec![];
     // The backend.
+    let mut engine = None;
     let backends = if !cfg.backend.urls.is_empty() {
         cfg.backend.urls.clone()
     } else if let Some(script) = &cfg.backend.scripted {
         start_scripted(cfg, script, &mut aborts).await?
     } else {
-        start_serve(cfg, &mut aborts).await?
+        let (urls, e) = start_serve(cfg, &mut aborts).await?;
+        engine = e;
+        urls
     };
     for b in &backends {
         rollout::wait_ready(&Api::new(b, None), "/health", Duration::from_secs(30))
@@ -288,6 +301,7 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         stops,
         tasks,
         aborts,
+        engine,
     })
 }
 
@@ -302,6 +316,18 @@ struct State {
     /// The weight_version the backends serve.
     #[serde(default)]
     weight_version: Option<String>,
+    /// The run's steps up to the newest checkpoint (`policy`): a resident trainer's run
+    /// resumes there (None, in a state.json written before resident trainers: `next_step`).
+    #[serde(default)]
+    checkpoint_next: Option<usize>,
+    /// The weight_version of the newest checkpoint.
+    #[serde(default)]
+    checkpoint_version: Option<String>,
+    /// The weight versions served so far, oldest first ("default" or the resumed policy's
+    /// first): a call's staleness is how many of them lie between its version and the
+    /// trainer's.
+    #[serde(default)]
+    versions: Vec<String>,
 }
 
 fn read_state(out: &Path) -> anyhow::Result<State> {
@@ -372,9 +398,12 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         per_step_min * prompt_tokens,
         per_step_max * prompt_tokens,
         if r.max_staleness == 0 {
-            "none (max_staleness = 0)"
+            "none (max_staleness = 0)".to_string()
         } else {
-            "the next step's rollouts run while a step trains (max_staleness = 1)"
+            format!(
+                "up to {} steps train while a step's rollouts run (max_staleness = {})",
+                r.max_staleness, r.max_staleness
+            )
         }
     );
     std::fs::create_dir_all(&cfg.run.out_dir)
@@ -418,8 +447,13 @@ struct Collected {
 struct Trained {
     log: Value,
     t_train: f64,
+    /// The weight handoff: in memory to the embedded backend, or write + push of files.
     t_push: f64,
-    /// The new policy checkpoint and the version the backends now serve.
+    /// Writing the checkpoint (and, for file pushes, the weights) outside the train step.
+    t_checkpoint: f64,
+    /// Whether the step changed the policy's weights.
+    changed: bool,
+    /// The checkpoint written (None: none was due) and the version the backends now serve.
     policy: Option<PathBuf>,
     version: Option<String>,
 }
@@ -430,11 +464,16 @@ impl Trained {
             log: json!({"skipped": why}),
             t_train: 0.0,
             t_push: 0.0,
+            t_checkpoint: 0.0,
+            changed: false,
             policy: None,
             version: None,
         }
     }
 }
+
+/// A collected step whose training runs.
+type Pending = (Collected, tokio::task::JoinHandle<anyhow::Result<Trained>>);
 
 async fn steps(
     cfg: &RlConfig,
@@ -444,50 +483,149 @@ async fn steps(
 ) -> anyhow::Result<()> {
     let out = &cfg.run.out_dir;
     let mut state = read_state(out)?;
+    if state.next_step == 0 && state.checkpoint_next.is_none() {
+        state.checkpoint_next = Some(0);
+    }
+    if state.versions.is_empty() {
+        state.versions.push(
+            state
+                .weight_version
+                .clone()
+                .unwrap_or_else(|| "default".into()),
+        );
+    }
+    let resident = cfg.trainer.enabled && cfg.trainer.resident;
+    if resident {
+        rewind_to_checkpoint(out, &mut state)?;
+    }
     if state.next_step > 0 {
         println!("resuming at step {} (state.json)", state.next_step);
     }
     c.shared
         .set_expected(state.policy.clone(), state.weight_version.clone());
+    let trainer = start_trainer(cfg, c, &state).await?;
     let mut log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(out.join("steps.jsonl"))?;
     let progress = Arc::new(progress::Progress::new(cfg.run.steps));
     let sem = Arc::new(tokio::sync::Semaphore::new(cfg.rollout.concurrency));
-    // A step whose training runs while the next step's rollouts are collected.
-    let mut pending: Option<(Collected, tokio::task::JoinHandle<anyhow::Result<Trained>>)> = None;
+    // Steps whose training runs while later steps' rollouts are collected, oldest first;
+    // trainings run one at a time in this order (each waits for the previous one's signal).
+    let mut pending: VecDeque<Pending> = VecDeque::new();
+    let mut last_done: Option<tokio::sync::oneshot::Receiver<()>> = None;
     let mut step = state.next_step;
     let result = async {
         while step < cfg.run.steps {
+            // Step s samples with weights no older than step s − 1 − max_staleness's.
+            while pending.len() > cfg.rollout.max_staleness {
+                if let Some((prev, h)) = pending.pop_front() {
+                    let trained = h.await.context("the training task failed")??;
+                    finish(cfg, c, &mut state, &mut log, prev, trained, &progress).await?;
+                }
+            }
+            progress.training(pending.front().map(|(p, _)| p.step));
             progress.start_step(step);
             let col = collect(cfg, tasks, model, c, step, &sem, &progress).await?;
-            if let Some((prev, h)) = pending.take() {
-                let trained = h.await.context("the training task failed")??;
-                progress.training(None);
-                finish(cfg, c, &mut state, &mut log, prev, trained, &progress).await?;
-            }
-            let h = spawn_training(cfg, c, &state, &col);
-            progress.training(Some(step));
-            if cfg.rollout.max_staleness == 0 {
-                let trained = h.await.context("the training task failed")??;
-                progress.training(None);
-                finish(cfg, c, &mut state, &mut log, col, trained, &progress).await?;
-            } else {
-                pending = Some((col, h));
-            }
+            let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+            let h = spawn_training(cfg, c, &trainer, &col, last_done.take(), done_tx);
+            last_done = Some(done_rx);
+            progress.training(Some(pending.front().map_or(step, |(p, _)| p.step)));
+            pending.push_back((col, h));
             step += 1;
         }
-        if let Some((prev, h)) = pending.take() {
+        while let Some((prev, h)) = pending.pop_front() {
             let trained = h.await.context("the training task failed")??;
-            progress.training(None);
             finish(cfg, c, &mut state, &mut log, prev, trained, &progress).await?;
         }
+        progress.training(None);
         anyhow::Ok(())
     }
     .await;
     progress.finish();
     result
+}
+
+/// A resident trainer's run resumes from its newest checkpoint: the steps finished after it
+/// (their weights were in memory only) are run again; their finished rollouts are kept (as
+/// for a step cut off mid-way) and their lines leave the step log.
+fn rewind_to_checkpoint(out: &Path, state: &mut State) -> anyhow::Result<()> {
+    let back = state.checkpoint_next.unwrap_or(state.next_step);
+    if back >= state.next_step {
+        return Ok(());
+    }
+    println!(
+        "the newest checkpoint is from before step {back}; steps {back}..{} are run again (their finished rollouts are kept)",
+        state.next_step - 1
+    );
+    let path = out.join("steps.jsonl");
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
+    let kept: String = text
+        .lines()
+        .filter(|l| {
+            serde_json::from_str::<Value>(l)
+                .ok()
+                .and_then(|v| v["step"].as_u64())
+                .is_some_and(|s| (s as usize) < back)
+        })
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let tmp = out.join("steps.jsonl.tmp");
+    std::fs::write(&tmp, kept)?;
+    std::fs::rename(&tmp, &path)?;
+    state.next_step = back;
+    state.weight_version = state.checkpoint_version.clone();
+    let v = state
+        .weight_version
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    if let Some(i) = state.versions.iter().rposition(|x| *x == v) {
+        state.versions.truncate(i + 1);
+    }
+    write_state(out, state)
+}
+
+#[cfg(feature = "trainer")]
+type TrainerHandle = Option<Arc<training::RunTrainer>>;
+#[cfg(not(feature = "trainer"))]
+type TrainerHandle = Option<()>;
+
+/// The run's trainer: loaded now when resident (and its weights handed to the embedded
+/// backend when the run resumes from a checkpoint).
+#[cfg(feature = "trainer")]
+async fn start_trainer(
+    cfg: &RlConfig,
+    c: &Components,
+    state: &State,
+) -> anyhow::Result<TrainerHandle> {
+    if !cfg.trainer.enabled {
+        return Ok(None);
+    }
+    let policy = state
+        .policy
+        .clone()
+        .or_else(|| cfg.trainer.model.clone())
+        .unwrap_or_else(|| cfg.backend.model_dir.clone());
+    let t = Arc::new(training::RunTrainer::new(policy, c.engine.clone()));
+    if cfg.trainer.resident {
+        println!("{}", t.load(cfg).await?);
+        if let (Some(_), Some(v)) = (&state.policy, &state.weight_version)
+            && t.in_process()
+        {
+            t.hand_over(&c.gateway, &c.backends, v).await?;
+            c.shared.set_expected(None, Some(v.clone()));
+        }
+    }
+    Ok(Some(t))
+}
+
+#[cfg(not(feature = "trainer"))]
+async fn start_trainer(
+    _cfg: &RlConfig,
+    _c: &Components,
+    _state: &State,
+) -> anyhow::Result<TrainerHandle> {
+    Ok(None)
 }
 
 /// Runs one step's groups and reconstructs the scored sessions of its selected rollouts.
@@ -541,35 +679,53 @@ async fn collect(
     })
 }
 
-/// Starts training on a collected step (or decides there is nothing to train).
+/// Starts training on a collected step once `prev` (the previous step's training) is done
+/// (or decides there is nothing to train); `done` fires when it is finished.
 fn spawn_training(
     cfg: &RlConfig,
     c: &Components,
-    state: &State,
+    trainer: &TrainerHandle,
     col: &Collected,
+    prev: Option<tokio::sync::oneshot::Receiver<()>>,
+    done: tokio::sync::oneshot::Sender<()>,
 ) -> tokio::task::JoinHandle<anyhow::Result<Trained>> {
     if !cfg.trainer.enabled {
         return tokio::spawn(async { Ok(Trained::skipped("trainer.enabled = false")) });
     }
     if col.summary.samples == 0 {
-        return tokio::spawn(async { Ok(Trained::skipped("no selected samples")) });
+        // Nothing trains: the next training waits only for the one before this.
+        return tokio::spawn(async move {
+            if let Some(p) = prev {
+                let _ = p.await;
+            }
+            drop(done);
+            Ok(Trained::skipped("no selected samples"))
+        });
     }
-    let policy = state
-        .policy
-        .clone()
-        .or_else(|| cfg.trainer.model.clone())
-        .unwrap_or_else(|| cfg.backend.model_dir.clone());
-    let (cfg, gateway, backends, shared, step, samples) = (
-        cfg.clone(),
-        c.gateway.clone(),
-        c.backends.clone(),
-        c.shared.clone(),
-        col.step,
-        col.samples_path.clone(),
-    );
-    tokio::spawn(async move {
-        train_step(&cfg, &gateway, &backends, &shared, &policy, step, &samples).await
-    })
+    #[cfg(feature = "trainer")]
+    {
+        let Some(t) = trainer.clone() else {
+            return tokio::spawn(async { anyhow::bail!("the run has no trainer") });
+        };
+        let ctx = training::Ctx {
+            cfg: cfg.clone(),
+            gateway: c.gateway.clone(),
+            backends: c.backends.clone(),
+            shared: c.shared.clone(),
+            trainer: t,
+        };
+        let (step, samples) = (col.step, col.samples_path.clone());
+        tokio::spawn(async move {
+            let r = training::train(ctx, step, samples, prev).await;
+            drop(done);
+            r
+        })
+    }
+    #[cfg(not(feature = "trainer"))]
+    {
+        let _ = (c, trainer, prev, done);
+        tokio::spawn(async { anyhow::bail!("this graft was built without the 'trainer' feature") })
+    }
 }
 
 /// Writes a step's log line and moves the run's state past it.
@@ -582,11 +738,38 @@ async fn finish(
     trained: Trained,
     progress: &progress::Progress,
 ) -> anyhow::Result<()> {
-    if let Some(p) = trained.policy.clone() {
-        state.policy = Some(p);
+    // Staleness: the versions between the one that sampled a call and the one the trainer
+    // held when it trained on it (the version served before this step's update).
+    let trainer_version = state
+        .weight_version
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let position = |v: &str| state.versions.iter().rposition(|x| x == v);
+    let mut staleness: std::collections::BTreeMap<String, usize> = Default::default();
+    let mut max_staleness: Option<usize> = None;
+    for (v, n) in &col.versions {
+        let key = match (position(v), position(&trainer_version)) {
+            (Some(a), Some(b)) if a <= b => {
+                max_staleness = Some(max_staleness.unwrap_or(0).max(b - a));
+                (b - a).to_string()
+            }
+            _ => "unknown".to_string(),
+        };
+        *staleness.entry(key).or_default() += n;
     }
     if let Some(v) = trained.version.clone() {
-        state.weight_version = Some(v);
+        state.weight_version = Some(v.clone());
+        state.versions.push(v);
+    }
+    if let Some(p) = trained.policy.clone() {
+        state.policy = Some(p);
+        state.checkpoint_next = Some(col.step + 1);
+        state.checkpoint_version = state.weight_version.clone();
+    } else if !(cfg.trainer.enabled && cfg.trainer.resident && trained.changed) {
+        // Nothing only in memory: a resume may start after this step.
+        if state.checkpoint_next == Some(col.step) {
+            state.checkpoint_next = Some(col.step + 1);
+        }
     }
     let rollouts = &col.rollouts;
     let summary = &col.summary;
@@ -631,9 +814,12 @@ async fn finish(
         "train": trained.log,
         "weight_version": state.weight_version,
         "call_weight_versions": col.versions,
+        "call_staleness": staleness,
+        "max_call_staleness": max_staleness,
         "backend_events": c.shared.take_events(),
         "secs": {"step": col.started.elapsed().as_secs_f64(), "rollout": col.t_rollouts,
                  "reconstruct": col.t_reconstruct, "train": trained.t_train, "push": trained.t_push,
+                 "handoff": trained.t_push, "checkpoint": trained.t_checkpoint,
                  "harness_in_rollouts": rollouts.iter().map(|r| r.harness_secs).sum::<f64>(),
                  "reward_in_rollouts": rollouts.iter().map(|r| r.reward_secs).sum::<f64>()},
         "rollout_list": rollouts.iter().map(|r| json!({
@@ -677,32 +863,35 @@ async fn finish(
 }
 
 /// Deletes all but the newest `run.keep_checkpoints` step checkpoints, never the policy the
-/// run continues from (state.json, already written, names it).
+/// run continues from (state.json, already written, names it); and likewise the weights
+/// directories written for file pushes (never the newest: a restarted backend gets it).
 fn prune_checkpoints(cfg: &RlConfig, state: &State) {
     let keep = cfg.run.keep_checkpoints;
-    let dir = cfg.run.out_dir.join("checkpoints");
     if keep == 0 {
         return;
     }
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return;
-    };
-    let mut steps: Vec<PathBuf> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            p.file_name()
-                .and_then(|n| n.to_str())
-                .is_some_and(|n| n.starts_with("step-"))
-        })
-        .collect();
-    steps.sort();
-    let old = steps.len().saturating_sub(keep);
-    for p in &steps[..old] {
-        if state.policy.as_deref() == Some(p.as_path()) {
+    for sub in ["checkpoints", "weights"] {
+        let dir = cfg.run.out_dir.join(sub);
+        let Ok(entries) = std::fs::read_dir(&dir) else {
             continue;
-        }
-        if let Err(e) = std::fs::remove_dir_all(p) {
-            tracing::warn!(checkpoint = %p.display(), error = %e, "could not delete an old checkpoint");
+        };
+        let mut steps: Vec<PathBuf> = entries
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| {
+                p.file_name()
+                    .and_then(|n| n.to_str())
+                    .is_some_and(|n| n.starts_with("step-"))
+            })
+            .collect();
+        steps.sort();
+        let old = steps.len().saturating_sub(keep);
+        for p in &steps[..old] {
+            if state.policy.as_deref() == Some(p.as_path()) {
+                continue;
+            }
+            if let Err(e) = std::fs::remove_dir_all(p) {
+                tracing::warn!(checkpoint = %p.display(), error = %e, "could not delete an old checkpoint");
+            }
         }
     }
 }
@@ -908,121 +1097,6 @@ async fn resumed(
         });
     }
     Ok(out)
-}
-
-/// One GRPO step on the step's samples, in this process through the trainer's typed API
-/// (`graft_trainer::step::run_step` on a blocking thread; the policy is loaded from its
-/// checkpoint each step), then the new weights pushed to every backend while the gateway
-/// holds new calls.
-#[cfg(feature = "trainer")]
-async fn train_step(
-    cfg: &RlConfig,
-    gateway: &Api,
-    backends: &[String],
-    shared: &Arc<Shared>,
-    policy: &Path,
-    step: usize,
-    samples: &Path,
-) -> anyhow::Result<Trained> {
-    use graft_trainer::step::{self as trainer_step, StepError, StepRequest};
-    let ckpt = cfg
-        .run
-        .out_dir
-        .join("checkpoints")
-        .join(format!("step-{step:05}"));
-    let mut req = StepRequest::new(
-        vec![samples.to_path_buf()],
-        policy.to_path_buf(),
-        ckpt.clone(),
-    );
-    req.lr = cfg.trainer.lr;
-    req.temperature = cfg.trainer.temperature;
-    req.seed = cfg.run.seed as i64 + step as i64;
-    let t = Instant::now();
-    let result = tokio::task::spawn_blocking(move || trainer_step::run_step(&req, |_| {}))
-        .await
-        .context("the training thread failed")?;
-    let t_train = t.elapsed().as_secs_f64();
-    let report = match result {
-        Ok(r) => r,
-        Err(StepError::NoLearningSignal(c)) => {
-            let mut s = Trained::skipped("no learning signal in the selected samples");
-            s.log["selection"] = selection_json(&c);
-            s.t_train = t_train;
-            return Ok(s);
-        }
-        Err(e) => {
-            return Err(anyhow::Error::new(e).context(format!("training failed at step {step}")));
-        }
-    };
-    let version = format!("step-{step:05}");
-    let mut t_push = 0.0;
-    if cfg.trainer.push {
-        let t = Instant::now();
-        let path = std::fs::canonicalize(&ckpt)?;
-        shared
-            .push(cfg, gateway, backends, &path, &version)
-            .await
-            .context("pushing the new weights")?;
-        t_push = t.elapsed().as_secs_f64();
-    }
-    let log: Vec<String> = report.steps.iter().map(trainer_step::step_line).collect();
-    let figures: Vec<Value> = report
-        .steps
-        .iter()
-        .map(|s| {
-            json!({
-                "step": s.step, "loss": s.loss, "reward": s.mean_reward,
-                "clip_fraction": s.clip_fraction, "logprob_gap": s.logprob_gap, "kl": s.kl,
-                "grad_norm": s.grad_norm, "tokens": s.tokens, "tokens_per_s": s.tokens_per_s,
-                "micro_batches": s.micro_batches, "skipped": s.skipped,
-            })
-        })
-        .collect();
-    Ok(Trained {
-        log: json!({
-            "log": log,
-            "checkpoint": report.checkpoint,
-            "weight_version": version,
-            "pushed": cfg.trainer.push,
-            "steps": figures,
-            "selection": selection_json(&report.selection),
-            "policy": match report.policy {
-                graft_trainer::grpo::PolicyMode::Bypass => "bypass",
-                graft_trainer::grpo::PolicyMode::Recompute => "recompute",
-            },
-            "recompute_forced": report.recompute_forced,
-            "parameters": report.parameters,
-            "device": report.device,
-            "resumed_at": report.resumed_at,
-        }),
-        t_train,
-        t_push,
-        policy: Some(ckpt),
-        version: cfg.trainer.push.then_some(version),
-    })
-}
-
-#[cfg(feature = "trainer")]
-fn selection_json(c: &graft_trainer::step::SelectionCounts) -> Value {
-    json!({
-        "read": c.read, "groups": c.groups, "groups_dropped": c.groups_dropped,
-        "groups_relaxed": c.groups_relaxed, "sessions_without_reward": c.sessions_without_reward,
-        "train": c.train,
-    })
-}
-
-#[cfg(not(feature = "trainer"))]
-async fn train_step(
-    _cfg: &RlConfig,
-    _gateway: &Api,
-    _backends: &[String],
-    _shared: &Arc<Shared>,
-    _policy: &Path,
-    _step: usize,
-    _samples: &Path,
-) -> anyhow::Result<Trained> {
-    bail!("this graft was built without the 'trainer' feature")
 }
 
 /// The exact-mode records of `sessions` merged into samples (with their rewards), written to

@@ -9,7 +9,8 @@
 //! back into ChatML turns (a `user` turn that holds `<tool_response>` counts as `tool`).
 //!
 //! Also served, for weight pushes: `/pause_generation` (new generations wait),
-//! `/continue_generation`, `/flush_cache`, `/update_weights_from_disk` (takes
+//! `/continue_generation`, `/flush_cache`, `/update_weights_from_tensor` (takes
+//! `weight_version`; the tensors are not looked at), `/update_weights_from_disk` (takes
 //! `weight_version`), `/get_model_info`, `/health`; `/abort_request` (takes `rid`).
 //!
 //! For tests, `GET /testkit/requests` answers what this side was asked:
@@ -26,7 +27,7 @@ use serde::Deserialize as _;
 use graft_wire::sglang::{
     self as wire, AbortRequest, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse,
     Matched, MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
-    UpdateWeightsFromDiskResponse,
+    UpdateWeightsFromDiskResponse, UpdateWeightsFromTensorRequest, UpdateWeightsFromTensorResponse,
 };
 use http::{Response, StatusCode};
 use serde::Serialize;
@@ -191,6 +192,7 @@ pub(crate) fn is_route(path: &str) -> bool {
         wire::path::CONTINUE_GENERATION,
         wire::path::FLUSH_CACHE,
         wire::path::UPDATE_WEIGHTS_FROM_DISK,
+        wire::path::UPDATE_WEIGHTS_FROM_TENSOR,
         wire::path::GENERATE,
         wire::path::ABORT_REQUEST,
         REQUESTS,
@@ -244,6 +246,33 @@ pub(crate) async fn route(
                     success: true,
                     message: format!("Succeeded to update model weights from {}.", req.model_path),
                     num_paused_requests: 0,
+                },
+            )
+        }
+        ("POST", wire::path::UPDATE_WEIGHTS_FROM_TENSOR) => {
+            let Ok(req) = UpdateWeightsFromTensorRequest::deserialize(body) else {
+                return Ok(Some(error(
+                    StatusCode::BAD_REQUEST,
+                    "'serialized_named_tensors' must be a list of strings",
+                )));
+            };
+            if req.serialized_named_tensors.is_empty() {
+                return Ok(Some(typed(
+                    StatusCode::BAD_REQUEST,
+                    &UpdateWeightsFromTensorResponse {
+                        success: false,
+                        message: "serialized_named_tensors is empty".into(),
+                    },
+                )));
+            }
+            if let Some(v) = &req.weight_version {
+                b.weight_version.send_replace(v.clone());
+            }
+            typed(
+                StatusCode::OK,
+                &UpdateWeightsFromTensorResponse {
+                    success: true,
+                    message: "Succeeded to update model weights.".into(),
                 },
             )
         }

@@ -5,8 +5,11 @@
 //! = 6 × matmul parameters + 6 × layers × seq × attention width, causal); then KV-cache
 //! sampling → generated tokens/s. The baseline, measured in the same run, is a bare
 //! forward + backward of the same batch (no GRPO loss, no optimizer): `step / bare` is
-//! what the loss and AdamW over fp32 masters cost on top. Prints a Markdown table (and
-//! writes it to `--out`).
+//! what the loss and AdamW over fp32 masters cost on top. Then the per-step path against
+//! the resident trainer (`graft rl`'s `trainer.resident = false | true`): a step plus the
+//! checkpoint write and reload the per-step path adds, against the step alone; and the
+//! in-process weight handoff (a copy of every parameter into a served model on the same
+//! device). Prints a Markdown table (and writes it to `--out`).
 //!
 //! cargo bench -p graft-trainer --bench trainer -- [--shape NAME]... [--batch B] [--seq T]
 //!     [--steps N] [--gen-batch B] [--gen-tokens N] [--peak-tflops F] [--out FILE]
@@ -101,7 +104,7 @@ fn main() -> anyhow::Result<()> {
         a.gen_batch,
         a.gen_tokens
     ));
-    table.push_str("| shape | params | GRPO step tokens/s | step s | bare fwd+bwd s | step / bare | TFLOP/s | MFU | sample tokens/s |\n|---|---|---|---|---|---|---|---|---|\n");
+    table.push_str("| shape | params | GRPO step tokens/s | step s | bare fwd+bwd s | step / bare | TFLOP/s | MFU | sample tokens/s | per-step path s | resident / per-step | handoff s |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     for name in &a.shapes {
         let config = shape(name).ok_or_else(|| anyhow::anyhow!("unknown shape {name}"))?;
         let model = Model::random(config, dev.device, kind, 0)?;
@@ -196,16 +199,41 @@ fn main() -> anyhow::Result<()> {
             .peak_tflops
             .map(|p| format!("{:.1}%", 100.0 * tflops / p))
             .unwrap_or_else(|| "n/a".to_owned());
+        // The per-step path (what `graft rl` does with trainer.resident = false, and `graft
+        // train`): every step also writes a checkpoint (weights + optimizer state) and loads
+        // it back (model + optimizer). Side by side: the resident step alone. Handoff: the
+        // in-process copy of the weights into a second (served) model on the same device.
+        let tmp = tempfile::tempdir()?;
+        let ckpt = tmp.path().join("ckpt");
+        let start = Instant::now();
+        trainer.save_checkpoint(&ckpt)?;
+        let reloaded = Model::load(&ckpt, dev.device, kind)?;
+        let mut again = Trainer::new(reloaded, trainer.config.clone())?;
+        again.resume(&ckpt)?;
+        if let Device::Cuda(_) = dev.device {
+            tch::Cuda::synchronize(0);
+        }
+        let per_step = secs + start.elapsed().as_secs_f64();
+        drop(again);
+        let mut served = Model::random(shape(name).unwrap_or_default(), dev.device, kind, 1)?;
+        let start = Instant::now();
+        served.copy_params_from(&trainer.model.named_parameters())?;
+        if let Device::Cuda(_) = dev.device {
+            tch::Cuda::synchronize(0);
+        }
+        let handoff = start.elapsed().as_secs_f64();
+        drop(served);
         let prompts: Vec<Vec<i64>> = (0..a.gen_batch).map(|i| vec![1 + i as i64; 16]).collect();
         let _ = generate::sample(&trainer.model, &prompts, 4, 1.0)?;
         let start = Instant::now();
         let _ = generate::sample(&trainer.model, &prompts, a.gen_tokens, 1.0)?;
         let sampled = (a.gen_batch * a.gen_tokens) as f64 / start.elapsed().as_secs_f64();
         let row = format!(
-            "| {name} | {:.1}M | {:.0} | {secs:.3} | {bare_secs:.3} | {:.2}× | {tflops:.2} | {mfu} | {sampled:.0} |\n",
+            "| {name} | {:.1}M | {:.0} | {secs:.3} | {bare_secs:.3} | {:.2}× | {tflops:.2} | {mfu} | {sampled:.0} | {per_step:.3} | {:.2}× | {handoff:.3} |\n",
             params as f64 / 1e6,
             tokens / secs,
-            secs / bare_secs
+            secs / bare_secs,
+            secs / per_step
         );
         eprint!("{row}");
         table.push_str(&row);

@@ -7,8 +7,10 @@
 //! (they go back to the queue keeping what they generated, and are recomputed on
 //! continue) or `in_place` (they stay, with their cache); continue; reload weights from an
 //! HF directory (running requests are retracted first, so no request mixes caches of two
-//! weight versions); flush (there is no prefix cache; it refuses while requests are held
-//! in place, as SGLang does).
+//! weight versions); or take new weights as tensors from a trainer in the same process
+//! ([`Engine::update_weights_from_tensors`]: a copy into the served model's own tensors on
+//! its device, no file); flush (there is no prefix cache; it refuses while requests are
+//! held in place, as SGLang does).
 
 use std::collections::VecDeque;
 use std::path::PathBuf;
@@ -98,6 +100,11 @@ enum Cmd {
     },
     Update {
         dir: PathBuf,
+        version: String,
+        reply: Sender<Result<(), String>>,
+    },
+    UpdateTensors {
+        params: Vec<(String, Tensor)>,
         version: String,
         reply: Sender<Result<(), String>>,
     },
@@ -193,6 +200,23 @@ impl Engine {
     pub fn update_weights(&self, dir: PathBuf, version: String) -> Result<()> {
         self.ask(|reply| Cmd::Update {
             dir,
+            version,
+            reply,
+        })?
+        .map_err(TrainerError::Invalid)
+    }
+
+    /// Copies `params` (HF names and shapes of the served model; a trainer's parameters)
+    /// into the served model between two decode steps and serves them as `version`. The
+    /// running requests are retracted first, as for an update from disk. Returns once the
+    /// copy is done, so the caller may change `params` afterwards.
+    pub fn update_weights_from_tensors(
+        &self,
+        params: Vec<(String, Tensor)>,
+        version: String,
+    ) -> Result<()> {
+        self.ask(|reply| Cmd::UpdateTensors {
+            params,
             version,
             reply,
         })?
@@ -354,6 +378,22 @@ impl State {
                     )),
                     Err(e) => Err(e.to_string()),
                 };
+                let _ = reply.send(r);
+            }
+            Cmd::UpdateTensors {
+                params,
+                version,
+                reply,
+            } => {
+                self.retract();
+                let r = self
+                    .model
+                    .copy_params_from(&params)
+                    .map_err(|e| e.to_string());
+                if r.is_ok() {
+                    tracing::info!(version = %version, "engine: weights updated from tensors");
+                    self.version = version;
+                }
                 let _ = reply.send(r);
             }
             Cmd::Flush { reply } => {

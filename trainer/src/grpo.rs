@@ -1,7 +1,8 @@
 //! The GRPO objective: group-normalised advantages, the PPO ratio with an asymmetric clip,
 //! a truncated importance weight between the trainer's π_old and the rollout engine's
-//! logprobs, an optional k3 KL to a reference, and the token-mean over a whole optimizer
-//! step. Logprobs come from a temperature-scaled fp32 log-softmax computed in chunks of
+//! logprobs (per token or per sequence), rejection of tokens or whole samples whose
+//! trainer/rollout ratio leaves a bound (slime's TIS / MIS), an optional k3 KL to a
+//! reference, and the token-mean over a whole optimizer step. Logprobs come from a temperature-scaled fp32 log-softmax computed in chunks of
 //! positions.
 //!
 //! Alignment: every per-token tensor here is `[batch, seq]` aligned to the tokens, like a
@@ -41,6 +42,28 @@ pub struct GrpoConfig {
     /// Positions per chunk of the fp32 log-softmax.
     pub logprob_chunk: i64,
     pub mode: PolicyMode,
+    /// What the truncated importance weight is computed over (recompute mode only: in
+    /// bypass mode the PPO ratio is already taken against the rollout logprobs).
+    pub tis_level: Level,
+    /// Rejection (masking) of tokens or samples whose trainer/rollout ratio lies outside
+    /// `[low, high]`; `None`: nothing is rejected.
+    pub reject: Option<Reject>,
+}
+
+/// Token level (each token its own ratio) or sequence level (one ratio per sample: the
+/// geometric mean of its tokens' ratios, as slime's `geometric` mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Level {
+    Token,
+    Sequence,
+}
+
+/// The mismatch bound beyond which tokens (or samples) are left out of the loss.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Reject {
+    pub level: Level,
+    pub low: f64,
+    pub high: f64,
 }
 
 impl Default for GrpoConfig {
@@ -53,6 +76,8 @@ impl Default for GrpoConfig {
             temperature: 1.0,
             logprob_chunk: 1024,
             mode: PolicyMode::Bypass,
+            tis_level: Level::Token,
+            reject: None,
         }
     }
 }
@@ -156,6 +181,16 @@ pub struct LossStats {
     pub kl: f64,
     /// Σ importance weights.
     pub tis_weight: f64,
+    /// Σ k3 estimate of KL(π_rollout ‖ π_trainer) over trained tokens: `ρ − 1 − ln ρ` with
+    /// `ρ = π_trainer / π_rollout` (π_trainer: π_old in recompute mode, the current
+    /// policy, detached, in bypass mode, the same thing in a single-step update).
+    pub mismatch_kl: f64,
+    /// Trained tokens left out by the rejection bound.
+    pub masked: f64,
+    /// Rows (samples) with trained tokens, and those whose every trained token was
+    /// rejected.
+    pub rows: f64,
+    pub masked_rows: f64,
 }
 
 impl LossStats {
@@ -165,6 +200,10 @@ impl LossStats {
         self.abs_gap += o.abs_gap;
         self.kl += o.kl;
         self.tis_weight += o.tis_weight;
+        self.mismatch_kl += o.mismatch_kl;
+        self.masked += o.masked;
+        self.rows += o.rows;
+        self.masked_rows += o.masked_rows;
     }
 }
 
@@ -189,17 +228,49 @@ pub fn grpo_loss(
         .f_clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)?
         .f_mul(&adv)?;
     let mut per_token = s1.f_minimum(&s2)?.f_neg()?;
+    let mask = x.mask;
+    // The trainer/rollout log-ratio per token: π_old's in recompute mode; in bypass mode the
+    // current policy's (detached), which equals π_old in a single-step update.
+    let trainer_logp = match cfg.mode {
+        PolicyMode::Bypass => x.logp.f_detach()?,
+        PolicyMode::Recompute => old.shallow_clone(),
+    };
+    let diff = trainer_logp
+        .f_sub(&x.rollout_logp.f_detach()?)?
+        .f_mul(mask)?;
+    // Per row: the mean log-ratio over its trained tokens (the log of the geometric mean).
+    let row_tokens = mask.f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?;
+    let row_mean = diff
+        .f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?
+        .f_div(&row_tokens.f_clamp_min(1.0)?)?;
+    let level_ratio = |level: Level| -> Result<Tensor> {
+        Ok(match level {
+            Level::Token => diff.f_exp()?,
+            Level::Sequence => row_mean.f_exp()?.f_expand_as(&diff)?,
+        })
+    };
     let (weight, gap) = match cfg.mode {
         PolicyMode::Bypass => (None, None),
         PolicyMode::Recompute => {
-            let diff = old.f_sub(&x.rollout_logp.f_detach()?)?;
-            let w = diff.f_exp()?.f_clamp_max(cfg.tis_cap)?;
+            let w = level_ratio(cfg.tis_level)?.f_clamp_max(cfg.tis_cap)?;
             (Some(w), Some(diff.f_abs()?))
         }
     };
     if let Some(w) = &weight {
         per_token = per_token.f_mul(w)?;
     }
+    let keep = match &cfg.reject {
+        Some(r) => {
+            let ratio = level_ratio(r.level)?;
+            let k = ratio
+                .f_ge(r.low)?
+                .f_logical_and(&ratio.f_le(r.high)?)?
+                .f_to_kind(Kind::Float)?;
+            per_token = per_token.f_mul(&k)?;
+            Some(k)
+        }
+        None => None,
+    };
     let kl = match (x.ref_logp, cfg.kl_coef) {
         (Some(r), c) if c != 0.0 => {
             let d = r.f_detach()?.f_sub(x.logp)?;
@@ -209,7 +280,6 @@ pub fn grpo_loss(
         }
         _ => None,
     };
-    let mask = x.mask;
     let loss = per_token
         .f_mul(mask)?
         .f_sum(Kind::Float)?
@@ -235,6 +305,28 @@ pub fn grpo_loss(
         tis_weight: match &weight {
             Some(w) => sum(w)?,
             None => sum(&Tensor::f_ones_like(mask)?)?,
+        },
+        mismatch_kl: sum(&diff.f_exp()?.f_sub_scalar(1.0)?.f_sub(&diff)?)?,
+        masked: match &keep {
+            Some(k) => sum(&k.f_neg()?.f_add_scalar(1.0)?)?,
+            None => 0.0,
+        },
+        rows: row_tokens
+            .f_gt(0.0)?
+            .f_sum(Kind::Float)?
+            .f_double_value(&[])?,
+        masked_rows: match &keep {
+            Some(k) => {
+                let kept =
+                    k.f_mul(mask)?
+                        .f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?;
+                row_tokens
+                    .f_gt(0.0)?
+                    .f_logical_and(&kept.f_eq(0.0)?)?
+                    .f_sum(Kind::Float)?
+                    .f_double_value(&[])?
+            }
+            None => 0.0,
         },
     };
     Ok((loss, stats))

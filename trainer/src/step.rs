@@ -1,15 +1,22 @@
 //! One training run over samples files as a library call: select (groups, advantages,
 //! optional Balanced Adaptive Rollout), load the policy (resuming its optimizer state when
 //! the directory holds one), train, write the checkpoint, optionally push it. `graft train`
-//! prints its report; `graft rl` calls it on a blocking thread each step and logs it.
+//! prints its report ([`run_step`]).
 //!
-//! The model is loaded on every call (a resident trainer is not built yet).
+//! [`Resident`] is the same trainer kept in memory across steps (the model, the fp32
+//! master weights and AdamW's moments): `graft rl` loads it once, calls
+//! [`Resident::train`] per step on a blocking thread, hands its weights to the backend and
+//! writes a checkpoint only every so many steps ([`Resident::checkpoint`]). A checkpoint
+//! holds the optimizer state, so loading a `Resident` from one continues exactly where it
+//! stopped. `run_step` is `Resident::load` + `train` + `checkpoint` (the per-step path).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use tch::Tensor;
 
 use crate::bar::BarConfig;
 use crate::error::TrainerError;
-use crate::grpo::{GrpoConfig, PolicyMode};
+use crate::grpo::{GrpoConfig, Level, PolicyMode, Reject};
 use crate::model::Model;
 use crate::optim::AdamWConfig;
 use crate::train::{self, StepStats, TrainConfig, TrainSample, Trainer};
@@ -61,6 +68,10 @@ pub struct StepRequest {
     pub push: Option<PushTarget>,
     /// libtorch's seed.
     pub seed: i64,
+    /// What the truncated importance weight is computed over (recompute mode).
+    pub tis_level: Level,
+    /// Rejection of tokens or samples beyond a trainer/rollout ratio bound.
+    pub reject: Option<Reject>,
 }
 
 impl StepRequest {
@@ -83,6 +94,8 @@ impl StepRequest {
             bar: false,
             push: None,
             seed: 0,
+            tis_level: Level::Token,
+            reject: None,
         }
     }
 }
@@ -120,8 +133,8 @@ pub struct StepReport {
     pub resumed_at: Option<i64>,
     /// One entry per optimizer step.
     pub steps: Vec<StepStats>,
-    /// The checkpoint written (`StepRequest::out`).
-    pub checkpoint: PathBuf,
+    /// The checkpoint written (`StepRequest::out`); `None` from [`Resident::train`].
+    pub checkpoint: Option<PathBuf>,
     /// The server and weight_version pushed to, when pushed.
     pub pushed: Option<(String, String)>,
 }
@@ -192,19 +205,10 @@ pub fn step_line(s: &StepStats) -> String {
     )
 }
 
-/// Runs one training run. Blocking (libtorch): call it from a blocking thread in async code.
-/// `on_event` sees the run's progress as it happens; the report holds all of it.
-pub fn run_step(
-    req: &StepRequest,
-    mut on_event: impl FnMut(StepEvent<'_>),
-) -> Result<StepReport, StepError> {
-    if req.kl_coef != 0.0 && req.ref_model.is_none() {
-        return Err(StepError::KlWithoutReference(req.kl_coef));
-    }
-    let dev = crate::device::init();
-    tch::manual_seed(req.seed);
+/// Reads the samples files and selects what trains (groups, advantages, optional BAR).
+fn select(paths: &[PathBuf], bar: bool) -> Result<(Vec<TrainSample>, SelectionCounts), StepError> {
     let mut samples = Vec::new();
-    for path in &req.samples {
+    for path in paths {
         let read = graft_reconstruct::sample::read_samples_parquet(path).map_err(|e| {
             StepError::Trainer {
                 context: format!("reading samples from {}", path.display()),
@@ -213,7 +217,7 @@ pub fn run_step(
         })?;
         samples.extend(read);
     }
-    let bar = req.bar.then(BarConfig::default);
+    let bar = bar.then(BarConfig::default);
     let sel = train::select_samples(&samples, bar.as_ref(), 1e-6);
     let selection = SelectionCounts {
         read: samples.len(),
@@ -226,91 +230,226 @@ pub fn run_step(
     if sel.samples.is_empty() {
         return Err(StepError::NoLearningSignal(selection));
     }
-    on_event(StepEvent::Selected(&selection));
-    let asked = match req.policy {
-        PolicyChoice::Bypass => PolicyMode::Bypass,
-        PolicyChoice::Recompute => PolicyMode::Recompute,
-        PolicyChoice::Auto if req.mini_batches <= 1 && req.epochs <= 1 => PolicyMode::Bypass,
-        PolicyChoice::Auto => PolicyMode::Recompute,
-    };
-    let recompute_forced =
-        asked == PolicyMode::Bypass && !sel.samples.iter().all(TrainSample::rollout_complete);
-    let mode = if recompute_forced {
-        PolicyMode::Recompute
-    } else {
-        asked
-    };
-    let model = ctx(
-        Model::load(&req.model, dev.device, dev.compute_kind()),
-        || format!("loading the model from {}", req.model.display()),
-    )?;
-    let parameters = model.spec().num_parameters();
-    let device = format!("{:?}", dev.device);
-    let compute_kind = format!("{:?}", dev.compute_kind());
-    on_event(StepEvent::Loaded {
-        parameters,
-        device: &device,
-        compute_kind: &compute_kind,
-        cpu_reason: dev.cpu_reason.as_deref(),
-    });
-    let config = TrainConfig {
-        grpo: GrpoConfig {
-            mode,
-            kl_coef: req.kl_coef,
-            temperature: req.temperature,
-            ..GrpoConfig::default()
-        },
-        optim: AdamWConfig {
-            lr: req.lr,
-            ..AdamWConfig::default()
-        },
-        micro_batch_tokens: req.micro_batch_tokens,
-        bar,
-        advantage_eps: 1e-6,
-    };
-    let mut trainer = ctx(Trainer::new(model, config), || {
-        "building the trainer".to_owned()
-    })?;
-    if let (Some(dir), true) = (&req.ref_model, req.kl_coef != 0.0) {
-        let reference = ctx(Model::load(dir, dev.device, dev.compute_kind()), || {
-            format!("loading the reference model from {}", dir.display())
-        })?;
-        trainer = ctx(trainer.with_reference(reference), || {
-            "attaching the reference model".to_owned()
-        })?;
+    Ok((sel.samples, selection))
+}
+
+/// The trainer kept in memory across steps: the model, AdamW (fp32 masters and moments)
+/// and, with a KL term, the reference policy. Blocking (libtorch): use it from a blocking
+/// thread in async code.
+pub struct Resident {
+    trainer: Trainer,
+    /// The request it was loaded with: the knobs every step uses.
+    req: StepRequest,
+    parameters: i64,
+    device: String,
+    compute_kind: String,
+    cpu_reason: Option<String>,
+    resumed_at: Option<i64>,
+}
+
+impl std::fmt::Debug for Resident {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resident")
+            .field("trainer", &self.trainer)
+            .field("device", &self.device)
+            .finish_non_exhaustive()
     }
-    let mut resumed_at = None;
-    if req.model.join("optimizer.safetensors").exists() {
-        ctx(trainer.resume(&req.model), || {
-            "resuming the optimizer state".to_owned()
-        })?;
-        resumed_at = Some(trainer.optimizer.steps);
-        on_event(StepEvent::Resumed(trainer.optimizer.steps));
-    }
-    let k = req.mini_batches.max(1);
-    let mut steps = vec![];
-    for _ in 0..req.epochs.max(1) {
-        for part in 0..k {
-            let batch: Vec<_> = sel
-                .samples
-                .iter()
-                .enumerate()
-                .filter(|(i, _)| i % k == part)
-                .map(|(_, s)| s.clone())
-                .collect();
-            if batch.is_empty() {
-                continue;
-            }
-            let s = ctx(trainer.step(&batch), || "a training step".to_owned())?;
-            train::log_step(&s);
-            on_event(StepEvent::Step(&s));
-            steps.push(s);
+}
+
+impl Resident {
+    /// Loads the policy `req.model` (resuming its optimizer state when the directory holds
+    /// `optimizer.safetensors`) and the reference model. `req.samples`, `req.out` and
+    /// `req.push` are not used here.
+    pub fn load(
+        req: &StepRequest,
+        mut on_event: impl FnMut(StepEvent<'_>),
+    ) -> Result<Resident, StepError> {
+        if req.kl_coef != 0.0 && req.ref_model.is_none() {
+            return Err(StepError::KlWithoutReference(req.kl_coef));
         }
+        let dev = crate::device::init();
+        let model = ctx(
+            Model::load(&req.model, dev.device, dev.compute_kind()),
+            || format!("loading the model from {}", req.model.display()),
+        )?;
+        let parameters = model.spec().num_parameters();
+        let device = format!("{:?}", dev.device);
+        let compute_kind = format!("{:?}", dev.compute_kind());
+        on_event(StepEvent::Loaded {
+            parameters,
+            device: &device,
+            compute_kind: &compute_kind,
+            cpu_reason: dev.cpu_reason.as_deref(),
+        });
+        let config = TrainConfig {
+            grpo: GrpoConfig {
+                mode: PolicyMode::Bypass,
+                kl_coef: req.kl_coef,
+                temperature: req.temperature,
+                tis_level: req.tis_level,
+                reject: req.reject,
+                ..GrpoConfig::default()
+            },
+            optim: AdamWConfig {
+                lr: req.lr,
+                ..AdamWConfig::default()
+            },
+            micro_batch_tokens: req.micro_batch_tokens,
+            bar: req.bar.then(BarConfig::default),
+            advantage_eps: 1e-6,
+        };
+        let mut trainer = ctx(Trainer::new(model, config), || {
+            "building the trainer".to_owned()
+        })?;
+        if let (Some(dir), true) = (&req.ref_model, req.kl_coef != 0.0) {
+            let reference = ctx(Model::load(dir, dev.device, dev.compute_kind()), || {
+                format!("loading the reference model from {}", dir.display())
+            })?;
+            trainer = ctx(trainer.with_reference(reference), || {
+                "attaching the reference model".to_owned()
+            })?;
+        }
+        let mut resumed_at = None;
+        if req.model.join("optimizer.safetensors").exists() {
+            ctx(trainer.resume(&req.model), || {
+                "resuming the optimizer state".to_owned()
+            })?;
+            resumed_at = Some(trainer.optimizer.steps);
+            on_event(StepEvent::Resumed(trainer.optimizer.steps));
+        }
+        Ok(Resident {
+            trainer,
+            req: req.clone(),
+            parameters,
+            device,
+            compute_kind,
+            cpu_reason: dev.cpu_reason.clone(),
+            resumed_at,
+        })
     }
-    ctx(trainer.save_checkpoint(&req.out), || {
-        format!("writing the checkpoint to {}", req.out.display())
-    })?;
-    let mut pushed = None;
+
+    /// One training run over `samples` (files) with libtorch seeded by `seed`, in memory:
+    /// nothing is written.
+    pub fn train(
+        &mut self,
+        samples: &[PathBuf],
+        seed: i64,
+        mut on_event: impl FnMut(StepEvent<'_>),
+    ) -> Result<StepReport, StepError> {
+        let (selected, selection) = select(samples, self.req.bar)?;
+        on_event(StepEvent::Selected(&selection));
+        self.train_selected(&selected, selection, seed, on_event)
+    }
+
+    fn train_selected(
+        &mut self,
+        selected: &[TrainSample],
+        selection: SelectionCounts,
+        seed: i64,
+        mut on_event: impl FnMut(StepEvent<'_>),
+    ) -> Result<StepReport, StepError> {
+        tch::manual_seed(seed);
+        let req = &self.req;
+        let asked = match req.policy {
+            PolicyChoice::Bypass => PolicyMode::Bypass,
+            PolicyChoice::Recompute => PolicyMode::Recompute,
+            PolicyChoice::Auto if req.mini_batches <= 1 && req.epochs <= 1 => PolicyMode::Bypass,
+            PolicyChoice::Auto => PolicyMode::Recompute,
+        };
+        let recompute_forced =
+            asked == PolicyMode::Bypass && !selected.iter().all(TrainSample::rollout_complete);
+        let mode = if recompute_forced {
+            PolicyMode::Recompute
+        } else {
+            asked
+        };
+        self.trainer.config.grpo.mode = mode;
+        let k = req.mini_batches.max(1);
+        let mut steps = vec![];
+        for _ in 0..req.epochs.max(1) {
+            for part in 0..k {
+                let batch: Vec<_> = selected
+                    .iter()
+                    .enumerate()
+                    .filter(|(i, _)| i % k == part)
+                    .map(|(_, s)| s.clone())
+                    .collect();
+                if batch.is_empty() {
+                    continue;
+                }
+                let s = ctx(self.trainer.step(&batch), || "a training step".to_owned())?;
+                train::log_step(&s);
+                on_event(StepEvent::Step(&s));
+                steps.push(s);
+            }
+        }
+        Ok(StepReport {
+            selection,
+            policy: mode,
+            recompute_forced,
+            parameters: self.parameters,
+            device: self.device.clone(),
+            compute_kind: self.compute_kind.clone(),
+            cpu_reason: self.cpu_reason.clone(),
+            resumed_at: self.resumed_at,
+            steps,
+            checkpoint: None,
+            pushed: None,
+        })
+    }
+
+    /// Writes a checkpoint: the HF model directory plus the optimizer state (fp32 masters,
+    /// moments, step counters), which [`Resident::load`] resumes exactly.
+    pub fn checkpoint(&self, dir: &Path) -> Result<(), StepError> {
+        ctx(self.trainer.save_checkpoint(dir), || {
+            format!("writing the checkpoint to {}", dir.display())
+        })
+    }
+
+    /// Writes the weights only (an HF directory an inference server loads).
+    pub fn export(&self, dir: &Path) -> Result<(), StepError> {
+        ctx(self.trainer.export(dir), || {
+            format!("writing the weights to {}", dir.display())
+        })
+    }
+
+    /// The policy's parameters by HF name, sharing storage with the trainer (for a copy
+    /// into a backend in this process; they change at the next [`Resident::train`]).
+    pub fn parameters(&self) -> Vec<(String, Tensor)> {
+        self.trainer.model.named_parameters()
+    }
+
+    /// The device and dtype trained on, as libtorch names them.
+    pub fn device(&self) -> String {
+        format!("{} ({})", self.device, self.compute_kind)
+    }
+
+    /// Parameters of the model.
+    pub fn num_parameters(&self) -> i64 {
+        self.parameters
+    }
+
+    /// Optimizer updates applied so far (resumed ones included).
+    pub fn optimizer_steps(&self) -> i64 {
+        self.trainer.optimizer.steps
+    }
+}
+
+/// Runs one training run. Blocking (libtorch): call it from a blocking thread in async code.
+/// `on_event` sees the run's progress as it happens; the report holds all of it.
+pub fn run_step(
+    req: &StepRequest,
+    mut on_event: impl FnMut(StepEvent<'_>),
+) -> Result<StepReport, StepError> {
+    if req.kl_coef != 0.0 && req.ref_model.is_none() {
+        return Err(StepError::KlWithoutReference(req.kl_coef));
+    }
+    let (selected, selection) = select(&req.samples, req.bar)?;
+    on_event(StepEvent::Selected(&selection));
+    let mut resident = Resident::load(req, &mut on_event)?;
+    let mut report = resident.train_selected(&selected, selection, req.seed, &mut on_event)?;
+    resident.checkpoint(&req.out)?;
+    report.checkpoint = Some(req.out.clone());
     if let Some(target) = &req.push {
         let version = target.weight_version.clone().unwrap_or_else(|| {
             req.out
@@ -323,21 +462,9 @@ pub fn run_step(
             crate::push::push_weights(&target.url, &path, &version),
             || format!("pushing the weights to {}", target.url),
         )?;
-        pushed = Some((target.url.clone(), version));
+        report.pushed = Some((target.url.clone(), version));
     }
-    Ok(StepReport {
-        selection,
-        policy: mode,
-        recompute_forced,
-        parameters,
-        device,
-        compute_kind,
-        cpu_reason: dev.cpu_reason.clone(),
-        resumed_at,
-        steps,
-        checkpoint: req.out.clone(),
-        pushed,
-    })
+    Ok(report)
 }
 
 #[cfg(test)]
@@ -400,6 +527,9 @@ mod tests {
             skipped: false,
             micro_batches: 1,
             tokens_per_s: 100.0,
+            mismatch_kl: 0.0,
+            masked_share: 0.0,
+            masked_samples: 0,
         };
         assert_eq!(
             step_line(&s),

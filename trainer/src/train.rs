@@ -69,6 +69,13 @@ pub struct StepStats {
     pub skipped: bool,
     pub micro_batches: usize,
     pub tokens_per_s: f64,
+    /// Mean k3 estimate of KL(π_rollout ‖ π_trainer) per trained token (the rollout
+    /// engine's mismatch: numerics, and staleness when the rollouts are behind).
+    pub mismatch_kl: f64,
+    /// Share of trained tokens left out by the rejection bound (0 without one).
+    pub masked_share: f64,
+    /// Samples whose every trained token was rejected.
+    pub masked_samples: usize,
 }
 
 /// Which samples of a file train, and why the others do not.
@@ -391,6 +398,9 @@ impl Trainer {
             skipped: outcome.skipped,
             micro_batches: groups.len(),
             tokens_per_s: padded as f64 / secs,
+            mismatch_kl: stats.mismatch_kl / stats.tokens.max(1.0),
+            masked_share: stats.masked / stats.tokens.max(1.0),
+            masked_samples: stats.masked_rows as usize,
         })
     }
 

@@ -38,6 +38,7 @@ pub mod path {
     pub const CONTINUE_GENERATION: &str = "/continue_generation";
     pub const FLUSH_CACHE: &str = "/flush_cache";
     pub const UPDATE_WEIGHTS_FROM_DISK: &str = "/update_weights_from_disk";
+    pub const UPDATE_WEIGHTS_FROM_TENSOR: &str = "/update_weights_from_tensor";
     pub const ABORT_REQUEST: &str = "/abort_request";
 }
 
@@ -375,6 +376,38 @@ pub struct UpdateWeightsFromDiskResponse {
     pub message: String,
     #[serde(default)]
     pub num_paused_requests: u64,
+}
+
+/// `POST /update_weights_from_tensor` (`UpdateWeightsFromTensorReqInput` in
+/// `io_struct.py`): new weights from a process on the same machine, without a file.
+/// `serialized_named_tensors` holds one entry per tensor-parallel rank: SGLang's
+/// `MultiprocessingSerializer` output (a pickle of `(name, tensor)` pairs whose tensors
+/// travel as CUDA IPC handles, or a flattened bucket with `load_format =
+/// "flattened_bucket"`), base64-encoded over HTTP. graft models the envelope; the entries
+/// are opaque strings here (only a torch process can make or read them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWeightsFromTensorRequest {
+    pub serialized_named_tensors: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_format: Option<String>,
+    /// SGLang's default: `true`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flush_cache: Option<bool>,
+    /// SGLang's default: `false`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort_all_requests: Option<bool>,
+    /// The version the new weights report in `meta_info.weight_version`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_version: Option<String>,
+}
+
+/// The answer to `/update_weights_from_tensor` (`UpdateWeightsFromTensorReqOutput`; HTTP 200
+/// on success, 400 with `success: false` otherwise).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWeightsFromTensorResponse {
+    pub success: bool,
+    #[serde(default)]
+    pub message: String,
 }
 
 /// `POST /pause_generation` (`PauseGenerationReqInput`).
@@ -720,6 +753,22 @@ mod tests {
         assert_eq!(u.flush_cache, Some(true));
         let back = serde_json::to_value(&u).unwrap();
         assert_eq!(back, known_only(&c["update_weights_from_disk"], &back));
+
+        let t: UpdateWeightsFromTensorRequest = serde_json::from_value(serde_json::json!({
+            "serialized_named_tensors": ["gAR9cQA="], "load_format": "flattened_bucket",
+            "flush_cache": true, "abort_all_requests": false, "weight_version": "step-3",
+            "disable_draft_model": null
+        }))
+        .unwrap();
+        assert_eq!(t.serialized_named_tensors, ["gAR9cQA="]);
+        assert_eq!(t.load_format.as_deref(), Some("flattened_bucket"));
+        assert_eq!(t.weight_version.as_deref(), Some("step-3"));
+        let back = serde_json::to_value(&t).unwrap();
+        assert!(back.get("disable_draft_model").is_none());
+        let r: UpdateWeightsFromTensorResponse =
+            serde_json::from_value(serde_json::json!({"success": false, "message": "bad"}))
+                .unwrap();
+        assert!(!r.success && r.message == "bad");
 
         let a: UpdateWeightsFromDiskResponse =
             serde_json::from_value(c["update_weights_from_disk_answer"].clone()).unwrap();

@@ -620,6 +620,41 @@ impl Model {
             .collect()
     }
 
+    /// Copies `params` (HF names, every parameter of this model, same shapes; any dtype
+    /// and device) into this model's own tensors in place: the in-process weight handoff
+    /// from a trainer. Nothing is copied unless every name and shape fits.
+    pub fn copy_params_from(&mut self, params: &[(String, Tensor)]) -> Result<()> {
+        if params.len() != self.params.len() {
+            return Err(TrainerError::invalid(format!(
+                "the new weights have {} tensors, the served model {}",
+                params.len(),
+                self.params.len()
+            )));
+        }
+        for (name, t) in params {
+            let Some(dst) = self.params.get(name) else {
+                return Err(TrainerError::invalid(format!(
+                    "the new weights have '{name}', which the served model does not"
+                )));
+            };
+            if dst.size() != t.size() {
+                return Err(TrainerError::invalid(format!(
+                    "'{name}' has shape {:?} in the new weights, {:?} in the served model",
+                    t.size(),
+                    dst.size()
+                )));
+            }
+        }
+        tch::no_grad(|| -> Result<()> {
+            for (name, t) in params {
+                if let Some(dst) = self.params.get_mut(name) {
+                    dst.f_copy_(&t.f_detach()?)?;
+                }
+            }
+            Ok(())
+        })
+    }
+
     /// The cos/sin tables for `positions` (any shape, f32), shape `[.., head_dim]`, in
     /// the compute dtype (computed in f32, as HF does).
     fn rope(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
