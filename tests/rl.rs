@@ -356,6 +356,103 @@ fn training_config(
     cfg
 }
 
+/// Two harnesses in one run: the example agent (openai SDK, Chat Completions) and Claude Code
+/// (Anthropic Messages, streamed, with its side calls), as root in their sandboxes. The task
+/// names neither, so its group takes them in turn (rollout i in harness i mod 2); both write
+/// the file with their shell tool, and the reward pays rollouts 0 and 1 of every 4, so each
+/// harness has a rewarded and an unrewarded rollout and the group trains. The step log
+/// reports rollouts, calls and rewards per harness; the sessions carry their harness.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_trains_on_two_harnesses_in_one_run_and_reports_each() {
+    let env = TestEnv::get();
+    let claude = env.root.join("claude");
+    assert!(
+        claude
+            .join("node_modules/@anthropic-ai/claude-code/bin/claude.exe")
+            .exists(),
+        "Claude Code is not installed; run `bash scripts/setup-test-env.sh`"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let cfg = training_config(dir.path(), &env, 1, "", "");
+    // The model's text for both: the harness rules (matched anywhere in the prompt, tool
+    // loops only) first, then the example's.
+    let rules = |p: &Path| -> Vec<Value> {
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+        v["rules"].as_array().unwrap().clone()
+    };
+    let mut all = rules(&repo_root().join("tests/clients/harnesses/script.json"));
+    all.extend(rules(&repo_root().join("examples/rl/scripted.json")));
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, serde_json::json!({"rules": all}).to_string()).unwrap();
+    // The config's task file (training_config wrote one task there), replaced.
+    std::fs::write(
+        dir.path().join("tasks.jsonl"),
+        "{\"id\": \"write-file\", \"prompt\": \"graft-task-claude-code: create the file graft_done.txt in the current directory containing the word graft-done-claude-code, with one shell command, then stop.\", \"reward\": {\"command\": \"grep -qs graft-done-claude-code graft_done.txt && [ $((GRAFT_ROLLOUT_INDEX % 4)) -lt 2 ]\"}}\n",
+    )
+    .unwrap();
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text
+        .replace("[harness]\n", "[[harness]]\nlabel = \"agent\"\n")
+        .replace(
+            "[backend]\n",
+            &format!(
+                "[[harness]]\nname = \"claude-code\"\ncommand = \"/mnt/h/node_modules/@anthropic-ai/claude-code/bin/claude.exe -p \\\"$GRAFT_TASK_PROMPT\\\" --dangerously-skip-permissions\"\ntimeout_secs = 300\nmounts = {{ \"/mnt/h\" = \"{}\" }}\n\n[envd]\nsandbox_uid = 0\nmemory_mb = 4096\n\n[backend]\n",
+                claude.display()
+            ),
+        )
+        .replace(
+            &format!("scripted = \"{}\"", repo_root().join("examples/rl/scripted.json").display()),
+            &format!("scripted = \"{}\"", script.display()),
+        );
+    assert!(
+        text.contains("[[harness]]\nname = \"claude-code\""),
+        "{text}"
+    );
+    std::fs::write(&cfg, &text).unwrap();
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("agent (") && out.contains("claude-code ("),
+        "{out}"
+    );
+    let log = steps(&dir.path().join("out"));
+    assert_eq!(log.len(), 1, "{log:#?}");
+    let s = &log[0];
+    assert_eq!(s["groups"][0]["decision"], "balanced", "{s:#}");
+    let h = &s["harnesses"];
+    for name in ["agent", "claude-code"] {
+        assert_eq!(h[name]["rollouts"], 2, "{name}: {s:#}");
+        assert_eq!(h[name]["scored"], 2, "{name}: {s:#}");
+        assert_eq!(h[name]["reward_mean"], 0.5, "{name}: {s:#}");
+        // A tool call and the answer at least (Claude Code adds its side calls).
+        assert!(h[name]["calls"].as_u64().unwrap() >= 4, "{name}: {s:#}");
+    }
+    for r in s["rollout_list"].as_array().unwrap() {
+        assert!(
+            r["harness"] == "agent" || r["harness"] == "claude-code",
+            "{r}"
+        );
+    }
+    // It trained on both harnesses' samples.
+    assert!(s["samples"].as_u64().unwrap() >= 4, "{s:#}");
+    assert!(s["trained_tokens"].as_u64().unwrap() > 0, "{s:#}");
+    assert!(!s["train"]["steps"].as_array().unwrap().is_empty(), "{s:#}");
+    // Each session names its harness, for the viewer's filter.
+    let sessions = graft_recorder::list_sessions(&dir.path().join("out/data")).unwrap();
+    let mut by: std::collections::BTreeMap<String, usize> = Default::default();
+    for x in sessions.iter().filter(|x| x.session_id != "default") {
+        *by.entry(x.harness.clone().unwrap_or_default()).or_default() += 1;
+    }
+    assert_eq!(by.get("agent"), Some(&2), "{by:?}");
+    assert_eq!(by.get("claude-code"), Some(&2), "{by:?}");
+}
+
 /// The resident trainer (the default) on an SGLang-wire backend: each step trains in memory,
 /// writes the weights for the file push (`<out>/weights/step-N`) and pushes them; the
 /// checkpoint (weights + optimizer state) is written after the run's last step only

@@ -109,6 +109,8 @@ pub struct Reconstruction {
     /// Calls of [`FromRecords::count_versions_of`] per `weight_version` ("unknown" when the
     /// record has none).
     pub weight_versions: BTreeMap<String, usize>,
+    /// Calls of [`FromRecords::count_versions_of`] per session.
+    pub calls_per_session: BTreeMap<String, usize>,
 }
 
 /// Why a call could not be re-tokenized, as the summary counts it: each distinct reason,
@@ -160,6 +162,10 @@ pub fn samples_from_records(
                         .clone()
                         .unwrap_or_else(|| "unknown".into()),
                 )
+                .or_insert(0) += 1;
+            *done
+                .calls_per_session
+                .entry(rec.session_id.clone())
                 .or_insert(0) += 1;
         }
         if how.sessions.is_some_and(|s| !s.contains(&rec.session_id)) {

@@ -15,7 +15,11 @@ pub const SCRIPTED_NEEDS_TESTKIT: &str = "backend.scripted needs the scripted up
 pub struct RlConfig {
     pub run: RunSection,
     pub tasks: TasksSection,
-    pub harness: HarnessSection,
+    /// One harness (`[harness]`) or several (`[[harness]]`, each with a `label`): a task that
+    /// names one (`"harness": LABEL`) runs all its rollouts in it; the others' groups mix
+    /// them, rollout i of a group in harness i mod n.
+    #[serde(deserialize_with = "one_or_many")]
+    pub harness: Vec<HarnessSection>,
     pub backend: BackendSection,
     #[serde(default)]
     pub envd: EnvdSection,
@@ -55,9 +59,27 @@ pub struct TasksSection {
     pub file: PathBuf,
 }
 
+/// `[harness]` (one table) or `[[harness]]` (an array of them), with the table's own error
+/// (an unknown key, a missing `command`) when one is wrong.
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<HarnessSection>, D::Error> {
+    use serde::de::Error;
+    let v = toml::Value::deserialize(d)?;
+    if v.is_array() {
+        Vec::<HarnessSection>::deserialize(v).map_err(D::Error::custom)
+    } else {
+        HarnessSection::deserialize(v)
+            .map(|h| vec![h])
+            .map_err(D::Error::custom)
+    }
+}
+
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct HarnessSection {
+    /// What the step log, the session's metadata and a task's `harness` call this harness
+    /// (default: its `name`, else "harness" when it is the only one, else "harness-N").
+    #[serde(default)]
+    pub label: Option<String>,
     /// The harness's command line, run with `/bin/sh -c` in the task's sandbox (working
     /// directory `/workspace`). The gateway session's variables are set (`OPENAI_BASE_URL`,
     /// `OPENAI_API_KEY`, `ANTHROPIC_BASE_URL`, ...), and `GRAFT_TASK_ID`, `GRAFT_TASK_PROMPT`,
@@ -143,6 +165,10 @@ pub struct EnvdSection {
     /// environment); empty: an embedded local envd.
     pub url: Option<String>,
     pub api_key: Option<String>,
+    /// The host uid (and gid) the embedded envd runs sandboxed processes as, when graft rl
+    /// runs as root [default: envd's, 100000]. 0 runs harnesses as root inside their sandbox,
+    /// for those that want it (Claude Code, with `IS_SANDBOX=1`); bubblewrap still isolates.
+    pub sandbox_uid: Option<u32>,
     /// Sandbox limits.
     pub memory_mb: Option<u64>,
     pub pids: Option<u64>,
@@ -354,7 +380,40 @@ impl Default for TrainerSection {
     }
 }
 
+impl HarnessSection {
+    /// Its label (set for every harness by [`RlConfig::load`]).
+    pub fn label(&self) -> &str {
+        self.label
+            .as_deref()
+            .or(self.name.as_deref())
+            .unwrap_or("harness")
+    }
+}
+
 impl RlConfig {
+    /// The harness rollout `index` of a group of `task` runs in: the one the task names, else
+    /// the group's rollouts take the harnesses in turn.
+    pub fn harness_for(&self, task_harness: Option<&str>, index: usize) -> &HarnessSection {
+        task_harness
+            .and_then(|l| self.harness.iter().find(|h| h.label() == l))
+            .unwrap_or_else(|| &self.harness[index % self.harness.len()])
+    }
+
+    /// Checks that every task's `harness` names one of the config's.
+    pub fn check_task_harness(&self, task_id: &str, harness: Option<&str>) -> anyhow::Result<()> {
+        match harness {
+            Some(l) if !self.harness.iter().any(|h| h.label() == l) => bail!(
+                "task '{task_id}' names harness '{l}', which the config does not have (it has: {})",
+                self.harness
+                    .iter()
+                    .map(HarnessSection::label)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            _ => Ok(()),
+        }
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<RlConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the run config {}", path.display()))?;
@@ -378,8 +437,18 @@ impl RlConfig {
         fix(&mut c.run.out_dir);
         fix(&mut c.tasks.file);
         fix(&mut c.backend.model_dir);
-        for src in c.harness.mounts.values_mut() {
-            fix(src);
+        let n = c.harness.len();
+        for (i, h) in c.harness.iter_mut().enumerate() {
+            for src in h.mounts.values_mut() {
+                fix(src);
+            }
+            if h.label.is_none() {
+                h.label = Some(match (&h.name, n) {
+                    (Some(name), _) => name.clone(),
+                    (None, 1) => "harness".into(),
+                    (None, _) => format!("harness-{i}"),
+                });
+            }
         }
         if let Some(s) = &mut c.backend.scripted {
             fix(s);
@@ -406,11 +475,23 @@ impl RlConfig {
             );
         }
         let positive = |x: f64| x.is_finite() && x > 0.0;
-        if !positive(self.harness.timeout_secs) || !positive(r.reward_timeout_secs) {
-            bail!("harness.timeout_secs and rollout.reward_timeout_secs must be positive");
+        if self.harness.is_empty() {
+            bail!("no harness: give [harness] (or one [[harness]] table per harness)");
         }
-        if let Some(name) = &self.harness.name {
-            crate::harness::find(name).with_context(|| format!("harness.name = \"{name}\""))?;
+        let mut labels = std::collections::BTreeSet::new();
+        for h in &self.harness {
+            if !positive(h.timeout_secs) || !positive(r.reward_timeout_secs) {
+                bail!("harness.timeout_secs and rollout.reward_timeout_secs must be positive");
+            }
+            if let Some(name) = &h.name {
+                crate::harness::find(name).with_context(|| format!("harness.name = \"{name}\""))?;
+            }
+            if !labels.insert(h.label()) {
+                bail!(
+                    "two harnesses are labelled '{}': give each [[harness]] its own label",
+                    h.label()
+                );
+            }
         }
         if !self.backend.exact {
             bail!(
@@ -489,12 +570,53 @@ mod tests {
     }
 
     #[test]
+    fn one_harness_or_several_each_with_a_label() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rl.toml");
+        let head = "[run]\nout_dir = \"out\"\nsteps = 1\n[tasks]\nfile = \"tasks.jsonl\"\n";
+        let tail = "[backend]\nmodel_dir = \"m\"\nurls = [\"http://127.0.0.1:9\"]\n";
+        let load = |harness: &str| {
+            std::fs::write(&p, format!("{head}{harness}{tail}")).unwrap();
+            RlConfig::load(&p).map_err(|e| format!("{e:#}"))
+        };
+        let one = load("[harness]\ncommand = \"true\"\nmounts = { \"/mnt/x\" = \"x\" }\n").unwrap();
+        assert_eq!(one.harness.len(), 1);
+        assert_eq!(one.harness[0].label(), "harness");
+        assert!(one.harness[0].mounts["/mnt/x"].is_absolute());
+        let two = load(
+            "[[harness]]\nlabel = \"a\"\ncommand = \"true\"\n[[harness]]\nname = \"codex\"\ncommand = \"codex\"\n[[harness]]\ncommand = \"x\"\n",
+        )
+        .unwrap();
+        let labels: Vec<&str> = two.harness.iter().map(HarnessSection::label).collect();
+        assert_eq!(labels, ["a", "codex", "harness-2"]);
+        // A task that names one gets it for every rollout; the others take them in turn.
+        assert_eq!(two.harness_for(Some("codex"), 0).label(), "codex");
+        assert_eq!(two.harness_for(Some("codex"), 2).label(), "codex");
+        let turns: Vec<&str> = (0..4).map(|i| two.harness_for(None, i).label()).collect();
+        assert_eq!(turns, ["a", "codex", "harness-2", "a"]);
+        assert!(two.check_task_harness("t", Some("a")).is_ok());
+        let e = format!("{:#}", two.check_task_harness("t", Some("zz")).unwrap_err());
+        assert!(
+            e.contains("'zz'") && e.contains("a, codex, harness-2"),
+            "{e}"
+        );
+        // The table's own error comes through; duplicate labels are refused.
+        let e = load("[harness]\ncommand = \"true\"\nbogus = 1\n").unwrap_err();
+        assert!(e.contains("bogus"), "{e}");
+        let e = load(
+            "[[harness]]\ncommand = \"a\"\n[[harness]]\nlabel = \"harness-0\"\ncommand = \"b\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("two harnesses are labelled 'harness-0'"), "{e}");
+    }
+
+    #[test]
     fn the_example_configs_are_valid() {
         let ex = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rl");
         let cpu = RlConfig::load(&ex.join("rl.toml")).unwrap();
         assert!(cpu.backend.urls.is_empty() && cpu.backend.scripted.is_none());
         assert!(cpu.backend.model_dir.ends_with("models/smollm2"));
-        assert_eq!(cpu.harness.mounts.len(), 1);
+        assert_eq!(cpu.harness[0].mounts.len(), 1);
         let cluster = RlConfig::load(&ex.join("rl-cluster.toml")).unwrap();
         assert_eq!(cluster.backend.urls.len(), 4);
         assert_eq!(

@@ -258,6 +258,10 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
             );
             ecfg.gateway = Some(gw_addr);
             ecfg.harnesses = Some(crate::envd::harness_renderer());
+            if let Some(uid) = cfg.envd.sandbox_uid {
+                ecfg.sandbox_uid = uid;
+                ecfg.sandbox_gid = uid;
+            }
             if let Some(m) = cfg.envd.memory_mb {
                 ecfg.defaults.memory_mb = m;
             }
@@ -358,6 +362,9 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         cfg.run.out_dir = std::path::absolute(d)?;
     }
     let tasks = tasks::load(&cfg.tasks.file)?;
+    for t in &tasks {
+        cfg.check_task_harness(&t.id, t.harness.as_deref())?;
+    }
     let model = Model::from_dir(&cfg.backend.model_dir).with_context(|| {
         format!(
             "loading the model's tokenizer and template from {}",
@@ -379,7 +386,7 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         .sum::<usize>()
         / tasks.len();
     println!(
-        "plan: {} steps × {} tasks × {}–{} rollouts ({}–{} sandboxes and sessions per step, {} at a time); {} tasks in {} (task prompts ≈ {} tokens); harness `{}` with {} s per rollout",
+        "plan: {} steps × {} tasks × {}–{} rollouts ({}–{} sandboxes and sessions per step, {} at a time); {} tasks in {} (task prompts ≈ {} tokens); harness `{}` with up to {} s per rollout",
         cfg.run.steps,
         r.tasks_per_step,
         r.group_size,
@@ -390,8 +397,15 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         tasks.len(),
         cfg.tasks.file.display(),
         prompt_tokens,
-        cfg.harness.command,
-        cfg.harness.timeout_secs
+        cfg.harness
+            .iter()
+            .map(|h| format!("{} ({})", h.label(), h.command))
+            .collect::<Vec<_>>()
+            .join("`, `"),
+        cfg.harness
+            .iter()
+            .map(|h| h.timeout_secs)
+            .fold(0.0, f64::max)
     );
     println!(
         "expected tokens per step: at least {}–{} prompt tokens from the task prompts alone (the harness's system prompt, tools and every further turn come on top; each step's line in steps.jsonl has the trained tokens); overlap: {}",
@@ -439,6 +453,8 @@ struct Collected {
     summary: Summary,
     /// Calls of the step's sessions per `weight_version` of the backend that served them.
     versions: std::collections::BTreeMap<String, usize>,
+    /// Calls of each of the step's sessions.
+    calls: std::collections::BTreeMap<String, usize>,
     t_rollouts: f64,
     t_reconstruct: f64,
 }
@@ -659,7 +675,7 @@ async fn collect(
         .join("samples")
         .join(format!("step-{step:05}.parquet"));
     let all: HashSet<String> = rollouts.iter().map(|r| r.session_id.clone()).collect();
-    let (summary, versions) = samples(
+    let (summary, versions, calls) = samples(
         model,
         &cfg.run.out_dir.join("data"),
         &selected,
@@ -674,6 +690,7 @@ async fn collect(
         samples_path,
         summary,
         versions,
+        calls,
         t_rollouts,
         t_reconstruct: t.elapsed().as_secs_f64(),
     })
@@ -814,6 +831,7 @@ async fn finish(
         "train": trained.log,
         "weight_version": state.weight_version,
         "call_weight_versions": col.versions,
+        "harnesses": per_harness(rollouts, &col.calls),
         "call_staleness": staleness,
         "max_call_staleness": max_staleness,
         "backend_events": c.shared.take_events(),
@@ -823,10 +841,10 @@ async fn finish(
                  "harness_in_rollouts": rollouts.iter().map(|r| r.harness_secs).sum::<f64>(),
                  "reward_in_rollouts": rollouts.iter().map(|r| r.reward_secs).sum::<f64>()},
         "rollout_list": rollouts.iter().map(|r| json!({
-            "session": r.session_id, "task": r.task_id, "reward": r.reward(),
+            "session": r.session_id, "task": r.task_id, "harness": r.harness, "reward": r.reward(),
             "harness_exit": r.harness_exit, "harness_secs": r.harness_secs})).collect::<Vec<_>>(),
         "problems": rollouts.iter().filter(|r| r.reward().is_none() || r.harness_exit != Some(0)).map(|r| json!({
-            "session": r.session_id, "task": r.task_id, "outcome": format!("{:?}", r.outcome),
+            "session": r.session_id, "task": r.task_id, "harness": r.harness, "outcome": format!("{:?}", r.outcome),
             "harness_exit": r.harness_exit, "harness_oom": r.harness_oom, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
     });
     writeln!(log, "{line}")?;
@@ -865,6 +883,25 @@ async fn finish(
 /// Deletes all but the newest `run.keep_checkpoints` step checkpoints, never the policy the
 /// run continues from (state.json, already written, names it); and likewise the weights
 /// directories written for file pushes (never the newest: a restarted backend gets it).
+/// The step's rollouts per harness: how many, how many scored, their reward mean and the
+/// calls their sessions made.
+fn per_harness(rollouts: &[Rollout], calls: &std::collections::BTreeMap<String, usize>) -> Value {
+    let mut by: std::collections::BTreeMap<&str, (usize, Vec<f64>, usize)> = Default::default();
+    for r in rollouts {
+        let e = by.entry(r.harness.as_str()).or_default();
+        e.0 += 1;
+        e.1.extend(r.reward());
+        e.2 += calls.get(&r.session_id).copied().unwrap_or(0);
+    }
+    by.into_iter()
+        .map(|(h, (n, rewards, calls))| {
+            let mean = (!rewards.is_empty()).then(|| rewards.iter().sum::<f64>() / rewards.len() as f64);
+            (h.to_owned(), json!({"rollouts": n, "scored": rewards.len(), "reward_mean": mean, "calls": calls}))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into()
+}
+
 fn prune_checkpoints(cfg: &RlConfig, state: &State) {
     let keep = cfg.run.keep_checkpoints;
     if keep == 0 {
@@ -1037,7 +1074,7 @@ async fn resumed(
     if !data.join("sessions.log").exists() {
         return Ok(vec![]);
     }
-    let mut order: Vec<(i64, String)> = vec![];
+    let mut order: Vec<(i64, String, String)> = vec![];
     let mut rewards = std::collections::HashMap::new();
     let mut closed = HashSet::new();
     for ev in graft_recorder::read_session_events(&data)? {
@@ -1052,7 +1089,17 @@ async fn resumed(
                     .get("rollout")
                     .and_then(Value::as_i64)
                     .unwrap_or(i64::MAX);
-                order.push((i, session_id));
+                let harness = metadata
+                    .get("harness")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+                    .unwrap_or_else(|| {
+                        let i = usize::try_from(i).unwrap_or(0);
+                        cfg.harness_for(task.harness.as_deref(), i)
+                            .label()
+                            .to_owned()
+                    });
+                order.push((i, session_id, harness));
             }
             SessionEvent::Reward {
                 session_id, reward, ..
@@ -1067,7 +1114,7 @@ async fn resumed(
     }
     order.sort();
     let mut out = vec![];
-    for (_, sid) in order {
+    for (_, sid, harness) in order {
         if !closed.contains(&sid) {
             c.gateway
                 .ok(
@@ -1089,6 +1136,7 @@ async fn resumed(
                 _ => Outcome::Failed("interrupted by a restart of graft rl".into()),
             },
             session_id: sid,
+            harness,
             harness_exit: None,
             harness_oom: false,
             harness_secs: 0.0,
@@ -1099,15 +1147,19 @@ async fn resumed(
     Ok(out)
 }
 
+/// Calls counted by a key (a weight version, a session).
+type Counts = std::collections::BTreeMap<String, usize>;
+
 /// The exact-mode records of `sessions` merged into samples (with their rewards), written to
-/// `path`; and the calls of all the step's sessions (`all`) counted by `weight_version`.
+/// `path`; and the calls of all the step's sessions (`all`) counted by `weight_version` and by
+/// session.
 fn samples(
     model: &Model,
     data: &Path,
     sessions: &HashSet<String>,
     all: &HashSet<String>,
     path: &Path,
-) -> anyhow::Result<(Summary, std::collections::BTreeMap<String, usize>)> {
+) -> anyhow::Result<(Summary, Counts, Counts)> {
     let done = samples_from_records(
         model,
         data,
@@ -1122,5 +1174,5 @@ fn samples(
     for (why, n) in &done.skipped {
         tracing::warn!(calls = n, reason = %why, "calls of an exact-mode run are skipped");
     }
-    Ok((done.summary, done.weight_versions))
+    Ok((done.summary, done.weight_versions, done.calls_per_session))
 }

@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use serde_json::{Value, json};
 
-use super::config::RlConfig;
+use super::config::{HarnessSection, RlConfig};
 use super::tasks::Task;
 
 /// A small JSON-over-HTTP client for the gateway's and envd's APIs.
@@ -115,6 +115,8 @@ pub struct Rollout {
     pub task_id: String,
     pub group_id: String,
     pub session_id: String,
+    /// The label of the harness it ran in.
+    pub harness: String,
     pub outcome: Outcome,
     /// The harness's exit code (None when it timed out or never ran).
     pub harness_exit: Option<i64>,
@@ -154,13 +156,14 @@ pub async fn run(
     group_id: &str,
     index: usize,
 ) -> anyhow::Result<Rollout> {
+    let h = cfg.harness_for(task.harness.as_deref(), index);
     let s = gateway
         .ok(
             Method::POST,
             "/graft/sessions",
             Some(&json!({
                 "group_id": group_id,
-                "metadata": {"task_id": task.id, "rollout": index},
+                "metadata": {"task_id": task.id, "rollout": index, "harness": h.label()},
                 // The rollouts sample at the temperature the trainer's log-softmax
                 // assumes, whatever the harness asks for.
                 "sampling": {"mode": "enforce", "temperature": cfg.trainer.temperature},
@@ -177,6 +180,7 @@ pub async fn run(
         task_id: task.id.clone(),
         group_id: group_id.to_string(),
         session_id: session_id.clone(),
+        harness: h.label().to_owned(),
         outcome: Outcome::Failed("not started".into()),
         harness_exit: None,
         harness_oom: false,
@@ -188,10 +192,11 @@ pub async fn run(
     match sandbox {
         Err(e) => r.outcome = Outcome::Failed(format!("{e:#}")),
         Ok(sb) => {
-            r.outcome = match in_sandbox(cfg, gateway, &session_id, envd, task, &sb, &mut r).await {
-                Ok(o) => o,
-                Err(e) => Outcome::Failed(format!("{e:#}")),
-            };
+            r.outcome =
+                match in_sandbox(cfg, h, gateway, &session_id, envd, task, &sb, &mut r).await {
+                    Ok(o) => o,
+                    Err(e) => Outcome::Failed(format!("{e:#}")),
+                };
             if let Err(e) = envd
                 .ok(Method::DELETE, &format!("/sandboxes/{sb}"), None)
                 .await
@@ -230,10 +235,12 @@ fn create_body(
     api_key: Option<&str>,
     index: usize,
 ) -> Value {
-    let mut env = cfg.harness.env.clone();
+    let h = cfg.harness_for(task.harness.as_deref(), index);
+    let mut env = h.env.clone();
     env.insert("GRAFT_TASK_ID".into(), task.id.clone());
     env.insert("GRAFT_TASK_PROMPT".into(), task.prompt.clone());
-    env.insert("GRAFT_MODEL".into(), cfg.harness.model.clone());
+    env.insert("GRAFT_MODEL".into(), h.model.clone());
+    env.insert("GRAFT_HARNESS".into(), h.label().to_owned());
     env.insert("GRAFT_ROLLOUT_INDEX".into(), index.to_string());
     env.insert("GRAFT_RL_DIR".into(), "/mnt/rl".into());
     let mount = |source: &std::path::Path, target: &str| Mount {
@@ -241,14 +248,14 @@ fn create_body(
         target: target.to_owned(),
     };
     let mut mounts = vec![mount(&cfg.dir, "/mnt/rl")];
-    for (target, source) in &cfg.harness.mounts {
+    for (target, source) in &h.mounts {
         mounts.push(mount(source, target));
     }
     let session = GatewaySession {
         session_id: session_id.to_owned(),
         api_key: api_key.map(str::to_owned),
-        model: Some(cfg.harness.model.clone()),
-        harness: cfg.harness.name.clone(),
+        model: Some(h.model.clone()),
+        harness: h.name.clone(),
     };
     let labels: BTreeMap<String, String> = [("task".to_owned(), task.id.clone())].into();
     let e = &cfg.envd;
@@ -256,7 +263,7 @@ fn create_body(
         "network": NetworkPolicy::Gateway,
         "env": env,
         "labels": labels,
-        "ttl_secs": (cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
+        "ttl_secs": (h.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
         "gateway_session": session,
         "mounts": mounts,
     });
@@ -308,8 +315,10 @@ async fn exec(envd: &Api, sb: &str, command: &str, timeout: f64) -> anyhow::Resu
     .await
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn in_sandbox(
     cfg: &RlConfig,
+    h: &HarnessSection,
     gateway: &Api,
     session_id: &str,
     envd: &Api,
@@ -318,7 +327,7 @@ async fn in_sandbox(
     r: &mut Rollout,
 ) -> anyhow::Result<Outcome> {
     for (i, cmd) in task.setup.iter().enumerate() {
-        let j = exec(envd, sb, cmd, cfg.harness.timeout_secs).await?;
+        let j = exec(envd, sb, cmd, h.timeout_secs).await?;
         if j["exit_code"].as_i64() != Some(0) {
             return Ok(Outcome::Failed(format!(
                 "setup command {} ('{cmd}') failed ({}): {}",
@@ -329,7 +338,7 @@ async fn in_sandbox(
         }
     }
     let t = Instant::now();
-    let j = exec(envd, sb, &cfg.harness.command, cfg.harness.timeout_secs).await?;
+    let j = exec(envd, sb, &h.command, h.timeout_secs).await?;
     r.harness_secs = t.elapsed().as_secs_f64();
     r.harness_exit = j["exit_code"].as_i64();
     r.harness_oom = j["oom_killed"].as_bool() == Some(true);
@@ -411,7 +420,7 @@ mod tests {
         cfg.envd.memory_mb = Some(512);
         cfg.envd.pids = Some(64);
         cfg.envd.cpus = Some(1.5);
-        cfg.harness.name = Some("codex".into());
+        cfg.harness[0].name = Some("codex".into());
         let task = Task {
             id: "t1".into(),
             prompt: "do it".into(),
@@ -419,6 +428,7 @@ mod tests {
             reward: serde_json::from_value(json!({"command": "true"})).unwrap(),
             rootfs: Some("/rootfs".into()),
             image: None,
+            harness: None,
         };
         let body = create_body(&cfg, &task, "sess-1", Some("key-1"), 3);
         let c: CreateSandbox = serde_json::from_value(body).unwrap();
@@ -436,10 +446,10 @@ mod tests {
         assert_eq!(gs.api_key.as_deref(), Some("key-1"));
         assert_eq!(gs.harness.as_deref(), Some("codex"));
         assert_eq!(c.mounts[0].target, "/mnt/rl");
-        assert_eq!(c.mounts.len(), 1 + cfg.harness.mounts.len());
+        assert_eq!(c.mounts.len(), 1 + cfg.harness[0].mounts.len());
         assert_eq!(
             c.ttl_secs,
-            Some((cfg.harness.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64)
+            Some((cfg.harness[0].timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64)
         );
     }
 

@@ -30,6 +30,10 @@ pub struct Task {
     pub rootfs: Option<String>,
     #[serde(default)]
     pub image: Option<String>,
+    /// The label of the harness all this task's rollouts run in (default: its group takes
+    /// the config's harnesses in turn).
+    #[serde(default)]
+    pub harness: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
