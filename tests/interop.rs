@@ -28,46 +28,9 @@ fn venv_python(env: &TestEnv, name: &str, how: &str) -> PathBuf {
     p
 }
 
-/// The `graft rl` config of these tests: 2 tasks × 2 rollouts a step, collecting only.
+/// The `graft rl` config of these tests: the example's, one step.
 fn rl_config(env: &TestEnv, dir: &Path) -> PathBuf {
-    let ex = repo_root().join("examples/rl");
-    let cfg = format!(
-        r#"[run]
-out_dir = "{out}"
-steps = 1
-
-[tasks]
-file = "{tasks}"
-
-[harness]
-command = "/mnt/py/bin/python /mnt/harness/agent.py"
-timeout_secs = 120
-env = {{ AGENT_MAX_STEPS = "4" }}
-mounts = {{ "/mnt/harness" = "{harness}", "/mnt/py" = "{venv}" }}
-
-[backend]
-model_dir = "{model}"
-scripted = "{script}"
-
-[rollout]
-tasks_per_step = 2
-group_size = 2
-max_group_size = 2
-concurrency = 2
-
-[trainer]
-enabled = false
-"#,
-        out = dir.join("out").display(),
-        tasks = ex.join("tasks.jsonl").display(),
-        harness = ex.display(),
-        venv = env.sandbox_venv().display(),
-        model = env.qwen3_dir().display(),
-        script = ex.join("scripted.json").display(),
-    );
-    let p = dir.join("rl.toml");
-    std::fs::write(&p, cfg).unwrap();
-    p
+    common::rl_example_config(dir, env, 1)
 }
 
 /// `graft rl`, one step of 2 tasks × 2 rollouts, collecting only; returns its samples file.

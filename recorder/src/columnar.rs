@@ -480,6 +480,27 @@ fn opt_prim<T: ArrowPrimitiveType>(
     col.filter(|c| !c.is_null(row)).map(|c| c.value(row))
 }
 
+/// A reader over `path`'s row groups, as `setup` configures it.
+fn open_reader(
+    path: &Path,
+    setup: impl FnOnce(ParquetRecordBatchReaderBuilder<File>) -> ParquetRecordBatchReaderBuilder<File>,
+) -> Result<impl Iterator<Item = Result<RecordBatch>>> {
+    let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
+    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
+        .map_err(|e| RecorderError::parquet(path, e))?
+        .with_batch_size(BATCH_ROWS);
+    let reader = setup(builder)
+        .build()
+        .map_err(|e| RecorderError::parquet(path, e))?;
+    let path = path.to_owned();
+    Ok(reader.map(move |b| {
+        b.map_err(|source| RecorderError::Arrow {
+            path: path.clone(),
+            source,
+        })
+    }))
+}
+
 /// Reads every row of a parquet file written by [`write_parquet`] (or an older version of
 /// it: missing nullable columns read as null).
 pub(crate) fn read_parquet(path: &Path, json: JsonColumns) -> Result<Vec<ReadRow>> {
@@ -494,36 +515,29 @@ pub(crate) fn read_parquet_where(
     json: JsonColumns,
     session: Option<&str>,
 ) -> Result<Vec<ReadRow>> {
-    let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
-    let mut builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| RecorderError::parquet(path, e))?
-        .with_batch_size(BATCH_ROWS);
-    if let Some(id) = session {
-        let id = id.to_owned();
-        let mask = ProjectionMask::columns(builder.parquet_schema(), ["session_id"]);
-        let predicate = ArrowPredicateFn::new(mask, move |batch: RecordBatch| {
-            let col = batch
-                .column_by_name("session_id")
-                .and_then(|c| c.as_string_opt::<i32>())
-                .ok_or_else(|| {
-                    ArrowError::SchemaError("session_id is missing or not Utf8".into())
-                })?;
-            Ok(col
-                .iter()
-                .map(|v| Some(v == Some(id.as_str())))
-                .collect::<BooleanArray>())
-        });
-        builder = builder.with_row_filter(RowFilter::new(vec![Box::new(predicate)]));
-    }
-    let reader = builder
-        .build()
-        .map_err(|e| RecorderError::parquet(path, e))?;
+    let reader = open_reader(path, |builder| match session {
+        None => builder,
+        Some(id) => {
+            let id = id.to_owned();
+            let mask = ProjectionMask::columns(builder.parquet_schema(), ["session_id"]);
+            let predicate = ArrowPredicateFn::new(mask, move |batch: RecordBatch| {
+                let col = batch
+                    .column_by_name("session_id")
+                    .and_then(|c| c.as_string_opt::<i32>())
+                    .ok_or_else(|| {
+                        ArrowError::SchemaError("session_id is missing or not Utf8".into())
+                    })?;
+                Ok(col
+                    .iter()
+                    .map(|v| Some(v == Some(id.as_str())))
+                    .collect::<BooleanArray>())
+            });
+            builder.with_row_filter(RowFilter::new(vec![Box::new(predicate)]))
+        }
+    })?;
     let mut out = Vec::new();
     for batch in reader {
-        let batch = batch.map_err(|source| RecorderError::Arrow {
-            path: path.to_owned(),
-            source,
-        })?;
+        let batch = batch?;
         let c = Cols {
             batch: &batch,
             path,
@@ -687,34 +701,26 @@ pub(crate) fn scan_summaries(
     json: JsonColumns,
     mut f: impl FnMut(SummaryRow<'_>),
 ) -> Result<()> {
-    let file = File::open(path).map_err(|e| RecorderError::io("opening", path, e))?;
-    let builder = ParquetRecordBatchReaderBuilder::try_new(file)
-        .map_err(|e| RecorderError::parquet(path, e))?;
-    let mask = ProjectionMask::columns(
-        builder.parquet_schema(),
-        [
-            "session_id",
-            "group_id",
-            "started_at_us",
-            "finished_at_us",
-            "outcome",
-            "client",
-            "weight_version",
-            json.request,
-            json.normalized_request,
-            json.upstream_request,
-        ],
-    );
-    let reader = builder
-        .with_projection(mask)
-        .with_batch_size(BATCH_ROWS)
-        .build()
-        .map_err(|e| RecorderError::parquet(path, e))?;
+    let reader = open_reader(path, |builder| {
+        let mask = ProjectionMask::columns(
+            builder.parquet_schema(),
+            [
+                "session_id",
+                "group_id",
+                "started_at_us",
+                "finished_at_us",
+                "outcome",
+                "client",
+                "weight_version",
+                json.request,
+                json.normalized_request,
+                json.upstream_request,
+            ],
+        );
+        builder.with_projection(mask)
+    })?;
     for batch in reader {
-        let batch = batch.map_err(|source| RecorderError::Arrow {
-            path: path.to_owned(),
-            source,
-        })?;
+        let batch = batch?;
         let c = Cols {
             batch: &batch,
             path,

@@ -914,3 +914,47 @@ pub fn assemble_chat(chunks: &[Value]) -> Value {
     }
     m
 }
+
+/// A `graft rl` config for the example (`examples/rl/`): its tasks run by the example agent
+/// in envd sandboxes, 2 tasks × 2 rollouts a step against the scripted backend, collecting
+/// only (no trainer), `steps` steps, everything under `dir`.
+pub fn rl_example_config(dir: &Path, env: &TestEnv, steps: usize) -> PathBuf {
+    let ex = repo_root().join("examples/rl");
+    let text = format!(
+        r#"[run]
+out_dir = "{out}"
+steps = {steps}
+
+[tasks]
+file = "{tasks}"
+
+[harness]
+command = "/mnt/py/bin/python /mnt/harness/agent.py"
+timeout_secs = 120
+env = {{ AGENT_MAX_STEPS = "4" }}
+mounts = {{ "/mnt/harness" = "{harness}", "/mnt/py" = "{venv}" }}
+
+[backend]
+model_dir = "{model}"
+scripted = "{script}"
+
+[rollout]
+tasks_per_step = 2
+group_size = 2
+max_group_size = 2
+concurrency = 2
+
+[trainer]
+enabled = false
+"#,
+        out = dir.join("out").display(),
+        tasks = ex.join("tasks.jsonl").display(),
+        harness = ex.display(),
+        venv = env.sandbox_venv().display(),
+        model = env.qwen3_dir().display(),
+        script = ex.join("scripted.json").display(),
+    );
+    let p = dir.join("rl.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
