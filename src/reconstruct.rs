@@ -97,6 +97,8 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         retokenized_calls,
         skipped,
         sessions_without_samples,
+        call_rewards,
+        call_rewards_unmatched,
         ..
     } = done;
     if a.json {
@@ -115,6 +117,8 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
                 "retokenized_calls": retokenized_calls,
                 "skipped": skipped,
                 "sessions_without_samples": sessions_without_samples,
+                "call_rewards": call_rewards,
+                "call_rewards_unmatched": call_rewards_unmatched,
                 "out": a.out,
             })
         );
@@ -123,6 +127,16 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         println!("calls: {exact_calls} with recorded token ids, {retokenized_calls} re-tokenized");
         for (why, n) in &skipped {
             println!("skipped: {n} ({why})");
+        }
+        if call_rewards > 0 || !call_rewards_unmatched.is_empty() {
+            println!(
+                "call rewards: {call_rewards} attached, {} naming no merged call{}",
+                call_rewards_unmatched.len(),
+                match call_rewards_unmatched.first() {
+                    Some(c) => format!(" (first: {c})"),
+                    None => String::new(),
+                }
+            );
         }
         println!("samples written to {}", a.out.display());
     }

@@ -328,7 +328,13 @@ fn sample_json(s: &Sample) -> Value {
         "weight_versions": s.weight_versions,
         "token_weight_versions": (0..s.tokens.len()).map(|i| s.token_weight_version(i)).collect::<Vec<_>>(),
         "call_ids": s.call_ids,
+        "token_calls": s.token_calls,
+        "call_rewards": s.call_rewards,
         "fork_reason": s.fork_reason,
+        "events": s.events.iter().map(|e| json!({
+            "kind": e.kind.as_str(), "at": e.at, "len": e.len, "reason": e.reason,
+            "call_id": e.call_id, "other_sample": e.other_sample,
+        })).collect::<Vec<_>>(),
         "tokenizer_fingerprint": s.tokenizer_fingerprint,
         "template_fingerprint": s.template_fingerprint,
         "schema_version": s.schema_version,

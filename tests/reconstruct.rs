@@ -15,7 +15,8 @@ fn tools() -> Value {
 }
 
 /// A two-turn tool-using session through the gateway: tool call, tool result, answer.
-async fn session(gw: &str) -> String {
+/// Returns the session id and its two call ids.
+async fn session(gw: &str) -> (String, [String; 2]) {
     let s = http::post_json(
         &format!("{gw}/graft/sessions"),
         &[],
@@ -33,9 +34,9 @@ async fn session(gw: &str) -> String {
         &[],
         &json!({"model": "m", "tools": tools(), "messages": messages}),
     )
-    .await
-    .json();
-    let msg = r1["choices"][0]["message"].clone();
+    .await;
+    let call1 = r1.header("x-graft-call-id").unwrap();
+    let msg = r1.json()["choices"][0]["message"].clone();
     let id = msg["tool_calls"][0]["id"].clone();
     messages.push(msg);
     messages.push(json!({"role": "tool", "tool_call_id": id, "content": "a.txt b.txt"}));
@@ -46,6 +47,7 @@ async fn session(gw: &str) -> String {
     )
     .await;
     assert_eq!(r2.status, 200);
+    let call2 = r2.header("x-graft-call-id").unwrap();
     let sid = s["session_id"].as_str().unwrap().to_string();
     http::post_json(
         &format!("{gw}/graft/sessions/{sid}/reward"),
@@ -53,7 +55,7 @@ async fn session(gw: &str) -> String {
         &json!({"reward": 1.0}),
     )
     .await;
-    sid
+    (sid, [call1, call2])
 }
 
 fn reconstruct(args: &[&str]) -> Value {
@@ -69,7 +71,48 @@ async fn text_only_records_are_retokenized_merged_and_drift_is_classified() {
     let data = dir.path().join("data");
     let upstream = Proc::scripted_upstream(&["--script", common::script_path().to_str().unwrap()]);
     let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
-    let sid = session(&gw.url).await;
+    let (sid, calls) = session(&gw.url).await;
+    // Process rewards: call 1 by its seq, call 2 by its id; then the ones refused.
+    let reward = |call: String, body: Value| {
+        let url = format!("{}/graft/sessions/{sid}/calls/{call}/reward", gw.url);
+        async move { http::post_json(&url, &[], &body).await }
+    };
+    let r = reward(
+        "1".into(),
+        json!({"reward": 0.25, "info": {"rubric": "listed"}}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = reward(calls[1].clone(), json!({"reward": -0.5})).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["call_rewards"], 2);
+    for (call, body, says) in [
+        (
+            "3",
+            json!({"reward": 1.0}),
+            "has no call 3: its calls are numbered 1..=2",
+        ),
+        ("0", json!({"reward": 1.0}), "has no call 0"),
+        (
+            "turn-two",
+            json!({"reward": 1.0}),
+            "'turn-two' names no call",
+        ),
+        ("2", json!({"score": 1.0}), "'reward' is required"),
+        ("2", json!({"reward": "high"}), "'reward' must be a number"),
+    ] {
+        let r = reward(call.into(), body).await;
+        assert_eq!(r.status, 400, "{call}: {}", r.text());
+        let msg = r.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(msg.contains(says), "{call}: {msg}");
+    }
+    let r = http::post_json(
+        &format!("{}/graft/sessions/nobody/calls/1/reward", gw.url),
+        &[],
+        &json!({"reward": 1.0}),
+    )
+    .await;
+    assert_eq!(r.status, 404, "{}", r.text());
     drop(gw);
 
     let q = qwen3.to_str().unwrap();
@@ -94,6 +137,8 @@ async fn text_only_records_are_retokenized_merged_and_drift_is_classified() {
     assert_eq!(s["samples"], 2, "{s}");
     assert_eq!(s["forks_by_reason"]["template_drift"], 1, "{s}");
     assert_eq!(s["drift_events"], 1, "{s}");
+    assert_eq!(s["call_rewards"], 2, "{s}");
+    assert_eq!(s["call_rewards_unmatched"], json!([]), "{s}");
 
     let samples = read_samples_parquet(&out).unwrap();
     let tok = Tokenizer::from_dir(&qwen3).unwrap();
@@ -121,6 +166,21 @@ async fn text_only_records_are_retokenized_merged_and_drift_is_classified() {
     }
     assert_eq!(samples[0].fork_reason, None);
     assert_eq!(samples[1].fork_reason.as_deref(), Some("template_drift"));
+    // Each call's process reward stands beside it, and on the tokens it sampled.
+    assert_eq!(samples[0].call_ids, [calls[0].clone()]);
+    assert_eq!(samples[0].call_rewards, [Some(0.25)]);
+    assert_eq!(samples[1].call_ids, [calls[1].clone()]);
+    assert_eq!(samples[1].call_rewards, [Some(-0.5)]);
+    for x in &samples {
+        for (i, &m) in x.loss_mask.iter().enumerate() {
+            assert_eq!(
+                x.token_calls[i],
+                (m == 1).then_some(0),
+                "{}: token {i}",
+                x.sample_id
+            );
+        }
+    }
     // Call 1's answer is its tool call; call 2's answer is trained, its tool result is context.
     let first = trained(0);
     assert!(

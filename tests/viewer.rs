@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use common::{Proc, Stack, TestEnv, graft, http};
+use graft_reconstruct::sample::{EventKind, Sample};
 use serde_json::{Value, json};
 
 #[test]
@@ -19,7 +20,12 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
     let stack = Stack::start();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let gw = stack.gateway.url.clone();
-    for (id, group) in [("s-one", "g1"), ("s-two", "g1"), ("s-three", "g2")] {
+    for (id, group) in [
+        ("s-one", "g1"),
+        ("s-two", "g1"),
+        ("s-three", "g2"),
+        ("s-drift", "g2"),
+    ] {
         let r = rt.block_on(http::post_json(
             &format!("{gw}/graft/sessions"),
             &[],
@@ -33,6 +39,8 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
         ("s-one", "chat-stream-tools"),
         ("s-two", "chat"),
         ("s-three", "chat-stream-tools"),
+        // Its second turn re-sends the first reply rewritten: a drift, then a fork.
+        ("s-drift", "chat-drift"),
     ] {
         env.py_client("openai_sdk.py", &[mode], &stack.target(Some(session), None));
     }
@@ -106,6 +114,18 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
         "graft view listening on",
         None,
     );
+    let drifted: Vec<&Sample> = all.iter().filter(|s| s.session_id == "s-drift").collect();
+    assert_eq!(drifted.len(), 2, "the rewritten turn forks: {drifted:#?}");
+    assert!(
+        drifted[0].events.iter().any(|e| e.kind == EventKind::Drift),
+        "{:?}",
+        drifted[0].events
+    );
+    assert_eq!(drifted[1].events[0].kind, EventKind::Fork);
+    assert_eq!(
+        Some(&drifted[1].events[0].reason),
+        drifted[1].fork_reason.as_ref()
+    );
     let sample_q = sample.sample_id.replace('/', "%2F");
     let pages = json!([
         {"name": "sessions", "path": "/"},
@@ -114,6 +134,8 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
         {"name": "session", "path": "/session/s-one"},
         {"name": "sample", "path": format!("/sample?file=step-00000.parquet&id={sample_q}")},
         {"name": "run", "path": "/run"},
+        {"name": "drifted", "path": format!("/sample?file=step-00000.parquet&id={}", drifted[0].sample_id.replace('/', "%2F"))},
+        {"name": "forked", "path": format!("/sample?file=step-00000.parquet&id={}", drifted[1].sample_id.replace('/', "%2F"))},
     ]);
     let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("viewer-screenshots");
     let out = env.browse(&view.url, &pages, &shots);
@@ -174,6 +196,21 @@ fn every_page_loads_in_chromium_with_the_expected_content() {
         .map(|(i, _)| i as u64)
         .collect();
     assert_eq!(marked, mask1);
+    // Forks and drift events stand before the token where they happen, with their reason.
+    for (page, x) in [("drifted", drifted[0]), ("forked", drifted[1])] {
+        let p = &out[page];
+        let expected: Vec<Value> = x
+            .events
+            .iter()
+            .map(|e| {
+                let before = (e.at as usize) < x.tokens.len();
+                json!({"kind": e.kind.as_str(), "at": e.at, "reason": e.reason,
+                    "before": before.then_some(e.at)})
+            })
+            .collect();
+        assert_eq!(p["events"], json!(expected), "{page}: {p}");
+        assert_eq!(p["event_rows"], x.events.len(), "{page}");
+    }
     // The run page: one point per step.
     assert_eq!(out["run"]["points"], 3);
     assert_eq!(out["run"]["steps"], 3);

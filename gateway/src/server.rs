@@ -690,6 +690,17 @@ async fn backend_admin(
 }
 
 /// The session API under `/graft/sessions`, behind the admin key when one is configured.
+/// `{"reward": number, "info"?: any}` of a reward post.
+fn reward_body(v: Value) -> Result<(f64, Value), GatewayError> {
+    let reward = v
+        .get("reward")
+        .ok_or_else(|| GatewayError::field("reward", "'reward' is required"))?;
+    let reward = reward.as_f64().ok_or_else(|| {
+        GatewayError::field("reward", format!("'reward' must be a number, got {reward}"))
+    })?;
+    Ok((reward, v.get("info").cloned().unwrap_or(Value::Null)))
+}
+
 async fn admin(
     state: &State,
     req: Request<Incoming>,
@@ -763,15 +774,16 @@ async fn admin(
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (Method::POST, [id, "reward"]) => {
-            let v = parse("reward body")?;
-            let reward = v
-                .get("reward")
-                .ok_or_else(|| GatewayError::field("reward", "'reward' is required"))?;
-            let reward = reward.as_f64().ok_or_else(|| {
-                GatewayError::field("reward", format!("'reward' must be a number, got {reward}"))
-            })?;
-            let info = v.get("info").cloned().unwrap_or(Value::Null);
+            let (reward, info) = reward_body(parse("reward body")?)?;
             let s = state.sessions.reward(id, reward, info).await?;
+            Ok(json_response(StatusCode::OK, &s.view()))
+        }
+        (Method::POST, [id, "calls", call_id, "reward"]) => {
+            let (reward, info) = reward_body(parse("reward body")?)?;
+            let s = state
+                .sessions
+                .call_reward(id, call_id, reward, info)
+                .await?;
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (Method::POST, [id, "sampling"]) => {

@@ -21,6 +21,8 @@ pub struct Session {
     pub metadata: Value,
     closed: AtomicBool,
     reward: Mutex<Option<(f64, Value)>>,
+    /// Call rewards posted (process rewards for single turns).
+    call_rewards: AtomicU64,
     calls: AtomicU64,
     /// Calls of this session that failed at the backend (unreachable, 5xx, timeout, broken
     /// stream): a rollout with any is not the policy's doing.
@@ -40,6 +42,7 @@ impl Session {
             metadata,
             closed: AtomicBool::new(false),
             reward: Mutex::new(None),
+            call_rewards: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             sampling: RwLock::new(None),
@@ -79,6 +82,7 @@ impl Session {
             "closed": self.is_closed(),
             "reward": reward.as_ref().map(|r| r.0),
             "reward_info": reward.map(|r| r.1),
+            "call_rewards": self.call_rewards.load(Ordering::Relaxed),
             "calls": self.calls.load(Ordering::Relaxed),
             "upstream_errors": self.upstream_errors.load(Ordering::Relaxed),
             "metadata": self.metadata,
@@ -190,6 +194,11 @@ impl Sessions {
                         && let Ok(mut r) = s.reward.lock()
                     {
                         *r = Some((reward, info));
+                    }
+                }
+                SessionEvent::CallReward { session_id, .. } => {
+                    if let Some(s) = inner.by_id.get(&session_id) {
+                        s.call_rewards.fetch_add(1, Ordering::Relaxed);
                     }
                 }
                 SessionEvent::Closed { session_id, .. } => {
@@ -391,6 +400,67 @@ impl Sessions {
         if let Ok(mut r) = s.reward.lock() {
             *r = Some((reward, info));
         }
+        Ok(s)
+    }
+
+    /// Records a reward for one call of session `id` (a process reward for that turn). The
+    /// call is named by `call`: its `seq` in the session (1 for the first call; at most the
+    /// calls recorded so far) or its call id (the `x-graft-call-id` response header;
+    /// whether the session recorded that id is checked when samples are made: `graft
+    /// reconstruct` counts call rewards that match no call).
+    pub async fn call_reward(
+        &self,
+        id: &str,
+        call: &str,
+        reward: f64,
+        info: Value,
+    ) -> Result<Arc<Session>, GatewayError> {
+        let s = self
+            .get(id)
+            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        let shown: String = call.chars().take(80).collect();
+        let (call_id, seq) = match call.parse::<u64>() {
+            Ok(seq) => {
+                let calls = s.calls.load(Ordering::Relaxed);
+                if seq == 0 || seq > calls {
+                    return Err(GatewayError::field(
+                        "call",
+                        format!(
+                            "session '{id}' has no call {seq}: its calls are numbered 1..={calls} (their seq)"
+                        ),
+                    ));
+                }
+                (None, Some(seq))
+            }
+            Err(_) if uuid::Uuid::parse_str(call).is_ok() => (Some(call.to_owned()), None),
+            Err(_) => {
+                return Err(GatewayError::field(
+                    "call",
+                    format!(
+                        "'{shown}' names no call: use the call's seq in the session (1, 2, ...) or its id (the x-graft-call-id header of its response)"
+                    ),
+                ));
+            }
+        };
+        if !reward.is_finite() {
+            return Err(GatewayError::field(
+                "reward",
+                format!("reward must be a finite number, got {reward}"),
+            ));
+        }
+        let ev = SessionEvent::CallReward {
+            session_id: id.to_string(),
+            call_id,
+            seq,
+            reward,
+            info,
+            at_us: now_us(),
+        };
+        self.log
+            .append(&ev)
+            .await
+            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        s.call_rewards.fetch_add(1, Ordering::Relaxed);
         Ok(s)
     }
 

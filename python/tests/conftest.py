@@ -35,13 +35,45 @@ GRAFT_SCHEMA = pa.schema(
         pa.field("template_fingerprint", pa.utf8(), nullable=False),
         pa.field("schema_version", pa.uint32(), nullable=False),
         pa.field("token_weight_versions", _list(pa.utf8()), nullable=False),
+        pa.field("token_calls", _list(pa.uint32()), nullable=False),
+        pa.field("call_rewards", _list(pa.float64()), nullable=False),
+        pa.field(
+            "events",
+            _list(
+                pa.struct(
+                    [
+                        pa.field("kind", pa.utf8(), nullable=False),
+                        pa.field("at", pa.uint32(), nullable=False),
+                        pa.field("len", pa.uint32(), nullable=False),
+                        pa.field("reason", pa.utf8(), nullable=False),
+                        pa.field("call_id", pa.utf8(), nullable=False),
+                        pa.field("other_sample", pa.utf8(), nullable=True),
+                    ]
+                )
+            ),
+            nullable=False,
+        ),
     ]
 )
 
 
-def write_graft_samples(rows: list[dict], path: Path) -> Path:
-    cols = {f.name: [r[f.name] for r in rows] for f in GRAFT_SCHEMA}
-    pq.write_table(pa.Table.from_pydict(cols, schema=GRAFT_SCHEMA), path, compression="zstd")
+def write_graft_samples(rows: list[dict], path: Path, schema: pa.Schema = GRAFT_SCHEMA) -> Path:
+    """Rows (dicts by column name) as graft writes them, or in an older ``schema`` (a subset
+    of the columns). Left out of a row: ``events`` (none), ``token_calls`` (unknown) and ``call_rewards`` (none)."""
+
+    def value(r: dict, name: str):
+        if name in r:
+            return r[name]
+        if name == "events":
+            return []
+        if name == "call_rewards":
+            return [None] * len(r["call_ids"])
+        if name == "token_calls":
+            return [None] * len(r["tokens"])
+        raise KeyError(name)
+
+    cols = {f.name: [value(r, f.name) for r in rows] for f in schema}
+    pq.write_table(pa.Table.from_pydict(cols, schema=schema), path, compression="zstd")
     return path
 
 

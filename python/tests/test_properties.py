@@ -13,6 +13,7 @@ Needs pyarrow, numpy, pytest and hypothesis only (no framework).
 import math
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -252,6 +253,52 @@ def test_a_sample_without_a_reward_is_refused_unless_a_value_is_given(tmp_path):
     with pytest.raises(SampleError, match="has no reward"):
         to_trl(samples)
     assert to_trl(samples, missing_reward=0.0)["graft_reward"] == [0.0]
+
+
+def _one_turn_row(**over):
+    row = {
+        "sample_id": "x/1", "session_id": "x", "group_id": "g", "tokens": [1, 2, 3], "loss_mask": [0, 1, 1],
+        "logprobs": [None, -0.5, -0.25], "reward": 1.0, "weight_versions": ["w"], "call_ids": ["c"],
+        "fork_reason": "template_drift", "tokenizer_fingerprint": "", "template_fingerprint": "",
+        "schema_version": 3, "token_weight_versions": [None, "w", "w"],
+    }
+    row.update(over)
+    return row
+
+
+def test_events_read_back_and_files_before_v3_have_none(tmp_path):
+    ev = {"kind": "fork", "at": 1, "len": 0, "reason": "template_drift", "call_id": "c", "other_sample": "x/0"}
+    [s] = read_samples(write_graft_samples([_one_turn_row(events=[ev])], tmp_path / "v3.parquet"))
+    assert s.events == [ev]
+    v2 = pa.schema([f for f in GRAFT_SCHEMA if f.name not in ("events", "token_calls", "call_rewards")])
+    [old] = read_samples(write_graft_samples([_one_turn_row(schema_version=2)], tmp_path / "v2.parquet", v2))
+    assert old.events == [] and old.schema_version == 2
+    # One run of sampled tokens, one call: the call of each sampled token is known.
+    assert old.token_calls == [None, 0, 0] and old.call_rewards == [None]
+
+
+def test_call_rewards_and_token_calls_read_back(tmp_path):
+    row = _one_turn_row(
+        tokens=[1, 2, 3, 4, 5], loss_mask=[0, 1, 0, 1, 1], logprobs=[None, -0.1, None, -0.2, -0.3],
+        call_ids=["c0", "c1"], token_weight_versions=[None, "w", None, "w", "w"],
+        token_calls=[None, 0, None, 1, 1], call_rewards=[0.5, None],
+    )
+    [s] = read_samples(write_graft_samples([row], tmp_path / "s.parquet"))
+    assert (s.token_calls, s.call_rewards) == ([None, 0, None, 1, 1], [0.5, None])
+    with pytest.raises(SampleError, match="must align"):
+        read_samples(write_graft_samples([{**row, "call_rewards": [0.5]}], tmp_path / "bad.parquet"))
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"kind": "fork", "at": 4, "len": 0, "reason": "other", "call_id": "c", "other_sample": None},
+        {"kind": "teleport", "at": 0, "len": 0, "reason": "other", "call_id": "c", "other_sample": None},
+    ],
+)
+def test_an_event_off_the_tokens_or_of_an_unknown_kind_is_refused(tmp_path, bad):
+    with pytest.raises(SampleError, match="is not a fork, branch or drift"):
+        read_samples(write_graft_samples([_one_turn_row(events=[bad])], tmp_path / "bad.parquet"))
 
 
 # -- the samples real graft made --------------------------------------------------------

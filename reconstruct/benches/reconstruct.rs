@@ -333,6 +333,7 @@ impl Gen {
                     weight_version_spans: None,
                     finish_reason: Some("stop".to_owned()),
                     root: None,
+                    reward: None,
                 },
                 new_from,
             });
@@ -410,6 +411,9 @@ fn baseline_pass(sessions: &[GenSession]) -> Vec<Sample> {
                 token_weight_versions,
                 call_ids,
                 fork_reason: None,
+                events: Vec::new(),
+                token_calls: Vec::new(),
+                call_rewards: Vec::new(),
                 tokenizer_fingerprint: FINGERPRINTS.0.to_owned(),
                 template_fingerprint: FINGERPRINTS.1.to_owned(),
                 schema_version: SAMPLE_SCHEMA_VERSION,

@@ -54,7 +54,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::sample::{SAMPLE_SCHEMA_VERSION, Sample};
+use crate::sample::{EventKind, SAMPLE_SCHEMA_VERSION, Sample, SampleEvent};
 
 /// Anchor length (tokens) the drift alignment resynchronises on between differing regions.
 pub const DRIFT_ANCHOR: usize = 8;
@@ -97,6 +97,8 @@ pub struct CallTokens {
     /// user message, [`conversation_root`]); `None` when unknown (then the call is never
     /// a new root).
     pub root: Option<String>,
+    /// The reward posted for this call (a process reward for its turn), if any.
+    pub reward: Option<f64>,
 }
 
 impl CallTokens {
@@ -126,6 +128,7 @@ impl CallTokens {
             weight_version_spans: rec.weight_version_spans.clone(),
             finish_reason: rec.finish_reason.clone(),
             root: conversation_root(rec),
+            reward: None,
         })
     }
 }
@@ -360,6 +363,7 @@ pub fn merge_session_with(
                 s.loss_mask.resize(s.tokens.len(), 0);
                 s.logprobs.resize(s.tokens.len(), None);
                 s.token_weight_versions.resize(s.tokens.len(), None);
+                s.token_calls.resize(s.tokens.len(), None);
                 i
             }
             None => {
@@ -370,33 +374,68 @@ pub fn merge_session_with(
                     })
                     .collect();
                 let mut realigned = None;
+                let new_id = format!("{session_id}/{}", opens.len());
+                let mut fork_event = None;
                 let fork_reason = if opens.is_empty() {
                     None
                 } else if own.is_empty() {
                     result
                         .forks
                         .push((call.call_id.clone(), ForkReason::NewRoot));
+                    fork_event = Some(SampleEvent {
+                        kind: EventKind::Fork,
+                        at: 0,
+                        len: 0,
+                        reason: ForkReason::NewRoot.as_str().to_owned(),
+                        call_id: call.call_id.clone(),
+                        other_sample: None,
+                    });
                     Some(ForkReason::NewRoot.as_str().to_owned())
                 } else {
                     let refs: Vec<&Open> = own.iter().map(|&i| &opens[i]).collect();
                     let c = classify(&refs, prompt);
                     let against = own[c.against];
+                    let against_id = opens[against].sample.sample_id.clone();
                     if let Some(len) = c.drift_len {
                         result.drift.push(Drift {
                             call_id: call.call_id.clone(),
-                            against_sample: opens[against].sample.sample_id.clone(),
+                            against_sample: against_id.clone(),
                             first_diff_at: c.first_diff_at,
                             len,
                             reason: c.reason,
                         });
                     }
+                    let event = |kind, other_sample| SampleEvent {
+                        kind,
+                        at: u32::try_from(c.first_diff_at).unwrap_or(u32::MAX),
+                        len: c
+                            .drift_len
+                            .map_or(0, |l| u32::try_from(l).unwrap_or(u32::MAX)),
+                        reason: c.reason.as_str().to_owned(),
+                        call_id: call.call_id.clone(),
+                        other_sample,
+                    };
                     if c.reason == ForkReason::TemplateDrift && options.on_drift == OnDrift::Realign
                     {
                         let lost = realign(&mut opens[against], prompt, &c.runs);
+                        opens[against]
+                            .sample
+                            .events
+                            .push(event(EventKind::Drift, None));
                         result.realigned.push((call.call_id.clone(), lost));
                         realigned = Some(against);
                         None
                     } else {
+                        let kind = if c.drift_len.is_some() {
+                            EventKind::Drift
+                        } else {
+                            EventKind::Branch
+                        };
+                        opens[against]
+                            .sample
+                            .events
+                            .push(event(kind, Some(new_id.clone())));
+                        fork_event = Some(event(EventKind::Fork, Some(against_id)));
                         result.forks.push((call.call_id.clone(), c.reason));
                         Some(c.reason.as_str().to_owned())
                     }
@@ -406,7 +445,7 @@ pub fn merge_session_with(
                     None => {
                         opens.push(Open {
                             sample: Sample {
-                                sample_id: format!("{session_id}/{}", opens.len()),
+                                sample_id: new_id,
                                 session_id: session_id.to_owned(),
                                 group_id: group_id.map(str::to_owned),
                                 tokens: prompt.to_vec(),
@@ -416,7 +455,10 @@ pub fn merge_session_with(
                                 weight_versions: Vec::new(),
                                 token_weight_versions: vec![None; prompt.len()],
                                 call_ids: Vec::new(),
+                                token_calls: vec![None; prompt.len()],
+                                call_rewards: Vec::new(),
                                 fork_reason,
+                                events: fork_event.into_iter().collect(),
                                 tokenizer_fingerprint: fingerprints.0.to_owned(),
                                 template_fingerprint: fingerprints.1.to_owned(),
                                 schema_version: SAMPLE_SCHEMA_VERSION,
@@ -445,6 +487,7 @@ fn realign(open: &mut Open, prompt: &[u32], runs: &[(usize, usize, usize)]) -> u
     let mut mask = vec![0u8; n];
     let mut logprobs = vec![None; n];
     let mut versions = vec![None; n];
+    let mut token_calls = vec![None; n];
     let mut kept = 0;
     for &(a, b, len) in runs {
         let len = len
@@ -454,14 +497,25 @@ fn realign(open: &mut Open, prompt: &[u32], runs: &[(usize, usize, usize)]) -> u
             mask[b + k] = s.loss_mask[a + k];
             logprobs[b + k] = s.logprobs[a + k];
             versions[b + k] = s.token_weight_versions[a + k];
+            token_calls[b + k] = s.token_calls.get(a + k).copied().flatten();
             kept += usize::from(s.loss_mask[a + k] == 1);
         }
     }
     let lost = s.trained_tokens().saturating_sub(kept);
+    // Earlier events move with the tokens they point at (or to the end of the aligned run
+    // before them, when their token was rewritten).
+    for ev in &mut s.events {
+        let at = ev.at as usize;
+        if let Some(&(a, b, len)) = runs.iter().rev().find(|&&(a, _, _)| a <= at) {
+            let to = if at < a + len { b + (at - a) } else { b + len };
+            ev.at = u32::try_from(to).unwrap_or(u32::MAX);
+        }
+    }
     s.tokens = prompt.to_vec();
     s.loss_mask = mask;
     s.logprobs = logprobs;
     s.token_weight_versions = versions;
+    s.token_calls = token_calls;
     // The earlier calls' ends no longer index these tokens.
     open.bounds.clear();
     lost
@@ -477,7 +531,11 @@ fn push_completion(open: &mut Open, call: &CallTokens, k: usize) {
         Some(l) => s.logprobs.extend_from_slice(l),
         None => s.logprobs.resize(s.tokens.len(), None),
     }
+    let call_index = u32::try_from(s.call_ids.len()).ok();
     s.call_ids.push(call.call_id.clone());
+    s.call_rewards.push(call.reward);
+    s.token_calls.resize(prompt_end, None);
+    s.token_calls.resize(s.tokens.len(), call_index);
     let mut index = |v: &str| -> Option<u32> {
         let i = match s.weight_versions.iter().position(|w| w == v) {
             Some(i) => i,

@@ -111,6 +111,12 @@ pub struct Reconstruction {
     pub weight_versions: BTreeMap<String, usize>,
     /// Calls of [`FromRecords::count_versions_of`] per session.
     pub calls_per_session: BTreeMap<String, usize>,
+    /// Call rewards attached to a merged call.
+    pub call_rewards: u64,
+    /// Call rewards of the merged sessions that name no merged call (a call of another
+    /// session, one left out or skipped, or no call at all), as `SESSION/CALL_ID` or
+    /// `SESSION/seq N`.
+    pub call_rewards_unmatched: Vec<String>,
 }
 
 /// Why a call could not be re-tokenized, as the summary counts it: each distinct reason,
@@ -121,16 +127,47 @@ pub fn skip_reason(s: &Skip) -> String {
 
 /// The rewards a data dir's session log holds (the last posted per session).
 pub fn session_rewards(data_dir: &Path) -> Result<HashMap<String, f64>, ReconstructError> {
-    let mut rewards = HashMap::new();
+    Ok(rewards(data_dir)?.sessions)
+}
+
+/// The rewards of a data dir's session log, the last posted of each.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Rewards {
+    /// Per session.
+    pub sessions: HashMap<String, f64>,
+    /// Per (session, call id): process rewards of single turns.
+    pub calls: HashMap<(String, String), f64>,
+    /// Per (session, seq): the same, for calls named by their seq.
+    pub seqs: HashMap<(String, u64), f64>,
+}
+
+/// Reads the rewards of `data_dir`'s session log.
+pub fn rewards(data_dir: &Path) -> Result<Rewards, ReconstructError> {
+    let mut out = Rewards::default();
     for ev in graft_recorder::read_session_events(data_dir)? {
-        if let SessionEvent::Reward {
-            session_id, reward, ..
-        } = ev
-        {
-            rewards.insert(session_id, reward);
+        match ev {
+            SessionEvent::Reward {
+                session_id, reward, ..
+            } => {
+                out.sessions.insert(session_id, reward);
+            }
+            SessionEvent::CallReward {
+                session_id,
+                call_id,
+                seq,
+                reward,
+                ..
+            } => {
+                if let Some(c) = call_id {
+                    out.calls.insert((session_id, c), reward);
+                } else if let Some(n) = seq {
+                    out.seqs.insert((session_id, n), reward);
+                }
+            }
+            _ => {}
         }
     }
-    Ok(rewards)
+    Ok(out)
 }
 
 /// Reads the records of `data_dir`, merges the chosen sessions' calls (in record order)
@@ -143,7 +180,11 @@ pub fn samples_from_records(
     out: &Path,
 ) -> Result<Reconstruction, ReconstructError> {
     let (tok_fp, tpl_fp) = model.fingerprints();
-    let rewards = session_rewards(data_dir)?;
+    let Rewards {
+        sessions: rewards,
+        calls: mut call_rewards,
+        seqs: mut seq_rewards,
+    } = rewards(data_dir)?;
     let mut done = Reconstruction::default();
     let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -204,6 +245,12 @@ pub fn samples_from_records(
                 }
             },
         };
+        let mut calls = calls;
+        // Named by id, else by seq (a call named both ways takes the reward by id).
+        let by_id = call_rewards.remove(&(rec.session_id.clone(), rec.call_id.clone()));
+        let by_seq = seq_rewards.remove(&(rec.session_id.clone(), rec.seq));
+        calls.reward = by_id.or(by_seq);
+        done.call_rewards += u64::from(calls.reward.is_some());
         sessions
             .entry(rec.session_id.clone())
             .or_insert_with(|| (rec.group_id.clone(), vec![]))
@@ -227,6 +274,18 @@ pub fn samples_from_records(
         .collect();
     write_results(&results, out)?;
     done.summary = Summary::of(&results);
+    let mut unmatched: Vec<String> = call_rewards
+        .into_keys()
+        .chain(
+            seq_rewards
+                .into_keys()
+                .map(|(s, n)| (s, format!("seq {n}"))),
+        )
+        .filter(|(sid, _)| how.sessions.is_none_or(|s| s.contains(sid)))
+        .map(|(sid, call)| format!("{sid}/{call}"))
+        .collect();
+    unmatched.sort();
+    done.call_rewards_unmatched = unmatched;
     done.sessions_without_samples = seen
         .into_iter()
         .filter(|s| !sessions.contains_key(s))

@@ -129,6 +129,7 @@ impl Model {
             weight_version_spans: rec.weight_version_spans.clone(),
             finish_reason: rec.finish_reason.clone(),
             root: crate::merge::conversation_root(rec),
+            reward: None,
         })
     }
 }
@@ -285,6 +286,7 @@ pub fn conversation_calls(model: &Model, id: &str, conv: &Value) -> Result<Vec<C
             weight_version_spans: None,
             finish_reason: None,
             root: None,
+            reward: None,
         });
     }
     Ok(out)

@@ -13,7 +13,10 @@
 //! | `weight_versions` | List<Utf8> | distinct weight versions of its calls, first seen first |
 //! | `token_weight_versions` | List<Utf8> | since v2; aligned to `tokens`: the weight version that sampled each token, null on mask-0 tokens and where unknown |
 //! | `call_ids` | List<Utf8> | the calls merged into it, in seq order |
+//! | `token_calls` | List<UInt32> | since v3; aligned to `tokens`: the index in `call_ids` of the call that sampled each token, null on mask-0 tokens |
+//! | `call_rewards` | List<Float64> | since v3; aligned to `call_ids`: the reward posted for each call (a process reward for its turn), null where none was |
 //! | `fork_reason` | Utf8, null | why it did not continue an earlier sample; null for a session's first |
+//! | `events` | List<Struct{kind Utf8, at UInt32, len UInt32, reason Utf8, call_id Utf8, other_sample Utf8 null}> | since v3; the forks and drift events at their token positions ([`SampleEvent`]) |
 //! | `tokenizer_fingerprint`, `template_fingerprint` | Utf8 | |
 //! | `schema_version` | UInt32 | [`SAMPLE_SCHEMA_VERSION`] |
 //!
@@ -23,7 +26,9 @@
 //! Version 1 files (no `token_weight_versions`, 0.0 where a logprob was unknown) read back
 //! as version 2 says: logprobs of mask-0 tokens are unknown, and so are a sample's sampled
 //! ones when all of them are 0.0 (v1 wrote that for re-tokenized text); per-token versions
-//! are known only when the sample had a single weight version.
+//! are known only when the sample had a single weight version. Files before version 3 (no
+//! `events` column) read back with no events, no call rewards, and `token_calls` from the
+//! runs of sampled tokens when there are as many runs as calls (else unknown).
 
 use std::fs::File;
 use std::path::Path;
@@ -34,8 +39,11 @@ use arrow_array::builder::{
 };
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Float32Type, Float64Type, UInt8Type, UInt32Type};
-use arrow_array::{Array, ArrayRef, ArrowPrimitiveType, ListArray, RecordBatch, StringArray};
-use arrow_schema::{DataType, Field, Schema, SchemaRef};
+use arrow_array::{
+    Array, ArrayRef, ArrowPrimitiveType, ListArray, RecordBatch, StringArray, StructArray,
+};
+use arrow_buffer::OffsetBuffer;
+use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 use parquet::arrow::ArrowWriter;
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::basic::{Compression, ZstdLevel};
@@ -47,7 +55,59 @@ use crate::error::ReconstructError;
 ///
 /// - 1: the first layout; unknown logprobs written as 0.0.
 /// - 2: unknown logprobs are null; adds `token_weight_versions`.
-pub const SAMPLE_SCHEMA_VERSION: u32 = 2;
+/// - 3: adds `events` (forks and drift events at their token positions), `token_calls` and
+///   `call_rewards` (per-call rewards).
+pub const SAMPLE_SCHEMA_VERSION: u32 = 3;
+
+/// What a [`SampleEvent`] says happened at its position.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum EventKind {
+    /// This sample starts as a fork: its tokens before `at` are those of `other_sample`
+    /// (none for a new root), from `at` on they are its first call's own.
+    Fork,
+    /// A later call left this sample at `at` (a parallel branch or a compaction) and
+    /// started `other_sample`; nothing here was rewritten.
+    Branch,
+    /// A later call's prompt disagreed with this sample's tokens from `at` on (`len` of
+    /// them inside the differing regions): it started `other_sample`, or, when that is
+    /// null, the sample was realigned to the prompt (its rewritten tokens lost their mask).
+    Drift,
+}
+
+impl EventKind {
+    pub const ALL: [EventKind; 3] = [EventKind::Fork, EventKind::Branch, EventKind::Drift];
+
+    /// The name stored in the `events` column.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventKind::Fork => "fork",
+            EventKind::Branch => "branch",
+            EventKind::Drift => "drift",
+        }
+    }
+
+    pub fn parse(name: &str) -> Option<EventKind> {
+        EventKind::ALL.into_iter().find(|k| k.as_str() == name)
+    }
+}
+
+/// A fork or drift event at a token position of a sample: where the merge met a call
+/// whose prompt did not simply continue it, and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SampleEvent {
+    pub kind: EventKind,
+    /// Index in this sample's tokens where it happens (the first differing token).
+    pub at: u32,
+    /// Drift: this sample's tokens inside the differing regions; else 0.
+    pub len: u32,
+    /// The [`crate::merge::ForkReason`] name.
+    pub reason: String,
+    /// The call that forked or drifted.
+    pub call_id: String,
+    /// The other sample: the one forked from (`fork`) or the one started (`branch`,
+    /// `drift`); null for a new root's fork and for a realigned drift.
+    pub other_sample: Option<String>,
+}
 
 /// One token-masked training sequence: the calls of a session that continue each other,
 /// merged.
@@ -72,9 +132,17 @@ pub struct Sample {
     pub token_weight_versions: Vec<Option<u32>>,
     /// The calls merged into this sample, in seq order.
     pub call_ids: Vec<String>,
+    /// Aligned to `tokens`: the index in `call_ids` of the call that sampled the token;
+    /// `None` on mask-0 tokens.
+    pub token_calls: Vec<Option<u32>>,
+    /// Aligned to `call_ids`: the reward posted for that call (a process reward for its
+    /// turn), `None` where none was.
+    pub call_rewards: Vec<Option<f64>>,
     /// Why this sample did not continue an earlier one (a [`crate::merge::ForkReason`]
     /// name); `None` for a session's first sample.
     pub fork_reason: Option<String>,
+    /// Forks and drift events at their positions in `tokens`, in the order they happened.
+    pub events: Vec<SampleEvent>,
     pub tokenizer_fingerprint: String,
     pub template_fingerprint: String,
     pub schema_version: u32,
@@ -84,6 +152,12 @@ impl Sample {
     /// Number of tokens with loss (mask 1).
     pub fn trained_tokens(&self) -> usize {
         self.loss_mask.iter().filter(|&&m| m == 1).count()
+    }
+
+    /// The reward posted for the call that sampled token `i`, if any.
+    pub fn token_call_reward(&self, i: usize) -> Option<f64> {
+        let c = (*self.token_calls.get(i)?)?;
+        (*self.call_rewards.get(c as usize)?).filter(|r| r.is_finite())
     }
 
     /// The weight version that sampled token `i`, when known.
@@ -124,7 +198,28 @@ pub fn samples_schema() -> SchemaRef {
         Field::new("template_fingerprint", DataType::Utf8, false),
         Field::new("schema_version", DataType::UInt32, false),
         list("token_weight_versions", DataType::Utf8),
+        list("token_calls", DataType::UInt32),
+        list("call_rewards", DataType::Float64),
+        Field::new(
+            "events",
+            DataType::List(Arc::new(Field::new_list_field(
+                DataType::Struct(event_fields()),
+                true,
+            ))),
+            false,
+        ),
     ]))
+}
+
+fn event_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("at", DataType::UInt32, false),
+        Field::new("len", DataType::UInt32, false),
+        Field::new("reason", DataType::Utf8, false),
+        Field::new("call_id", DataType::Utf8, false),
+        Field::new("other_sample", DataType::Utf8, true),
+    ])
 }
 
 fn build_batch(
@@ -147,6 +242,15 @@ fn build_batch(
     let mut template_fp = StringBuilder::with_capacity(n, n * 64);
     let mut schema_version = UInt32Builder::with_capacity(n);
     let mut token_versions = ListBuilder::new(StringBuilder::new());
+    let mut token_calls = ListBuilder::new(UInt32Builder::new());
+    let mut call_rewards = ListBuilder::new(Float64Builder::new());
+    let mut ev_lens = Vec::with_capacity(n);
+    let mut ev_kind = StringBuilder::new();
+    let mut ev_at = UInt32Builder::new();
+    let mut ev_len = UInt32Builder::new();
+    let mut ev_reason = StringBuilder::new();
+    let mut ev_call = StringBuilder::new();
+    let mut ev_other = StringBuilder::new();
     for s in rows {
         sample_id.append_value(&s.sample_id);
         session_id.append_value(&s.session_id);
@@ -178,7 +282,47 @@ fn build_batch(
                 .append_option(s.token_weight_version(i));
         }
         token_versions.append(true);
+        for &c in &s.token_calls {
+            token_calls.values().append_option(c);
+        }
+        token_calls.append(true);
+        for &r in &s.call_rewards {
+            call_rewards.values().append_option(r);
+        }
+        call_rewards.append(true);
+        ev_lens.push(s.events.len());
+        for ev in &s.events {
+            ev_kind.append_value(ev.kind.as_str());
+            ev_at.append_value(ev.at);
+            ev_len.append_value(ev.len);
+            ev_reason.append_value(&ev.reason);
+            ev_call.append_value(&ev.call_id);
+            ev_other.append_option(ev.other_sample.as_deref());
+        }
     }
+    let event_structs = StructArray::try_new(
+        event_fields(),
+        vec![
+            Arc::new(ev_kind.finish()),
+            Arc::new(ev_at.finish()),
+            Arc::new(ev_len.finish()),
+            Arc::new(ev_reason.finish()),
+            Arc::new(ev_call.finish()),
+            Arc::new(ev_other.finish()),
+        ],
+        None,
+    )
+    .map_err(|e| ReconstructError::arrow(path, e))?;
+    let events = ListArray::try_new(
+        Arc::new(Field::new_list_field(
+            DataType::Struct(event_fields()),
+            true,
+        )),
+        OffsetBuffer::from_lengths(ev_lens),
+        Arc::new(event_structs),
+        None,
+    )
+    .map_err(|e| ReconstructError::arrow(path, e))?;
     let columns: Vec<ArrayRef> = vec![
         Arc::new(sample_id.finish()),
         Arc::new(session_id.finish()),
@@ -194,6 +338,9 @@ fn build_batch(
         Arc::new(template_fp.finish()),
         Arc::new(schema_version.finish()),
         Arc::new(token_versions.finish()),
+        Arc::new(token_calls.finish()),
+        Arc::new(call_rewards.finish()),
+        Arc::new(events),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
 }
@@ -355,6 +502,54 @@ impl<'a> Cols<'a> {
     }
 }
 
+impl Cols<'_> {
+    /// The `events` of row `row`.
+    fn events(&self, col: &ListArray, row: usize) -> Result<Vec<SampleEvent>, ReconstructError> {
+        const NAME: &str = "events";
+        if col.is_null(row) {
+            return Ok(Vec::new());
+        }
+        let values = col.value(row);
+        let Some(st) = values.as_struct_opt() else {
+            return Err(self.bad(
+                NAME,
+                format!("holds {}, expected a Struct", values.data_type()),
+            ));
+        };
+        let string = |name: &str| -> Result<&StringArray, ReconstructError> {
+            st.column_by_name(name)
+                .and_then(|c| c.as_string_opt::<i32>())
+                .ok_or_else(|| self.bad(NAME, format!("has no Utf8 field '{name}'")))
+        };
+        let number = |name: &str| {
+            st.column_by_name(name)
+                .and_then(|c| c.as_primitive_opt::<UInt32Type>())
+                .ok_or_else(|| self.bad(NAME, format!("has no UInt32 field '{name}'")))
+        };
+        let (kind, at, len) = (string("kind")?, number("at")?, number("len")?);
+        let (reason, call_id, other) = (
+            string("reason")?,
+            string("call_id")?,
+            string("other_sample")?,
+        );
+        (0..st.len())
+            .map(|i| {
+                let name = kind.value(i);
+                Ok(SampleEvent {
+                    kind: EventKind::parse(name).ok_or_else(|| {
+                        self.bad(NAME, format!("row {row}: unknown event kind '{name}'"))
+                    })?,
+                    at: at.value(i),
+                    len: len.value(i),
+                    reason: reason.value(i).to_owned(),
+                    call_id: call_id.value(i).to_owned(),
+                    other_sample: opt_str(other, i),
+                })
+            })
+            .collect()
+    }
+}
+
 fn opt_str(col: &StringArray, row: usize) -> Option<String> {
     (!col.is_null(row)).then(|| col.value(row).to_owned())
 }
@@ -379,6 +574,28 @@ fn upgrade_v1(s: &mut Sample) {
         .iter()
         .map(|&m| if m == 1 { one } else { None })
         .collect();
+}
+
+/// A sample before version 3 as version 3 says it: no call rewards; the call of each
+/// sampled token from the runs of sampled tokens when there is one run per call (each
+/// call's completion is one run), else unknown.
+fn upgrade_v2(s: &mut Sample) {
+    s.call_rewards = vec![None; s.call_ids.len()];
+    let mut runs = 0u32;
+    let mut prev = 0;
+    let mut calls = Vec::with_capacity(s.loss_mask.len());
+    for &m in &s.loss_mask {
+        if m == 1 && prev == 0 {
+            runs += 1;
+        }
+        prev = m;
+        calls.push((m == 1).then(|| runs - 1));
+    }
+    s.token_calls = if runs as usize == s.call_ids.len() {
+        calls
+    } else {
+        vec![None; s.loss_mask.len()]
+    };
 }
 
 /// Reads every sample of a file written by [`write_samples_parquet`] (or by an earlier
@@ -426,6 +643,18 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
             .column_by_name("token_weight_versions")
             .map(|_| c.list("token_weight_versions"))
             .transpose()?;
+        let token_calls = batch
+            .column_by_name("token_calls")
+            .map(|_| c.list("token_calls"))
+            .transpose()?;
+        let call_rewards = batch
+            .column_by_name("call_rewards")
+            .map(|_| c.list("call_rewards"))
+            .transpose()?;
+        let events = batch
+            .column_by_name("events")
+            .map(|_| c.list("events"))
+            .transpose()?;
         for row in 0..batch.num_rows() {
             let mut s = Sample {
                 sample_id: sample_id.value(row).to_owned(),
@@ -438,7 +667,19 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
                 weight_versions: c.string_list("weight_versions", weight_versions, row)?,
                 token_weight_versions: Vec::new(),
                 call_ids: c.string_list("call_ids", call_ids, row)?,
+                token_calls: match token_calls {
+                    Some(col) => c.nullable_list::<UInt32Type>("token_calls", col, row)?,
+                    None => Vec::new(),
+                },
+                call_rewards: match call_rewards {
+                    Some(col) => c.nullable_list::<Float64Type>("call_rewards", col, row)?,
+                    None => Vec::new(),
+                },
                 fork_reason: opt_str(fork_reason, row),
+                events: match events {
+                    Some(col) => c.events(col, row)?,
+                    None => Vec::new(),
+                },
                 tokenizer_fingerprint: tokenizer_fp.value(row).to_owned(),
                 template_fingerprint: template_fp.value(row).to_owned(),
                 schema_version: schema_version.value(row),
@@ -456,6 +697,9 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
                         .collect();
                 }
                 None => upgrade_v1(&mut s),
+            }
+            if token_calls.is_none() {
+                upgrade_v2(&mut s);
             }
             out.push(s);
         }

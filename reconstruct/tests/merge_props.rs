@@ -13,7 +13,8 @@ use graft_reconstruct::merge::{
     merge_session_with,
 };
 use graft_reconstruct::sample::{
-    SAMPLE_SCHEMA_VERSION, Sample, read_samples_parquet, write_samples_parquet,
+    EventKind, SAMPLE_SCHEMA_VERSION, Sample, SampleEvent, read_samples_parquet,
+    write_samples_parquet,
 };
 use graft_recorder::WeightSpan;
 use proptest::prelude::*;
@@ -99,6 +100,8 @@ impl Session {
             weight_version_spans,
             finish_reason: Some("stop".to_owned()),
             root: self.root.clone(),
+            // Some turns carry a process reward.
+            reward: (seq % 3 == 1).then_some(seq as f64 * 0.25),
         });
         call_id
     }
@@ -232,6 +235,25 @@ fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
             }
             spans.push((p, p + n));
         }
+        // Each sampled token names the call that sampled it; each call its reward.
+        assert_eq!(s.token_calls.len(), s.tokens.len());
+        assert_eq!(s.call_rewards.len(), s.call_ids.len());
+        for (j, id) in s.call_ids.iter().enumerate() {
+            let c = by_id[id.as_str()];
+            let (p, n) = (c.prompt_ids.len(), c.completion_ids.len());
+            assert!(
+                s.token_calls[p..p + n].iter().all(|&t| t == Some(j as u32)),
+                "{id}: its completion's tokens name it"
+            );
+            assert_eq!(s.call_rewards[j], c.reward, "{id}: its reward");
+        }
+        for (i, &m) in s.loss_mask.iter().enumerate() {
+            assert_eq!(
+                s.token_calls[i].is_some(),
+                m == 1,
+                "token {i}: a call iff sampled"
+            );
+        }
         // Mask 1 exactly on those completions.
         let sampled: usize = spans.iter().map(|(a, b)| b - a).sum();
         assert_eq!(
@@ -268,7 +290,76 @@ fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
             ForkReason::TemplateDrift | ForkReason::Other
         ));
         assert!(r.forks.contains(&(d.call_id.clone(), d.reason)));
+        // Each drift event stands in the sample it was found in, at its position.
+        let against = r
+            .samples
+            .iter()
+            .find(|s| s.sample_id == d.against_sample)
+            .expect("the drifted sample");
+        assert!(
+            against.events.iter().any(|e| e.kind == EventKind::Drift
+                && e.call_id == d.call_id
+                && e.at as usize == d.first_diff_at
+                && e.len as usize == d.len
+                && e.reason == d.reason.as_str()),
+            "{d:?} in {:?}",
+            against.events
+        );
     }
+    check_events(r);
+}
+
+/// The samples' events: every later sample opens with its fork, where its tokens leave the
+/// sample it forked from; that sample holds the matching branch or drift event; nothing else.
+fn check_events(r: &MergeResult) {
+    let by_id: HashMap<&str, &Sample> = r
+        .samples
+        .iter()
+        .map(|s| (s.sample_id.as_str(), s))
+        .collect();
+    let (mut forks, mut drifts) = (0, 0);
+    for (k, s) in r.samples.iter().enumerate() {
+        for (j, e) in s.events.iter().enumerate() {
+            assert!(e.at as usize <= s.tokens.len(), "{e:?} off {}", s.sample_id);
+            match e.kind {
+                EventKind::Fork => {
+                    forks += 1;
+                    assert!(k > 0 && j == 0, "a fork opens a later sample: {e:?}");
+                    assert_eq!(Some(&e.reason), s.fork_reason.as_ref());
+                    assert_eq!(e.call_id, s.call_ids[0]);
+                    match &e.other_sample {
+                        None => assert_eq!(e.reason, "new_root"),
+                        Some(o) => {
+                            let from = by_id[o.as_str()];
+                            let at = e.at as usize;
+                            assert_eq!(
+                                &s.tokens[..at],
+                                &from.tokens[..at],
+                                "{}: forked from {o} at {at}",
+                                s.sample_id
+                            );
+                            assert!(
+                                from.events.iter().any(|f| f.kind != EventKind::Fork
+                                    && f.call_id == e.call_id
+                                    && f.at == e.at
+                                    && f.other_sample.as_deref() == Some(&s.sample_id)),
+                                "{o} marks where {} left it: {:?}",
+                                s.sample_id,
+                                from.events
+                            );
+                        }
+                    }
+                }
+                EventKind::Drift | EventKind::Branch => {
+                    drifts += usize::from(e.kind == EventKind::Drift);
+                    let other = e.other_sample.as_deref().expect("the sample it started");
+                    assert_eq!(by_id[other].events[0].call_id, e.call_id);
+                }
+            }
+        }
+    }
+    assert_eq!(forks, r.forks.len(), "one fork event per fork");
+    assert_eq!(drifts, r.drift.len(), "one drift event per drift");
 }
 
 // -------------------------------------------------------------------------------------
@@ -742,6 +833,18 @@ fn realign_continues_the_drifted_sample_with_the_prompts_own_tokens() {
     assert_eq!(r.drift.len(), 1, "still reported as drift");
     assert_eq!(r.drift[0].reason, ForkReason::TemplateDrift);
     let x = &r.samples[0];
+    assert_eq!(
+        x.events,
+        [SampleEvent {
+            kind: EventKind::Drift,
+            at: 25,
+            len: 3,
+            reason: "template_drift".into(),
+            call_id: second.clone(),
+            other_sample: None,
+        }],
+        "the realigned drift stands where the prompt first differs"
+    );
     assert_eq!(x.call_ids, [first.clone(), second]);
     let mut want = prompt.clone();
     want.extend(&c2);

@@ -338,6 +338,8 @@ pub struct SessionSummary {
     pub last_us: i64,
     /// The last reward reported.
     pub reward: Option<f64>,
+    /// Call rewards posted (process rewards; a call rewarded twice counts twice).
+    pub call_rewards: u64,
     pub closed: bool,
     /// Stored delta bytes of the request, normalized request and upstream request
     /// ([`SessionBytes::delta_bytes`]).
@@ -371,6 +373,7 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
                 first_us: at,
                 last_us: at,
                 reward: None,
+                call_rewards: 0,
                 closed: false,
                 stored_request_bytes: 0,
                 harness: None,
@@ -465,6 +468,9 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
             SessionEvent::Closed { session_id, at_us } => {
                 entry(&mut by_id, &session_id, at_us).closed = true
             }
+            SessionEvent::CallReward {
+                session_id, at_us, ..
+            } => entry(&mut by_id, &session_id, at_us).call_rewards += 1,
             SessionEvent::Sampling { .. } => {}
         }
     }

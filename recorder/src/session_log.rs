@@ -40,6 +40,19 @@ pub enum SessionEvent {
         info: serde_json::Value,
         at_us: i64,
     },
+    /// A reward for one call of the session (a process reward for that turn), beside the
+    /// session's own; the last one posted for a call counts. The call is named by its id
+    /// or by its `seq` in the session (one of the two).
+    CallReward {
+        session_id: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        call_id: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        seq: Option<u64>,
+        reward: f64,
+        info: serde_json::Value,
+        at_us: i64,
+    },
     Closed {
         session_id: String,
         at_us: i64,
@@ -52,6 +65,7 @@ impl SessionEvent {
             Self::Created { session_id, .. }
             | Self::Sampling { session_id, .. }
             | Self::Reward { session_id, .. }
+            | Self::CallReward { session_id, .. }
             | Self::Closed { session_id, .. } => session_id,
         }
     }

@@ -1,7 +1,7 @@
 //! One GRPO optimizer step over token-masked samples, the selection of samples from a
 //! samples file (groups, advantages, Balanced Adaptive Rollout), checkpoints.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
@@ -25,7 +25,12 @@ pub struct TrainSample {
     /// rollout logprob is unknown needs π_old recomputed and gets no importance weight
     /// (its rollout logprob is taken to be π_old's: weight 1), see [`Trainer::step`].
     pub rollout_logprobs: Option<Vec<Option<f32>>>,
+    /// The sequence's advantage (its session reward's), on every token.
     pub advantage: f64,
+    /// Aligned to `tokens`: a per-turn term added to `advantage` (from call rewards: the
+    /// group-normalised reward of the call that sampled the token, 0 elsewhere); `None`
+    /// without call rewards.
+    pub turn_advantages: Option<Vec<f32>>,
     pub reward: f64,
 }
 
@@ -94,17 +99,34 @@ pub struct Selection {
 /// carries it. With `bar`, each group's sessions are chosen by Balanced Adaptive Rollout
 /// (a file holds no more rollouts than it holds, so a group short of the band is relaxed
 /// or dropped at once).
+///
+/// Call rewards (process rewards for single turns, [`Sample::call_rewards`]) add a per-turn
+/// term: each rewarded call's reward normalised over the rewarded calls of its group's
+/// chosen sessions, added to the advantage of the tokens that call sampled. A session with
+/// call rewards and no session reward takes part with a session term of 0 (BAR chooses
+/// among the sessions with a session reward only). A group trains when some term is not 0.
 pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64) -> Selection {
     let mut sel = Selection::default();
     // Sessions in first-seen order, per group.
     let mut groups: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut reward: HashMap<&str, f64> = HashMap::new();
-    let mut without = std::collections::HashSet::new();
+    let mut call_rewarded: HashSet<&str> = HashSet::new();
+    let mut without = HashSet::new();
     for s in samples {
-        let Some(r) = s.reward else {
-            without.insert(s.session_id.as_str());
-            continue;
-        };
+        let has_call_rewards = s.call_rewards.iter().any(|r| r.is_some_and(f64::is_finite));
+        if has_call_rewards {
+            call_rewarded.insert(s.session_id.as_str());
+        }
+        match s.reward {
+            Some(r) => {
+                reward.insert(s.session_id.as_str(), r);
+            }
+            None if has_call_rewards => {}
+            None => {
+                without.insert(s.session_id.as_str());
+                continue;
+            }
+        }
         let g = s
             .group_id
             .clone()
@@ -113,18 +135,23 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
         if !members.contains(&s.session_id) {
             members.push(s.session_id.clone());
         }
-        reward.insert(s.session_id.as_str(), r);
     }
+    // A session whose other sample carries a call reward is not without one.
+    without.retain(|s| !call_rewarded.contains(s) && !reward.contains_key(s));
     sel.sessions_without_reward = without.len();
     sel.groups = groups.len();
     let mut advantage: HashMap<String, f64> = HashMap::new();
+    let mut turn: HashMap<(&str, &str), f64> = HashMap::new();
     for members in groups.values() {
-        let rewards: Vec<f64> = members
+        let rewarded: Vec<usize> = (0..members.len())
+            .filter(|&i| reward.contains_key(members[i].as_str()))
+            .collect();
+        let rewards: Vec<f64> = rewarded
             .iter()
-            .map(|m| reward.get(m.as_str()).copied().unwrap_or(0.0))
+            .map(|&i| reward[members[i].as_str()])
             .collect();
         let chosen: Vec<usize> = match bar_cfg {
-            Some(cfg) => {
+            Some(cfg) if !rewards.is_empty() => {
                 let cfg = BarConfig {
                     n_max: rewards.len().max(cfg.n),
                     ..cfg.clone()
@@ -136,29 +163,57 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
                         }
                         indices
                     }
-                    BarDecision::Drop => {
-                        sel.groups_dropped += 1;
-                        continue;
-                    }
+                    BarDecision::Drop => Vec::new(),
                     // Fewer rollouts than n in the file: train on them all.
                     BarDecision::NeedMore(_) => (0..rewards.len()).collect(),
                 }
             }
-            None => (0..rewards.len()).collect(),
+            _ => (0..rewards.len()).collect(),
         };
-        let r: Vec<f64> = chosen.iter().map(|&i| rewards[i]).collect();
-        let same = vec!["g"; r.len()];
-        let adv = grpo::group_advantages(&r, &same, eps);
-        if adv.iter().all(|a| *a == 0.0) {
+        if chosen.is_empty() && !rewards.is_empty() && bar_cfg.is_some() {
+            // BAR dropped the group.
             sel.groups_dropped += 1;
             continue;
         }
-        for (&i, a) in chosen.iter().zip(adv) {
-            advantage.insert(members[i].clone(), a);
+        let r: Vec<f64> = chosen.iter().map(|&i| rewards[i]).collect();
+        let same = vec!["g"; r.len()];
+        let mut group_adv: Vec<(String, f64)> = chosen
+            .iter()
+            .zip(grpo::group_advantages(&r, &same, eps))
+            .map(|(&i, a)| (members[rewarded[i]].clone(), a))
+            .collect();
+        // Sessions with call rewards only: a session term of 0.
+        for m in members {
+            if !reward.contains_key(m.as_str()) {
+                group_adv.push((m.clone(), 0.0));
+            }
         }
+        // The turn term: over the rewarded calls of the chosen sessions.
+        let chosen_ids: HashSet<&str> = group_adv.iter().map(|(m, _)| m.as_str()).collect();
+        let mut calls: Vec<((&str, &str), f64)> = Vec::new();
+        for s in samples {
+            if !chosen_ids.contains(s.session_id.as_str()) {
+                continue;
+            }
+            for (c, r) in s.call_ids.iter().zip(&s.call_rewards) {
+                if let Some(r) = r.filter(|r| r.is_finite()) {
+                    calls.push(((s.session_id.as_str(), c.as_str()), r));
+                }
+            }
+        }
+        let call_r: Vec<f64> = calls.iter().map(|(_, r)| *r).collect();
+        let call_adv = grpo::group_advantages(&call_r, &vec!["g"; call_r.len()], eps);
+        if group_adv.iter().all(|(_, a)| *a == 0.0) && call_adv.iter().all(|a| *a == 0.0) {
+            sel.groups_dropped += 1;
+            continue;
+        }
+        for ((key, _), a) in calls.into_iter().zip(call_adv) {
+            turn.insert(key, a);
+        }
+        advantage.extend(group_adv);
     }
     for s in samples {
-        let (Some(&a), Some(r)) = (advantage.get(&s.session_id), s.reward) else {
+        let Some(&a) = advantage.get(&s.session_id) else {
             continue;
         };
         let known = s
@@ -166,12 +221,34 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
             .iter()
             .zip(&s.logprobs)
             .any(|(&m, l)| m == 1 && l.is_some());
+        let by_call: Vec<f32> = s
+            .call_ids
+            .iter()
+            .map(|c| {
+                turn.get(&(s.session_id.as_str(), c.as_str()))
+                    .copied()
+                    .unwrap_or(0.0) as f32
+            })
+            .collect();
+        let turn_advantages = by_call.iter().any(|a| *a != 0.0).then(|| {
+            (0..s.tokens.len())
+                .map(|i| match s.token_calls.get(i).copied().flatten() {
+                    Some(c) => by_call.get(c as usize).copied().unwrap_or(0.0),
+                    None => 0.0,
+                })
+                .collect()
+        });
+        let mean_call = || {
+            let r: Vec<f64> = s.call_rewards.iter().flatten().copied().collect();
+            r.iter().sum::<f64>() / r.len().max(1) as f64
+        };
         sel.samples.push(TrainSample {
             tokens: s.tokens.iter().map(|&t| i64::from(t)).collect(),
             loss_mask: s.loss_mask.clone(),
             rollout_logprobs: known.then(|| s.logprobs.clone()),
             advantage: a,
-            reward: r,
+            turn_advantages,
+            reward: s.reward.unwrap_or_else(mean_call),
         });
     }
     sel
@@ -251,7 +328,7 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
     let mut mask = vec![0f32; n * len];
     let mut rollout = vec![0f32; n * len];
     let mut known = vec![0f32; n * len];
-    let mut adv = vec![0f32; n];
+    let mut adv = vec![0f32; n * len];
     for (r, &i) in rows.iter().enumerate() {
         let s = &batch[i];
         if s.loss_mask.len() != s.tokens.len() {
@@ -273,7 +350,13 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
                 }
             }
         }
-        adv[r] = s.advantage as f32;
+        let row = &mut adv[r * len..r * len + s.tokens.len()];
+        row.fill(s.advantage as f32);
+        if let Some(t) = &s.turn_advantages {
+            for (a, t) in row.iter_mut().zip(t) {
+                *a += t;
+            }
+        }
     }
     let shape = [n as i64, len as i64];
     let t = |v: &[f32]| -> Result<Tensor> {
@@ -288,9 +371,7 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
         mask: t(&mask)?,
         rollout: t(&rollout)?,
         known: t(&known)?,
-        adv: Tensor::from_slice(&adv)
-            .f_reshape([n as i64, 1])?
-            .f_to_device(device)?,
+        adv: t(&adv)?,
     })
 }
 
@@ -457,6 +538,7 @@ mod tests {
             loss_mask: vec![1; len],
             rollout_logprobs: None,
             advantage: 0.0,
+            turn_advantages: None,
             reward: 0.0,
         }
     }
@@ -506,6 +588,75 @@ mod tests {
         assert!(a > 0.0 && (sel.samples[1].advantage - a).abs() < 1e-12);
         assert!(sel.samples[2].advantage < 0.0);
         assert!(sel.samples[0].rollout_logprobs.is_some());
+    }
+
+    /// Two turns per session: tokens 1-2 sampled by call 0, 4-5 by call 1.
+    fn two_turns(session: &str, reward: Option<f64>, calls: [Option<f64>; 2]) -> Sample {
+        Sample {
+            session_id: session.to_owned(),
+            group_id: Some("g".into()),
+            tokens: vec![1, 2, 3, 4, 5, 6],
+            loss_mask: vec![0, 1, 1, 0, 1, 1],
+            logprobs: vec![None, Some(-0.5), Some(-0.5), None, Some(-0.5), Some(-0.5)],
+            call_ids: vec![format!("{session}-c0"), format!("{session}-c1")],
+            token_calls: vec![None, Some(0), Some(0), None, Some(1), Some(1)],
+            call_rewards: calls.to_vec(),
+            reward,
+            ..Sample::default()
+        }
+    }
+
+    #[test]
+    fn call_rewards_add_a_per_turn_term_on_the_tokens_each_call_sampled() -> Result<()> {
+        // Session rewards alone: no turn term.
+        let plain = select_samples(
+            &[
+                two_turns("a", Some(1.0), [None, None]),
+                two_turns("b", Some(0.0), [None, None]),
+            ],
+            None,
+            1e-6,
+        );
+        assert!(plain.samples.iter().all(|s| s.turn_advantages.is_none()));
+        // Equal session rewards (no session signal), call rewards that differ: the group
+        // trains on the turn term alone, + on the good turns, − on the bad ones.
+        let sel = select_samples(
+            &[
+                two_turns("a", Some(1.0), [Some(1.0), Some(0.0)]),
+                two_turns("b", Some(1.0), [Some(1.0), None]),
+            ],
+            None,
+            1e-6,
+        );
+        assert_eq!((sel.groups, sel.groups_dropped), (1, 0));
+        let a = &sel.samples[0];
+        assert_eq!(a.advantage, 0.0);
+        let t = a.turn_advantages.as_ref().expect("a turn term");
+        assert_eq!((t[0], t[3]), (0.0, 0.0), "mask-0 tokens get none");
+        assert!(
+            t[1] > 0.0 && t[1] == t[2],
+            "call 0 was rewarded above the mean: {t:?}"
+        );
+        assert!(t[4] < 0.0 && t[4] == t[5], "call 1 below it: {t:?}");
+        let b = sel.samples[1].turn_advantages.as_ref().expect("b's call 0");
+        assert_eq!(b[1], t[1], "normalised over the group's rewarded calls");
+        assert_eq!(b[4], 0.0, "an unrewarded call adds nothing");
+        // The micro-batch's advantage is the sum, per token.
+        let m = build_micro(&sel.samples, &[0], tch::Device::Cpu)?;
+        let adv = Vec::<f32>::try_from(m.adv.f_flatten(0, -1)?)?;
+        assert_eq!(adv, *t);
+        // Call rewards without a session reward: the session takes part (session term 0).
+        let only = select_samples(
+            &[
+                two_turns("a", None, [Some(1.0), Some(0.0)]),
+                two_turns("b", None, [Some(0.0), Some(0.0)]),
+            ],
+            None,
+            1e-6,
+        );
+        assert_eq!((only.samples.len(), only.sessions_without_reward), (2, 0));
+        assert!(only.samples[0].turn_advantages.as_ref().unwrap()[1] > 0.0);
+        Ok(())
     }
 
     #[test]

@@ -74,6 +74,7 @@ fn grpo_raises_reward_on_a_toy_task() -> anyhow::Result<()> {
                     loss_mask: mask,
                     rollout_logprobs: Some(lps),
                     advantage: a,
+                    turn_advantages: None,
                     reward: r,
                 }
             })
@@ -187,6 +188,7 @@ fn grpo_learns_through_the_engine_with_a_weight_reload_every_step() -> anyhow::R
                 loss_mask: mask,
                 rollout_logprobs: Some(rollout),
                 advantage: 0.0,
+                turn_advantages: None,
                 reward: 0.0,
             });
         }

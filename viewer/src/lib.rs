@@ -578,7 +578,27 @@ impl Viewer {
             .into_iter()
             .find(|s| &s.sample_id == id)
             .ok_or_else(|| ViewError::NotFound(format!("no sample '{id}' in {file}")))?;
-        let tokens: Vec<Value> = s
+        let events: Vec<Value> = s
+            .events
+            .iter()
+            .enumerate()
+            .map(|(n, e)| {
+                json!({
+                    "n": n, "kind": e.kind.as_str(), "at": e.at, "len": e.len, "reason": e.reason,
+                    "call": e.call_id, "other": e.other_sample,
+                    "other_q": e.other_sample.as_deref().map(q),
+                })
+            })
+            .collect();
+        let events_at = |i: usize| -> Vec<Value> {
+            s.events
+                .iter()
+                .zip(&events)
+                .filter(|(e, _)| e.at as usize == i)
+                .map(|(_, v)| v.clone())
+                .collect()
+        };
+        let mut tokens: Vec<Value> = s
             .tokens
             .iter()
             .enumerate()
@@ -601,9 +621,22 @@ impl Viewer {
                     // Heat: the sampled token's probability, 0 (red) .. 1 (green).
                     "hue": lp.map(|l| (f64::from(l).exp().clamp(0.0, 1.0) * 120.0).round() as i64),
                     "weight_version": wv,
+                    "call_reward": s.token_call_reward(i),
+                    "events": events_at(i),
                 })
             })
             .collect();
+        // Events past the last token (a fork at a sample's very end) close the list.
+        let tail: Vec<Value> = s
+            .events
+            .iter()
+            .zip(&events)
+            .filter(|(e, _)| e.at as usize >= s.tokens.len())
+            .map(|(_, v)| v.clone())
+            .collect();
+        if !tail.is_empty() {
+            tokens.push(json!({"end": true, "events": tail}));
+        }
         let trained = s.trained_tokens();
         self.render(
             "sample.html",
@@ -612,8 +645,11 @@ impl Viewer {
                 "group": s.group_id, "group_q": s.group_id.as_deref().map(q),
                 "reward": s.reward, "fork_reason": s.fork_reason, "calls": s.call_ids.len(),
                 "weight_versions": s.weight_versions, "tokens": s.tokens.len(), "trained": trained,
-                "decoded": self.tokenizer.is_some(),
-            }, "tokens": tokens}),
+                "decoded": self.tokenizer.is_some(), "file_q": q(file),
+                "call_rewards": s.call_ids.iter().zip(&s.call_rewards)
+                    .filter_map(|(c, r)| r.map(|r| json!({"call": c, "reward": r})))
+                    .collect::<Vec<_>>(),
+            }, "tokens": tokens, "events": events}),
         )
     }
 

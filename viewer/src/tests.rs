@@ -165,7 +165,10 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
         weight_versions: vec!["v7".into()],
         token_weight_versions: vec![None, None, Some(0), Some(0), None],
         call_ids: vec!["s-a-1".into()],
+        token_calls: vec![None, None, Some(0), Some(0), None],
+        call_rewards: vec![Some(0.5)],
         fork_reason: None,
+        events: Vec::new(),
         tokenizer_fingerprint: "t".into(),
         template_fingerprint: "t".into(),
         schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
@@ -226,6 +229,13 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
     );
     assert_eq!(p.body.matches("class=\"tok\"").count(), 3);
     assert!(p.body.contains("hsl(109,70%,82%)"), "{}", p.body);
+    // The call's process reward, in the summary and on the tokens it sampled.
+    assert!(
+        p.body.contains("call rewards: 0.5 (call s-a-1)"),
+        "{}",
+        p.body
+    );
+    assert_eq!(p.body.matches(" call reward 0.5\"").count(), 2);
     // No path tricks.
     assert_eq!(v.page("/sample", "file=..%2Fsteps.jsonl&id=x").status, 400);
 }

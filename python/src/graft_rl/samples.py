@@ -5,7 +5,14 @@ the tokens the policy sampled, ``logprobs`` aligned to ``tokens`` (null where un
 every mask-0 token, and sampled tokens whose logprob was not recorded), the session's
 ``reward`` and its ``group_id`` (the GRPO group). The layout is documented in graft's
 ``reconstruct/src/sample.rs``; version 1 files (no ``token_weight_versions``, 0.0 where a
-logprob was unknown) read back as version 2 says, the same way graft's own reader does.
+logprob was unknown) read back as version 2 says, the same way graft's own reader does, and
+files before version 3 (no ``events``) with no events and no call rewards. ``events`` are the forks and drift
+events at their token positions (``kind`` fork | branch | drift, ``at``, ``len``,
+``reason``, ``call_id``, ``other_sample``); exporters do not need them, the viewer and
+debugging do. ``token_calls`` (aligned to ``tokens``: the index in ``call_ids`` of the call
+that sampled each token, null on mask-0 tokens) and ``call_rewards`` (aligned to
+``call_ids``: process rewards posted for single calls, null where none) carry per-turn
+rewards.
 
 Frameworks that split a sequence into prompt and response get:
 
@@ -27,8 +34,11 @@ from typing import Iterable, Optional, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The newest sample layout this package reads (graft's ``SAMPLE_SCHEMA_VERSION``)."""
+
+EVENT_KINDS = ("fork", "branch", "drift")
+"""The ``kind`` of an event (graft's ``EventKind``)."""
 
 REQUIRED_COLUMNS = ("sample_id", "session_id", "group_id", "tokens", "loss_mask", "logprobs", "reward")
 
@@ -49,7 +59,10 @@ class Sample:
     weight_versions: list[str] = field(default_factory=list)
     token_weight_versions: list[Optional[str]] = field(default_factory=list)
     call_ids: list[str] = field(default_factory=list)
+    token_calls: list[Optional[int]] = field(default_factory=list)
+    call_rewards: list[Optional[float]] = field(default_factory=list)
     fork_reason: Optional[str] = None
+    events: list[dict] = field(default_factory=list)
     tokenizer_fingerprint: str = ""
     template_fingerprint: str = ""
     schema_version: int = SCHEMA_VERSION
@@ -126,6 +139,19 @@ def _upgrade_v1(s: Sample) -> None:
     s.token_weight_versions = [one if m == 1 else None for m in s.loss_mask]
 
 
+def _upgrade_v2(s: Sample) -> None:
+    """Before version 3 as version 3 says it (graft's ``upgrade_v2``): no call rewards; each
+    sampled token's call from the runs of sampled tokens when there is one run per call."""
+    s.call_rewards = [None] * len(s.call_ids)
+    runs, prev, calls = 0, 0, []
+    for m in s.loss_mask:
+        if m == 1 and prev == 0:
+            runs += 1
+        prev = m
+        calls.append(runs - 1 if m == 1 else None)
+    s.token_calls = calls if runs == len(s.call_ids) else [None] * len(s.loss_mask)
+
+
 def _check(s: Sample) -> None:
     n = len(s.tokens)
     if len(s.loss_mask) != n or len(s.logprobs) != n:
@@ -133,9 +159,20 @@ def _check(s: Sample) -> None:
             f"sample {s.sample_id!r}: tokens ({n}), loss_mask ({len(s.loss_mask)}) and logprobs "
             f"({len(s.logprobs)}) differ in length; the file is not graft's sample layout"
         )
+    if len(s.token_calls) != n or len(s.call_rewards) != len(s.call_ids):
+        raise SampleError(
+            f"sample {s.sample_id!r}: token_calls ({len(s.token_calls)}) must align to tokens ({n}) "
+            f"and call_rewards ({len(s.call_rewards)}) to call_ids ({len(s.call_ids)})"
+        )
     bad = [m for m in s.loss_mask if m not in (0, 1)]
     if bad:
         raise SampleError(f"sample {s.sample_id!r}: loss_mask holds {bad[0]!r}; it must be 0 or 1")
+    for e in s.events:
+        if e.get("kind") not in EVENT_KINDS or not isinstance(e.get("at"), int) or not 0 <= e["at"] <= n:
+            raise SampleError(
+                f"sample {s.sample_id!r}: event {e!r} is not a fork, branch or drift at a token "
+                f"position (0..{n}); the file is not graft's sample layout"
+            )
     if s.schema_version > SCHEMA_VERSION:
         raise SampleError(
             f"sample {s.sample_id!r} has schema_version {s.schema_version}, newer than this package "
@@ -155,6 +192,7 @@ def from_table(table: pa.Table) -> list[Sample]:
 
     out = []
     has_tv = "token_weight_versions" in cols
+    has_tc = "token_calls" in cols and "call_rewards" in cols
     for i in range(n):
         s = Sample(
             sample_id=cols["sample_id"][i],
@@ -168,12 +206,17 @@ def from_table(table: pa.Table) -> list[Sample]:
             token_weight_versions=list(cols["token_weight_versions"][i] or []) if has_tv else [],
             call_ids=list(col("call_ids", list)[i] or []),
             fork_reason=col("fork_reason", lambda: None)[i],
+            events=[dict(e) for e in (col("events", list)[i] or [])],
+            token_calls=list(cols["token_calls"][i] or []) if has_tc else [],
+            call_rewards=list(cols["call_rewards"][i] or []) if has_tc else [],
             tokenizer_fingerprint=col("tokenizer_fingerprint", str)[i] or "",
             template_fingerprint=col("template_fingerprint", str)[i] or "",
             schema_version=int(col("schema_version", lambda: 1)[i] or 1),
         )
         if not has_tv:
             _upgrade_v1(s)
+        if not has_tc:
+            _upgrade_v2(s)
         _check(s)
         out.append(s)
     return out

@@ -50,6 +50,14 @@ const { chromium } = require("playwright-core");
       tool_calls: document.querySelectorAll(".toolcall").length,
       tokens: document.querySelectorAll(".tok").length,
       trained: [...document.querySelectorAll(".tok.trained")].map((e) => Number(e.dataset.i)),
+      // Fork and drift marks in the token text, each with the index of the token it stands
+      // before (null at the end).
+      events: [...document.querySelectorAll("#tokens .event")].map((e) => {
+        let n = e.nextElementSibling;
+        while (n && !n.classList.contains("tok")) n = n.nextElementSibling;
+        return { kind: e.dataset.kind, at: Number(e.dataset.at), reason: e.dataset.reason, before: n ? Number(n.dataset.i) : null };
+      }),
+      event_rows: document.querySelectorAll("tr.eventrow").length,
       points: document.querySelectorAll('circle.point[data-series="reward mean"]').length,
       steps: document.querySelectorAll("tr.step").length,
       scripts: document.querySelectorAll("script").length,

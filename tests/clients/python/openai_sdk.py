@@ -1,6 +1,6 @@
 """Drives graft with the real openai Python SDK and prints one JSON line with what it got.
 
-usage: python openai_sdk.py MODE      MODE: chat | chat-stream-tools | completions
+usage: python openai_sdk.py MODE      MODE: chat | chat-stream-tools | completions | chat-drift
 env:   GRAFT_BASE_URL  base URL including /v1 (e.g. http://127.0.0.1:8080/s/sess-1/v1)
        GRAFT_API_KEY   API key (default sk-graft-test)
        GRAFT_SESSION   if set, sent as the x-graft-session header
@@ -125,8 +125,40 @@ def completions(c: openai.OpenAI, model: str) -> dict:
     }
 
 
+def chat_drift(c: openai.OpenAI, model: str) -> dict:
+    """Two turns where the second re-sends the first reply rewritten (its first word
+    replaced), as a harness that re-serializes or trims its history does: the merge sees a
+    drift in the assistant turn."""
+    first = chat(c, model)
+    words = (first["content"] or "").split(" ")
+    edited = " ".join(["(rewritten)"] + words[1:])
+    sent = {
+        **first["sent"],
+        "messages": first["sent"]["messages"]
+        + [
+            {"role": "assistant", "content": edited},
+            {"role": "user", "content": "graft-chat: and once more"},
+        ],
+    }
+    r = c.chat.completions.create(**sent)
+    return {
+        "sent": sent,
+        "first_id": first["id"],
+        "id": r.id,
+        "first_content": first["content"],
+        "edited": edited,
+        "content": r.choices[0].message.content,
+        "finish_reason": r.choices[0].finish_reason,
+    }
+
+
 def main() -> None:
-    modes = {"chat": chat, "chat-stream-tools": chat_stream_tools, "completions": completions}
+    modes = {
+        "chat": chat,
+        "chat-stream-tools": chat_stream_tools,
+        "completions": completions,
+        "chat-drift": chat_drift,
+    }
     if len(sys.argv) != 2 or sys.argv[1] not in modes:
         raise SystemExit(f"usage: openai_sdk.py {{{'|'.join(modes)}}}")
     mode = sys.argv[1]
