@@ -249,3 +249,127 @@ fn token_mean_across_micro_batches_equals_one_batch() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Two rows of two trained tokens each (position 0 untrained), logp = π_old (ratio 1),
+/// advantage 1, with these log(π_old / π_rollout) per trained token.
+fn mismatch_rows(gaps: [[f64; 2]; 2]) -> [Tensor; 5] {
+    let old = Tensor::from_slice(&[0.0f32, -1.0, -1.0, 0.0, -1.0, -1.0]).reshape([2, 3]);
+    let rollout: Vec<f32> = gaps
+        .iter()
+        .flat_map(|g| [0.0, -1.0 - g[0] as f32, -1.0 - g[1] as f32])
+        .collect();
+    let rollout = Tensor::from_slice(&rollout).reshape([2, 3]);
+    let mask = Tensor::from_slice(&[0.0f32, 1.0, 1.0, 0.0, 1.0, 1.0]).reshape([2, 3]);
+    let adv = Tensor::ones([2, 3], (Kind::Float, Device::Cpu));
+    let logp = old.copy().set_requires_grad(true);
+    [logp, old, rollout, adv, mask]
+}
+
+/// Sequence-level truncated importance weight: one weight per sample, the geometric mean of
+/// its tokens' ratios (capped), on each of its tokens.
+#[test]
+fn sequence_level_importance_weight_is_the_geometric_mean_per_sample() -> anyhow::Result<()> {
+    let [logp, old, rollout, adv, mask] =
+        mismatch_rows([[f64::ln(1.2), f64::ln(1.5)], [f64::ln(0.5), 0.0]]);
+    let x = TokenInputs {
+        logp: &logp,
+        old_logp: &old,
+        rollout_logp: &rollout,
+        advantages: &adv,
+        mask: &mask,
+        ref_logp: None,
+    };
+    let cfg = GrpoConfig {
+        mode: PolicyMode::Recompute,
+        tis_level: grpo::Level::Sequence,
+        ..GrpoConfig::default()
+    };
+    let (loss, stats) = grpo::grpo_loss(&cfg, &x, 4.0)?;
+    let (wa, wb) = (f64::sqrt(1.2 * 1.5), f64::sqrt(0.5));
+    let l = loss.double_value(&[]);
+    assert!(close(l, -(2.0 * wa + 2.0 * wb) / 4.0), "loss {l}");
+    assert!(close(stats.tis_weight, 2.0 * wa + 2.0 * wb), "{stats:?}");
+    // Token level weighs each token by its own ratio: a different loss.
+    let token = GrpoConfig {
+        tis_level: grpo::Level::Token,
+        ..cfg
+    };
+    let (lt, _) = grpo::grpo_loss(&token, &x, 4.0)?;
+    let want = -(1.2 + 1.5 + 0.5 + 1.0) / 4.0;
+    assert!(
+        close(lt.double_value(&[]), want),
+        "{}",
+        lt.double_value(&[])
+    );
+    // The cap holds per sample: a geometric mean of 3 is cut to tis_cap = 2.
+    let [logp, old, rollout, adv, mask] = mismatch_rows([[f64::ln(3.0); 2], [0.0; 2]]);
+    let x = TokenInputs {
+        logp: &logp,
+        old_logp: &old,
+        rollout_logp: &rollout,
+        advantages: &adv,
+        mask: &mask,
+        ref_logp: None,
+    };
+    let (lc, _) = grpo::grpo_loss(&cfg, &x, 4.0)?;
+    assert!(close(lc.double_value(&[]), -(2.0 * 2.0 + 2.0) / 4.0));
+    Ok(())
+}
+
+/// Rejection leaves tokens (token level) or whole samples (sequence level) whose
+/// trainer/rollout ratio lies outside the bound out of the loss, and counts them.
+#[test]
+fn rejection_masks_tokens_or_samples_beyond_the_mismatch_bound() -> anyhow::Result<()> {
+    // Ratios: row A 1.5 (kept), 3.0 (out); row B 0.4 (out), 1.0 (kept).
+    let [logp, old, rollout, adv, mask] =
+        mismatch_rows([[f64::ln(1.5), f64::ln(3.0)], [f64::ln(0.4), 0.0]]);
+    let x = TokenInputs {
+        logp: &logp,
+        old_logp: &old,
+        rollout_logp: &rollout,
+        advantages: &adv,
+        mask: &mask,
+        ref_logp: None,
+    };
+    let reject = |level| GrpoConfig {
+        mode: PolicyMode::Recompute,
+        reject: Some(grpo::Reject {
+            level,
+            low: 0.5,
+            high: 2.0,
+        }),
+        ..GrpoConfig::default()
+    };
+    let (loss, stats) = grpo::grpo_loss(&reject(grpo::Level::Token), &x, 4.0)?;
+    // Kept: 1.5 (weight 1.5) and 1.0 (weight 1); the step's token count stays 4.
+    assert!(close(loss.double_value(&[]), -(1.5 + 1.0) / 4.0));
+    assert_eq!(
+        (stats.masked, stats.masked_rows, stats.rows),
+        (2.0, 0.0, 2.0)
+    );
+    loss.backward();
+    let g: Vec<f64> = Vec::try_from(logp.grad().flatten(0, -1).to_kind(Kind::Double))?;
+    assert_eq!(
+        (g[2], g[4]),
+        (0.0, 0.0),
+        "rejected tokens get no gradient: {g:?}"
+    );
+    assert!(g[1] < 0.0 && g[5] < 0.0, "kept tokens do: {g:?}");
+    // Sequence level: row A's geometric mean √4.5 ≈ 2.12 is out, row B's √0.4 ≈ 0.63 in.
+    let [logp, ..] = mismatch_rows([[0.0; 2]; 2]);
+    let x = TokenInputs { logp: &logp, ..x };
+    let (loss, stats) = grpo::grpo_loss(&reject(grpo::Level::Sequence), &x, 4.0)?;
+    assert_eq!((stats.masked, stats.masked_rows), (2.0, 1.0), "{stats:?}");
+    assert!(close(loss.double_value(&[]), -(0.4 + 1.0) / 4.0));
+    // No bound: nothing is rejected.
+    let (_, none) = grpo::grpo_loss(
+        &GrpoConfig {
+            reject: None,
+            ..reject(grpo::Level::Token)
+        },
+        &x,
+        4.0,
+    )?;
+    assert_eq!((none.masked, none.masked_rows), (0.0, 0.0));
+    Ok(())
+}
