@@ -2,25 +2,30 @@
 //! pushes and the whole loop run on one machine (CPU included).
 //!
 //! Routes (SGLang's names and shapes): `POST /generate` (`input_ids` or `text`,
-//! `sampling_params` with temperature / top_p / top_k / max_new_tokens / stop /
-//! stop_token_ids / ignore_eos, `return_logprob`, `stream`: SSE events holding everything
-//! so far, then `data: [DONE]`), `/pause_generation {mode}`, `/continue_generation`,
+//! `sampling_params` with temperature / top_p / top_k / min_p / logit_bias /
+//! max_new_tokens / stop / stop_token_ids / ignore_eos — other parameters that would change
+//! the sampling are refused by name —, `return_logprob`, `stream`: SSE events holding
+//! everything so far, then `data: [DONE]`, `rid`: the answer's `meta_info.id`),
+//! `/abort_request {rid | abort_all}`, `/pause_generation {mode}`, `/continue_generation`,
 //! `/flush_cache`, `/update_weights_from_disk {model_path, weight_version}`,
 //! `/get_model_info`, `/health`. Concurrent requests are decoded as one batch by the
 //! engine (`graft_trainer::engine`). Bodies and answers are `graft-wire`'s SGLang types, the
 //! ones the gateway and the trainer's push use.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context as TaskContext, Poll};
 
 use anyhow::Context;
 use bytes::Bytes;
 use graft_reconstruct::template::Tokenizer;
-use graft_trainer::engine::{Engine, EngineFinish, Event, PauseMode, Request as EngineRequest};
+use graft_trainer::engine::{
+    Engine, EngineFinish, Event, PauseMode, Request as EngineRequest, RequestId,
+};
 use graft_trainer::generate::SamplingParams;
 use graft_trainer::model::Model;
 use graft_wire::sglang::{
@@ -55,9 +60,33 @@ pub struct ServeArgs {
 }
 
 struct State {
+    /// The model's vocabulary size: token ids are below it.
+    vocab: i64,
     engine: Arc<Engine>,
     tokenizer: Option<Tokenizer>,
     model_path: PathBuf,
+    /// The running requests that came with a `rid`, by it (for `/abort_request`).
+    rids: Mutex<HashMap<String, RequestId>>,
+}
+
+impl State {
+    fn rids(&self) -> std::sync::MutexGuard<'_, HashMap<String, RequestId>> {
+        self.rids.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Forgets a request's `rid` when its generation ends, however it ends.
+struct RidGuard {
+    state: Arc<State>,
+    rid: Option<String>,
+}
+
+impl Drop for RidGuard {
+    fn drop(&mut self) {
+        if let Some(r) = &self.rid {
+            self.state.rids().remove(r);
+        }
+    }
 }
 
 pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
@@ -90,11 +119,14 @@ pub async fn start(
     if tokenizer.is_none() {
         tracing::warn!(dir = %a.model.display(), "serve: no tokenizer here; /generate takes input_ids only and answers no text");
     }
+    let vocab = model.spec().vocab_size;
     let engine = Arc::new(Engine::start(model, a.weight_version.clone(), a.max_batch)?);
     let state = Arc::new(State {
+        vocab,
         engine: Arc::clone(&engine),
         tokenizer,
         model_path: a.model.clone(),
+        rids: Mutex::new(HashMap::new()),
     });
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
@@ -274,12 +306,46 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
             }
         }
         (Method::POST, wire::path::GENERATE) => generate(state, &json).await,
+        (Method::POST, wire::path::ABORT_REQUEST) => {
+            let req = match wire::AbortRequest::deserialize(&json) {
+                Ok(r) => r,
+                Err(e) => {
+                    return error(
+                        StatusCode::BAD_REQUEST,
+                        &format!(
+                            "abort_request takes {{\"rid\": string}} or {{\"abort_all\": true}}: {e}"
+                        ),
+                    );
+                }
+            };
+            let ids: Vec<RequestId> = {
+                let rids = state.rids();
+                match (req.abort_all, &req.rid) {
+                    (Some(true), _) => rids.values().copied().collect(),
+                    (_, Some(r)) => rids.get(r).copied().into_iter().collect(),
+                    _ => {
+                        return error(
+                            StatusCode::BAD_REQUEST,
+                            "abort_request needs 'rid' or 'abort_all': true",
+                        );
+                    }
+                }
+            };
+            // A rid that is not running (finished, or never sent) is nothing to abort, as
+            // in SGLang.
+            for id in &ids {
+                let _ = state.engine.abort(*id);
+            }
+            json_response(StatusCode::OK, &json!({"aborted": ids.len()}))
+        }
         (_, p) => error(StatusCode::NOT_FOUND, &format!("no route {p}")),
     }
 }
 
 /// A parsed `/generate` request.
 struct Gen {
+    /// The client's request id (`/abort_request` takes it; the answer's `meta_info.id`).
+    rid: Option<String>,
     input_ids: Vec<i64>,
     params: SamplingParams,
     stop: Vec<String>,
@@ -307,6 +373,13 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
     if input_ids.is_empty() {
         return Err("the prompt is empty".to_owned());
     }
+    // Checked here: an id the model has no embedding for would fail the engine's whole batch.
+    if let Some(bad) = input_ids.iter().find(|&&i| i >= state.vocab) {
+        return Err(format!(
+            "input_ids holds {bad}, outside the model's vocabulary (0..{})",
+            state.vocab
+        ));
+    }
     let sp = req.sampling_params.unwrap_or_default();
     let stop: Vec<String> = sp.stop.as_ref().map(wire::Stop::to_vec).unwrap_or_default();
     if !stop.is_empty() && state.tokenizer.is_none() {
@@ -315,14 +388,43 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
                 .to_owned(),
         );
     }
+    unsupported(&sp)?;
+    let logit_bias = match &sp.logit_bias {
+        None => Vec::new(),
+        Some(m) => {
+            m.iter()
+                .map(|(k, v)| {
+                    let id = k
+                        .parse::<u32>()
+                        .map_err(|_| format!("logit_bias keys are token ids; '{k}' is not one"))?;
+                    if i64::from(id) >= state.vocab {
+                        return Err(format!(
+                            "logit_bias names token {id}, outside the vocabulary (0..{})",
+                            state.vocab
+                        ));
+                    }
+                    let b = v.as_f64().filter(|b| b.is_finite()).ok_or_else(|| {
+                        format!("logit_bias['{k}'] must be a finite number, got {v}")
+                    })?;
+                    Ok((i64::from(id), b as f32))
+                })
+                .collect::<Result<Vec<_>, String>>()?
+        }
+    };
     let params = SamplingParams {
         temperature: sp.temperature.unwrap_or(1.0),
         top_p: sp.top_p.unwrap_or(1.0),
         top_k: sp.top_k.unwrap_or(-1),
+        min_p: sp.min_p.unwrap_or(0.0),
+        logit_bias,
         max_new_tokens: sp.max_new_tokens.unwrap_or(128) as usize,
         stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
     };
+    if !(0.0..=1.0).contains(&params.min_p) {
+        return Err(format!("min_p must lie in [0, 1], got {}", params.min_p));
+    }
     Ok(Gen {
+        rid: req.rid,
         input_ids,
         params,
         stop,
@@ -330,6 +432,64 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
         return_logprob: req.return_logprob.unwrap_or(false),
         stream: req.stream.unwrap_or(false),
     })
+}
+
+/// Refuses sampling parameters this server does not implement when they ask for something
+/// (a value other than the one that changes nothing): sampling under other parameters
+/// than the client asked for would be silent. `sampling_seed` is accepted and not honoured
+/// (a seed is best effort in OpenAI's and SGLang's own words; a batch shares one RNG here).
+fn unsupported(sp: &wire::SamplingParams) -> Result<(), String> {
+    let mut asked: Vec<String> = Vec::new();
+    let mut check = |name: &str, set: bool, v: String| {
+        if set {
+            asked.push(format!("{name} = {v}"));
+        }
+    };
+    let off = |v: Option<f64>, neutral: f64| v.is_some_and(|x| x != neutral);
+    check(
+        "presence_penalty",
+        off(sp.presence_penalty, 0.0),
+        format!("{:?}", sp.presence_penalty.unwrap_or_default()),
+    );
+    check(
+        "frequency_penalty",
+        off(sp.frequency_penalty, 0.0),
+        format!("{:?}", sp.frequency_penalty.unwrap_or_default()),
+    );
+    check(
+        "repetition_penalty",
+        off(sp.repetition_penalty, 1.0),
+        format!("{:?}", sp.repetition_penalty.unwrap_or_default()),
+    );
+    check(
+        "min_new_tokens",
+        sp.min_new_tokens.is_some_and(|n| n > 0),
+        format!("{}", sp.min_new_tokens.unwrap_or_default()),
+    );
+    check(
+        "n",
+        sp.n.is_some_and(|n| n != 1),
+        format!("{}", sp.n.unwrap_or(1)),
+    );
+    for (name, v) in [
+        ("json_schema", &sp.json_schema),
+        ("regex", &sp.regex),
+        ("ebnf", &sp.ebnf),
+    ] {
+        check(name, v.is_some(), "(set)".into());
+    }
+    check(
+        "custom_params",
+        sp.custom_params.as_ref().is_some_and(|m| !m.is_empty()),
+        "(set)".into(),
+    );
+    if asked.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "graft serve does not implement {}: it samples with temperature, top_p, top_k, min_p, logit_bias, max_new_tokens, stop, stop_token_ids and ignore_eos only; leave the others out or use SGLang",
+        asked.join(", ")
+    ))
 }
 
 /// Why a `/generate` body does not fit the wire, in this server's words for the common
@@ -413,6 +573,14 @@ async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
         Ok(g) => g,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),
     };
+    if let Some(r) = &g.rid
+        && state.rids().contains_key(r)
+    {
+        return error(
+            StatusCode::BAD_REQUEST,
+            &format!("a request with rid '{r}' is already running"),
+        );
+    }
     let (tx, mut rx) = tokio::sync::mpsc::channel::<Value>(64);
     let stream = g.stream;
     let st = Arc::clone(&state);
@@ -430,8 +598,15 @@ async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
                 return;
             }
         };
+        let _forget = RidGuard {
+            state: Arc::clone(&st),
+            rid: g.rid.clone(),
+        };
+        if let Some(r) = &g.rid {
+            st.rids().insert(r.clone(), rid);
+        }
         let mut a = Answer {
-            id: format!("graft-{rid}"),
+            id: g.rid.clone().unwrap_or_else(|| format!("graft-{rid}")),
             ids: Vec::new(),
             logprobs: Vec::new(),
             prompt_tokens: g.input_ids.len(),
@@ -462,6 +637,11 @@ async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
                         let _ = st.engine.abort(rid);
                     }
                     if stream && tx.blocking_send(a.json()).is_err() {
+                        let _ = st.engine.abort(rid);
+                        return;
+                    }
+                    // A client that went away stops its generation (streamed or not).
+                    if tx.is_closed() {
                         let _ = st.engine.abort(rid);
                         return;
                     }

@@ -133,6 +133,132 @@ fn generate_answers_what_the_model_computes() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `logit_bias` changes what is sampled and the logprobs are those of the biased
+/// distribution; parameters graft serve does not implement are refused by name; a `rid`
+/// names the answer and `/abort_request` stops it.
+#[test]
+fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::Result<()> {
+    let server = start()?;
+    let model = local_model(&fixture())?;
+    let prompt = vec![1i64, 20, 33, 7];
+    let greedy = generate::sample(&model, std::slice::from_ref(&prompt), 3, 0.0)?;
+    let first = greedy[0].tokens[0];
+    let generate_with = |sp: Value| -> anyhow::Result<Value> {
+        let (status, text) = post(
+            &server.url,
+            "/generate",
+            json!({"input_ids": prompt, "sampling_params": sp, "return_logprob": true}),
+        )?;
+        anyhow::ensure!(status == 200, "{status}: {text}");
+        Ok(serde_json::from_str(&text)?)
+    };
+    // Banning the greedy first token moves greedy decoding off it.
+    let banned = generate_with(
+        json!({"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": true,
+        "logit_bias": {first.to_string(): -100.0}}),
+    )?;
+    assert_ne!(banned["output_ids"][0], json!(first), "{banned}");
+    // A large positive bias makes a chosen token all but certain, at any temperature, and
+    // its logprob (the biased distribution's) is about 0.
+    let chosen = (first + 1) % 64;
+    let forced = generate_with(
+        json!({"temperature": 1.0, "max_new_tokens": 1, "ignore_eos": true,
+        "logit_bias": {chosen.to_string(): 100.0}}),
+    )?;
+    assert_eq!(forced["output_ids"], json!([chosen]), "{forced}");
+    let lp = forced["meta_info"]["output_token_logprobs"][0][0]
+        .as_f64()
+        .unwrap_or(f64::NAN);
+    assert!(lp > -1e-3, "logprob of the forced token: {lp}");
+    // Without a bias nothing changed.
+    let plain =
+        generate_with(json!({"temperature": 0.0, "max_new_tokens": 3, "ignore_eos": true}))?;
+    assert_eq!(plain["output_ids"], json!(greedy[0].tokens));
+    // Refused by name: what would change the sampling and is not implemented; a bad bias.
+    for (sp, says) in [
+        (
+            json!({"repetition_penalty": 1.1}),
+            "repetition_penalty = 1.1",
+        ),
+        (
+            json!({"presence_penalty": 0.5, "n": 2}),
+            "presence_penalty = 0.5, n = 2",
+        ),
+        (json!({"regex": "a+"}), "regex"),
+        (json!({"logit_bias": {"x": 1}}), "'x' is not one"),
+        (
+            json!({"logit_bias": {"999999": 1}}),
+            "outside the vocabulary",
+        ),
+        (json!({"min_p": 2.0}), "min_p must lie in [0, 1]"),
+    ] {
+        let (status, text) = post(
+            &server.url,
+            "/generate",
+            json!({"input_ids": prompt, "sampling_params": sp}),
+        )?;
+        assert_eq!(status, 400, "{sp}: {text}");
+        assert!(text.contains(says), "{sp}: {text}");
+    }
+    // An id the model has no embedding for is refused before it reaches the batch.
+    let (status, text) = post(
+        &server.url,
+        "/generate",
+        json!({"input_ids": [1, 999999], "sampling_params": {}}),
+    )?;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("outside the model's vocabulary"), "{text}");
+    // Neutral values of those parameters are fine.
+    generate_with(
+        json!({"repetition_penalty": 1.0, "presence_penalty": 0.0, "n": 1, "max_new_tokens": 2}),
+    )?;
+
+    // A long generation with a rid: its id names the answer; aborting it by rid ends it.
+    let url = server.url.clone();
+    let long = std::thread::spawn(move || {
+        post(
+            &url,
+            "/generate",
+            json!({"input_ids": [1, 2, 3], "rid": "rollout-7/call-3",
+                "sampling_params": {"max_new_tokens": 100000, "ignore_eos": true}}),
+        )
+    });
+    let mut aborted = 0;
+    for _ in 0..200 {
+        let (status, text) = post(
+            &server.url,
+            "/abort_request",
+            json!({"rid": "rollout-7/call-3"}),
+        )?;
+        assert_eq!(status, 200, "{text}");
+        aborted = serde_json::from_str::<Value>(&text)?["aborted"]
+            .as_u64()
+            .unwrap_or(0);
+        if aborted == 1 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(aborted, 1, "the running request was found by its rid");
+    let (status, text) = long.join().map_err(|_| anyhow::anyhow!("thread"))??;
+    assert_eq!(status, 200, "{text}");
+    let v: Value = serde_json::from_str(&text)?;
+    assert_eq!(v["meta_info"]["id"], "rollout-7/call-3");
+    assert_eq!(v["meta_info"]["finish_reason"]["type"], "abort", "{v}");
+    let n = v["output_ids"].as_array().map_or(0, Vec::len);
+    assert!(n < 100000, "stopped early: {n} tokens");
+    // Once it ended, the rid is free again and names nothing to abort.
+    let (_, text) = post(
+        &server.url,
+        "/abort_request",
+        json!({"rid": "rollout-7/call-3"}),
+    )?;
+    assert_eq!(serde_json::from_str::<Value>(&text)?["aborted"], 0);
+    let (status, _) = post(&server.url, "/abort_request", json!({}))?;
+    assert_eq!(status, 400);
+    Ok(())
+}
+
 #[test]
 fn weight_push_round_trip() -> anyhow::Result<()> {
     let server = start()?;

@@ -1,7 +1,8 @@
 //! Sampling with the KV cache: a batch of prompts of any lengths (padded on the left),
-//! temperature / top-k / top-p sampling, stop tokens, and the logprob of each sampled
-//! token under `log_softmax(logits / temperature)` (before top-k/top-p truncation), which
-//! is what the trainer computes for the same token.
+//! logit bias / temperature / top-k / top-p / min-p sampling, stop tokens, and the logprob
+//! of each sampled token under `log_softmax((logits + bias) / temperature)` (before
+//! top-k/top-p/min-p truncation), which is what the trainer computes for the same token
+//! when there is no bias.
 
 use tch::{Kind, Tensor};
 
@@ -17,6 +18,11 @@ pub struct SamplingParams {
     pub top_p: f64,
     /// 0 or less: off.
     pub top_k: i64,
+    /// Drops tokens less probable than `min_p` × the most probable one; 0: off.
+    pub min_p: f64,
+    /// (token id, bias) added to the logits before anything else (OpenAI's and SGLang's
+    /// `logit_bias`); the logprobs are those of the biased distribution, the one sampled.
+    pub logit_bias: Vec<(i64, f32)>,
     pub max_new_tokens: usize,
     /// Generation of a row ends after it samples one of these (it is kept in the output).
     pub stop_token_ids: Vec<i64>,
@@ -28,6 +34,8 @@ impl Default for SamplingParams {
             temperature: 1.0,
             top_p: 1.0,
             top_k: 0,
+            min_p: 0.0,
+            logit_bias: Vec::new(),
             max_new_tokens: 128,
             stop_token_ids: Vec::new(),
         }
@@ -71,7 +79,8 @@ pub fn sample(
 
 /// Keeps the top-k logits and the smallest set whose probability reaches top-p; the rest
 /// become -inf.
-fn truncate(logits: &Tensor, top_k: i64, top_p: f64) -> Result<Tensor> {
+fn truncate(logits: &Tensor, p: &SamplingParams) -> Result<Tensor> {
+    let (top_k, top_p) = (p.top_k, p.top_p);
     let mut l = logits.shallow_clone();
     let vocab = l.size().last().copied().unwrap_or(0);
     if top_k > 0 && top_k < vocab {
@@ -87,22 +96,59 @@ fn truncate(logits: &Tensor, top_k: i64, top_p: f64) -> Result<Tensor> {
         let drop = drop_sorted.f_scatter(-1, &idx, &drop_sorted)?;
         l = l.f_masked_fill(&drop, f64::NEG_INFINITY)?;
     }
+    if p.min_p > 0.0 {
+        // p_i < min_p · p_max  ⇔  l_i < l_max + ln(min_p).
+        let (max, _) = l.f_max_dim(-1, true)?;
+        let floor = max.f_add_scalar(p.min_p.ln())?;
+        l = l.f_masked_fill(&l.f_lt_tensor(&floor)?, f64::NEG_INFINITY)?;
+    }
     Ok(l)
 }
 
-/// Samples one token from one row of logits (`[vocab]`, f32): the token and its
-/// logprob under `log_softmax(logits / temperature)`.
-pub fn sample_row(logits: &Tensor, p: &SamplingParams) -> Result<(i64, f32)> {
+/// The logits with `p.logit_bias` added (on every row).
+fn biased(logits: &Tensor, p: &SamplingParams) -> Result<Tensor> {
+    if p.logit_bias.is_empty() {
+        return Ok(logits.shallow_clone());
+    }
+    let vocab = logits.size().last().copied().unwrap_or(0);
+    let mut bias = vec![0f32; usize::try_from(vocab).unwrap_or(0)];
+    for &(id, b) in &p.logit_bias {
+        match usize::try_from(id).ok().and_then(|i| bias.get_mut(i)) {
+            Some(x) => *x += b,
+            None => {
+                return Err(TrainerError::invalid(format!(
+                    "logit_bias names token {id}, outside the vocabulary (0..{vocab})"
+                )));
+            }
+        }
+    }
+    let bias = Tensor::from_slice(&bias)
+        .f_to_device(logits.device())?
+        .f_to_kind(logits.kind())?;
+    Ok(logits.f_add(&bias)?)
+}
+
+/// One sampling step on logits `[.., vocab]` (f32): the next token(s) `[.., 1]` and the
+/// logprob(s) of each under the distribution sampled from.
+fn step(logits: &Tensor, p: &SamplingParams) -> Result<(Tensor, Tensor)> {
+    let logits = biased(logits, p)?;
     let (next, lp) = if p.temperature > 0.0 {
         let scaled = logits.f_div_scalar(p.temperature)?;
         let lp = scaled.f_log_softmax(-1, Kind::Float)?;
-        let probs = truncate(&scaled, p.top_k, p.top_p)?.f_softmax(-1, Kind::Float)?;
+        let probs = truncate(&scaled, p)?.f_softmax(-1, Kind::Float)?;
         (probs.f_multinomial(1, true)?, lp)
     } else {
         let lp = logits.f_log_softmax(-1, Kind::Float)?;
         (logits.f_argmax(-1, true)?, lp)
     };
     let chosen = lp.f_gather(-1, &next, false)?;
+    Ok((next, chosen))
+}
+
+/// Samples one token from one row of logits (`[vocab]`, f32): the token and its
+/// logprob under `log_softmax((logits + bias) / temperature)`.
+pub fn sample_row(logits: &Tensor, p: &SamplingParams) -> Result<(i64, f32)> {
+    let (next, chosen) = step(logits, p)?;
     Ok((
         next.f_int64_value(&[0])?,
         chosen.f_double_value(&[0])? as f32,
@@ -152,19 +198,7 @@ pub fn sample_with(
             let last = model
                 .logits(&hidden.f_select(1, -1)?)?
                 .f_to_kind(Kind::Float)?;
-            let (next, lp) = if p.temperature > 0.0 {
-                let scaled = last.f_div_scalar(p.temperature)?;
-                let lp = scaled.f_log_softmax(-1, Kind::Float)?;
-                let probs = truncate(&scaled, p.top_k, p.top_p)?.f_softmax(-1, Kind::Float)?;
-                let next = probs.f_multinomial(1, true)?;
-                let chosen = lp.f_gather(-1, &next, false)?;
-                (next, chosen)
-            } else {
-                let lp = last.f_log_softmax(-1, Kind::Float)?;
-                let next = last.f_argmax(-1, true)?;
-                let chosen = lp.f_gather(-1, &next, false)?;
-                (next, chosen)
-            };
+            let (next, lp) = step(&last, p)?;
             let ids: Vec<i64> =
                 Vec::try_from(next.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
             let lps: Vec<f32> = Vec::try_from(lp.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
