@@ -348,7 +348,8 @@ def _qwen3_model_dir(tmp_path):
 
 def test_verl_agent_loop_worker_runs_graft_rollouts_through_graft_agent_loop(tmp_path):
     """verl's own ``AgentLoopWorker`` (built from verl's ``ppo_trainer`` config, the agent loop
-    named in an ``agent_loop_config_path`` file as a user would) runs a 2 prompts × 2 batch:
+    named in an ``agent_loop_config_path`` file as a user would) runs a 2 prompts × 2 batch
+    plus a row whose task cannot be set up (masked out, stop reason ``error``):
     hydra instantiates ``GraftAgentLoop`` per row, each row is one rollout through the service,
     and verl's post-processing builds the ``DataProto`` the trainer gets."""
     import asyncio
@@ -382,7 +383,9 @@ def test_verl_agent_loop_worker_runs_graft_rollouts_through_graft_agent_loop(tmp
             ],
         )
     worker = AgentLoopWorker(cfg, llm_client=None)
-    rows = [t for t in tasks for _ in range(2)]
+    # 2 prompts × 2, and a fifth row whose set-up fails: not scored, masked out.
+    broken = {"id": "broken-setup", "prompt": tasks[0]["prompt"], "setup": ["exit 3"], "reward": {"command": "true"}}
+    rows = [t for t in tasks for _ in range(2)] + [broken]
 
     def obj(xs):
         a = np.empty(len(xs), dtype=object)
@@ -394,22 +397,23 @@ def test_verl_agent_loop_worker_runs_graft_rollouts_through_graft_agent_loop(tmp
             "raw_prompt": obj([[{"role": "user", "content": t["prompt"]}] for t in rows]),
             "graft_task": obj([json.dumps(t) for t in rows]),
             "uid": obj([t["id"] for t in rows]),
-            "index": np.array([0, 0, 1, 1]),
+            "index": np.array([0, 0, 1, 1, 2]),
         },
         meta_info={"global_steps": 1},
     )
     out = asyncio.run(worker.generate_sequences(batch))
     assert isinstance(out, DataProto)
     out.check_consistency()
-    assert len(out) == 4
+    assert len(out) == 5
     b = out.batch
     nt = out.non_tensor_batch
     assert b["responses"].shape[1] == 4096 and b["prompts"].shape[1] == 2048
     assert list(nt["uid"]) == [t["id"] for t in rows]
-    assert len(set(nt["graft_session_id"])) == 4, "one graft rollout per verl row"
-    assert list(nt["graft_stop_reason"]) == ["stop"] * 4
-    assert list(nt["graft_outcome"]) == ["scored"] * 4
-    for i, t in enumerate(rows):
+    assert len(set(nt["graft_session_id"])) == 5, "one graft rollout per verl row"
+    assert list(nt["graft_stop_reason"]) == ["stop"] * 4 + ["error"]
+    assert list(nt["graft_outcome"])[:4] == ["scored"] * 4
+    assert not b["response_mask"][4].any() and not b["rm_scores"][4].any(), "nothing unscored is trained"
+    for i, t in enumerate(rows[:4]):
         m = b["response_mask"][i]
         n = int(b["attention_mask"][i, 2048:].sum())
         assert m.sum() > 10, "the agent's sampled tokens are trained"
@@ -432,10 +436,12 @@ def test_verl_agent_loop_worker_runs_graft_rollouts_through_graft_agent_loop(tmp
 
 def test_skyrl_graft_generator_output_passes_skyrls_checks_with_stop_reasons():
     """``GraftGenerator.generate`` on a SkyRL ``GeneratorInput`` (2 instances × 2
-    repetitions, in interleaved order): one service batch, answers in the input's order,
+    repetitions, in interleaved order, and one instance that cannot be set up): answers in
+    the input's order,
     checked by SkyRL's ``validate_generator_output``, its overlong filtering (which reads the
     stop reasons) and its own tensor conversion."""
     import asyncio
+    import json
     import os
 
     from skyrl.train.dataset.preprocess import convert_prompts_responses_to_batch_tensors
@@ -449,32 +455,39 @@ def test_skyrl_graft_generator_output_passes_skyrls_checks_with_stop_reasons():
     url, tasks = _service_tasks()
     tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
     order = [(0, 0), (1, 0), (0, 1), (1, 1)]
+    # A fifth row whose task's set-up fails: a rollout that is not scored (and a group of one,
+    # so a second request), masked out with stop reason "error".
+    broken = {"id": "broken-setup", "prompt": tasks[0]["prompt"], "setup": ["exit 3"], "reward": {"command": "true"}}
+    rows = [tasks[t] for t, _ in order] + [broken]
     inp = GeneratorInput(
-        prompts=[[{"role": "user", "content": tasks[t]["prompt"]}] for t, _ in order],
-        env_classes=["graft"] * 4,
-        env_extras=[{"graft_task": tasks[t]} for t, _ in order],
+        prompts=[[{"role": "user", "content": t["prompt"]}] for t in rows],
+        env_classes=["graft"] * 5,
+        env_extras=[{"graft_task": t} for t in rows],
         sampling_params={"temperature": 1.0, "logprobs": 0},
-        trajectory_ids=[TrajectoryID(instance_id=f"inst-{t}", repetition_id=k) for t, k in order],
+        trajectory_ids=[TrajectoryID(instance_id=f"inst-{t}", repetition_id=k) for t, k in order]
+        + [TrajectoryID(instance_id="inst-broken", repetition_id=0)],
         batch_metadata=BatchMetadata(global_step=1, training_phase="train"),
     )
     gen = GraftGenerator(url, tokenizer=tok, weight_version="default")
     out = asyncio.run(gen.generate(inp))
-    validate_generator_output(4, out)
-    assert out["stop_reasons"] == ["stop"] * 4
-    assert out["rewards"] == [WANT_REWARD[tasks[t]["id"]] for t, _ in order]
+    validate_generator_output(5, out)
+    assert out["stop_reasons"] == ["stop"] * 4 + ["error"]
+    assert out["rewards"] == [WANT_REWARD[t["id"]] for t in rows[:4]] + [0.0]
     assert out["trajectory_ids"] == inp["trajectory_ids"]
     assert out["rollout_logprobs"] is not None
-    assert out["rollout_metrics"]["graft/unscored_rollouts"] == 0
+    assert out["rollout_metrics"]["graft/unscored_rollouts"] == 1
     em = out["env_metrics"]
-    assert len({m["graft_session_id"] for m in em}) == 4, "one graft rollout per SkyRL row"
-    assert [m["graft_outcome"] for m in em] == ["scored"] * 4
-    # an instance's repetitions are one graft group, and the two instances are two
+    assert len({m["graft_session_id"] for m in em}) == 5, "one graft rollout per SkyRL row"
+    assert [m["graft_outcome"] for m in em[:4]] == ["scored"] * 4
+    assert "setup command 1 ('exit 3') failed" in json.loads(em[4]["graft_outcome"])["failed"]
+    assert sum(out["loss_masks"][4]) == 0, "nothing of an unscored rollout is trained"
+    # an instance's repetitions are one graft group, and the three instances are three
     group_of = {}
-    for (t, _), m in zip(order, em):
-        group_of.setdefault(t, set()).add(m["graft_group_id"])
-    assert all(len(v) == 1 for v in group_of.values()) and len(set.union(*group_of.values())) == 2
-    assert all(sum(m) > 10 for m in out["loss_masks"])
-    for p, r, m in zip(out["prompt_token_ids"], out["response_ids"], out["loss_masks"]):
+    for key, m in zip([f"inst-{t}" for t, _ in order] + ["inst-broken"], em):
+        group_of.setdefault(key, set()).add(m["graft_group_id"])
+    assert all(len(v) == 1 for v in group_of.values()) and len(set.union(*group_of.values())) == 3
+    assert all(sum(m) > 10 for m in out["loss_masks"][:4])
+    for p, r, m in list(zip(out["prompt_token_ids"], out["response_ids"], out["loss_masks"]))[:4]:
         _assert_turns_are_the_models(tok, p + r, [0] * len(p) + m)
     # SkyRL's DAPO overlong filter keeps every mask of a rollout that stopped...
     assert apply_overlong_filtering(out["loss_masks"], out["stop_reasons"]) == out["loss_masks"]
@@ -494,7 +507,8 @@ def test_skyrl_graft_generator_output_passes_skyrls_checks_with_stop_reasons():
 def test_openrlhf_graft_agent_executor_output_becomes_an_openrlhf_experience(monkeypatch, tmp_path):
     """OpenRLHF's agent file (``AgentExecutor`` imported from graft_rl, loaded the way
     ``_load_agent_executor`` loads ``--train.agent_func_path``), ``execute`` once per sample
-    (2 prompts × 2), each result through OpenRLHF's own ``_process_response_into_experience``.
+    (2 prompts × 2, and one task that cannot be set up), each result through OpenRLHF's own
+    ``_process_response_into_experience``.
     ``sampling_params`` stands in for vLLM's ``SamplingParams`` (not installed: CUDA wheels):
     the executor reads its ``temperature`` and ``logprobs``."""
     import asyncio
@@ -549,6 +563,12 @@ def test_openrlhf_graft_agent_executor_output_becomes_an_openrlhf_experience(mon
         assert e.rewards.item() == want
         assert not e.truncated.item()
         assert e.info["graft_unscored"].item() == 0
+    # A task whose set-up fails: not scored, an Experience that trains nothing.
+    broken = {"id": "broken-setup", "prompt": tasks[0]["prompt"], "setup": ["exit 3"], "reward": {"command": "true"}}
+    d = asyncio.run(executor.execute("p", json.dumps(broken), params, 100_000, tok, None))
+    e = gen._process_response_into_experience(None, d, max_len=100_000)
+    assert isinstance(e, Experience)
+    assert not e.action_mask.any() and e.rewards.item() == 0.0 and e.info["graft_unscored"].item() == 1
 
 
 def test_slime_rollout_function_fills_each_group_from_graft_rollouts():

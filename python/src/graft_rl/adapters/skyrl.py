@@ -26,6 +26,7 @@ SkyRL config: subclass its experiment and return this generator::
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from typing import Any, Callable, Optional
 
@@ -120,7 +121,7 @@ class GraftGenerator(GeneratorInterface):
                     env_metrics[row] = {
                         "graft_session_id": r.session_id,
                         "graft_group_id": g.group_id,
-                        "graft_outcome": r.outcome if isinstance(r.outcome, str) else str(r.outcome),
+                        "graft_outcome": r.outcome if isinstance(r.outcome, str) else json.dumps(r.outcome),
                         "graft_samples": len(r.samples),
                     }
                     if s is None:

@@ -28,6 +28,7 @@ for ``rollout.prompt_length`` / ``response_length``: cut the way verl's own loop
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any, Optional
@@ -98,7 +99,7 @@ class GraftAgentLoop(AgentLoopBase):
         want_lps = bool(sampling_params.get("logprobs"))
         extra = {
             "graft_session_id": r.session_id,
-            "graft_outcome": r.outcome if isinstance(r.outcome, str) else str(r.outcome),
+            "graft_outcome": r.outcome if isinstance(r.outcome, str) else json.dumps(r.outcome),
             "graft_stop_reason": why if s is not None else r.stop_reason,
             "graft_samples_left_out": max(len(r.samples) - 1, 0),
             "graft_stale_calls": g.stale_calls,
