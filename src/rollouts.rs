@@ -7,9 +7,9 @@
 //! POST /rollouts {"tasks": [{"id", "prompt", "setup", "reward": {"command"}}, ...],
 //!                 "group_size": 4, "weight_version": "step-12", "temperature": 1.0}
 //! → 200 application/x-ndjson, one line per group as it finishes:
-//!   {"group_id", "task_id", "rollouts": [{"session_id", "reward", "outcome"}],
+//!   {"group_id", "task_id", "rollouts": [{"session_id", "reward", "outcome", "stop_reason"}],
 //!    "samples": [{"sample_id", "session_id", "group_id", "tokens", "loss_mask", "logprobs",
-//!                 "reward", "weight_versions", "token_weight_versions"}],
+//!                 "reward", "weight_versions", "token_weight_versions", "stop_reason"}],
 //!    "calls_by_weight_version": {...}, "stale_calls": n}
 //!   then {"done": true, "groups", "rollouts", "secs"}
 //! ```
@@ -20,6 +20,13 @@
 //! version it says its servers serve, and `stale_calls` counts the group's calls that a
 //! backend answered with another version. Groups are not grown or filtered (no BAR): every
 //! scored rollout's samples come back.
+//!
+//! Stop reasons (SkyRL's `stop_reasons`, OpenRLHF's `truncated`, slime's `status`) are in the
+//! answer, not in the samples file: a sample's is the `finish_reason` the gateway recorded for
+//! its last call (`stop`, `length`, `tool_calls`, SGLang's `abort`); a rollout's is its
+//! session's last model call's, or why it ended before that could count: `timeout` (past the
+//! harness's budget) or `error` (set-up, the harness or the backend failed). `null` where no
+//! call recorded one.
 
 use std::collections::{BTreeMap, HashSet};
 use std::convert::Infallible;
@@ -265,7 +272,8 @@ async fn run_one_group(
         .join("rollouts")
         .join(format!("{group}.parquet"));
     let (model, data) = (state.model.clone(), cfg.run.out_dir.join("data"));
-    let (samples, versions) = tokio::task::spawn_blocking(move || {
+    let sessions: Vec<String> = rollouts.iter().map(|(_, r)| r.session_id.clone()).collect();
+    let (samples, versions, finishes) = tokio::task::spawn_blocking(move || {
         let done = samples_from_records(
             &model,
             &data,
@@ -279,7 +287,8 @@ async fn run_one_group(
         )?;
         let samples = read_samples_parquet(&path)?;
         let _ = std::fs::remove_file(&path);
-        anyhow::Ok((samples, done.weight_versions))
+        let finishes = Finishes::read(&data, &sessions)?;
+        anyhow::Ok((samples, done.weight_versions, finishes))
     })
     .await
     .context("the reconstruct task failed")??;
@@ -298,11 +307,74 @@ async fn run_one_group(
             "session_id": r.session_id,
             "reward": r.reward(),
             "outcome": outcome(&r.outcome),
+            "stop_reason": finishes.of_rollout(r),
         })).collect::<Vec<_>>(),
-        "samples": samples.iter().map(sample_json).collect::<Vec<_>>(),
+        "samples": samples.iter().map(|s| {
+            let mut v = sample_json(s);
+            v["stop_reason"] = json!(finishes.of_sample(s));
+            v
+        }).collect::<Vec<_>>(),
         "calls_by_weight_version": versions.into_iter().collect::<BTreeMap<_, _>>(),
         "stale_calls": stale,
     }))
+}
+
+/// The `finish_reason` of each recorded call of a group's sessions, and each session's last
+/// model call's: what the stop reasons in the answer come from.
+#[derive(Debug, Default)]
+struct Finishes {
+    by_call: BTreeMap<String, Option<String>>,
+    last_of_session: BTreeMap<String, Option<String>>,
+}
+
+impl Finishes {
+    /// Reads only these sessions' records (`graft_recorder::read_session`).
+    fn read(data: &std::path::Path, sessions: &[String]) -> anyhow::Result<Finishes> {
+        let mut f = Finishes::default();
+        for id in sessions {
+            let recs = graft_recorder::read_session(data, id)
+                .with_context(|| format!("reading session {id}'s records"))?;
+            f.add(recs.iter().map(|r| {
+                (
+                    r.session_id.as_str(),
+                    r.call_id.as_str(),
+                    r.dialect == "models",
+                    r.finish_reason.as_deref(),
+                )
+            }));
+        }
+        Ok(f)
+    }
+
+    /// (session, call, is a model listing, finish_reason) in each session's seq order.
+    fn add<'a>(&mut self, calls: impl Iterator<Item = (&'a str, &'a str, bool, Option<&'a str>)>) {
+        for (session, call, listing, finish) in calls {
+            if listing {
+                continue;
+            }
+            let finish = finish.map(str::to_owned);
+            self.by_call.insert(call.to_owned(), finish.clone());
+            self.last_of_session.insert(session.to_owned(), finish);
+        }
+    }
+
+    /// Its last call's finish reason.
+    fn of_sample(&self, s: &Sample) -> Option<String> {
+        s.call_ids
+            .last()
+            .and_then(|c| self.by_call.get(c).cloned().flatten())
+    }
+
+    /// Why it stopped: a rollout cut short says so, else its last model call's reason.
+    fn of_rollout(&self, r: &Rollout) -> Option<String> {
+        match r.outcome {
+            Outcome::TimedOut => Some("timeout".into()),
+            Outcome::Failed(_) | Outcome::BackendFailed(_) => Some("error".into()),
+            Outcome::Scored(_) | Outcome::RewardFailed(_) => {
+                self.last_of_session.get(&r.session_id).cloned().flatten()
+            }
+        }
+    }
 }
 
 fn outcome(o: &Outcome) -> Value {
@@ -361,5 +433,67 @@ impl hyper::body::Body for Lines {
             Poll::Ready(None) => Poll::Ready(None),
             Poll::Pending => Poll::Pending,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    fn rollout(session: &str, outcome: Outcome) -> Rollout {
+        Rollout {
+            task_id: "t".into(),
+            group_id: "g".into(),
+            session_id: session.into(),
+            harness: "h".into(),
+            outcome,
+            harness_exit: None,
+            harness_oom: false,
+            harness_secs: 0.0,
+            reward_secs: 0.0,
+            harness_tail: String::new(),
+        }
+    }
+
+    #[test]
+    fn stop_reasons_come_from_the_last_call_or_from_why_the_rollout_ended() {
+        let mut f = Finishes::default();
+        f.add(
+            [
+                ("a", "a1", false, Some("tool_calls")),
+                ("a", "a2", false, Some("stop")),
+                ("a", "a3", true, None), // a model listing after the last call counts for nothing
+                ("b", "b1", false, Some("length")),
+                ("c", "c1", false, None),
+            ]
+            .into_iter(),
+        );
+        // A sample ends where its last call ended (a fork's first part: at the tool call).
+        let s = |calls: &[&str]| Sample {
+            call_ids: calls.iter().map(|c| c.to_string()).collect(),
+            ..Sample::default()
+        };
+        assert_eq!(f.of_sample(&s(&["a1"])).as_deref(), Some("tool_calls"));
+        assert_eq!(f.of_sample(&s(&["a1", "a2"])).as_deref(), Some("stop"));
+        assert_eq!(f.of_sample(&s(&["b1"])).as_deref(), Some("length"));
+        assert_eq!(f.of_sample(&s(&["c1"])), None);
+        assert_eq!(f.of_sample(&s(&[])), None);
+        let of = |session: &str, o: Outcome| f.of_rollout(&rollout(session, o));
+        assert_eq!(of("a", Outcome::Scored(1.0)).as_deref(), Some("stop"));
+        assert_eq!(
+            of("b", Outcome::RewardFailed("x".into())).as_deref(),
+            Some("length")
+        );
+        assert_eq!(of("a", Outcome::TimedOut).as_deref(), Some("timeout"));
+        assert_eq!(
+            of("a", Outcome::Failed("x".into())).as_deref(),
+            Some("error")
+        );
+        assert_eq!(
+            of("b", Outcome::BackendFailed("x".into())).as_deref(),
+            Some("error")
+        );
+        assert_eq!(of("none", Outcome::Scored(0.0)), None);
     }
 }

@@ -5,7 +5,10 @@
 //! - `python/tests/test_properties.py` (hypothesis) on generated samples and on these;
 //! - `graft export --to NAME` for every layout, checked here against graft's own Rust reader;
 //! - ignored (the heavier tier, `--ignored`): `python/tests/test_frameworks.py` in the
-//!   `rlfw` venv, the real verl / TRL / SkyRL / OpenRLHF / Tinker types.
+//!   `rlfw` venv, the real verl / TRL / SkyRL / OpenRLHF / Tinker types, and the rollout
+//!   service behind each trainer's own extension point (`graft_rl.adapters`: verl's
+//!   `AgentLoopWorker`, a SkyRL generator, an OpenRLHF agent executor, a slime rollout
+//!   function; TRL's `rollout_func`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -158,7 +161,7 @@ fn graft_rl_samples_pass_every_exporters_properties_and_graft_export_writes_each
     assert_eq!(samples.len(), 4);
 
     let out = pytest(&py, "test_properties.py", &file);
-    assert!(out.contains("10 passed"), "{out}");
+    assert!(out.contains("11 passed"), "{out}");
 
     let f = file.to_str().unwrap();
     for to in graft::export::FORMATS {
@@ -261,6 +264,8 @@ fn graft_rl_samples_pass_every_exporters_properties_and_graft_export_writes_each
 
 /// The heavier tier: `bash scripts/setup-test-env.sh rlfw` (torch and the frameworks from
 /// PyPI, ~6.5 GB), then `cargo test -p graft --features testkit --test interop -- --ignored`.
+/// One `graft rollouts serve` answers TRL's, verl's, SkyRL's, OpenRLHF's and slime's
+/// adapters in turn (4 rollouts each).
 #[test]
 #[ignore = "needs the rlfw venv (bash scripts/setup-test-env.sh rlfw); run with --ignored"]
 fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
@@ -289,8 +294,7 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
             ("GRAFT_TASKS", tasks.to_str().unwrap()),
         ],
     );
-    assert!(out.contains("9 passed"), "{out}");
-    assert!(out.contains("passed"), "{out}");
+    assert!(out.contains("13 passed"), "{out}");
 
     // graft export --format native: verl's own DataProto file, loaded back by verl.
     let dest = dir.path().join("batch.dp");
@@ -365,6 +369,8 @@ for g in c.groups(tasks, group_size=2, weight_version="trainer-v9"):
                 "sampled": [s.sampled_tokens() for s in g.samples],
                 "verl_trained": [int(x) for x in b["response_mask"].sum(axis=1)],
                 "known": all(s.sampled_logprobs_known() for s in g.samples),
+                "stops": [r["stop_reason"] for r in g.rollouts],
+                "sample_stops": g.stop_reasons,
                 "stale": g.stale_calls, "calls": sum(g.calls_by_weight_version.values())})
 print(json.dumps({"groups": out, "summary": c.last_summary}))
 "#;
@@ -388,6 +394,13 @@ print(json.dumps({"groups": out, "summary": c.last_summary}))
             "{g}"
         );
         assert_eq!(g["samples"], 2, "one sample per rollout: {g}");
+        // The example agent's last call ends its turn: each rollout and sample stopped there.
+        assert_eq!(g["stops"], serde_json::json!(["stop", "stop"]), "{g}");
+        assert_eq!(
+            g["sample_stops"],
+            serde_json::json!(["stop", "stop"]),
+            "{g}"
+        );
         assert_eq!(g["groups"].as_array().unwrap().len(), 1, "{g}");
         assert_eq!(g["known"], true, "exact mode records every logprob: {g}");
         // Every call of the group was answered by weights other than the trainer's.

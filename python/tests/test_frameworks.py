@@ -5,6 +5,7 @@ TRL 1.16.0, SkyRL 0.4.0, OpenRLHF 0.11.2, Tinker 0.38.0 and torch from PyPI.
 
 import sys
 import types
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,3 +282,371 @@ def test_trl_grpo_trainer_steps_with_graft_rollout_service_driving_real_rollouts
     # real rollouts: the agent's completions were sampled (env_mask 1) and scored by the task
     assert all(sum(m) > 10 for m in seen[0]["env_mask"])
     assert sorted(rewards) == [0.0, 0.0, 1.0, 1.0]
+
+
+# -- the rollout service behind each trainer's own extension point ---------------------------
+#
+# Each test drives the running ``graft rollouts serve`` (``GRAFT_ROLLOUTS_URL``, started by
+# tests/interop.rs: the example agent in envd sandboxes, the scripted backend with real Qwen3
+# ids) through one adapter of ``graft_rl.adapters`` and checks the result with the
+# framework's own code. The scripted model solves the addition and miscounts the lines.
+
+
+def _service_tasks():
+    import json
+    import os
+
+    url = os.environ.get("GRAFT_ROLLOUTS_URL")
+    tasks_file = os.environ.get("GRAFT_TASKS")
+    assert url and tasks_file, "GRAFT_ROLLOUTS_URL and GRAFT_TASKS (tests/interop.rs sets them)"
+    tasks = [json.loads(line) for line in open(tasks_file)][:2]
+    assert [t["id"] for t in tasks] == ["add-17-25", "count-lines"]
+    return url, tasks
+
+
+WANT_REWARD = {"add-17-25": 1.0, "count-lines": 0.0}
+SCRIPTED_FIRST_TURN = {"add-17-25": "I will write the sum.", "count-lines": "I will write the count."}
+
+
+def _assert_turns_are_the_models(tok, tokens, mask):
+    """Each run of trained tokens is exactly one model turn of Qwen3's template: it starts
+    right after ``<|im_start|>assistant\\n`` and ends with ``<|im_end|>`` (so a range shifted
+    by one token either way fails), and there are the scripted model's two turns."""
+    runs, start = [], None
+    for i, m in enumerate(list(mask) + [0]):
+        if m and start is None:
+            start = i
+        elif not m and start is not None:
+            runs.append((start, i))
+            start = None
+    assert len(runs) == 2, runs
+    for a, b in runs:
+        assert tok.decode(tokens[max(a - 3, 0):a]).endswith("<|im_start|>assistant\n")
+        text = tok.decode(tokens[a:b])
+        assert text.startswith("<think>") and text.endswith("<|im_end|>"), text
+
+
+def _qwen3_model_dir(tmp_path):
+    """The real Qwen3 tokenizer plus a tiny Qwen3 ``config.json``: what verl's
+    ``HFModelConfig`` loads from ``actor_rollout_ref.model.path``."""
+    import os
+    import shutil
+
+    from transformers import Qwen3Config
+
+    src = os.environ["GRAFT_QWEN3_DIR"]
+    d = tmp_path / "qwen3"
+    d.mkdir()
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(os.path.join(src, f), d)
+    Qwen3Config(
+        vocab_size=151936, hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=16, architectures=["Qwen3ForCausalLM"],
+    ).save_pretrained(d)
+    return d
+
+
+def test_verl_agent_loop_worker_runs_graft_rollouts_through_graft_agent_loop(tmp_path):
+    """verl's own ``AgentLoopWorker`` (built from verl's ``ppo_trainer`` config, the agent loop
+    named in an ``agent_loop_config_path`` file as a user would) runs a 2 prompts × 2 batch
+    plus a row whose task cannot be set up (masked out, stop reason ``error``):
+    hydra instantiates ``GraftAgentLoop`` per row, each row is one rollout through the service,
+    and verl's post-processing builds the ``DataProto`` the trainer gets."""
+    import asyncio
+    import json
+
+    import verl
+    from hydra import compose, initialize_config_dir
+    from verl import DataProto
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.trainer.ppo.core_algos import compute_grpo_outcome_advantage
+
+    url, tasks = _service_tasks()
+    model = _qwen3_model_dir(tmp_path)
+    loops = tmp_path / "graft_agent.yaml"
+    loops.write_text(
+        f"- name: graft\n  _target_: graft_rl.adapters.verl.GraftAgentLoop\n  graft_url: {url}\n"
+        "  weight_version: default\n"
+    )
+    cfgdir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=cfgdir, version_base=None):
+        cfg = compose(
+            config_name="ppo_trainer",
+            overrides=[
+                f"actor_rollout_ref.model.path={model}",
+                "actor_rollout_ref.rollout.name=sglang",
+                "actor_rollout_ref.rollout.prompt_length=2048",
+                "actor_rollout_ref.rollout.response_length=4096",
+                "actor_rollout_ref.rollout.calculate_log_probs=true",
+                f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
+                "actor_rollout_ref.rollout.agent.default_agent_loop=graft",
+            ],
+        )
+    worker = AgentLoopWorker(cfg, llm_client=None)
+    # 2 prompts × 2, and a fifth row whose set-up fails: not scored, masked out.
+    broken = {"id": "broken-setup", "prompt": tasks[0]["prompt"], "setup": ["exit 3"], "reward": {"command": "true"}}
+    rows = [t for t in tasks for _ in range(2)] + [broken]
+
+    def obj(xs):
+        a = np.empty(len(xs), dtype=object)
+        a[:] = xs
+        return a
+
+    batch = DataProto.from_dict(
+        non_tensors={
+            "raw_prompt": obj([[{"role": "user", "content": t["prompt"]}] for t in rows]),
+            "graft_task": obj([json.dumps(t) for t in rows]),
+            "uid": obj([t["id"] for t in rows]),
+            "index": np.array([0, 0, 1, 1, 2]),
+        },
+        meta_info={"global_steps": 1},
+    )
+    out = asyncio.run(worker.generate_sequences(batch))
+    assert isinstance(out, DataProto)
+    out.check_consistency()
+    assert len(out) == 5
+    b = out.batch
+    nt = out.non_tensor_batch
+    assert b["responses"].shape[1] == 4096 and b["prompts"].shape[1] == 2048
+    assert list(nt["uid"]) == [t["id"] for t in rows]
+    assert len(set(nt["graft_session_id"])) == 5, "one graft rollout per verl row"
+    assert list(nt["graft_stop_reason"]) == ["stop"] * 4 + ["error"]
+    assert list(nt["graft_outcome"])[:4] == ["scored"] * 4
+    assert not b["response_mask"][4].any() and not b["rm_scores"][4].any(), "nothing unscored is trained"
+    for i, t in enumerate(rows[:4]):
+        m = b["response_mask"][i]
+        n = int(b["attention_mask"][i, 2048:].sum())
+        assert m.sum() > 10, "the agent's sampled tokens are trained"
+        assert not m[n:].any()
+        # the reward on the last response token (verl's rm_scores), nowhere else
+        assert b["rm_scores"][i, n - 1].item() == WANT_REWARD[t["id"]]
+        assert b["rm_scores"][i].abs().sum().item() == WANT_REWARD[t["id"]]
+        lp = b["rollout_log_probs"][i][m.bool()]
+        assert (lp < 0).any() and not lp.isnan().any() and (lp <= 0).all()
+        said = worker.tokenizer.decode(b["responses"][i][m.bool()].tolist())
+        assert SCRIPTED_FIRST_TURN[t["id"]] in said and "Done." in said and t["prompt"] not in said
+        assert t["prompt"] in worker.tokenizer.decode(b["prompts"][i][b["attention_mask"][i, :2048].bool()].tolist())
+        p = b["prompts"][i][b["attention_mask"][i, :2048].bool()].tolist()
+        _assert_turns_are_the_models(worker.tokenizer, p + b["responses"][i, :n].tolist(), [0] * len(p) + m[:n].tolist())
+    adv, _ = compute_grpo_outcome_advantage(
+        token_level_rewards=b["rm_scores"], response_mask=b["response_mask"], index=nt["uid"],
+    )
+    assert adv.shape == b["response_mask"].shape
+
+
+def test_skyrl_graft_generator_output_passes_skyrls_checks_with_stop_reasons():
+    """``GraftGenerator.generate`` on a SkyRL ``GeneratorInput`` (2 instances × 2
+    repetitions, in interleaved order, and one instance that cannot be set up): answers in
+    the input's order,
+    checked by SkyRL's ``validate_generator_output``, its overlong filtering (which reads the
+    stop reasons) and its own tensor conversion."""
+    import asyncio
+    import json
+    import os
+
+    from skyrl.train.dataset.preprocess import convert_prompts_responses_to_batch_tensors
+    from skyrl.train.generators.base import BatchMetadata, GeneratorInput, TrajectoryID
+    from skyrl.train.generators.utils import apply_overlong_filtering
+    from skyrl.train.utils.trainer_utils import validate_generator_output
+    from transformers import AutoTokenizer
+
+    from graft_rl.adapters.skyrl import GraftGenerator
+
+    url, tasks = _service_tasks()
+    tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
+    order = [(0, 0), (1, 0), (0, 1), (1, 1)]
+    # A fifth row whose task's set-up fails: a rollout that is not scored (and a group of one,
+    # so a second request), masked out with stop reason "error".
+    broken = {"id": "broken-setup", "prompt": tasks[0]["prompt"], "setup": ["exit 3"], "reward": {"command": "true"}}
+    rows = [tasks[t] for t, _ in order] + [broken]
+    inp = GeneratorInput(
+        prompts=[[{"role": "user", "content": t["prompt"]}] for t in rows],
+        env_classes=["graft"] * 5,
+        env_extras=[{"graft_task": t} for t in rows],
+        sampling_params={"temperature": 1.0, "logprobs": 0},
+        trajectory_ids=[TrajectoryID(instance_id=f"inst-{t}", repetition_id=k) for t, k in order]
+        + [TrajectoryID(instance_id="inst-broken", repetition_id=0)],
+        batch_metadata=BatchMetadata(global_step=1, training_phase="train"),
+    )
+    gen = GraftGenerator(url, tokenizer=tok, weight_version="default")
+    out = asyncio.run(gen.generate(inp))
+    validate_generator_output(5, out)
+    assert out["stop_reasons"] == ["stop"] * 4 + ["error"]
+    assert out["rewards"] == [WANT_REWARD[t["id"]] for t in rows[:4]] + [0.0]
+    assert out["trajectory_ids"] == inp["trajectory_ids"]
+    assert out["rollout_logprobs"] is not None
+    assert out["rollout_metrics"]["graft/unscored_rollouts"] == 1
+    em = out["env_metrics"]
+    assert len({m["graft_session_id"] for m in em}) == 5, "one graft rollout per SkyRL row"
+    assert [m["graft_outcome"] for m in em[:4]] == ["scored"] * 4
+    assert "setup command 1 ('exit 3') failed" in json.loads(em[4]["graft_outcome"])["failed"]
+    assert sum(out["loss_masks"][4]) == 0, "nothing of an unscored rollout is trained"
+    # an instance's repetitions are one graft group, and the three instances are three
+    group_of = {}
+    for key, m in zip([f"inst-{t}" for t, _ in order] + ["inst-broken"], em):
+        group_of.setdefault(key, set()).add(m["graft_group_id"])
+    assert all(len(v) == 1 for v in group_of.values()) and len(set.union(*group_of.values())) == 3
+    assert all(sum(m) > 10 for m in out["loss_masks"][:4])
+    for p, r, m in list(zip(out["prompt_token_ids"], out["response_ids"], out["loss_masks"]))[:4]:
+        _assert_turns_are_the_models(tok, p + r, [0] * len(p) + m)
+    # SkyRL's DAPO overlong filter keeps every mask of a rollout that stopped...
+    assert apply_overlong_filtering(out["loss_masks"], out["stop_reasons"]) == out["loss_masks"]
+    # ...and would drop one that hit the length limit: the stop reasons carry meaning.
+    cut = apply_overlong_filtering(out["loss_masks"], ["length"] + out["stop_reasons"][1:])
+    assert sum(cut[0]) == 0 and cut[1:] == out["loss_masks"][1:]
+    token_rewards = [[0.0] * (len(r) - 1) + [x] for r, x in zip(out["response_ids"], out["rewards"])]
+    _, attn, _, rw, masks, lps, _, _ = convert_prompts_responses_to_batch_tensors(
+        tok.pad_token_id, out["prompt_token_ids"], out["response_ids"], token_rewards, out["loss_masks"],
+        out["rollout_logprobs"],
+    )
+    assert masks.sum().item() == sum(sum(m) for m in out["loss_masks"])
+    assert rw.sum().item() == sum(out["rewards"])
+    assert attn.sum().item() == sum(len(p) + len(r) for p, r in zip(out["prompt_token_ids"], out["response_ids"]))
+
+
+def test_openrlhf_graft_agent_executor_output_becomes_an_openrlhf_experience(monkeypatch, tmp_path):
+    """OpenRLHF's agent file (``AgentExecutor`` imported from graft_rl, loaded the way
+    ``_load_agent_executor`` loads ``--train.agent_func_path``), ``execute`` once per sample
+    (2 prompts × 2, and one task that cannot be set up), each result through OpenRLHF's own
+    ``_process_response_into_experience``.
+    ``sampling_params`` stands in for vLLM's ``SamplingParams`` (not installed: CUDA wheels):
+    the executor reads its ``temperature`` and ``logprobs``."""
+    import asyncio
+    import importlib.util
+    import json
+    import os
+
+    from openrlhf.trainer.ppo_utils.experience import Experience
+    from openrlhf.utils.agent import AgentExecutorBase
+    from transformers import AutoTokenizer
+
+    url, tasks = _service_tasks()
+    monkeypatch.setenv("GRAFT_ROLLOUTS_URL", url)
+    agent = tmp_path / "graft_agent.py"
+    agent.write_text("from graft_rl.adapters.openrlhf import GraftAgentExecutor as AgentExecutor\n")
+    spec = importlib.util.spec_from_file_location("agent_module", agent)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert issubclass(mod.AgentExecutor, AgentExecutorBase)
+    executor = mod.AgentExecutor()
+    tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
+    params = types.SimpleNamespace(temperature=1.0, logprobs=0, max_tokens=None)
+    labels = [json.dumps(t) for t in tasks for _ in range(2)]
+
+    async def all_of():
+        return await asyncio.gather(
+            *(executor.execute(t, lab, params, 100_000, tok, None) for t, lab in zip(["p"] * 4, labels))
+        )
+
+    outs = asyncio.run(all_of())
+    gen = _openrlhf_samples_generator(monkeypatch)
+    for d, lab in zip(outs, labels):
+        want = WANT_REWARD[json.loads(lab)["id"]]
+        e = gen._process_response_into_experience(None, d, max_len=100_000)
+        assert isinstance(e, Experience)
+        am = e.action_mask[0].bool()
+        assert am.sum().item() > 10
+        seq = e.sequences[0]
+        acts = [t for a, b in d["action_ranges"] for t in d["observation_tokens"][a:b]]
+        assert seq[1:][am].tolist() == acts
+        # The actions are the scripted model's two turns, the rest is context: the task's
+        # prompt before the first action, the tool's result between them.
+        task = json.loads(lab)
+        said = tok.decode(acts)
+        assert SCRIPTED_FIRST_TURN[task["id"]] in said and "Done." in said and task["prompt"] not in said
+        first = d["action_ranges"][0][0]
+        assert task["prompt"] in tok.decode(d["observation_tokens"][:first])
+        obs = d["observation_tokens"]
+        _assert_turns_are_the_models(tok, obs, [int(any(a <= i < b for a, b in d["action_ranges"])) for i in range(len(obs))])
+        lp = e.rollout_log_probs[0][am]
+        assert (lp < 0).any() and (lp <= 0).all()
+        assert e.rewards.item() == want
+        assert not e.truncated.item()
+        assert e.info["graft_unscored"].item() == 0
+    # A task whose set-up fails: not scored, an Experience that trains nothing.
+    broken = {"id": "broken-setup", "prompt": tasks[0]["prompt"], "setup": ["exit 3"], "reward": {"command": "true"}}
+    d = asyncio.run(executor.execute("p", json.dumps(broken), params, 100_000, tok, None))
+    e = gen._process_response_into_experience(None, d, max_len=100_000)
+    assert isinstance(e, Experience)
+    assert not e.action_mask.any() and e.rewards.item() == 0.0 and e.info["graft_unscored"].item() == 1
+
+
+def test_slime_rollout_function_fills_each_group_from_graft_rollouts():
+    """``generate_rollout(args, rollout_id, data_source)`` with slime's signature. slime is not
+    on PyPI, so its ``Sample`` and data source are stand-ins here with the field names and
+    ``Status`` values of ``slime/utils/types.py`` and the ``get_samples(n) ->
+    list[list[Sample]]`` of ``slime/rollout/data_source.py``."""
+    import argparse
+    import dataclasses
+    import enum
+    import json
+
+    import os
+
+    from transformers import AutoTokenizer
+
+    from graft_rl.adapters.slime import FILLED, generate_rollout
+
+    url, tasks = _service_tasks()
+    tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
+
+    @dataclasses.dataclass
+    class Sample:
+        group_index: int = None
+        index: int = None
+        rollout_id: int = None
+        prompt: str = ""
+        tokens: list = dataclasses.field(default_factory=list)
+        response: str = ""
+        response_length: int = 0
+        label: str = None
+        reward: float = None
+        loss_mask: list = None
+        weight_versions: list = dataclasses.field(default_factory=list)
+        rollout_log_probs: list = None
+        remove_sample: bool = False
+
+        class Status(enum.Enum):
+            PENDING = "pending"
+            COMPLETED = "completed"
+            TRUNCATED = "truncated"
+            ABORTED = "aborted"
+            FAILED = "failed"
+
+        status: Status = Status.PENDING
+        metadata: dict = dataclasses.field(default_factory=dict)
+        session_id: str = None
+
+    class DataSource:
+        def get_samples(self, n):
+            return [
+                [Sample(group_index=g, index=2 * g + k, prompt=t["prompt"], label=json.dumps(t)) for k in range(2)]
+                for g, t in enumerate(tasks[:n])
+            ]
+
+    assert set(FILLED) <= {f.name for f in dataclasses.fields(Sample)}
+    args = argparse.Namespace(rollout_batch_size=2, n_samples_per_prompt=2, rollout_temperature=1.0,
+                              graft_rollouts_url=url, graft_weight_version="default")
+    groups = generate_rollout(args, 0, DataSource())
+    assert len(groups) == 2
+    for g, t in zip(groups, tasks):
+        assert len(g) == 2
+        assert len({s.session_id for s in g}) == 2
+        for k, s in enumerate(g):
+            assert isinstance(s, Sample), "one sample per rollout for the example agent"
+            assert s.status is Sample.Status.COMPLETED and not s.remove_sample
+            assert s.reward == WANT_REWARD[t["id"]]
+            assert s.rollout_id == s.index
+            assert s.metadata["graft_stop_reason"] == "stop"
+            n = s.response_length
+            assert len(s.loss_mask) == len(s.rollout_log_probs) == n and 0 < n < len(s.tokens)
+            assert sum(s.loss_mask) > 10 and s.loss_mask[0] == 1 and s.loss_mask[-1] == 1
+            assert all(lp <= 0 for lp in s.rollout_log_probs)
+            resp = s.tokens[len(s.tokens) - n:]
+            said = tok.decode([x for x, m in zip(resp, s.loss_mask) if m == 1])
+            assert SCRIPTED_FIRST_TURN[t["id"]] in said and "Done." in said
+            assert t["prompt"] in tok.decode(s.tokens[: len(s.tokens) - n])
+            _assert_turns_are_the_models(tok, s.tokens, [0] * (len(s.tokens) - n) + s.loss_mask)
+            assert len(s.weight_versions) == sum(
+                1 for i in range(n) if s.loss_mask[i] == 1 and (i == 0 or s.loss_mask[i - 1] == 0)
+            ), "one weight version per model turn"

@@ -317,3 +317,80 @@ def test_every_exporter_on_real_graft_samples(graft_samples_path):
     assert len({r["group_id"] for r in rows}) >= 2, "more than one GRPO group"
     samples = read_samples(graft_samples_path)
     check_all(rows, samples)
+
+
+# -- the rollout service's answer, as the adapters split it ------------------------------
+
+
+@given(batches(), st.lists(st.sampled_from(["stop", "length", "tool_calls", None]), min_size=6, max_size=6))
+@SETTINGS
+def test_service_groups_split_into_rollouts_and_slime_groups_train_the_sampled_tokens(rows, whys):
+    """A group line as ``graft rollouts serve`` sends it (every sample of a session its
+    rollout's, each with a stop reason), read by the client, split per rollout by
+    ``Group.results()``, and filled into slime-shaped samples by the slime adapter."""
+    import dataclasses
+    import enum
+
+    from graft_rl.adapters.slime import fill_group
+    from graft_rl.service import Group, _sample
+
+    # A second sample for the first session (a fork that trains 2 tokens more), so one rollout
+    # has two and its main sample is the fork.
+    r0 = rows[0]
+    fork = dict(r0, sample_id=r0["sample_id"][:-1] + "1", tokens=r0["tokens"] + [7, 8],
+                loss_mask=r0["loss_mask"] + [1, 1], logprobs=r0["logprobs"] + [-0.5, -0.25],
+                token_weight_versions=r0["token_weight_versions"] + [r0["weight_versions"][0]] * 2)
+    rows = rows + [fork]
+    sessions = list(dict.fromkeys(r["session_id"] for r in rows)) + ["unscored"]
+    line_samples = [dict(r, stop_reason=whys[i % len(whys)]) for i, r in enumerate(rows)]
+    g = Group(
+        group_id="g", task_id="t",
+        rollouts=[{"session_id": s, "reward": None if s == "unscored" else 1.0,
+                   "outcome": "timed_out" if s == "unscored" else "scored",
+                   "stop_reason": "timeout" if s == "unscored" else "stop"} for s in sessions],
+        samples=[_sample(d) for d in line_samples],
+        stop_reasons=[d["stop_reason"] for d in line_samples],
+    )
+    results = g.results()
+    assert [r.session_id for r in results] == sessions
+    for r in results:
+        assert [s.session_id for s in r.samples] == [r.session_id] * len(r.samples)
+        assert r.sample_stop_reasons == [d["stop_reason"] for d in line_samples if d["session_id"] == r.session_id]
+        main, why = r.main_sample()
+        if r.session_id == "unscored":
+            assert (main, why, r.scored, r.stop_reason) == (None, None, False, "timeout")
+        else:
+            assert sum(main.loss_mask) == max(sum(s.loss_mask) for s in r.samples)
+            if r.session_id == r0["session_id"]:
+                assert main.sample_id == fork["sample_id"]
+            assert why == r.sample_stop_reasons[r.samples.index(main)]
+
+    @dataclasses.dataclass
+    class SlimeSample:  # slime's field names (slime/utils/types.py); slime is not on PyPI
+        index: int = 0
+        rollout_id: int = None
+        tokens: list = dataclasses.field(default_factory=list)
+        response_length: int = 0
+        reward: float = None
+        loss_mask: list = None
+        weight_versions: list = dataclasses.field(default_factory=list)
+        rollout_log_probs: list = None
+        remove_sample: bool = False
+        Status = enum.Enum("Status", {"PENDING": "pending", "COMPLETED": "completed", "TRUNCATED": "truncated",
+                                      "ABORTED": "aborted"})
+        status: object = None
+        metadata: dict = dataclasses.field(default_factory=dict)
+        session_id: str = None
+
+    filled = fill_group([SlimeSample(index=i, status=SlimeSample.Status.PENDING) for i in range(len(results))], results)
+    for r, x in zip(results, filled):
+        xs = x if isinstance(x, list) else [x]
+        if not r.samples:
+            assert xs[0].remove_sample and xs[0].status is SlimeSample.Status.ABORTED
+            continue
+        assert len(xs) == len(r.samples) and {y.rollout_id for y in xs} == {xs[0].index}
+        for y, s, why in zip(xs, r.samples, r.sample_stop_reasons):
+            resp = y.tokens[len(y.tokens) - y.response_length:]
+            assert [t for t, m in zip(resp, y.loss_mask) if m == 1] == s.sampled_tokens()
+            assert y.status is (SlimeSample.Status.TRUNCATED if why == "length" else SlimeSample.Status.COMPLETED)
+            assert y.metadata["graft_stop_reason"] == why and y.session_id == r.session_id

@@ -6,6 +6,15 @@ sessions, the reward command) against the trainer's backends and streams one NDJ
 finished group; :meth:`RolloutClient.groups` yields them as they come, with the samples as
 :class:`graft_rl.Sample` objects, so every ``to_*`` exporter applies. Standard library only
 (``urllib``).
+
+Each rollout and each sample carries a stop reason (in the answer, not in the samples
+file): a sample's is the ``finish_reason`` recorded for its last call (``stop``,
+``length``, ``tool_calls``, ``abort``), a rollout's is its last model call's, or
+``timeout`` / ``error`` when the rollout was cut short; ``None`` where none was recorded.
+
+The adapters that plug this client into each trainer's own extension point live in
+:mod:`graft_rl.adapters` (verl agent loop, SkyRL generator, OpenRLHF agent executor, slime
+rollout function); :func:`trl_rollout_func` here is TRL's.
 """
 
 from __future__ import annotations
@@ -19,6 +28,33 @@ from .samples import Sample, SampleError, _check
 
 
 @dataclass
+class Rollout:
+    """One rollout of a group: its session, reward (``None`` unless scored), outcome
+    (``"scored"``, ``"timed_out"`` or ``{"failed": why}``-like), stop reason, and the
+    samples reconstructed from its session (none unless it was scored), with theirs."""
+
+    session_id: str
+    reward: Optional[float]
+    outcome: object
+    stop_reason: Optional[str]
+    samples: list[Sample]
+    sample_stop_reasons: list[Optional[str]]
+
+    @property
+    def scored(self) -> bool:
+        return self.outcome == "scored" and bool(self.samples)
+
+    def main_sample(self) -> tuple[Optional[Sample], Optional[str]]:
+        """For a trainer that takes one sequence per rollout: the sample with the most
+        trained tokens (the agent's own trajectory, not a harness's side call such as a
+        title), with its stop reason; ``(None, None)`` for a rollout with no sample."""
+        if not self.samples:
+            return None, None
+        k = max(range(len(self.samples)), key=lambda i: sum(self.samples[i].loss_mask))
+        return self.samples[k], self.sample_stop_reasons[k]
+
+
+@dataclass
 class Group:
     group_id: str
     task_id: str
@@ -26,6 +62,25 @@ class Group:
     samples: list[Sample]
     stale_calls: int = 0
     calls_by_weight_version: dict = field(default_factory=dict)
+    stop_reasons: list[Optional[str]] = field(default_factory=list)
+    """Aligned to ``samples``: each sample's stop reason."""
+
+    def results(self) -> list[Rollout]:
+        """The group's rollouts in order, each with its own samples."""
+        out = []
+        for r in self.rollouts:
+            mine = [(s, why) for s, why in zip(self.samples, self.stop_reasons) if s.session_id == r["session_id"]]
+            out.append(
+                Rollout(
+                    session_id=r["session_id"],
+                    reward=r.get("reward"),
+                    outcome=r.get("outcome"),
+                    stop_reason=r.get("stop_reason"),
+                    samples=[s for s, _ in mine],
+                    sample_stop_reasons=[w for _, w in mine],
+                )
+            )
+        return out
 
 
 def _sample(d: dict) -> Sample:
@@ -93,13 +148,61 @@ class RolloutClient:
                     samples=[_sample(s) for s in line["samples"]],
                     stale_calls=line.get("stale_calls", 0),
                     calls_by_weight_version=line.get("calls_by_weight_version", {}),
+                    stop_reasons=[s.get("stop_reason") for s in line["samples"]],
                 )
         raise SampleError("the rollout service closed the stream before its closing line")
 
+    def run(self, tasks: Sequence[dict], group_size: int = 1, **kwargs) -> dict[str, Group]:
+        """The whole batch: each task's group by task id (task ids must be distinct)."""
+        ids = [t["id"] for t in tasks]
+        if len(set(ids)) != len(ids):
+            raise SampleError(f"task ids repeat in one batch ({ids}); the service answers one group per task id")
+        by_task = {g.task_id: g for g in self.groups(tasks, group_size, **kwargs)}
+        missing = [i for i in ids if i not in by_task]
+        if missing:
+            raise SampleError(f"the rollout service answered no group for tasks {missing}")
+        return by_task
+
     def samples(self, tasks: Sequence[dict], group_size: int = 1, **kwargs) -> list[Sample]:
         """Every sample of the batch, grouped, groups in the order of ``tasks``."""
+        return [s for _, s, _ in self.samples_with_stop_reasons(tasks, group_size, **kwargs)]
+
+    def samples_with_stop_reasons(
+        self, tasks: Sequence[dict], group_size: int = 1, **kwargs
+    ) -> list[tuple[str, Sample, Optional[str]]]:
+        """``(task_id, sample, stop_reason)`` for every sample, groups in the order of ``tasks``."""
         by_task = {g.task_id: g for g in self.groups(tasks, group_size, **kwargs)}
-        return [s for t in tasks if t["id"] in by_task for s in by_task[t["id"]].samples]
+        return [
+            (t["id"], s, why)
+            for t in tasks
+            if t["id"] in by_task
+            for s, why in zip(by_task[t["id"]].samples, by_task[t["id"]].stop_reasons)
+        ]
+
+    async def arun(self, tasks: Sequence[dict], group_size: int = 1, **kwargs) -> dict[str, Group]:
+        """:meth:`run` from an asyncio loop (the trainers' agent loops are async): the
+        blocking HTTP read runs in a worker thread."""
+        import asyncio
+
+        return await asyncio.to_thread(self.run, tasks, group_size, **kwargs)
+
+
+def task_from(value, where: str) -> dict:
+    """A graft task (``{"id", "prompt", "reward": {"command"}, ...}``) given as a dict or as
+    its JSON text, as a dataset column can hold it."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as e:
+            raise SampleError(f"{where} is not a graft task's JSON ({e}): {value[:200]!r}") from None
+    if hasattr(value, "items") and not isinstance(value, dict):
+        value = dict(value.items())  # an OmegaConf / numpy-held mapping
+    if not isinstance(value, dict) or "id" not in value or "prompt" not in value:
+        raise SampleError(
+            f"{where} is not a graft task: it needs at least \"id\" and \"prompt\" (and \"reward\": "
+            f"{{\"command\": ...}}), got {value!r:.200}"
+        )
+    return value
 
 
 def trl_rollout_func(client: RolloutClient, task_of_prompt: Callable[[object], dict], weight_version=None):

@@ -8,14 +8,16 @@ repetition_id)``, the GRPO group is the instance), and optional side channels le
 SkyRL's trainer checks it with ``validate_generator_output``
 (``skyrl/train/utils/trainer_utils.py``).
 
-graft samples do not record why generation stopped; ``stop_reasons`` is ``None`` unless given.
+A samples file does not record why generation stopped, so ``stop_reasons`` is ``None``
+unless given: the rollout service's answer has one per sample
+(``RolloutClient.samples_with_stop_reasons``), and :mod:`graft_rl.adapters.skyrl` fills them.
 """
 
 from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .samples import Sample, batch_response_logprobs, group_key, rewards
+from .samples import Sample, SampleError, batch_response_logprobs, group_key, rewards
 
 
 def skyrl_layout(
@@ -25,6 +27,10 @@ def skyrl_layout(
     missing_reward: Optional[float] = None,
 ) -> dict:
     r = rewards(samples, missing_reward)
+    if stop_reasons is not None and len(stop_reasons) != len(samples):
+        raise SampleError(
+            f"{len(stop_reasons)} stop reasons for {len(samples)} samples; give one per sample, in order"
+        )
     if token_level_rewards:
         rw = []
         for s, x in zip(samples, r):
