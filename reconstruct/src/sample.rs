@@ -98,7 +98,8 @@ pub struct SampleEvent {
     pub kind: EventKind,
     /// Index in this sample's tokens where it happens (the first differing token).
     pub at: u32,
-    /// Drift: this sample's tokens inside the differing regions; else 0.
+    /// A drift, and the fork a drift started: the drifted sample's tokens inside the
+    /// differing regions; else 0.
     pub len: u32,
     /// The [`crate::merge::ForkReason`] name.
     pub reason: String,
