@@ -588,6 +588,8 @@ async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
         ("GET", format!("/graft/sessions/{b}")),
         ("POST", format!("/graft/sessions/{a}/reward")),
         ("POST", format!("/graft/sessions/{b}/reward")),
+        ("POST", format!("/graft/sessions/{a}/calls/1/reward")),
+        ("POST", format!("/graft/sessions/{b}/calls/1/reward")),
         ("POST", format!("/graft/sessions/{b}/close")),
         ("POST", "/graft/backend/pause".into()),
         ("POST", "/graft/backend/resume".into()),
@@ -636,7 +638,10 @@ async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
     let listed = http::get(&format!("{base}/graft/sessions"), &admin).await;
     assert_eq!(listed.status, 200);
     for s in listed.json()["sessions"].as_array().unwrap() {
-        assert!(s["reward"].is_null() && s["closed"] != true, "{s}");
+        assert!(
+            s["reward"].is_null() && s["call_rewards"] == 0 && s["closed"] != true,
+            "{s}"
+        );
     }
     assert!(!listed.text().contains(&a_key) && !listed.text().contains(&b_key));
 
