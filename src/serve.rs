@@ -538,6 +538,8 @@ struct Answer {
     prompt_tokens: usize,
     finish: Option<FinishReason>,
     version: String,
+    /// Which weights sampled which output tokens (a weight update may land mid-request).
+    spans: Vec<wire::WeightVersionSpan>,
     text: String,
     return_logprob: bool,
 }
@@ -554,6 +556,13 @@ impl Answer {
                 completion_tokens: Some(self.ids.len() as u64),
                 cached_tokens: Some(0),
                 weight_version: Some(self.version.clone()),
+                // SGLang's spans, when one version does not say it all.
+                weight_versions: (self.spans.len() > 1
+                    || self
+                        .spans
+                        .first()
+                        .is_some_and(|s| s.version != self.version))
+                .then(|| self.spans.clone()),
                 output_token_logprobs: self.return_logprob.then(|| {
                     self.ids
                         .iter()
@@ -612,6 +621,7 @@ async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
             prompt_tokens: g.input_ids.len(),
             finish: None,
             version: String::new(),
+            spans: Vec::new(),
             text: String::new(),
             return_logprob: g.return_logprob,
         };
@@ -625,12 +635,27 @@ async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
         let mut stopped: Option<String> = None;
         while let Ok(ev) = events.recv() {
             match ev {
-                Event::Token { id, logprob } => {
+                Event::Token {
+                    id,
+                    logprob,
+                    weight_version,
+                } => {
                     if stopped.is_some() {
                         continue;
                     }
                     a.ids.push(id);
                     a.logprobs.push(logprob);
+                    let n = a.ids.len() as u64;
+                    match a.spans.last_mut() {
+                        Some(last) if last.version == weight_version => last.end = n,
+                        _ => a.spans.push(wire::WeightVersionSpan {
+                            version: weight_version.clone(),
+                            start: n - 1,
+                            end: n,
+                        }),
+                    }
+                    // Each event names the weights that sampled its newest token.
+                    a.version = weight_version;
                     a.text = decode(&a.ids);
                     if let Some(s) = g.stop.iter().find(|s| a.text.contains(s.as_str())) {
                         stopped = Some(s.clone());

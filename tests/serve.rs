@@ -4,6 +4,8 @@
 //! new weight_version and its logprobs for a fixed prompt equal the trainer's.
 #![cfg(feature = "trainer")]
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -256,6 +258,108 @@ fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::R
     assert_eq!(serde_json::from_str::<Value>(&text)?["aborted"], 0);
     let (status, _) = post(&server.url, "/abort_request", json!({}))?;
     assert_eq!(status, 400);
+    Ok(())
+}
+
+/// A weight update lands while a streamed request is generating: nothing waits for the
+/// request to end; its stream stays whole (cumulative events, a finish reason, `[DONE]`);
+/// its tokens before the update are the old weights' greedy continuation with their
+/// logprobs, those after the new weights' continuation of that prefix with theirs; and the
+/// answer says so per span (`meta_info.weight_versions`).
+#[test]
+fn an_update_mid_stream_keeps_the_stream_and_labels_each_token_with_its_weights()
+-> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    let newer = tmp.path().join("newer");
+    let m = local_model(&fixture())?;
+    let params: Vec<(String, Tensor)> = m
+        .named_parameters()
+        .into_iter()
+        .map(|(n, t)| (n, t.detach() * 1.3))
+        .collect();
+    weights::write_dir(&newer, m.raw_config(), &params, Kind::Float, usize::MAX)?;
+    let new_model = local_model(&newer)?;
+    let server = start()?;
+    let prompt = vec![11i64, 12, 13];
+    let n = 240;
+    let rt = tokio::runtime::Runtime::new()?;
+    let (ids, logprobs, last) = rt.block_on(async {
+        let body = json!({"input_ids": prompt, "stream": true, "return_logprob": true,
+            "sampling_params": {"temperature": 0.0, "max_new_tokens": n, "ignore_eos": true}});
+        let resp = common::http::post_stream(&format!("{}/generate", server.url), &body).await;
+        assert_eq!(resp.status(), 200);
+        let mut body = resp.into_body();
+        let mut buf = String::new();
+        let mut events = Vec::new();
+        // Three tokens in, the update goes to the server beside the stream.
+        while events.len() < 3 {
+            let d = common::http::next_sse_data(&mut body, &mut buf)
+                .await
+                .expect("the stream ended early");
+            events.push(d);
+        }
+        let url = server.url.clone();
+        let newer = newer.display().to_string();
+        let update = tokio::task::spawn_blocking(move || {
+            post(
+                &url,
+                "/update_weights_from_disk",
+                json!({"model_path": newer, "weight_version": "v1"}),
+            )
+        });
+        while let Some(d) = common::http::next_sse_data(&mut body, &mut buf).await {
+            if d == "[DONE]" {
+                break;
+            }
+            events.push(d);
+        }
+        let (status, text) = update.await??;
+        assert_eq!(status, 200, "{text}");
+        let last: Value = serde_json::from_str(events.last().expect("events"))?;
+        // Events are cumulative: each one's ids extend the one before.
+        let mut prev: Vec<i64> = Vec::new();
+        for e in &events {
+            let v: Value = serde_json::from_str(e)?;
+            let ids: Vec<i64> = serde_json::from_value(v["output_ids"].clone())?;
+            assert!(ids.starts_with(&prev), "events are cumulative");
+            prev = ids;
+        }
+        let ids: Vec<i64> = serde_json::from_value(last["output_ids"].clone())?;
+        let logprobs: Vec<f64> = last["meta_info"]["output_token_logprobs"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|t| t[0].as_f64().unwrap_or(f64::NAN))
+                    .collect()
+            })
+            .unwrap_or_default();
+        anyhow::Ok((ids, logprobs, last))
+    })?;
+    assert_eq!(ids.len(), n, "the request ran to its end");
+    assert_eq!(last["meta_info"]["finish_reason"]["type"], "length");
+    assert_eq!(last["meta_info"]["weight_version"], "v1");
+    let spans = last["meta_info"]["weight_versions"].clone();
+    let k = spans[0]["end"].as_u64().unwrap_or(0) as usize;
+    assert_eq!(
+        spans,
+        json!([{"version": "default", "start": 0, "end": k}, {"version": "v1", "start": k, "end": n}]),
+        "two spans: the update landed mid-request"
+    );
+    assert!((3..n).contains(&k), "{spans}");
+    // Before the update: the old weights' own tokens and logprobs.
+    let old = generate::sample(&m, std::slice::from_ref(&prompt), k, 0.0)?;
+    assert_eq!(ids[..k], old[0].tokens[..]);
+    for (a, b) in logprobs[..k].iter().zip(&old[0].logprobs) {
+        assert!((a - f64::from(*b)).abs() < 1e-4, "{a} vs {b}");
+    }
+    // After it: the new weights continuing that very prefix, with their logprobs.
+    let mut prefix = prompt.clone();
+    prefix.extend(&ids[..k]);
+    let cont = generate::sample(&new_model, &[prefix], n - k, 0.0)?;
+    assert_eq!(ids[k..], cont[0].tokens[..]);
+    for (a, b) in logprobs[k..].iter().zip(&cont[0].logprobs) {
+        assert!((a - f64::from(*b)).abs() < 1e-4, "{a} vs {b}");
+    }
     Ok(())
 }
 

@@ -628,7 +628,7 @@ async fn start_trainer(
         if let (Some(_), Some(v)) = (&state.policy, &state.weight_version)
             && t.in_process()
         {
-            t.hand_over(&c.gateway, &c.backends, v).await?;
+            t.hand_over(v).await?;
             c.shared.set_expected(None, Some(v.clone()));
         }
     }

@@ -22,7 +22,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use anyhow::Context;
-use http::Method;
 use serde_json::{Value, json};
 
 use super::Trained;
@@ -118,30 +117,19 @@ impl RunTrainer {
         .context("the trainer's loading thread failed")?
     }
 
-    /// Hands the resident trainer's weights to the embedded engine as `version` (a resumed
-    /// run's policy, before its first step).
-    pub async fn hand_over(
-        self: &Arc<Self>,
-        gateway: &Api,
-        backends: &[String],
-        version: &str,
-    ) -> anyhow::Result<f64> {
+    /// Hands the resident trainer's weights to the embedded engine as `version` (also a
+    /// resumed run's policy, before its first step). Nothing is drained: calls in flight go
+    /// on, the engine swaps the weights between two decode steps (its running requests keep
+    /// the tokens they have and continue under the new weights), and every token says which
+    /// weights sampled it (`meta_info.weight_versions`, the records' spans).
+    pub async fn hand_over(self: &Arc<Self>, version: &str) -> anyhow::Result<f64> {
         let Some(engine) = self.engine.clone() else {
             return Ok(0.0);
         };
         let t = Instant::now();
-        for b in backends {
-            gateway
-                .ok(
-                    Method::POST,
-                    "/graft/backend/pause",
-                    Some(&json!({"backend": b})),
-                )
-                .await?;
-        }
         let me = Arc::clone(self);
         let v = version.to_string();
-        let r = tokio::task::spawn_blocking(move || {
+        tokio::task::spawn_blocking(move || {
             let g = guard(&me.resident);
             let Some(r) = g.as_ref() else {
                 anyhow::bail!("the resident trainer is not loaded");
@@ -151,17 +139,7 @@ impl RunTrainer {
                 .context("the embedded graft serve refused the new weights")
         })
         .await
-        .context("the handoff thread failed");
-        for b in backends {
-            gateway
-                .ok(
-                    Method::POST,
-                    "/graft/backend/resume",
-                    Some(&json!({"backend": b})),
-                )
-                .await?;
-        }
-        r??;
+        .context("the handoff thread failed")??;
         Ok(t.elapsed().as_secs_f64())
     }
 }
@@ -245,7 +223,7 @@ pub async fn train(
         if resident && ctx.trainer.in_process() {
             t_push = ctx
                 .trainer
-                .hand_over(&ctx.gateway, &ctx.backends, &version)
+                .hand_over(&version)
                 .await
                 .context("handing the new weights to the embedded graft serve")?;
             ctx.shared.set_expected(None, Some(version.clone()));

@@ -53,6 +53,9 @@ pub enum Event {
     Token {
         id: i64,
         logprob: f32,
+        /// The weights that sampled it: a request that runs across a weight update has
+        /// tokens of both versions (the update does not wait for it to end).
+        weight_version: String,
     },
     Done {
         finish: EngineFinish,
@@ -552,7 +555,14 @@ impl State {
             let (id, logprob) = sample_row(&row, &s.req.params)?;
             let s = &mut self.batch.rows[i];
             s.out.push(id);
-            let alive = s.events.send(Event::Token { id, logprob }).is_ok();
+            let alive = s
+                .events
+                .send(Event::Token {
+                    id,
+                    logprob,
+                    weight_version: self.version.clone(),
+                })
+                .is_ok();
             let stop = s.req.params.stop_token_ids.contains(&id)
                 || (!s.req.ignore_eos && self.eos.contains(&id));
             let s = &self.batch.rows[i];

@@ -37,7 +37,7 @@ fn collect(rx: &Receiver<Event>) -> anyhow::Result<(Vec<i64>, Vec<f32>, Event)> 
     let (mut ids, mut lps) = (Vec::new(), Vec::new());
     loop {
         match rx.recv()? {
-            Event::Token { id, logprob } => {
+            Event::Token { id, logprob, .. } => {
                 ids.push(id);
                 lps.push(logprob);
             }

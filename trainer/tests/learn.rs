@@ -161,7 +161,7 @@ fn grpo_learns_through_the_engine_with_a_weight_reload_every_step() -> anyhow::R
             let (mut toks, mut lps) = (Vec::new(), Vec::new());
             loop {
                 match rx.recv()? {
-                    Event::Token { id, logprob } => {
+                    Event::Token { id, logprob, .. } => {
                         toks.push(id);
                         lps.push(logprob);
                     }
