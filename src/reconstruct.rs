@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use anyhow::Context;
 use graft_reconstruct::merge::{MergeOptions, MergeResult, OnDrift, Summary, merge_session_with};
 use graft_reconstruct::records::{
-    FromRecords, LeaveOut, Reconstruction, samples_from_records, skip_reason, write_results,
+    FromRecords, HeaderRule, LeaveOut, Reconstruction, samples_from_records, skip_reason,
+    write_results,
 };
 use graft_reconstruct::retokenize::{Model, conversation_calls};
 use serde_json::Value;
@@ -55,6 +56,12 @@ pub struct ReconstructArgs {
     /// calls beside a tool-using rollout).
     #[arg(long)]
     pub leave_out_without_tools: bool,
+    /// Leave calls out by a request header the gateway recorded (`recorder.record_headers`):
+    /// `NAME` (present), `NAME=VALUE`, `NAME~TEXT` (contains) or `NAME!~TEXT` (present,
+    /// does not contain); repeatable. E.g. Codex's sub-agents:
+    /// `--leave-out-header 'x-codex-turn-metadata!~"agent_name":"/root"'`.
+    #[arg(long = "leave-out-header", value_name = "RULE")]
+    pub leave_out_headers: Vec<String>,
 }
 
 fn count(skipped: &mut BTreeMap<String, u64>, why: &str) {
@@ -81,6 +88,12 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         let leave_out = LeaveOut {
             models: a.leave_out_models.clone(),
             without_tools: a.leave_out_without_tools,
+            headers: a
+                .leave_out_headers
+                .iter()
+                .map(|r| HeaderRule::parse(r))
+                .collect::<Result<_, _>>()
+                .map_err(|e| anyhow::anyhow!("--leave-out-header: {e}"))?,
         };
         let how = FromRecords {
             on_drift: OnDrift::parse(&a.on_drift).unwrap_or_default(),

@@ -416,7 +416,16 @@ fn real_client_shapes_in_passthrough_are_all_retokenized_and_images_refused_by_n
 fn side_conversations_are_new_roots_and_rules_leave_them_out() {
     let env = TestEnv::get();
     let qwen3 = env.qwen3_dir();
-    let stack = Stack::start();
+    // The gateway keeps two request headers in each record: the harness's own marker and
+    // one the openai SDK always sends.
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("graft.toml");
+    std::fs::write(
+        &cfg,
+        "[recorder]\nrecord_headers = [\"X-Graft-Purpose\", \"x-stainless-lang\"]\n",
+    )
+    .unwrap();
+    let stack = Stack::start_with(&[], &["--config", cfg.to_str().unwrap()]);
     stack.open_session("side-1");
     let out = env.py_client(
         "passthrough_shapes.py",
@@ -426,6 +435,11 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
     assert_eq!(out["title"], "Listing files", "{out}");
     let recs = stack.wait_records("side-1", 3);
     assert_eq!(recs[1]["request"]["model"], "scripted-small");
+    assert_eq!(
+        recs[1]["headers"],
+        json!({"x-graft-purpose": "title", "x-stainless-lang": "python"})
+    );
+    assert_eq!(recs[0]["headers"], json!({"x-stainless-lang": "python"}));
 
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("samples.parquet");
@@ -492,6 +506,10 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
     for rule in [
         &["--leave-out-model", "scripted-sm*"][..],
         &["--leave-out-without-tools"][..],
+        &["--leave-out-header", "x-graft-purpose=title"][..],
+        &["--leave-out-header", "X-Graft-Purpose"][..],
+        &["--leave-out-header", "x-graft-purpose~itl"][..],
+        &["--leave-out-header", "x-graft-purpose!~main"][..],
     ] {
         let s = run(rule);
         assert_eq!(s["samples"].as_u64().unwrap(), 1 + drift, "{rule:?}: {s}");
@@ -503,4 +521,11 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
         assert_eq!(n, 1);
         assert_eq!(s["sessions_without_samples"], json!([]), "{s}");
     }
+    // A rule that matches nothing leaves nothing out; a malformed one is refused.
+    let s = run(&["--leave-out-header", "x-graft-purpose=summary"]);
+    assert_eq!(s["samples"].as_u64().unwrap(), 2 + drift, "{s}");
+    let mut args = base.to_vec();
+    args.extend_from_slice(&["--leave-out-header", "no such=header"]);
+    let (ok, _, stderr) = reconstruct_status(&args);
+    assert!(!ok && stderr.contains("is not a header rule"), "{stderr}");
 }

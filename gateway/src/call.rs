@@ -33,6 +33,8 @@ pub(crate) struct Call {
     pub(crate) model: Option<String>,
     pub(crate) stream: bool,
     pub(crate) client: Option<String>,
+    /// The configured request headers (`recorder.record_headers`) the call came with.
+    pub(crate) headers: Option<std::collections::BTreeMap<String, String>>,
     pub(crate) started_at_us: i64,
     pub(crate) t0: Instant,
     /// The conversation in graft's own form (dialects other than plain passthrough).
@@ -106,6 +108,7 @@ impl Call {
             sampling: self.sampling.clone(),
             attempt: Some(self.link.attempt),
             retry_of: self.link.retry_of.clone(),
+            headers: self.headers.clone(),
         }
     }
 

@@ -182,6 +182,12 @@ pub struct RecorderSection {
     pub queue_capacity: Option<usize>,
     pub segment_max_mb: Option<u64>,
     pub seal_after_secs: Option<u64>,
+    /// Request headers to keep in each record (`headers`), e.g. a harness's own
+    /// `x-codex-turn-metadata`, so that reconstruct can leave calls out by them. Never
+    /// credentials: `authorization`, `cookie`, names holding `key`, `token`, `secret` or
+    /// `auth` are refused.
+    #[serde(default)]
+    pub record_headers: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -316,6 +322,8 @@ pub struct RecordingConfig {
     pub queue_capacity: usize,
     pub segment_max_bytes: u64,
     pub seal_after: Duration,
+    /// Lower-cased names of the request headers each record keeps.
+    pub record_headers: Vec<http::HeaderName>,
 }
 
 #[derive(Clone, Default)]
@@ -552,6 +560,7 @@ impl GatewayConfig {
                 queue_capacity: r.queue_capacity.unwrap_or(65_536),
                 segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
                 seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
+                record_headers: record_headers(&r.record_headers)?,
             },
             auth: AuthConfig {
                 admin_key,
@@ -615,6 +624,31 @@ impl GatewayConfig {
         }
         Ok(cfg)
     }
+}
+
+/// `recorder.record_headers` as header names; credentials and bad names refused.
+fn record_headers(names: &[String]) -> Result<Vec<http::HeaderName>, ConfigError> {
+    names
+        .iter()
+        .map(|n| {
+            let bad = |message: String| ConfigError::Invalid {
+                key: "recorder.record_headers".into(),
+                message,
+            };
+            let lower = n.trim().to_ascii_lowercase();
+            let secret = ["authorization", "cookie", "set-cookie"].contains(&lower.as_str())
+                || ["key", "token", "secret", "auth", "password"]
+                    .iter()
+                    .any(|w| lower.contains(w));
+            if secret {
+                return Err(bad(format!(
+                    "'{n}' may carry a credential; records never keep those"
+                )));
+            }
+            http::HeaderName::from_bytes(lower.as_bytes())
+                .map_err(|_| bad(format!("'{n}' is not a header name")))
+        })
+        .collect()
 }
 
 fn resolve_exact(
@@ -727,6 +761,31 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("GRAFT_TEST_SURELY_UNSET_VAR") && err.contains("upstream.api_key"));
+    }
+
+    #[test]
+    fn recorded_headers_are_lower_cased_and_credentials_refused() {
+        let with = |names: &str| {
+            let f = FileConfig::from_toml(
+                &format!(
+                    "[upstream]\nurl = \"http://x:1\"\n[recorder]\nrecord_headers = {names}\n"
+                ),
+                Path::new("g.toml"),
+            )
+            .unwrap();
+            GatewayConfig::resolve(f, Overrides::default()).map(|c| c.recorder.record_headers)
+        };
+        let kept = with(r#"["X-Codex-Turn-Metadata", "originator"]"#).unwrap();
+        assert_eq!(kept, ["x-codex-turn-metadata", "originator"]);
+        for bad in ["Authorization", "x-api-key", "Cookie", "x-session-token"] {
+            let err = with(&format!("[\"{bad}\"]")).unwrap_err().to_string();
+            assert!(
+                err.contains("recorder.record_headers") && err.contains("credential"),
+                "{bad}: {err}"
+            );
+        }
+        let err = with(r#"["not a header"]"#).unwrap_err().to_string();
+        assert!(err.contains("is not a header name"), "{err}");
     }
 
     #[test]

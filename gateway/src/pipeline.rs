@@ -219,6 +219,7 @@ pub async fn handle(
             .get(header::USER_AGENT)
             .and_then(|v| v.to_str().ok())
             .map(str::to_string),
+        headers: recorded_headers(&state.cfg.recorder.record_headers, &headers),
         started_at_us: now_us(),
         state: state.clone(),
         session,
@@ -801,4 +802,24 @@ mod tests {
         .unwrap();
         assert_eq!(v["x_custom"]["a"], 1);
     }
+}
+
+/// The configured headers of a request (values as text; a value that is not text is kept
+/// lossily), `None` when it has none of them.
+fn recorded_headers(
+    names: &[http::HeaderName],
+    headers: &http::HeaderMap,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let kept: std::collections::BTreeMap<String, String> = names
+        .iter()
+        .filter_map(|n| {
+            let values: Vec<String> = headers
+                .get_all(n)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect();
+            (!values.is_empty()).then(|| (n.as_str().to_owned(), values.join(", ")))
+        })
+        .collect();
+    (!kept.is_empty()).then_some(kept)
 }

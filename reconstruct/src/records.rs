@@ -64,6 +64,67 @@ pub struct LeaveOut {
     pub models: Vec<String>,
     /// Calls that offer the model no tools.
     pub without_tools: bool,
+    /// Calls whose recorded headers (the gateway's `recorder.record_headers`) match.
+    pub headers: Vec<HeaderRule>,
+}
+
+/// A rule on a recorded request header: `NAME` (present), `NAME=VALUE` (equal),
+/// `NAME~TEXT` (contains), `NAME!~TEXT` (present and does not contain). Names are
+/// compared lower-cased.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeaderRule {
+    pub text: String,
+    pub name: String,
+    pub test: HeaderTest,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HeaderTest {
+    Present,
+    Equals(String),
+    Contains(String),
+    Lacks(String),
+}
+
+impl HeaderRule {
+    /// Parses `NAME`, `NAME=VALUE`, `NAME~TEXT` or `NAME!~TEXT`.
+    pub fn parse(text: &str) -> Result<HeaderRule, String> {
+        let (name, test) = if let Some((n, v)) = text.split_once("!~") {
+            (n, HeaderTest::Lacks(v.to_owned()))
+        } else if let Some((n, v)) = text.split_once('~') {
+            (n, HeaderTest::Contains(v.to_owned()))
+        } else if let Some((n, v)) = text.split_once('=') {
+            (n, HeaderTest::Equals(v.to_owned()))
+        } else {
+            (text, HeaderTest::Present)
+        };
+        let name = name.trim().to_ascii_lowercase();
+        if name.is_empty()
+            || !name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))
+        {
+            return Err(format!(
+                "'{text}' is not a header rule: NAME, NAME=VALUE, NAME~TEXT or NAME!~TEXT"
+            ));
+        }
+        Ok(HeaderRule {
+            text: text.to_owned(),
+            name,
+            test,
+        })
+    }
+
+    fn matches(&self, rec: &CallRecord) -> bool {
+        let value = rec.headers.as_ref().and_then(|h| h.get(&self.name));
+        match (&self.test, value) {
+            (_, None) => false,
+            (HeaderTest::Present, Some(_)) => true,
+            (HeaderTest::Equals(v), Some(x)) => x == v,
+            (HeaderTest::Contains(v), Some(x)) => x.contains(v.as_str()),
+            (HeaderTest::Lacks(v), Some(x)) => !x.contains(v.as_str()),
+        }
+    }
 }
 
 impl LeaveOut {
@@ -88,6 +149,12 @@ impl LeaveOut {
             .is_some_and(|t| !t.is_empty());
         if self.without_tools && !offers_tools {
             return Some("left out: offers no tools".to_owned());
+        }
+        if let Some(rule) = self.headers.iter().find(|r| r.matches(rec)) {
+            return Some(format!(
+                "left out: header {} (rule '{}')",
+                rule.name, rule.text
+            ));
         }
         None
     }

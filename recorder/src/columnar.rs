@@ -107,6 +107,7 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         Field::new("sampling", DataType::Utf8, true),
         Field::new("attempt", DataType::UInt32, true),
         Field::new("retry_of", DataType::Utf8, true),
+        Field::new("headers", DataType::Utf8, true),
     ]))
 }
 
@@ -168,6 +169,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut sampling = StringBuilder::new();
     let mut attempt = UInt32Builder::with_capacity(n);
     let mut retry_of = StringBuilder::new();
+    let mut headers = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -235,6 +237,11 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         sampling.append_option(r.sampling.as_ref().map(|v| v.to_string()));
         attempt.append_option(r.attempt);
         retry_of.append_option(r.retry_of.as_deref());
+        headers.append_option(
+            r.headers
+                .as_ref()
+                .and_then(|h| serde_json::to_string(h).ok()),
+        );
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -275,6 +282,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(sampling.finish()),
         Arc::new(attempt.finish()),
         Arc::new(retry_of.finish()),
+        Arc::new(headers.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -582,6 +590,7 @@ pub(crate) fn read_parquet_where(
         let sampling = c.string("sampling")?;
         let attempt = c.prim::<UInt32Type>("attempt")?;
         let retry_of = c.string("retry_of")?;
+        let headers = c.string("headers")?;
 
         for row in 0..batch.num_rows() {
             let json_value = |col: Option<&StringArray>, column: &'static str| {
@@ -604,6 +613,16 @@ pub(crate) fn read_parquet_where(
                     serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
                         path: path.to_owned(),
                         column: "prompt_token_ids_delta",
+                        row,
+                        source,
+                    })
+                })
+                .transpose()?;
+            let headers = opt_str(headers, row)
+                .map(|text| {
+                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
+                        path: path.to_owned(),
+                        column: "headers",
                         row,
                         source,
                     })
@@ -664,6 +683,7 @@ pub(crate) fn read_parquet_where(
                 sampling,
                 attempt: opt_prim(attempt, row),
                 retry_of: opt_str(retry_of, row),
+                headers,
             };
             out.push(ReadRow {
                 rec,

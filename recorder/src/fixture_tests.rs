@@ -55,6 +55,7 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         sampling: None,
         attempt: None,
         retry_of: None,
+        headers: None,
     }
 }
 

@@ -122,6 +122,11 @@ pub struct CallRecord {
     /// Additive. For a retry (`attempt` > 1): the call id of the turn's first attempt.
     #[serde(default)]
     pub retry_of: Option<String>,
+    /// Additive. The request headers the gateway was configured to record
+    /// (`recorder.record_headers`: names lower-cased, never credentials), name → value;
+    /// `None` when none were configured or present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl CallRecord {
@@ -239,6 +244,9 @@ pub(crate) struct StoredRecord {
     /// Additive; absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_of: Option<String>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
 impl StoredRecord {
@@ -280,6 +288,7 @@ impl StoredRecord {
             sampling,
             attempt,
             retry_of,
+            headers,
         } = rec;
         let token_ids =
             delta::token_sequence(prompt_token_ids.as_deref(), completion_token_ids.as_deref());
@@ -324,6 +333,7 @@ impl StoredRecord {
             sampling,
             attempt,
             retry_of,
+            headers,
         };
         let requests = Requests {
             request,
@@ -372,6 +382,7 @@ impl StoredRecord {
             sampling: self.sampling,
             attempt: self.attempt,
             retry_of: self.retry_of,
+            headers: self.headers,
         }
     }
 }

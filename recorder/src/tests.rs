@@ -95,6 +95,13 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
         }),
         attempt: (!turn.is_multiple_of(3)).then_some(1 + (turn % 2) as u32),
         retry_of: (turn % 2 == 1).then(|| format!("{session}-first-{turn}")),
+        headers: turn.is_multiple_of(3).then(|| {
+            [(
+                "x-codex-turn-metadata".to_owned(),
+                format!("{{\"turn\": {turn}}}"),
+            )]
+            .into()
+        }),
     }
 }
 
@@ -556,6 +563,7 @@ async fn export_redacts_and_parquet_export_reads_back() {
         "sampling",
         "attempt",
         "retry_of",
+        "headers",
     ] {
         assert!(cols.iter().any(|x| x == c), "export column {c}: {cols:?}");
     }

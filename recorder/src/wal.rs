@@ -371,6 +371,7 @@ mod tests {
             sampling: None,
             attempt: None,
             retry_of: None,
+            headers: None,
         };
         let mut bytes = Vec::new();
         for i in 1..=3 {

@@ -112,7 +112,10 @@ def side(c: openai.OpenAI, model: str) -> dict:
     r1 = c.chat.completions.create(model=model, messages=messages, tools=[BASH_TOOL])
     m1 = r1.choices[0].message
     call = m1.tool_calls[0]
+    # The harness marks its side call with a header of its own (as Codex's
+    # x-codex-turn-metadata names the agent of each call).
     title = c.chat.completions.create(
+        extra_headers={"x-graft-purpose": "title"},
         model="scripted-small",
         messages=[
             {"role": "system", "content": "Write a five-word title for the conversation."},
