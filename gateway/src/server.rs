@@ -129,7 +129,9 @@ impl Gateway {
             _ => graft_viewer::Viewer::new(&rs.data_dir, None, None, "/ui")
                 .map_err(|e| StartError::Viewer(e.to_string()))?,
         };
+        let retries = crate::retries::Retries::new(cfg.limits.retries);
         let state = Arc::new(State {
+            retries,
             cfg,
             recorder,
             sessions,
@@ -791,6 +793,7 @@ async fn admin(
             let s = state.sessions.close(id).await?;
             state.recorder.forget_session(id);
             state.backend.forget(id);
+            state.retries.forget(id);
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (m, _) => Err(GatewayError::NotFound {
