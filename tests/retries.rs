@@ -1,6 +1,6 @@
 //! Retries: the openai Python SDK with a short timeout retries a call whose first attempt
-//! is slow (the scripted upstream's `first_delay_ms`), streaming and not, in exact and
-//! passthrough modes. Both attempts are recorded and linked (`attempt`, `retry_of`), the
+//! is slow (the scripted upstream's `first_delay_ms`) or failed with a 500 (`first_status`),
+//! streaming and not, in exact and passthrough modes. Both attempts are recorded and linked (`attempt`, `retry_of`), the
 //! abandoned one as `client_disconnected`; in exact mode the backend is told to stop it
 //! (`/abort_request` with the call id as `rid`, which the scripted SGLang side logs); and
 //! `graft reconstruct` trains one sample per session, on the attempt the client received.
@@ -29,7 +29,9 @@ const SCRIPT: &str = r#"{"rules": [
   {"match": "graft-key-json", "first_delay_ms": 5000, "reply": {"content": "Answered on the second attempt."}},
   {"match": "graft-key-stream", "first_delay_ms": 5000, "reply": {"content": "Streamed on the second attempt."}},
   {"match": "graft-none-json", "first_delay_ms": 5000, "reply": {"content": "Answered on the second attempt."}},
-  {"match": "graft-none-stream", "first_delay_ms": 5000, "reply": {"content": "Streamed on the second attempt."}}
+  {"match": "graft-none-stream", "first_delay_ms": 5000, "reply": {"content": "Streamed on the second attempt."}},
+  {"match": "graft-fail-json", "first_status": 500, "reply": {"content": "Answered on the second attempt."}},
+  {"match": "graft-fail-stream", "first_status": 500, "reply": {"content": "Streamed on the second attempt."}}
 ]}"#;
 
 fn reconstruct(data: &Path, qwen3: &Path, out: &Path) -> Value {
@@ -77,10 +79,11 @@ fn sdk_call(
     signal: &str,
 ) -> (String, Vec<Value>) {
     let (sid, base) = block_on(common::open_session(&gw.url));
-    let tag = if signal == "stainless" {
-        "retry"
-    } else {
-        signal
+    // `fail`: the stock SDK (its retry count) on a first attempt the upstream fails with 500.
+    let (tag, signal) = match signal {
+        "stainless" => ("retry", "stainless"),
+        "fail" => ("fail", "stainless"),
+        s => (s, s),
     };
     let text = format!("graft-{tag}-{mode}: say something");
     let mut cmd = Command::new(env.python());
@@ -106,7 +109,7 @@ fn sdk_call(
     assert_eq!(
         sent.len(),
         2,
-        "the SDK timed out once and retried once: {out:#}"
+        "the SDK's first attempt failed, it retried once: {out:#}"
     );
     let (key, count) = (
         &sent[1]["idempotency-key"],
@@ -158,13 +161,14 @@ fn sdk_call(
 /// the session id and the abandoned attempt's call id.
 fn retried_call(env: &TestEnv, gw: &Proc, data: &Path, mode: &str) -> (String, String) {
     let (sid, recs) = sdk_call(env, gw, data, mode, "stainless");
-    check_linked(&recs, mode);
+    check_linked(&recs, mode, "client_disconnected");
     let first = recs.iter().find(|r| r["attempt"] == 1).unwrap();
     (sid, first["call_id"].as_str().unwrap().to_string())
 }
 
-/// The abandoned first attempt and the answered retry, linked as one turn.
-fn check_linked(recs: &[Value], mode: &str) {
+/// The first attempt (abandoned, or failed: `first_outcome`) and the answered retry,
+/// linked as one turn.
+fn check_linked(recs: &[Value], mode: &str, first_outcome: &str) {
     let first = recs
         .iter()
         .find(|r| r["attempt"] == 1)
@@ -173,7 +177,7 @@ fn check_linked(recs: &[Value], mode: &str) {
         .iter()
         .find(|r| r["attempt"] == 2)
         .unwrap_or_else(|| panic!("{recs:#?}"));
-    assert_eq!(first["outcome"], "client_disconnected", "{first:#}");
+    assert_eq!(first["outcome"], first_outcome, "{first:#}");
     assert!(first["retry_of"].is_null(), "{first:#}");
     assert_eq!(retry["outcome"], "ok", "{retry:#}");
     assert_eq!(retry["retry_of"], first["call_id"], "{retry:#}");
@@ -285,7 +289,7 @@ fn run_without_the_retry_count(exact: bool, signal: &str) {
     for mode in ["json", "stream"] {
         let (_, recs) = sdk_call(&env, &gw, &data, mode, signal);
         if linked {
-            check_linked(&recs, mode);
+            check_linked(&recs, mode, "client_disconnected");
         } else {
             // Nothing says the second attempt repeats the first: two turns.
             assert!(
@@ -317,4 +321,44 @@ fn resent_prompt_ids_alone_link_sdk_retries_in_exact_mode() {
 #[test]
 fn sdk_retries_without_a_key_or_retry_count_are_separate_turns_in_passthrough_mode() {
     run_without_the_retry_count(false, "none");
+}
+
+/// The upstream fails the first attempt with a 500 (the scripted `first_status`): the
+/// gateway answers the SDK a 5xx, the SDK retries it with its retry count, and the retry is
+/// linked to the failed attempt; each session trains once, on the answered attempt.
+fn run_after_a_5xx(exact: bool) {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let q = qwen3.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let s = script.to_str().unwrap();
+    let (_upstream, gw) = if exact {
+        let up = Proc::scripted_upstream(&["--script", s, "--tokenizer", q]);
+        let gw = Proc::gateway_with(&up.url, &data, &["--mode", "exact", "--model-dir", q], &[]);
+        (up, gw)
+    } else {
+        let up = Proc::scripted_upstream(&["--script", s]);
+        let gw = Proc::gateway_with(&up.url, &data, &[], &[]);
+        (up, gw)
+    };
+    for mode in ["json", "stream"] {
+        let (_, recs) = sdk_call(&env, &gw, &data, mode, "fail");
+        check_linked(&recs, mode, "upstream_error");
+    }
+    let out = dir.path().join("samples.parquet");
+    let summary = reconstruct(&data, &qwen3, &out);
+    assert_eq!(summary["samples"], 2, "one sample per session: {summary:#}");
+}
+
+#[test]
+fn sdk_retries_after_an_upstream_500_are_linked_and_trained_once_in_passthrough_mode() {
+    run_after_a_5xx(false);
+}
+
+#[test]
+fn sdk_retries_after_an_upstream_500_are_linked_and_trained_once_in_exact_mode() {
+    run_after_a_5xx(true);
 }
