@@ -182,6 +182,9 @@ pub struct RecorderSection {
     pub queue_capacity: Option<usize>,
     pub segment_max_mb: Option<u64>,
     pub seal_after_secs: Option<u64>,
+    /// Sessions whose recent calls the writer keeps as delta bases (default 4096; the least
+    /// recently written lose theirs first: their next call is stored whole).
+    pub delta_base_sessions: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -322,6 +325,7 @@ pub struct RecordingConfig {
     pub queue_capacity: usize,
     pub segment_max_bytes: u64,
     pub seal_after: Duration,
+    pub delta_base_sessions: usize,
 }
 
 #[derive(Clone, Default)]
@@ -560,6 +564,7 @@ impl GatewayConfig {
                 queue_capacity: r.queue_capacity.unwrap_or(65_536),
                 segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
                 seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
+                delta_base_sessions: r.delta_base_sessions.unwrap_or(4096),
             },
             auth: AuthConfig {
                 admin_key,

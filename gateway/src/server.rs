@@ -77,6 +77,7 @@ impl Gateway {
         rc.queue_capacity = rs.queue_capacity;
         rc.segment_max_bytes = rs.segment_max_bytes;
         rc.seal_after = rs.seal_after;
+        rc.max_base_sessions = rs.delta_base_sessions;
         rc.on_fsync = Some(Arc::new(move |d, n| m.observe_fsync(d, n)));
         let dir = rs.data_dir.display().to_string();
         let (recorder, recovery) =
