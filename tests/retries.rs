@@ -209,6 +209,21 @@ fn run(exact: bool) {
         abandoned.push(first);
         sessions.push(sid);
     }
+    // The retry bookkeeping on /metrics: the two sessions' two attempts each, none forgotten.
+    let metrics = block_on(http::get(&format!("{}/metrics", gw.url), &[])).text();
+    let value = |name: &str| {
+        metrics
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+            .unwrap_or_else(|| panic!("no {name} in /metrics:\n{metrics}"))
+            .to_string()
+    };
+    assert_eq!(value("graft_retry_memory_attempts"), "4", "{metrics}");
+    assert_eq!(
+        value("graft_retry_memory_forgotten_total"),
+        "0",
+        "{metrics}"
+    );
     if exact {
         // The backend was told to stop each abandoned generation, by the call id.
         let log = wait_for("the aborts", || {

@@ -22,11 +22,13 @@
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::HeaderMap;
+
+use crate::metrics::Metrics;
 
 /// Attempts remembered per session.
 const KEPT: usize = 8;
@@ -185,6 +187,7 @@ impl Ledger {
 pub struct Retries {
     ledger: Mutex<Ledger>,
     bounds: Bounds,
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Retries {
@@ -192,6 +195,25 @@ impl Retries {
         Retries {
             ledger: Mutex::new(Ledger::default()),
             bounds,
+            metrics: None,
+        }
+    }
+
+    /// Reports what is held and forgotten as `graft_retry_memory_*`.
+    pub fn with_metrics(mut self, m: Arc<Metrics>) -> Retries {
+        self.metrics = Some(m);
+        self
+    }
+
+    fn observe(&self, l: &Ledger, forgotten: usize) {
+        if let Some(m) = &self.metrics {
+            m.retry_memory_attempts
+                .set(i64::try_from(l.attempts).unwrap_or(i64::MAX));
+            m.retry_memory_bytes
+                .set(i64::try_from(l.bytes).unwrap_or(i64::MAX));
+            if forgotten > 0 {
+                m.retry_memory_forgotten.inc_by(forgotten as u64);
+            }
         }
     }
 
@@ -288,7 +310,8 @@ impl Retries {
         }
         l.order
             .insert(touched, (session.to_string(), call_id.to_string()));
-        l.evict(&self.bounds, now);
+        let forgotten = evicted + l.evict(&self.bounds, now);
+        self.observe(l, forgotten);
         link
     }
 
@@ -331,6 +354,7 @@ impl Retries {
                 l.bytes -= a.bytes();
             }
         }
+        self.observe(l, 0);
     }
 
     /// (attempts, bytes) held now.
@@ -444,7 +468,8 @@ mod tests {
             bytes: 1000,
             ttl: Duration::from_secs(60),
         };
-        let t = Retries::new(bounds);
+        let metrics = Metrics::new();
+        let t = Retries::new(bounds).with_metrics(metrics.clone());
         let now = Instant::now();
         // Thousands of rollouts, none closed, each call unanswered (the worst case).
         for i in 0..5000 {
@@ -475,6 +500,14 @@ mod tests {
         // A body past the whole bound is not kept, and pushes out nothing.
         t.begin_at("big", "big-1", body(5000), None, now);
         assert_eq!(t.held(), (attempts + 1, bytes));
+        // What /metrics says.
+        assert_eq!(metrics.retry_memory_attempts.get(), (attempts + 1) as i64);
+        assert_eq!(metrics.retry_memory_bytes.get(), bytes as i64);
+        assert_eq!(
+            metrics.retry_memory_forgotten.get(),
+            10_001 - (attempts as u64 + 1),
+            "every attempt begun and not held was forgotten"
+        );
     }
 
     #[test]

@@ -130,7 +130,8 @@ impl Gateway {
             _ => graft_viewer::Viewer::new(&rs.data_dir, None, None, "/ui")
                 .map_err(|e| StartError::Viewer(e.to_string()))?,
         };
-        let retries = crate::retries::Retries::new(cfg.limits.retries);
+        let retries =
+            crate::retries::Retries::new(cfg.limits.retries).with_metrics(metrics.clone());
         let state = Arc::new(State {
             retries,
             cfg,
