@@ -1027,3 +1027,168 @@ async fn a_session_goes_on_after_kill_9_of_the_gateway_reusing_its_sampled_token
     assert_eq!(summary["drift_events"], 0, "{summary}");
     check_samples(&out, &common::records_show(&s.data));
 }
+
+/// The same through the real Codex CLI: its first turn's shell command waits for a file the
+/// test writes only after it has killed the gateway with -9 and started it again on the
+/// same port and data dir, so Codex's second call (the tool result, in the Responses
+/// dialect) reaches a gateway that has never seen the session in memory. The session's
+/// history is rebuilt from its records: the second call reuses the sampled ids
+/// (`reused_tokens` > 0) and reconstruct makes one sample without drift.
+#[test]
+fn a_codex_session_goes_on_after_kill_9_of_the_gateway_between_its_turns() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let qwen3 = env.qwen3_dir();
+    let q = qwen3.to_str().unwrap();
+    let data = dir.path().join("data");
+    let go = dir.path().join("go");
+    let cmd = format!(
+        "while [ ! -e '{}' ]; do sleep 0.2; done; echo graft-codex-step-done > codex_result.txt && cat codex_result.txt",
+        go.display()
+    );
+    let script = json!({"rules": [
+        {"match": "graft-codex-step-done", "role": "tool",
+         "reply": {"reasoning": "The file exists now.", "content": "graft-codex: codex_result.txt is written."}},
+        {"match": "graft-codex-restart-task", "role": "user", "tools": true,
+         "reply": {"reasoning": "A shell redirect writes the file in one step.",
+                   "content": "I will write the file.",
+                   "tool_calls": [{"name": "exec_command", "arguments": {"cmd": cmd, "yield_time_ms": 30000}}]}}
+    ]});
+    let script_file = dir.path().join("script.json");
+    std::fs::write(&script_file, script.to_string()).unwrap();
+    let upstream =
+        Proc::scripted_upstream(&["--script", script_file.to_str().unwrap(), "--tokenizer", q]);
+    // A port of our own, so the restarted gateway is where Codex's config points.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}");
+    let gateway = || {
+        Proc::spawn_env(
+            "gateway",
+            &[
+                "gateway",
+                "--listen",
+                &listen,
+                "--upstream",
+                &upstream.url,
+                "--data-dir",
+                data.to_str().unwrap(),
+                "--mode",
+                "exact",
+                "--model-dir",
+                q,
+            ],
+            &[],
+            "graft gateway listening on",
+            None,
+        )
+    };
+    let mut gw = gateway();
+    let (sid, base) = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(common::open_session(&gw.url));
+    let target = common::Target {
+        base_url: base.clone(),
+        session_header: None,
+        api_key: "sk-graft-test-key".to_owned(),
+        model: "scripted".to_owned(),
+    };
+    let config_text = common::graft(&[
+        "harness",
+        "config",
+        "codex",
+        "--session",
+        &base,
+        "--api-key",
+        &target.api_key,
+        "--model",
+        &target.model,
+    ]);
+    let config = dir.path().join("codex-config.toml");
+    std::fs::write(&config, &config_text).unwrap();
+    let codex = {
+        let (config, target) = (config.clone(), target.clone());
+        std::thread::spawn(move || {
+            let env = TestEnv::get();
+            env.codex_client_with(
+                &config,
+                &target,
+                &[(
+                    "GRAFT_CODEX_TASK",
+                    "graft-codex-restart-task: write the word graft-codex-step-done into codex_result.txt.",
+                )],
+            )
+        })
+    };
+    // Codex's first turn is answered and recorded; its command now waits for `go`.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let recs = common::records_show(&data);
+        if recs
+            .iter()
+            .any(|r| r["session_id"] == sid.as_str() && r["outcome"] == "ok")
+        {
+            break;
+        }
+        assert!(
+            !codex.is_finished(),
+            "Codex ended before its first call was recorded"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no record of Codex's first call: {recs:#?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    gw.kill9();
+    drop(gw);
+    let gw = gateway();
+    std::fs::write(&go, "").unwrap();
+    let out = codex.join().unwrap();
+    assert_eq!(out["result_txt"], "graft-codex-step-done\n", "{out:#}");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let recs = loop {
+        let recs: Vec<Value> = common::records_show(&data)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid.as_str())
+            .collect();
+        if recs.len() >= 2 {
+            break recs;
+        }
+        assert!(std::time::Instant::now() < deadline, "{recs:#?}");
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    let tok = Tokenizer::from_dir(&qwen3).unwrap();
+    let recs = check_session_records(&recs, &sid, &tok);
+    assert!(
+        recs.len() >= 2,
+        "one call before the kill, the others after: {recs:#?}"
+    );
+    assert!(
+        recs.iter()
+            .all(|r| r["dialect"] == "responses" && r["stream"] == true),
+        "{recs:#?}"
+    );
+    let reused = recs[1]["upstream_request"]["graft_prompt"]["reused_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        reused > 0,
+        "the restarted gateway reused Codex's sampled ids: {:#}",
+        recs[1]
+    );
+    let mut sampled = ids(&recs[0]["prompt_token_ids"]);
+    sampled.extend(ids(&recs[0]["completion_token_ids"]));
+    assert!(ids(&recs[1]["prompt_token_ids"]).starts_with(&sampled));
+    drop(gw);
+    let out_file = dir.path().join("samples.parquet");
+    let summary = reconstruct(&data, &qwen3, &out_file);
+    assert_eq!(summary["samples"], 1, "{summary}");
+    assert_eq!(summary["drift_events"], 0, "{summary}");
+    check_samples(&out_file, &recs);
+}

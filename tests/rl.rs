@@ -448,6 +448,9 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
         assert_eq!(train["trainer"], "resident", "{s:#}");
         // The optimizer's update count goes on across steps: the trainer stayed in memory.
         assert_eq!(train["steps"][0]["step"], i + 1, "{s:#}");
+        // Exact mode: every trained token has its sampler's logprob, so the gap is over all.
+        assert_eq!(train["steps"][0]["tokens_without_logprob"], 0.0, "{s:#}");
+        assert!(train["steps"][0]["logprob_gap"].is_f64(), "{s:#}");
         let version = format!("step-{i:05}");
         assert_eq!(train["weight_version"], version.as_str());
         assert_eq!(s["weight_version"], version.as_str());

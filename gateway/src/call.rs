@@ -119,9 +119,9 @@ impl Call {
         client_gone: bool,
     ) -> Result<Duration, GatewayError> {
         let rec = self.build_record(o, client_gone);
-        self.session
-            .turns
-            .settle(&self.call_id, rec.outcome == "ok");
+        self.state
+            .retries
+            .settle(&self.session.id, &self.call_id, rec.outcome == "ok");
         let t = Instant::now();
         self.session
             .count_call(rec.outcome == Cause::Upstream.outcome());

@@ -188,6 +188,9 @@ pub struct RecorderSection {
     /// `auth` are refused.
     #[serde(default)]
     pub record_headers: Vec<String>,
+    /// Sessions whose recent calls the writer keeps as delta bases (default 4096; the least
+    /// recently written lose theirs first: their next call is stored whole).
+    pub delta_base_sessions: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -232,6 +235,12 @@ pub struct LimitsSection {
     pub burst: Option<u32>,
     pub max_concurrent_upstream: Option<usize>,
     pub upstream_queue_timeout_ms: Option<u64>,
+    /// Retry bookkeeping over all sessions: attempts remembered (default 65536).
+    pub retry_memory_attempts: Option<usize>,
+    /// ... bytes of request bodies and idempotency keys kept (default 64 MiB).
+    pub retry_memory_bytes: Option<usize>,
+    /// ... seconds an attempt is remembered after it was last begun or settled (default 600).
+    pub retry_memory_secs: Option<u64>,
 }
 
 /// The validated, resolved configuration the gateway runs with: one typed section per
@@ -324,6 +333,7 @@ pub struct RecordingConfig {
     pub seal_after: Duration,
     /// Lower-cased names of the request headers each record keeps.
     pub record_headers: Vec<http::HeaderName>,
+    pub delta_base_sessions: usize,
 }
 
 #[derive(Clone, Default)]
@@ -379,6 +389,8 @@ pub struct LimitsConfig {
     pub burst: u32,
     pub max_concurrent_upstream: usize,
     pub upstream_queue_timeout: Duration,
+    /// What the retry bookkeeping may hold over all sessions (`retry_memory_*`).
+    pub retries: crate::retries::Bounds,
 }
 
 /// Exact mode's resolved settings.
@@ -561,6 +573,7 @@ impl GatewayConfig {
                 segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
                 seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
                 record_headers: record_headers(&r.record_headers)?,
+                delta_base_sessions: r.delta_base_sessions.unwrap_or(4096),
             },
             auth: AuthConfig {
                 admin_key,
@@ -589,6 +602,14 @@ impl GatewayConfig {
                 upstream_queue_timeout: Duration::from_millis(
                     l.upstream_queue_timeout_ms.unwrap_or(30_000),
                 ),
+                retries: {
+                    let d = crate::retries::Bounds::default();
+                    crate::retries::Bounds {
+                        attempts: l.retry_memory_attempts.unwrap_or(d.attempts),
+                        bytes: l.retry_memory_bytes.unwrap_or(d.bytes),
+                        ttl: l.retry_memory_secs.map_or(d.ttl, Duration::from_secs),
+                    }
+                },
             },
             sampling: file.sampling.clone(),
         };
@@ -599,6 +620,18 @@ impl GatewayConfig {
                 key: format!("sampling.{key}"),
                 message,
             });
+        }
+        for (key, value) in [
+            ("retry_memory_attempts", cfg.limits.retries.attempts as u64),
+            ("retry_memory_secs", cfg.limits.retries.ttl.as_secs()),
+        ] {
+            if value == 0 {
+                return Err(ConfigError::Invalid {
+                    key: format!("limits.{key}"),
+                    message: "must be at least 1 (retries of a call would never be linked to it)"
+                        .into(),
+                });
+            }
         }
         if cfg.limits.max_concurrent_upstream == 0 {
             return Err(ConfigError::Invalid {
@@ -748,6 +781,38 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("max_body_byte"), "{err}");
+    }
+
+    #[test]
+    fn the_retry_memory_bounds_are_read_and_a_zero_is_refused_by_name() {
+        let up = Overrides {
+            upstream: Some("http://u:1".into()),
+            ..Default::default()
+        };
+        let f = FileConfig::from_toml(
+            "[limits]\nretry_memory_attempts = 100\nretry_memory_bytes = 4096\nretry_memory_secs = 30\n",
+            Path::new("g.toml"),
+        )
+        .unwrap();
+        let c = GatewayConfig::resolve(f, up.clone()).unwrap();
+        assert_eq!(
+            c.limits.retries,
+            crate::retries::Bounds {
+                attempts: 100,
+                bytes: 4096,
+                ttl: Duration::from_secs(30)
+            }
+        );
+        let c = GatewayConfig::resolve(FileConfig::default(), up.clone()).unwrap();
+        assert_eq!(c.limits.retries, crate::retries::Bounds::default());
+        for key in ["retry_memory_attempts", "retry_memory_secs"] {
+            let f = FileConfig::from_toml(&format!("[limits]\n{key} = 0\n"), Path::new("g.toml"))
+                .unwrap();
+            let err = GatewayConfig::resolve(f, up.clone())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(&format!("limits.{key}")), "{err}");
+        }
     }
 
     #[test]

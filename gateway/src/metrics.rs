@@ -48,6 +48,10 @@ pub struct Metrics {
     pub records_written: Counter,
     /// Exact mode: time to render and tokenize a prompt, by how it was built.
     pub exact_prompt: Family<PromptLabel, Histogram>,
+    /// The retry bookkeeping (`retries.rs`): attempts and bytes held, attempts forgotten.
+    pub retry_memory_attempts: Gauge,
+    pub retry_memory_bytes: Gauge,
+    pub retry_memory_forgotten: Counter,
 }
 
 fn latency_buckets() -> impl Iterator<Item = f64> {
@@ -138,6 +142,24 @@ impl Metrics {
             "Call records handed to the recorder",
             records_written.clone(),
         );
+        let retry_memory_attempts = Gauge::default();
+        let retry_memory_bytes = Gauge::default();
+        let retry_memory_forgotten = Counter::default();
+        registry.register(
+            "retry_memory_attempts",
+            "Attempts remembered to link retries, over all sessions (at most limits.retry_memory_attempts)",
+            retry_memory_attempts.clone(),
+        );
+        registry.register(
+            "retry_memory_bytes",
+            "Bytes of request bodies and Idempotency-Keys remembered to link retries (at most limits.retry_memory_bytes)",
+            retry_memory_bytes.clone(),
+        );
+        registry.register(
+            "retry_memory_forgotten",
+            "Attempts forgotten past limits.retry_memory_* (a later retry of one is a new turn)",
+            retry_memory_forgotten.clone(),
+        );
         Arc::new(Metrics {
             registry,
             requests,
@@ -152,6 +174,9 @@ impl Metrics {
             upstream_inflight,
             records_written,
             exact_prompt,
+            retry_memory_attempts,
+            retry_memory_bytes,
+            retry_memory_forgotten,
         })
     }
 

@@ -212,7 +212,7 @@ pub async fn handle(
         g.response_id = response_id.clone();
         prompt = Some(g.prompt_hash());
     }
-    let link = session.turns.begin(&call_id, signals, prompt);
+    let link = state.retries.begin(&session.id, &call_id, signals, prompt);
     let mut call = Call {
         call_id,
         client: headers

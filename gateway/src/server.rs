@@ -77,6 +77,7 @@ impl Gateway {
         rc.queue_capacity = rs.queue_capacity;
         rc.segment_max_bytes = rs.segment_max_bytes;
         rc.seal_after = rs.seal_after;
+        rc.max_base_sessions = rs.delta_base_sessions;
         rc.on_fsync = Some(Arc::new(move |d, n| m.observe_fsync(d, n)));
         let dir = rs.data_dir.display().to_string();
         let (recorder, recovery) =
@@ -129,7 +130,10 @@ impl Gateway {
             _ => graft_viewer::Viewer::new(&rs.data_dir, None, None, "/ui")
                 .map_err(|e| StartError::Viewer(e.to_string()))?,
         };
+        let retries =
+            crate::retries::Retries::new(cfg.limits.retries).with_metrics(metrics.clone());
         let state = Arc::new(State {
+            retries,
             cfg,
             recorder,
             sessions,
@@ -803,6 +807,7 @@ async fn admin(
             let s = state.sessions.close(id).await?;
             state.recorder.forget_session(id);
             state.backend.forget(id);
+            state.retries.forget(id);
             Ok(json_response(StatusCode::OK, &s.view()))
         }
         (m, _) => Err(GatewayError::NotFound {

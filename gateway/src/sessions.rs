@@ -29,8 +29,6 @@ pub struct Session {
     upstream_errors: AtomicU64,
     /// The session's own sampling policy (it replaces the gateway's `[sampling]`).
     sampling: RwLock<Option<Arc<SamplingPolicy>>>,
-    /// The session's recent attempts, to link retries.
-    pub(crate) turns: crate::retries::Turns,
 }
 
 impl Session {
@@ -46,7 +44,6 @@ impl Session {
             calls: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             sampling: RwLock::new(None),
-            turns: crate::retries::Turns::default(),
         }
     }
 

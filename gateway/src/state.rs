@@ -18,6 +18,8 @@ pub struct State {
     pub limits: Limits,
     pub metrics: Arc<Metrics>,
     pub backend: Backend,
+    /// Every session's recent attempts, to link retries (bounded over all sessions).
+    pub retries: crate::retries::Retries,
     /// The pages under `/ui`, over this gateway's data dir.
     pub viewer: Arc<graft_viewer::Viewer>,
 }

@@ -66,11 +66,16 @@ pub struct RecorderConfig {
     pub segment_max_bytes: u64,
     /// Rotate and seal a non-empty segment older than this.
     pub seal_after: Duration,
+    /// Sessions whose recent calls are kept in memory as delta bases. Past it the least
+    /// recently written sessions lose theirs (their next call is stored whole), so sessions
+    /// that are never closed cannot grow the writer's memory.
+    pub max_base_sessions: usize,
     pub on_fsync: Option<OnFsync>,
 }
 
 impl RecorderConfig {
-    /// Defaults: `Sync`, queue 65536, 64 MiB segments, sealed after 60 s, no fsync hook.
+    /// Defaults: `Sync`, queue 65536, 64 MiB segments, sealed after 60 s, delta bases for
+    /// 4096 sessions, no fsync hook.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
@@ -78,6 +83,7 @@ impl RecorderConfig {
             queue_capacity: 65_536,
             segment_max_bytes: 64 * 1024 * 1024,
             seal_after: Duration::from_secs(60),
+            max_base_sessions: 4096,
             on_fsync: None,
         }
     }
@@ -91,6 +97,7 @@ impl std::fmt::Debug for RecorderConfig {
             .field("queue_capacity", &self.queue_capacity)
             .field("segment_max_bytes", &self.segment_max_bytes)
             .field("seal_after", &self.seal_after)
+            .field("max_base_sessions", &self.max_base_sessions)
             .field("on_fsync", &self.on_fsync.is_some())
             .finish()
     }

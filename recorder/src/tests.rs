@@ -443,6 +443,46 @@ async fn fifty_turn_translated_session_stores_all_three_requests_linearly() {
 }
 
 #[tokio::test]
+async fn delta_bases_are_kept_for_a_bounded_number_of_sessions() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = RecorderConfig::new(dir.path());
+    cfg.max_base_sessions = 2;
+    let (rec, _) = Recorder::open(cfg).await.unwrap();
+    let input = sessions(&["a", "b", "c"], 3);
+    let (a, b, c) = (&input[0..3], &input[3..6], &input[6..9]);
+    // a and b within the bound: a's second call is stored against its first.
+    for r in [&a[0], &b[0], &a[1]] {
+        rec.record(r.clone()).await.unwrap();
+    }
+    // c makes three sessions: b (the least recently written) loses its bases; a, written
+    // since, keeps them.
+    for r in [&c[0], &a[2], &b[1]] {
+        rec.record(r.clone()).await.unwrap();
+    }
+    rec.shutdown().await.unwrap();
+    let stored = crate::reader::read_stored(dir.path()).unwrap();
+    let base = |id: &str| {
+        stored
+            .iter()
+            .find(|r| r.call_id == id)
+            .unwrap()
+            .request_delta
+            .base
+            .clone()
+    };
+    assert_eq!(base(&a[1].call_id), Some(a[0].call_id.clone()));
+    assert_eq!(base(&a[2].call_id), Some(a[1].call_id.clone()));
+    assert_eq!(base(&b[1].call_id), None, "b's bases were dropped");
+    // Every call reads back whole, whichever way it was stored.
+    let back = read_records(dir.path()).unwrap();
+    assert_eq!(back.len(), 6);
+    for r in &back {
+        let want = input.iter().find(|i| i.call_id == r.call_id).unwrap();
+        assert_eq!(r.request, want.request, "{}", r.call_id);
+    }
+}
+
+#[tokio::test]
 async fn forget_session_stores_the_next_call_whole() {
     let dir = tempfile::tempdir().unwrap();
     let (rec, _) = Recorder::open(RecorderConfig::new(dir.path()))

@@ -9,7 +9,7 @@
 //!   on `flush`/`seal_now`/`shutdown`. A crash loses at most what was queued plus what was
 //!   written in the last `max_delay`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::future::Future as _;
 use std::io::Write;
@@ -130,6 +130,9 @@ impl Recorder {
             unsynced_since: None,
             unsynced_records: 0,
             bases: HashMap::new(),
+            base_order: BTreeMap::new(),
+            base_clock: 0,
+            max_base_sessions: cfg.max_base_sessions,
             on_fsync: cfg.on_fsync.clone(),
             segment_max_bytes: cfg.segment_max_bytes,
         };
@@ -296,6 +299,8 @@ struct SessionBases {
     /// Most recent first: (call_id, its full request, normalized and upstream request, and
     /// token sequence).
     recent: VecDeque<(String, Requests)>,
+    /// Its key in `WalState::base_order` while `recent` is not empty.
+    touched: Option<u64>,
 }
 
 /// Everything the blocking side of the writer owns.
@@ -306,6 +311,11 @@ struct WalState {
     unsynced_since: Option<Instant>,
     unsynced_records: usize,
     bases: HashMap<String, SessionBases>,
+    /// The sessions holding bases, least recently written first (write clock → session);
+    /// at most `max_base_sessions`.
+    base_order: BTreeMap<u64, String>,
+    base_clock: u64,
+    max_base_sessions: usize,
     on_fsync: Option<FsyncHook>,
     segment_max_bytes: u64,
 }
@@ -434,12 +444,18 @@ impl WalState {
         match result {
             Ok(()) => {
                 for (session, call_id, seq, request, ack) in written {
-                    let b = self.bases.entry(session).or_default();
+                    let b = self.bases.entry(session.clone()).or_default();
                     b.last_seq = seq;
                     b.recent.push_front((call_id, request));
                     b.recent.truncate(MAX_BASES);
+                    self.base_clock += 1;
+                    if let Some(old) = b.touched.replace(self.base_clock) {
+                        self.base_order.remove(&old);
+                    }
+                    self.base_order.insert(self.base_clock, session);
                     send(ack, Ok(seq));
                 }
+                self.evict_bases();
                 if self
                     .current
                     .as_ref()
@@ -466,6 +482,9 @@ impl WalState {
                     let b = self.bases.entry(session).or_default();
                     b.last_seq = seq;
                     b.recent.clear();
+                    if let Some(t) = b.touched.take() {
+                        self.base_order.remove(&t);
+                    }
                     send(
                         ack,
                         Err(RecorderError::WalWrite {
@@ -511,15 +530,42 @@ impl WalState {
         if seqs.forgets.is_empty() {
             return;
         }
-        let bases = &mut self.bases;
+        let (bases, order) = (&mut self.bases, &mut self.base_order);
         seqs.forgets
             .retain(|session, at| match bases.get_mut(session) {
                 Some(b) if b.last_seq >= *at => {
                     b.recent.clear();
+                    if let Some(t) = b.touched.take() {
+                        order.remove(&t);
+                    }
                     false
                 }
                 _ => true,
             });
+    }
+
+    /// Past `max_base_sessions`, the least recently written sessions lose their delta bases
+    /// (their next call is stored whole, as after a forget). Returns how many did.
+    fn evict_bases(&mut self) -> usize {
+        let mut evicted = 0;
+        while self.base_order.len() > self.max_base_sessions {
+            let Some((_, session)) = self.base_order.pop_first() else {
+                break;
+            };
+            if let Some(b) = self.bases.get_mut(&session) {
+                b.recent.clear();
+                b.touched = None;
+            }
+            evicted += 1;
+        }
+        if evicted > 0 {
+            tracing::debug!(
+                evicted,
+                max = self.max_base_sessions,
+                "recorder: delta bases of the least recently written sessions dropped; their next calls are stored whole"
+            );
+        }
+        evicted
     }
 }
 

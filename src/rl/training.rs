@@ -294,7 +294,8 @@ pub async fn train(
         .map(|s| {
             json!({
                 "step": s.step, "loss": s.loss, "reward": s.mean_reward,
-                "clip_fraction": s.clip_fraction, "logprob_gap": s.logprob_gap, "kl": s.kl,
+                "clip_fraction": s.clip_fraction, "logprob_gap": s.logprob_gap,
+                "tokens_without_logprob": s.tokens_without_logprob, "kl": s.kl,
                 "grad_norm": s.grad_norm, "tokens": s.tokens, "tokens_per_s": s.tokens_per_s,
                 "micro_batches": s.micro_batches, "skipped": s.skipped,
                 "mismatch_kl": s.mismatch_kl, "masked_share": s.masked_share,

@@ -64,6 +64,14 @@ pub struct Rule {
     /// Whether the first delay was spent.
     #[serde(skip)]
     pub(crate) delayed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    /// The first request this rule answers fails with this HTTP status (an error body in
+    /// its wire's shape) before any answer; later ones answer (a failed first attempt, for
+    /// clients that retry 5xx).
+    #[serde(default)]
+    pub first_status: Option<u16>,
+    /// Whether the first failure was spent.
+    #[serde(skip)]
+    pub(crate) failed: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl Rule {
@@ -72,6 +80,15 @@ impl Rule {
         let ms = self.first_delay_ms?;
         (!self.delayed.swap(true, std::sync::atomic::Ordering::SeqCst))
             .then(|| std::time::Duration::from_millis(ms))
+    }
+
+    /// The status this request fails with: `first_status` for the rule's first request only
+    /// (a status that is not a valid HTTP status is a 500).
+    pub(crate) fn first_failure(&self) -> Option<http::StatusCode> {
+        let status = self.first_status?;
+        (!self.failed.swap(true, std::sync::atomic::Ordering::SeqCst)).then(|| {
+            http::StatusCode::from_u16(status).unwrap_or(http::StatusCode::INTERNAL_SERVER_ERROR)
+        })
     }
 }
 

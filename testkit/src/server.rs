@@ -179,6 +179,18 @@ pub(crate) async fn handle(
         Some(Fault::Reset) | None => {}
     }
 
+    if let Some(status) = state
+        .script
+        .rule_for(&prompt)
+        .and_then(|r| r.first_failure())
+    {
+        return Ok(error(
+            status,
+            "The server had an error while processing your request (scripted first_status).",
+            "server_error",
+            None,
+        ));
+    }
     if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
         tokio::time::sleep(d).await;
     }

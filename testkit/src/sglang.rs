@@ -442,6 +442,16 @@ async fn generate(
         Some("reset") if !stream => return Err(Abort),
         _ => {}
     }
+    if let Some(status) = state
+        .script
+        .rule_for(&prompt)
+        .and_then(|r| r.first_failure())
+    {
+        return Ok(json_response(
+            status,
+            &json!({"object": "error", "message": "scripted first_status: the first attempt fails", "type": "InternalServerError", "param": null, "code": status.as_u16()}),
+        ));
+    }
     if let Some(d) = state.script.rule_for(&prompt).and_then(|r| r.first_delay()) {
         tokio::time::sleep(d).await;
     }

@@ -759,11 +759,22 @@ impl TestEnv {
     /// `tests/clients/python/codex_exec.py`: `codex exec` on a two-turn task with the
     /// config file `config` (made by `graft harness config codex`).
     pub fn codex_client(&self, config: &Path, target: &Target) -> Value {
+        self.codex_client_with(config, target, &[])
+    }
+
+    /// `codex_client` with extra environment (`GRAFT_CODEX_TASK`: a task of the test's own).
+    pub fn codex_client_with(
+        &self,
+        config: &Path,
+        target: &Target,
+        envs: &[(&str, &str)],
+    ) -> Value {
         let mut cmd = Command::new(self.python());
         cmd.arg(clients_dir().join("python").join("codex_exec.py"))
             .env("GRAFT_CODEX_BIN", self.codex_bin())
             .env("GRAFT_CODEX_CONFIG", config);
         target.apply(&mut cmd);
+        cmd.envs(envs.iter().copied());
         run_client(cmd, CLIENT_TIMEOUT)
     }
 }

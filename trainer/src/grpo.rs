@@ -161,6 +161,10 @@ pub struct TokenInputs<'a> {
     pub old_logp: &'a Tensor,
     /// The rollout engine's logprobs.
     pub rollout_logp: &'a Tensor,
+    /// 1.0 where the rollout engine's logprob is known, 0.0 where it is not (the sample
+    /// carried `None`); `None`: every one is known. The rollout/trainer statistics
+    /// (`abs_gap`, `mismatch_kl`) are taken over known tokens only.
+    pub known: Option<&'a Tensor>,
     /// Each token's advantage (its sequence's).
     pub advantages: &'a Tensor,
     /// 1.0 on trained tokens, 0.0 elsewhere.
@@ -173,15 +177,20 @@ pub struct TokenInputs<'a> {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct LossStats {
     pub tokens: f64,
+    /// Trained tokens whose rollout logprob is known (the denominator of `abs_gap` and
+    /// `mismatch_kl`).
+    pub known: f64,
     /// Tokens whose clipped term was the active one (the min), on either side.
     pub clipped: f64,
-    /// Σ |logp_old − logp_rollout| (0 in bypass mode).
+    /// Σ |logp_old − logp_rollout| over trained tokens with a known rollout logprob (0 in
+    /// bypass mode).
     pub abs_gap: f64,
     /// Σ k3 KL (when a reference is given).
     pub kl: f64,
     /// Σ importance weights.
     pub tis_weight: f64,
-    /// Σ k3 estimate of KL(π_rollout ‖ π_trainer) over trained tokens: `ρ − 1 − ln ρ` with
+    /// Σ k3 estimate of KL(π_rollout ‖ π_trainer) over trained tokens with a known rollout
+    /// logprob: `ρ − 1 − ln ρ` with
     /// `ρ = π_trainer / π_rollout` (π_trainer: π_old in recompute mode, the current
     /// policy, detached, in bypass mode, the same thing in a single-step update).
     pub mismatch_kl: f64,
@@ -196,6 +205,7 @@ pub struct LossStats {
 impl LossStats {
     pub fn add(&mut self, o: &LossStats) {
         self.tokens += o.tokens;
+        self.known += o.known;
         self.clipped += o.clipped;
         self.abs_gap += o.abs_gap;
         self.kl += o.kl;
@@ -290,12 +300,25 @@ pub fn grpo_loss(
             .f_sum(Kind::Float)?
             .f_double_value(&[])?)
     };
+    // The rollout/trainer comparison counts only tokens whose rollout logprob is known: an
+    // unknown one has no gap to measure (its rollout logprob stands in as π_old's).
+    let known_mask = match x.known {
+        Some(k) => k.f_mul(mask)?,
+        None => mask.shallow_clone(),
+    };
+    let sum_known = |t: &Tensor| -> Result<f64> {
+        Ok(t.f_detach()?
+            .f_mul(&known_mask)?
+            .f_sum(Kind::Float)?
+            .f_double_value(&[])?)
+    };
     let clipped = s2.f_lt_tensor(&s1)?.f_to_kind(Kind::Float)?;
     let stats = LossStats {
         tokens: mask.f_sum(Kind::Float)?.f_double_value(&[])?,
+        known: known_mask.f_sum(Kind::Float)?.f_double_value(&[])?,
         clipped: sum(&clipped)?,
         abs_gap: match &gap {
-            Some(g) => sum(g)?,
+            Some(g) => sum_known(g)?,
             None => 0.0,
         },
         kl: match &kl {
@@ -306,7 +329,7 @@ pub fn grpo_loss(
             Some(w) => sum(w)?,
             None => sum(&Tensor::f_ones_like(mask)?)?,
         },
-        mismatch_kl: sum(&diff.f_exp()?.f_sub_scalar(1.0)?.f_sub(&diff)?)?,
+        mismatch_kl: sum_known(&diff.f_exp()?.f_sub_scalar(1.0)?.f_sub(&diff)?)?,
         masked: match &keep {
             Some(k) => sum(&k.f_neg()?.f_add_scalar(1.0)?)?,
             None => 0.0,

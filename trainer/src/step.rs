@@ -522,6 +522,7 @@ mod tests {
             tokens: 10.0,
             clip_fraction: 0.0,
             logprob_gap: 0.0,
+            tokens_without_logprob: 0.0,
             kl: 0.0,
             grad_norm: 1.0,
             skipped: false,

@@ -66,16 +66,22 @@ pub struct StepStats {
     pub mean_reward: f64,
     pub tokens: f64,
     pub clip_fraction: f64,
-    /// Mean |logp_old − logp_rollout| over trained tokens (0 in bypass mode).
+    /// Mean |logp_old − logp_rollout| over trained tokens whose rollout logprob is known
+    /// (0 in bypass mode, and when none is).
     pub logprob_gap: f64,
+    /// Trained tokens without a rollout logprob (the sample carried `None`: re-tokenized
+    /// text, a backend that sent none). They train against the recomputed π_old and are
+    /// left out of `logprob_gap` and `mismatch_kl`.
+    pub tokens_without_logprob: f64,
     /// Mean k3 KL to the reference over trained tokens (0 without one).
     pub kl: f64,
     pub grad_norm: f64,
     pub skipped: bool,
     pub micro_batches: usize,
     pub tokens_per_s: f64,
-    /// Mean k3 estimate of KL(π_rollout ‖ π_trainer) per trained token (the rollout
-    /// engine's mismatch: numerics, and staleness when the rollouts are behind).
+    /// Mean k3 estimate of KL(π_rollout ‖ π_trainer) per trained token whose rollout
+    /// logprob is known (the rollout engine's mismatch: numerics, and staleness when the
+    /// rollouts are behind).
     pub mismatch_kl: f64,
     /// Share of trained tokens left out by the rejection bound (0 without one).
     pub masked_share: f64,
@@ -455,6 +461,7 @@ impl Trainer {
                 logp: &logp,
                 old_logp: &old,
                 rollout_logp: &rollout,
+                known: Some(&m.known),
                 advantages: &adv,
                 mask: &m.mask,
                 ref_logp: ref_logp.as_ref(),
@@ -473,13 +480,14 @@ impl Trainer {
             mean_reward: batch.iter().map(|s| s.reward).sum::<f64>() / batch.len() as f64,
             tokens: stats.tokens,
             clip_fraction: stats.clipped / stats.tokens.max(1.0),
-            logprob_gap: stats.abs_gap / stats.tokens.max(1.0),
+            logprob_gap: stats.abs_gap / stats.known.max(1.0),
+            tokens_without_logprob: stats.tokens - stats.known,
             kl: stats.kl / stats.tokens.max(1.0),
             grad_norm: outcome.grad_norm,
             skipped: outcome.skipped,
             micro_batches: groups.len(),
             tokens_per_s: padded as f64 / secs,
-            mismatch_kl: stats.mismatch_kl / stats.tokens.max(1.0),
+            mismatch_kl: stats.mismatch_kl / stats.known.max(1.0),
             masked_share: stats.masked / stats.tokens.max(1.0),
             masked_samples: stats.masked_rows as usize,
         })
@@ -519,6 +527,7 @@ pub fn log_step(s: &StepStats) {
         reward = s.mean_reward,
         clip_fraction = s.clip_fraction,
         logprob_gap = s.logprob_gap,
+        tokens_without_logprob = s.tokens_without_logprob,
         kl = s.kl,
         grad_norm = s.grad_norm,
         tokens = s.tokens,
@@ -681,6 +690,57 @@ mod tests {
         // None known: no rollout logprobs at all; all known: complete.
         assert_eq!(with(vec![None, None, None])[0].rollout_logprobs, None);
         assert!(with(vec![None, Some(-0.5), Some(0.0)])[0].rollout_complete());
+        Ok(())
+    }
+
+    /// A tiny random Qwen3 for steps on CPU.
+    fn tiny() -> Result<crate::model::Model> {
+        let cfg = serde_json::json!({
+            "model_type": "qwen3", "vocab_size": 16, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1,
+            "head_dim": 8, "rope_theta": 10000.0, "rms_norm_eps": 1e-6,
+            "tie_word_embeddings": true
+        });
+        crate::model::Model::random(cfg, tch::Device::Cpu, tch::Kind::Float, 3)
+    }
+
+    #[test]
+    fn logprob_gap_is_over_tokens_whose_sampler_logprob_is_known() -> Result<()> {
+        let model = tiny()?;
+        let tokens = vec![1i64, 5, 7, 9];
+        // π_old, recomputed, for the one token whose sampler logprob is known (position 1).
+        let ids = Tensor::from_slice(&tokens).f_reshape([1, 4])?;
+        let old = tch::no_grad(|| grpo::token_logprobs(&model, &ids, 1.0, 1024))?;
+        let old1 = old.f_double_value(&[0, 1])?;
+        let sampled = -6.0f32;
+        let want = (old1 - f64::from(sampled)).abs();
+        assert!(want > 1.0, "a gap that cannot hide: {want}");
+        let row = |advantage: f64| TrainSample {
+            tokens: tokens.clone(),
+            loss_mask: vec![0, 1, 1, 1],
+            // Positions 2 and 3 were trained without a sampler logprob.
+            rollout_logprobs: Some(vec![None, Some(sampled), None, None]),
+            advantage,
+            turn_advantages: None,
+            reward: advantage,
+        };
+        let config = TrainConfig {
+            grpo: GrpoConfig {
+                mode: PolicyMode::Recompute,
+                ..GrpoConfig::default()
+            },
+            ..TrainConfig::default()
+        };
+        let mut trainer = Trainer::new(model, config)?;
+        let s = trainer.step(&[row(1.0), row(-1.0)])?;
+        assert_eq!(s.tokens, 6.0);
+        assert_eq!(s.tokens_without_logprob, 4.0);
+        // Averaged over the 6 trained tokens (the unknown ones as gap 0) it would be a third.
+        assert!(
+            (s.logprob_gap - want).abs() < 1e-4,
+            "logprob_gap {} over the known tokens, want {want}",
+            s.logprob_gap
+        );
         Ok(())
     }
 }

@@ -7,6 +7,8 @@ env:   GRAFT_CODEX_BIN     the codex launcher (.graft-test-env/codex/node_module
                            (provider block with wire_api = "responses", env_key GRAFT_API_KEY,
                            update check / analytics / plugins off)
        GRAFT_API_KEY       the key Codex sends (the provider's env_key)
+       GRAFT_CODEX_TASK    the task, when not the default one below (a test's own script
+                           answers it)
 
 The scripted upstream must answer (tests/clients/script.json):
   1. user message containing "graft-codex-task" -> exec_command
@@ -23,7 +25,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-TASK = "graft-codex-task: write the word graft-codex-step-done into codex_result.txt."
+TASK = os.environ.get(
+    "GRAFT_CODEX_TASK",
+    "graft-codex-task: write the word graft-codex-step-done into codex_result.txt.",
+)
 
 
 def main() -> None:
