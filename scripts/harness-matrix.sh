@@ -4,8 +4,9 @@
 # run). Driver: scripts/harness_matrix.py (its header says what one run does).
 #
 # usage: bash scripts/harness-matrix.sh [--only claude-code,pi,...] [--modes passthrough,exact]
-#                                       [--no-doc] [--keep] [--previous ROWS.jsonl]
-# (--previous: the JSON rows an earlier run printed; this run's rows replace theirs in the doc)
+#                                       [--no-doc] [--keep] [--previous ROWS.jsonl|HARNESSES.md]
+# (--previous: the JSON rows an earlier run printed, or the doc it wrote; this run's rows
+# replace theirs in the doc, the other rows are kept as they were written)
 # Needs: root + bubblewrap (envd's local backend), the test env (scripts/setup-test-env.sh),
 # a graft built with the testkit feature (GRAFT_BIN, default target/debug/graft; envd-agent
 # beside it), and for the ZeroClaw row the heavier tier's build (scripts/setup-zeroclaw.sh;

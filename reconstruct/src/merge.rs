@@ -31,6 +31,14 @@
 //!    drops old `<think>` blocks), a harness re-serializing tool arguments, a changing date
 //!    in a system prompt. Recorded as a [`Drift`] event: `first_diff_at` = where the prompt
 //!    first differs from the sample, `len` = sample tokens inside the differing regions.
+//!    When a differing region is a block the harness moved (the sample's tokens from the
+//!    region's start, at least [`REORDER_MIN_RUN`] of them, are found verbatim in a part of
+//!    the prompt the alignment left unmatched), the fork is [`ForkReason::Reordered`]
+//!    instead: the harness reordered its own history (OpenClaw keeps its internal-context
+//!    user message last, so each turn's new messages go in before it). Other regions of the
+//!    same alignment are allowed (the template's re-rendering the move causes: Qwen3 drops
+//!    the `<think>` of an assistant turn that is no longer after the last user message).
+//!    Also a [`Drift`] event, with `reason` = `reordered`.
 //! 2. [`ForkReason::ParallelBranch`]: the prompt extends an earlier state of the session:
 //!    for some call merged into an open sample, the prompt EQUALS that call's prompt (the
 //!    same prompt sampled again), or it STARTS WITH the sample's tokens up to the end of
@@ -44,8 +52,9 @@
 //! 4. [`ForkReason::Other`]: anything else (also recorded as a [`Drift`] event, with
 //!    `first_diff_at` = the common prefix and `len` = the sample tokens after it).
 //!
-//! With [`OnDrift::Realign`] a call classified by rule 1 does not fork: it continues the
-//! drifted sample, whose tokens become the prompt's own (see [`OnDrift::Realign`]).
+//! With [`OnDrift::Realign`] a call classified by rule 1 as template drift does not fork:
+//! it continues the drifted sample, whose tokens become the prompt's own (see
+//! [`OnDrift::Realign`]); a reordered call still forks.
 //!
 //! Rules 1 and 3 look at every open sample (those with the longest common prefix with the
 //! prompt first, then the most recently extended); the reference sample named in events
@@ -77,6 +86,9 @@ pub const COMPACTION_MIN_KEPT_PREFIX: usize = 1;
 pub const COMPACTION_MAX_RATIO_NUM: usize = 3;
 /// See [`COMPACTION_MAX_RATIO_NUM`].
 pub const COMPACTION_MAX_RATIO_DEN: usize = 4;
+/// Tokens of a differing region (from its start) that must reappear elsewhere in the prompt
+/// for the fork to be a move of the harness's ([`ForkReason::Reordered`]), not a re-render.
+pub const REORDER_MIN_RUN: usize = 16;
 
 /// One call's tokens, as the policy saw and produced them.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -208,6 +220,8 @@ pub fn conversation_root(rec: &graft_recorder::CallRecord) -> Option<String> {
 pub enum ForkReason {
     Compaction,
     TemplateDrift,
+    /// Like template drift, but a block of the history was moved by the harness (rule 1).
+    Reordered,
     ParallelBranch,
     /// The call starts its own conversation beside the open ones (rule 0).
     NewRoot,
@@ -215,9 +229,10 @@ pub enum ForkReason {
 }
 
 impl ForkReason {
-    pub const ALL: [ForkReason; 5] = [
+    pub const ALL: [ForkReason; 6] = [
         ForkReason::Compaction,
         ForkReason::TemplateDrift,
+        ForkReason::Reordered,
         ForkReason::ParallelBranch,
         ForkReason::NewRoot,
         ForkReason::Other,
@@ -228,6 +243,7 @@ impl ForkReason {
         match self {
             ForkReason::Compaction => "compaction",
             ForkReason::TemplateDrift => "template_drift",
+            ForkReason::Reordered => "reordered",
             ForkReason::ParallelBranch => "parallel_branch",
             ForkReason::NewRoot => "new_root",
             ForkReason::Other => "other",
@@ -600,8 +616,13 @@ fn classify(opens: &[&Open], prompt: &[u32]) -> Classified {
     for &i in by_prefix.iter().take(DRIFT_MAX_SAMPLES) {
         let t = Hashed::new(&opens[i].sample.tokens);
         if let Some(a) = align_drift(&t, &p, lcps[i]) {
+            let reason = if moved_block(&t, &p, &a.runs) {
+                ForkReason::Reordered
+            } else {
+                ForkReason::TemplateDrift
+            };
             return Classified {
-                reason: ForkReason::TemplateDrift,
+                reason,
                 against: i,
                 first_diff_at: lcps[i],
                 drift_len: Some(a.changed),
@@ -832,6 +853,41 @@ fn resync_candidates(t: &Hashed<'_>, p: &Hashed<'_>, i: usize, j: usize) -> Vec<
     found.sort_by_key(|&(dt, dp)| (dt + dp, dt));
     found.truncate(DRIFT_BRANCHING);
     found
+}
+
+/// Whether a differing region of the alignment `runs` of the sample `t` in the prompt `p`
+/// is a moved block: the sample's tokens from the region's start, at least
+/// [`REORDER_MIN_RUN`] of them (a shorter region is no move), are found verbatim in a part
+/// of `p` that no run covers.
+fn moved_block(t: &Hashed<'_>, p: &Hashed<'_>, runs: &[(usize, usize, usize)]) -> bool {
+    // The prompt's parts no run covers: between runs, and after the last one.
+    let mut free: Vec<(usize, usize)> = Vec::new();
+    let mut at = 0;
+    for &(_, b, len) in runs {
+        if b > at {
+            free.push((at, b));
+        }
+        at = at.max(b + len);
+    }
+    if p.len() > at {
+        free.push((at, p.len()));
+    }
+    // The sample's differing regions: between consecutive runs.
+    runs.windows(2).any(|w| {
+        let (a0, _, len0) = w[0];
+        let (a1, _, _) = w[1];
+        let (g0, g1) = (a0 + len0, a1);
+        if g1 < g0 + REORDER_MIN_RUN {
+            return false;
+        }
+        free.iter().any(|&(f0, f1)| {
+            f1 >= f0 + REORDER_MIN_RUN
+                && (f0..=f1 - REORDER_MIN_RUN).any(|y| {
+                    p.range(y, REORDER_MIN_RUN) == t.range(g0, REORDER_MIN_RUN)
+                        && t.same(g0, p, y, REORDER_MIN_RUN)
+                })
+        })
+    })
 }
 
 // -------------------------------------------------------------------------------------

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use std::process::Command;
 
 use graft_reconstruct::merge::{
-    CallTokens, ForkReason, MergeOptions, MergeResult, OnDrift, Summary, merge_session,
-    merge_session_with,
+    CallTokens, ForkReason, MergeOptions, MergeResult, OnDrift, REORDER_MIN_RUN, Summary,
+    merge_session, merge_session_with,
 };
 use graft_reconstruct::sample::{
     EventKind, SAMPLE_SCHEMA_VERSION, Sample, SampleEvent, read_samples_parquet,
@@ -287,7 +287,7 @@ fn check_invariants(calls: &[CallTokens], r: &MergeResult) {
     for d in &r.drift {
         assert!(matches!(
             d.reason,
-            ForkReason::TemplateDrift | ForkReason::Other
+            ForkReason::TemplateDrift | ForkReason::Reordered | ForkReason::Other
         ));
         assert!(r.forks.contains(&(d.call_id.clone(), d.reason)));
         // Each drift event stands in the sample it was found in, at its position.
@@ -739,6 +739,73 @@ fn a_re_serialized_tool_call_is_template_drift() {
     assert_eq!((r.drift[0].first_diff_at, r.drift[0].len), (35, 4));
 }
 
+/// OpenClaw's history, as the Qwen3 template renders it: the internal-context user message
+/// `ctx` is kept last, so the next call's prompt has the answer and the tool result BEFORE
+/// it, and the answer loses its `<think>` (it is no longer after the last user message).
+/// `ctx_len` tokens of context.
+fn moved_context_session(ctx_len: usize) -> (Session, String, usize) {
+    const OPEN: u32 = 7;
+    const CLOSE: u32 = 8;
+    const END: u32 = 9;
+    let mut s = Session::new();
+    let sys_user = s.fresh(40);
+    let head = s.fresh(2); // `<|im_start|>` + a role token shared with the next message
+    let ctx = s.fresh(ctx_len);
+    let gen_prompt = s.fresh(3); // `<|im_start|>assistant\n`
+    let mut p1 = sys_user.clone();
+    p1.extend_from_slice(&head);
+    p1.extend_from_slice(&ctx);
+    p1.extend_from_slice(&gen_prompt);
+    let think = s.fresh(6);
+    let answer = s.fresh(12);
+    let mut c1 = vec![OPEN];
+    c1.extend_from_slice(&think);
+    c1.push(CLOSE);
+    c1.extend_from_slice(&answer);
+    c1.push(END);
+    s.call_on(0, p1, c1);
+    // Call 2: the answer (without its think) and the tool result, THEN the context again.
+    let mut p2 = sys_user;
+    p2.extend_from_slice(&gen_prompt);
+    p2.extend_from_slice(&answer);
+    p2.push(END);
+    p2.extend(s.fresh(10)); // the tool result
+    p2.extend_from_slice(&head);
+    p2.extend_from_slice(&ctx);
+    p2.extend_from_slice(&gen_prompt);
+    let c2 = s.fresh(5);
+    let id = s.call_on(1, p2, c2);
+    (s, id, 40)
+}
+
+#[test]
+fn a_message_the_harness_moves_to_the_end_is_reordered_not_template_drift() {
+    let (s, id, first_diff) = moved_context_session(REORDER_MIN_RUN + 30);
+    let r = s.merge();
+    assert_eq!(r.forks, vec![(id.clone(), ForkReason::Reordered)]);
+    assert_eq!(r.samples[1].fork_reason.as_deref(), Some("reordered"));
+    assert_eq!(
+        r.drift.len(),
+        1,
+        "a reorder is a drift event: {:?}",
+        r.drift
+    );
+    assert_eq!(r.drift[0].reason, ForkReason::Reordered);
+    assert_eq!(r.drift[0].call_id, id);
+    assert_eq!(r.drift[0].first_diff_at, first_diff);
+}
+
+#[test]
+fn a_rewritten_region_too_short_to_be_a_moved_message_stays_template_drift() {
+    // The same shape with a context too short for a move: the block that reappears (the
+    // 2 head tokens, the context, the 3 generation-prompt tokens) is one token short of
+    // `REORDER_MIN_RUN`, so the region is only re-rendered text as far as the rule can tell.
+    let (s, id, _) = moved_context_session(REORDER_MIN_RUN - 6);
+    let r = s.merge();
+    assert_eq!(r.forks, vec![(id, ForkReason::TemplateDrift)]);
+    assert_eq!(r.drift[0].reason, ForkReason::TemplateDrift);
+}
+
 #[test]
 fn an_unrelated_prompt_is_other_and_a_drift_event() {
     let mut s = Session::new();
@@ -900,7 +967,7 @@ fn summary_counts_and_prints() {
     let text = sum.to_string();
     assert!(
         text.contains(
-            "forks:          2 (compaction 0, template_drift 0, parallel_branch 1, new_root 0, other 1)"
+            "forks:          2 (compaction 0, template_drift 0, reordered 0, parallel_branch 1, new_root 0, other 1)"
         ),
         "{text}"
     );
