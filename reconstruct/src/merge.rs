@@ -52,9 +52,9 @@
 //! 4. [`ForkReason::Other`]: anything else (also recorded as a [`Drift`] event, with
 //!    `first_diff_at` = the common prefix and `len` = the sample tokens after it).
 //!
-//! With [`OnDrift::Realign`] a call classified by rule 1 as template drift does not fork:
-//! it continues the drifted sample, whose tokens become the prompt's own (see
-//! [`OnDrift::Realign`]); a reordered call still forks.
+//! With [`OnDrift::Realign`] a call classified by rule 1 (template drift or reordered)
+//! does not fork: it continues the drifted sample, whose tokens become the prompt's own
+//! (see [`OnDrift::Realign`]).
 //!
 //! Rules 1 and 3 look at every open sample (those with the longest common prefix with the
 //! prompt first, then the most recently extended); the reference sample named in events
@@ -431,7 +431,8 @@ pub fn merge_session_with(
                         call_id: call.call_id.clone(),
                         other_sample,
                     };
-                    if c.reason == ForkReason::TemplateDrift && options.on_drift == OnDrift::Realign
+                    if matches!(c.reason, ForkReason::TemplateDrift | ForkReason::Reordered)
+                        && options.on_drift == OnDrift::Realign
                     {
                         let lost = realign(&mut opens[against], prompt, &c.runs);
                         opens[against]

@@ -793,6 +793,38 @@ fn a_message_the_harness_moves_to_the_end_is_reordered_not_template_drift() {
     assert_eq!(r.drift[0].reason, ForkReason::Reordered);
     assert_eq!(r.drift[0].call_id, id);
     assert_eq!(r.drift[0].first_diff_at, first_diff);
+    // Realigned, the session is one sample: the answer the prompt still holds stays
+    // trained, the dropped think is counted as left untrained.
+    let options = MergeOptions {
+        on_drift: OnDrift::Realign,
+    };
+    let r = merge_session_with("sess", Some("grp"), &s.calls, Some(0.5), FP, options);
+    assert_eq!(r.samples.len(), 1, "{:?}", r.forks);
+    let x = &r.samples[0];
+    assert_eq!(x.call_ids, [s.calls[0].call_id.clone(), id.clone()]);
+    assert_eq!(r.realigned.len(), 1);
+    let lost = r.realigned[0].1;
+    assert!(
+        lost >= 8,
+        "the think and its tags are no longer trained: {lost}"
+    );
+    let c1 = &s.calls[0].completion_ids;
+    assert_eq!(
+        x.trained_tokens(),
+        c1.len() - lost + s.calls[1].completion_ids.len()
+    );
+    let answer = &c1[8..];
+    let at = x
+        .tokens
+        .windows(answer.len())
+        .position(|w| w == answer)
+        .expect("the answer is in the realigned sample");
+    assert!(
+        x.loss_mask[at..at + answer.len()].iter().all(|&m| m == 1),
+        "the answer stays trained"
+    );
+    assert_eq!(x.events[0].kind, EventKind::Drift);
+    assert_eq!(x.events[0].reason, "reordered");
 }
 
 #[test]
