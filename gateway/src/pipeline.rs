@@ -745,6 +745,26 @@ impl UpstreamEvents {
     }
 }
 
+/// The configured headers of a request (values as text; a value that is not text is kept
+/// lossily), `None` when it has none of them.
+fn recorded_headers(
+    names: &[http::HeaderName],
+    headers: &http::HeaderMap,
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let kept: std::collections::BTreeMap<String, String> = names
+        .iter()
+        .filter_map(|n| {
+            let values: Vec<String> = headers
+                .get_all(n)
+                .iter()
+                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+                .collect();
+            (!values.is_empty()).then(|| (n.as_str().to_owned(), values.join(", ")))
+        })
+        .collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -802,24 +822,4 @@ mod tests {
         .unwrap();
         assert_eq!(v["x_custom"]["a"], 1);
     }
-}
-
-/// The configured headers of a request (values as text; a value that is not text is kept
-/// lossily), `None` when it has none of them.
-fn recorded_headers(
-    names: &[http::HeaderName],
-    headers: &http::HeaderMap,
-) -> Option<std::collections::BTreeMap<String, String>> {
-    let kept: std::collections::BTreeMap<String, String> = names
-        .iter()
-        .filter_map(|n| {
-            let values: Vec<String> = headers
-                .get_all(n)
-                .iter()
-                .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
-                .collect();
-            (!values.is_empty()).then(|| (n.as_str().to_owned(), values.join(", ")))
-        })
-        .collect();
-    (!kept.is_empty()).then_some(kept)
 }
