@@ -100,6 +100,17 @@ pub struct Sessions {
     default_id: String,
 }
 
+/// A reward must be a finite number.
+fn finite(reward: f64) -> Result<(), GatewayError> {
+    if reward.is_finite() {
+        return Ok(());
+    }
+    Err(GatewayError::field(
+        "reward",
+        format!("reward must be a finite number, got {reward}"),
+    ))
+}
+
 /// What a client asks for on `POST /graft/sessions`.
 #[derive(Debug, Default, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -378,12 +389,7 @@ impl Sessions {
         let s = self
             .get(id)
             .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
-        if !reward.is_finite() {
-            return Err(GatewayError::field(
-                "reward",
-                format!("reward must be a finite number, got {reward}"),
-            ));
-        }
+        finite(reward)?;
         let ev = SessionEvent::Reward {
             session_id: id.to_string(),
             reward,
@@ -439,12 +445,7 @@ impl Sessions {
                 ));
             }
         };
-        if !reward.is_finite() {
-            return Err(GatewayError::field(
-                "reward",
-                format!("reward must be a finite number, got {reward}"),
-            ));
-        }
+        finite(reward)?;
         let ev = SessionEvent::CallReward {
             session_id: id.to_string(),
             call_id,

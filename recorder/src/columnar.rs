@@ -476,6 +476,25 @@ impl<'a> Cols<'a> {
     }
 }
 
+/// The JSON in one cell of a text column, parsed; `None` for a null cell or no column.
+fn json_cell<T: serde::de::DeserializeOwned>(
+    col: Option<&StringArray>,
+    row: usize,
+    path: &Path,
+    column: &'static str,
+) -> Result<Option<T>> {
+    opt_str(col, row)
+        .map(|text| {
+            serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
+                path: path.to_owned(),
+                column,
+                row,
+                source,
+            })
+        })
+        .transpose()
+}
+
 fn opt_str(col: Option<&StringArray>, row: usize) -> Option<String> {
     col.filter(|c| !c.is_null(row))
         .map(|c| c.value(row).to_owned())
@@ -593,51 +612,14 @@ pub(crate) fn read_parquet_where(
         let headers = c.string("headers")?;
 
         for row in 0..batch.num_rows() {
-            let json_value = |col: Option<&StringArray>, column: &'static str| {
-                opt_str(col, row)
-                    .map(|text| {
-                        serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
-                            path: path.to_owned(),
-                            column,
-                            row,
-                            source,
-                        })
-                    })
-                    .transpose()
-            };
-            let response = json_value(response, "response")?;
-            let normalized_response = json_value(normalized_response, "normalized_response")?;
-            let sampling = json_value(sampling, "sampling")?;
-            let prompt_token_ids_delta = opt_str(prompt_ids_delta, row)
-                .map(|text| {
-                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
-                        path: path.to_owned(),
-                        column: "prompt_token_ids_delta",
-                        row,
-                        source,
-                    })
-                })
-                .transpose()?;
-            let headers = opt_str(headers, row)
-                .map(|text| {
-                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
-                        path: path.to_owned(),
-                        column: "headers",
-                        row,
-                        source,
-                    })
-                })
-                .transpose()?;
-            let weight_version_spans = opt_str(spans, row)
-                .map(|text| {
-                    serde_json::from_str(&text).map_err(|source| RecorderError::ColumnJson {
-                        path: path.to_owned(),
-                        column: "weight_version_spans",
-                        row,
-                        source,
-                    })
-                })
-                .transpose()?;
+            let response = json_cell(response, row, path, "response")?;
+            let normalized_response =
+                json_cell(normalized_response, row, path, "normalized_response")?;
+            let sampling = json_cell(sampling, row, path, "sampling")?;
+            let prompt_token_ids_delta =
+                json_cell(prompt_ids_delta, row, path, "prompt_token_ids_delta")?;
+            let headers = json_cell(headers, row, path, "headers")?;
+            let weight_version_spans = json_cell(spans, row, path, "weight_version_spans")?;
             let usage = Usage {
                 prompt_tokens: opt_prim(usage_prompt, row),
                 completion_tokens: opt_prim(usage_completion, row),
