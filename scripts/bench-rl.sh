@@ -138,7 +138,7 @@ phases = [("rollout", "rollout"), ("reconstruct", "reconstruct"), ("train", "tra
 print("Mean seconds per step by phase, from steps.jsonl. *rollout*: the wall time of a step's rollouts "
       "(sandboxes, harness, model calls, reward; 4 at a time). *train*: the baseline's load + GRPO step + "
       "checkpoint write; the resident's GRPO step. *handoff*: the baseline's push (pause, flush, reload "
-      "from disk, continue); the resident's in-memory copy (pause, copy, continue). *checkpoint*: the "
+      "from disk, continue); the resident's in-memory copy (between two decode steps, no pause). *checkpoint*: the "
       "resident's checkpoint writes (after the last step here), averaged over the steps.")
 print()
 print("| run | " + " | ".join(p for p, _ in phases) + " | reward per rollout | s per step (wall / steps) | train share of step | vs baseline |")
