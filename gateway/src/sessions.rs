@@ -332,10 +332,7 @@ impl Sessions {
                 .and_then(|p| serde_json::to_value(p).ok()),
             at_us,
         };
-        self.log
-            .append(&ev)
-            .await
-            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.append(&ev).await?;
         let session = Arc::new(Session::new(id.clone(), req.group_id, at_us, metadata));
         session.set_sampling(req.sampling);
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
@@ -361,10 +358,7 @@ impl Sessions {
             sampling: None,
             at_us,
         };
-        self.log
-            .append(&ev)
-            .await
-            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.append(&ev).await?;
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
         Ok(inner
             .by_id
@@ -386,9 +380,7 @@ impl Sessions {
         reward: f64,
         info: Value,
     ) -> Result<Arc<Session>, GatewayError> {
-        let s = self
-            .get(id)
-            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        let s = self.existing(id)?;
         finite(reward)?;
         let ev = SessionEvent::Reward {
             session_id: id.to_string(),
@@ -396,14 +388,25 @@ impl Sessions {
             info: info.clone(),
             at_us: now_us(),
         };
-        self.log
-            .append(&ev)
-            .await
-            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.append(&ev).await?;
         if let Ok(mut r) = s.reward.lock() {
             *r = Some((reward, info));
         }
         Ok(s)
+    }
+
+    /// Session `id`, or the error that names it unknown.
+    fn existing(&self, id: &str) -> Result<Arc<Session>, GatewayError> {
+        self.get(id)
+            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))
+    }
+
+    /// Makes `ev` durable in the session log.
+    async fn append(&self, ev: &SessionEvent) -> Result<(), GatewayError> {
+        self.log
+            .append(ev)
+            .await
+            .map_err(|e| GatewayError::Record(e.to_string()))
     }
 
     /// Records a reward for one call of session `id` (a process reward for that turn). The
@@ -418,9 +421,7 @@ impl Sessions {
         reward: f64,
         info: Value,
     ) -> Result<Arc<Session>, GatewayError> {
-        let s = self
-            .get(id)
-            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        let s = self.existing(id)?;
         let shown: String = call.chars().take(80).collect();
         let (call_id, seq) = match call.parse::<u64>() {
             Ok(seq) => {
@@ -454,10 +455,7 @@ impl Sessions {
             info,
             at_us: now_us(),
         };
-        self.log
-            .append(&ev)
-            .await
-            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.append(&ev).await?;
         s.call_rewards.fetch_add(1, Ordering::Relaxed);
         Ok(s)
     }
@@ -468,9 +466,7 @@ impl Sessions {
         id: &str,
         policy: Option<SamplingPolicy>,
     ) -> Result<Arc<Session>, GatewayError> {
-        let s = self
-            .get(id)
-            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        let s = self.existing(id)?;
         if let Some(p) = &policy {
             check_policy(p)?;
         }
@@ -479,18 +475,13 @@ impl Sessions {
             policy: policy.as_ref().and_then(|p| serde_json::to_value(p).ok()),
             at_us: now_us(),
         };
-        self.log
-            .append(&ev)
-            .await
-            .map_err(|e| GatewayError::Record(e.to_string()))?;
+        self.append(&ev).await?;
         s.set_sampling(policy);
         Ok(s)
     }
 
     pub async fn close(&self, id: &str) -> Result<Arc<Session>, GatewayError> {
-        let s = self
-            .get(id)
-            .ok_or_else(|| GatewayError::UnknownSession(id.to_string()))?;
+        let s = self.existing(id)?;
         if id == self.default_id {
             return Err(GatewayError::field(
                 "session_id",
@@ -502,10 +493,7 @@ impl Sessions {
                 session_id: id.to_string(),
                 at_us: now_us(),
             };
-            self.log
-                .append(&ev)
-                .await
-                .map_err(|e| GatewayError::Record(e.to_string()))?;
+            self.append(&ev).await?;
             s.closed.store(true, Ordering::Release);
         }
         Ok(s)

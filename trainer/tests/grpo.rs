@@ -254,6 +254,25 @@ fn token_mean_across_micro_batches_equals_one_batch() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The inputs of [`mismatch_rows`]: every rollout logprob known, no reference.
+fn inputs<'a>(
+    logp: &'a Tensor,
+    old: &'a Tensor,
+    rollout: &'a Tensor,
+    adv: &'a Tensor,
+    mask: &'a Tensor,
+) -> TokenInputs<'a> {
+    TokenInputs {
+        logp,
+        old_logp: old,
+        rollout_logp: rollout,
+        known: None,
+        advantages: adv,
+        mask,
+        ref_logp: None,
+    }
+}
+
 /// Two rows of two trained tokens each (position 0 untrained), logp = π_old (ratio 1),
 /// advantage 1, with these log(π_old / π_rollout) per trained token.
 fn mismatch_rows(gaps: [[f64; 2]; 2]) -> [Tensor; 5] {
@@ -275,15 +294,7 @@ fn mismatch_rows(gaps: [[f64; 2]; 2]) -> [Tensor; 5] {
 fn sequence_level_importance_weight_is_the_geometric_mean_per_sample() -> anyhow::Result<()> {
     let [logp, old, rollout, adv, mask] =
         mismatch_rows([[f64::ln(1.2), f64::ln(1.5)], [f64::ln(0.5), 0.0]]);
-    let x = TokenInputs {
-        logp: &logp,
-        old_logp: &old,
-        rollout_logp: &rollout,
-        known: None,
-        advantages: &adv,
-        mask: &mask,
-        ref_logp: None,
-    };
+    let x = inputs(&logp, &old, &rollout, &adv, &mask);
     let cfg = GrpoConfig {
         mode: PolicyMode::Recompute,
         tis_level: grpo::Level::Sequence,
@@ -308,15 +319,7 @@ fn sequence_level_importance_weight_is_the_geometric_mean_per_sample() -> anyhow
     );
     // The cap holds per sample: a geometric mean of 3 is cut to tis_cap = 2.
     let [logp, old, rollout, adv, mask] = mismatch_rows([[f64::ln(3.0); 2], [0.0; 2]]);
-    let x = TokenInputs {
-        logp: &logp,
-        old_logp: &old,
-        rollout_logp: &rollout,
-        known: None,
-        advantages: &adv,
-        mask: &mask,
-        ref_logp: None,
-    };
+    let x = inputs(&logp, &old, &rollout, &adv, &mask);
     let (lc, _) = grpo::grpo_loss(&cfg, &x, 4.0)?;
     assert!(close(lc.double_value(&[]), -(2.0 * 2.0 + 2.0) / 4.0));
     Ok(())
@@ -329,15 +332,7 @@ fn rejection_masks_tokens_or_samples_beyond_the_mismatch_bound() -> anyhow::Resu
     // Ratios: row A 1.5 (kept), 3.0 (out); row B 0.4 (out), 1.0 (kept).
     let [logp, old, rollout, adv, mask] =
         mismatch_rows([[f64::ln(1.5), f64::ln(3.0)], [f64::ln(0.4), 0.0]]);
-    let x = TokenInputs {
-        logp: &logp,
-        old_logp: &old,
-        rollout_logp: &rollout,
-        known: None,
-        advantages: &adv,
-        mask: &mask,
-        ref_logp: None,
-    };
+    let x = inputs(&logp, &old, &rollout, &adv, &mask);
     let reject = |level| GrpoConfig {
         mode: PolicyMode::Recompute,
         reject: Some(grpo::Reject {
