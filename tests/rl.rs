@@ -748,6 +748,64 @@ esac"#;
     assert_eq!(s["sessions_open"], 0, "{s:#}");
 }
 
+/// `reward.parse = "json"`: the reward command's last line gives the rollout's reward and
+/// per-call rewards; graft rl posts them to the gateway, and the step's samples carry them
+/// on the calls they name. A reward for a call the session does not have excludes the
+/// rollout, with the gateway's reason.
+#[test]
+fn rl_json_reward_command_posts_call_rewards_into_the_samples() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let task = |id: &str, line: &str| {
+        serde_json::json!({"id": id, "prompt": ADD,
+            "reward": {"command": format!("echo scoring; echo '{line}'"), "parse": "json"}})
+        .to_string()
+    };
+    let tasks = format!(
+        "{}\n{}\n",
+        task("calls", r#"{"reward": 1, "calls": {"2": 0.5}}"#),
+        task(
+            "nocall",
+            r#"{"reward": 1, "calls": [null, null, null, 0.25]}"#
+        ),
+    );
+    let cfg = fault_config(
+        dir.path(),
+        &env,
+        &tasks,
+        "/mnt/py/bin/python /mnt/harness/agent.py",
+        "",
+    );
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let log = steps(&dir.path().join("out"));
+    let s = &log[0];
+    assert_eq!(s["rollouts"], 2, "{s:#}");
+    assert_eq!(s["scored"], 1, "{s:#}");
+    assert_eq!(s["reward_failed"], 1, "{s:#}");
+    let problem = &s["problems"].as_array().unwrap()[0];
+    assert_eq!(problem["task"], "nocall", "{s:#}");
+    let why = problem["outcome"].as_str().unwrap();
+    assert!(
+        why.contains("call 4 was refused") && why.contains("has no call 4"),
+        "{why}"
+    );
+    let samples = read_samples_parquet(Path::new(s["samples_file"].as_str().unwrap())).unwrap();
+    assert_eq!(samples.len(), 1, "{samples:#?}");
+    let x = &samples[0];
+    assert_eq!(x.reward, Some(1.0));
+    // The agent's two calls (tool call, answer), the second one rewarded.
+    assert_eq!(x.call_ids.len(), 2, "{x:#?}");
+    assert_eq!(x.call_rewards, vec![None, Some(0.5)]);
+    let second: Vec<usize> = (0..x.tokens.len())
+        .filter(|i| x.token_calls[*i] == Some(1))
+        .collect();
+    assert!(
+        !second.is_empty() && second.iter().all(|i| x.loss_mask[*i] == 1),
+        "the rewarded call's tokens are sampled tokens of the sample"
+    );
+}
+
 #[test]
 fn rl_killed_mid_step_resumes_and_keeps_the_rollouts_that_finished() {
     let env = TestEnv::get();

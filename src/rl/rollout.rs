@@ -379,15 +379,32 @@ async fn in_sandbox(
             cfg.rollout.reward_timeout_secs
         )));
     }
-    Ok(
-        match task.reward.score(
-            rj["exit_code"].as_i64(),
-            rj["stdout"].as_str().unwrap_or_default(),
-        ) {
-            Ok(x) => Outcome::Scored(x),
-            Err(e) => Outcome::RewardFailed(e),
-        },
-    )
+    let score = match task.reward.score(
+        rj["exit_code"].as_i64(),
+        rj["stdout"].as_str().unwrap_or_default(),
+    ) {
+        Ok(s) => s,
+        Err(e) => return Ok(Outcome::RewardFailed(e)),
+    };
+    // Per-call (process) rewards go in before the rollout's own reward, which is what
+    // makes the rollout trainable (and what a restart of `graft rl` takes as "finished"). A
+    // call the session does not have is the reward command's mistake: the gateway names
+    // it, and the rollout is excluded rather than trained with part of its rewards.
+    for (call, x) in &score.calls {
+        if let Err(e) = gateway
+            .ok(
+                Method::POST,
+                &format!("/graft/sessions/{session_id}/calls/{call}/reward"),
+                Some(&json!({"reward": x, "info": {"task_id": task.id}})),
+            )
+            .await
+        {
+            return Ok(Outcome::RewardFailed(format!(
+                "the reward command's reward for call {call} was refused: {e:#}"
+            )));
+        }
+    }
+    Ok(Outcome::Scored(score.reward))
 }
 
 /// Waits until `url` answers `path` with a 2xx, or fails after `within`.
