@@ -24,6 +24,7 @@ from graft_rl import (
     SampleError,
     grpo_advantages,
     read_samples,
+    response_scores,
     skyrl_layout,
     tinker_layout,
     to_openrlhf,
@@ -287,6 +288,33 @@ def test_call_rewards_and_token_calls_read_back(tmp_path):
     assert (s.token_calls, s.call_rewards) == ([None, 0, None, 1, 1], [0.5, None])
     with pytest.raises(SampleError, match="must align"):
         read_samples(write_graft_samples([{**row, "call_rewards": [0.5]}], tmp_path / "bad.parquet"))
+
+
+def test_call_rewards_land_on_the_last_token_of_their_call_in_token_level_scores(tmp_path):
+    # Three calls: c0 sampled tokens 1-2, c1 is context only (tool result tokens 3-4 are
+    # mask 0 and belong to no call), c2 sampled tokens 5-6. c0 and c2 have call rewards.
+    row = _one_turn_row(
+        tokens=[9, 1, 2, 3, 4, 5, 6], loss_mask=[0, 1, 1, 0, 0, 1, 1],
+        logprobs=[None, -0.1, -0.2, None, None, -0.3, -0.4], call_ids=["c0", "c1", "c2"],
+        token_weight_versions=[None, "w", "w", None, None, "w", "w"],
+        token_calls=[None, 0, 0, None, None, 2, 2], call_rewards=[0.5, 7.0, -0.25], reward=1.0,
+    )
+    plain = _one_turn_row(sample_id="y/0", session_id="y", reward=0.0)
+    samples = read_samples(write_graft_samples([row, plain], tmp_path / "s.parquet"))
+    # Response = tokens 1..6: c0's last token is response index 1, c2's (the last) index 5.
+    want = [0.0, 0.5, 0.0, 0.0, 0.0, 1.0 - 0.25]
+    assert response_scores(samples[0], 1.0) == want
+    assert response_scores(samples[0], 1.0, call_rewards=False) == [0.0] * 5 + [1.0]
+    v = verl_layout(samples)
+    assert v["token_level_scores"][0, :6].tolist() == want
+    assert v["rm_scores"][0, :6].tolist() == want
+    assert v["token_level_scores"][1].tolist() == [0.0] * 6, "no call rewards: the reward (0) alone"
+    assert verl_layout(samples, call_rewards=False)["token_level_scores"][0, :6].tolist() == [0.0] * 5 + [1.0]
+    # SkyRL: per-token rewards exactly when a sample has call rewards, unless asked.
+    assert skyrl_layout(samples)["rewards"][0] == want
+    assert skyrl_layout(samples, token_level_rewards=False)["rewards"] == [1.0, 0.0]
+    assert skyrl_layout([samples[1]])["rewards"] == [0.0]
+    assert skyrl_layout(samples, call_rewards=False)["rewards"] == [1.0, 0.0]
 
 
 @pytest.mark.parametrize(

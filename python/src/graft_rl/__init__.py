@@ -9,7 +9,7 @@ installed); the ``*_layout`` functions give the same fields with numpy only.
 """
 
 from .openrlhf import to_openrlhf
-from .samples import Sample, SampleError, groups, grpo_advantages, read_samples
+from .samples import Sample, SampleError, groups, grpo_advantages, read_samples, response_scores
 from .skyrl import skyrl_layout, to_skyrl
 from .slime import save_debug_rollout_data, to_slime
 from .tinker import tinker_layout, to_tinker
@@ -22,6 +22,7 @@ __all__ = [
     "groups",
     "grpo_advantages",
     "read_samples",
+    "response_scores",
     "to_verl",
     "verl_layout",
     "to_agent_loop_outputs",

@@ -275,6 +275,33 @@ def grpo_advantages(samples: Sequence[Sample], missing_reward: Optional[float] =
     return adv
 
 
+def response_scores(s: Sample, reward: float, call_rewards: bool = True) -> list[float]:
+    """Token-level scores over the response (one float per response token): ``reward`` on
+    the last response token and, with ``call_rewards``, each posted call reward (a process
+    reward for one turn) added on the last token that call sampled in this sample. A call
+    reward whose call sampled no token of this sample (its tokens are another sample's
+    context) is not placed. Summed over the response, they give the sequence score that
+    outcome-level GRPO reads; per token, they are the dense rewards that GAE/PPO read."""
+    a, b = s.span()
+    out = [0.0] * (b - a)
+    out[-1] += reward
+    if call_rewards and any(x is not None for x in s.call_rewards):
+        last: dict[int, int] = {}
+        for i in range(a, min(b, len(s.token_calls))):
+            c = s.token_calls[i]
+            if c is not None:
+                last[c] = i
+        for c, i in last.items():
+            x = s.call_rewards[c] if 0 <= c < len(s.call_rewards) else None
+            if x is not None:
+                out[i - a] += x
+    return out
+
+
+def has_call_rewards(samples: Iterable[Sample]) -> bool:
+    return any(x is not None for s in samples for x in s.call_rewards)
+
+
 def batch_response_logprobs(samples: Sequence[Sample], fill: float = 0.0) -> Optional[list[list[float]]]:
     """Response logprobs for formats that hold one float per token: ``fill`` on mask-0 tokens
     (the frameworks' own convention; they are masked out of the loss). ``None`` for the whole

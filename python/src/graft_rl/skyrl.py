@@ -17,16 +17,23 @@ from __future__ import annotations
 
 from typing import Optional, Sequence
 
-from .samples import Sample, SampleError, batch_response_logprobs, group_key, rewards
+from .samples import Sample, SampleError, batch_response_logprobs, group_key, has_call_rewards, response_scores, rewards
 
 
 def skyrl_layout(
     samples: Sequence[Sample],
-    token_level_rewards: bool = False,
+    token_level_rewards: Optional[bool] = None,
     stop_reasons: Optional[list[str]] = None,
     missing_reward: Optional[float] = None,
+    call_rewards: bool = True,
 ) -> dict:
+    """``token_level_rewards``: a list of floats per trajectory (the reward on the last
+    response token, each posted call reward on its call's last token) instead of one float;
+    ``None`` (the default) picks per-token exactly when some sample has a call reward, since
+    a float per trajectory cannot carry them. ``call_rewards=False`` leaves them out."""
     r = rewards(samples, missing_reward)
+    if token_level_rewards is None:
+        token_level_rewards = call_rewards and has_call_rewards(samples)
     if stop_reasons is not None and len(stop_reasons) != len(samples):
         raise SampleError(
             f"{len(stop_reasons)} stop reasons for {len(samples)} samples; give one per sample, in order"
@@ -34,9 +41,7 @@ def skyrl_layout(
     if token_level_rewards:
         rw = []
         for s, x in zip(samples, r):
-            row = [0.0] * len(s.response_ids)
-            row[-1] = x
-            rw.append(row)
+            rw.append(response_scores(s, x, call_rewards))
     else:
         rw = r
     seen: dict[str, int] = {}

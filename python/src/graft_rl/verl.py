@@ -24,7 +24,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from .samples import Sample, SampleError, batch_response_logprobs, group_key, rewards
+from .samples import Sample, SampleError, batch_response_logprobs, group_key, response_scores, rewards
 
 
 def verl_layout(
@@ -33,8 +33,10 @@ def verl_layout(
     response_length: Optional[int] = None,
     pad_token_id: int = 0,
     missing_reward: Optional[float] = None,
+    call_rewards: bool = True,
 ) -> dict[str, np.ndarray]:
-    """The DataProto batch as numpy arrays (tensors int64/float32, the rest object arrays)."""
+    """The DataProto batch as numpy arrays (tensors int64/float32, the rest object arrays).
+    ``call_rewards=False`` leaves posted per-call rewards out of the token-level scores."""
     if not samples:
         raise SampleError("no samples to export")
     prompts = [s.prompt_ids for s in samples]
@@ -66,7 +68,7 @@ def verl_layout(
         out_resp[i, : len(resp)] = resp
         r_attn[i, : len(resp)] = 1
         resp_mask[i, : len(resp)] = s.response_mask
-        scores[i, len(resp) - 1] = r[i]
+        scores[i, : len(resp)] = response_scores(s, r[i], call_rewards)
         if lps is not None:
             rollout_lp[i, : len(resp)] = lps[i]
     attention_mask = np.concatenate([p_attn, r_attn], axis=1)
