@@ -148,6 +148,12 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
     sel.groups = groups.len();
     let mut advantage: HashMap<String, f64> = HashMap::new();
     let mut turn: HashMap<(&str, &str), f64> = HashMap::new();
+    // Each session's samples, so a group's turn term reads only its own (not every sample
+    // once per group).
+    let mut by_session: HashMap<&str, Vec<&Sample>> = HashMap::new();
+    for s in samples {
+        by_session.entry(s.session_id.as_str()).or_default().push(s);
+    }
     for members in groups.values() {
         let rewarded: Vec<usize> = (0..members.len())
             .filter(|&i| reward.contains_key(members[i].as_str()))
@@ -195,12 +201,11 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
             }
         }
         // The turn term: over the rewarded calls of the chosen sessions.
-        let chosen_ids: HashSet<&str> = group_adv.iter().map(|(m, _)| m.as_str()).collect();
         let mut calls: Vec<((&str, &str), f64)> = Vec::new();
-        for s in samples {
-            if !chosen_ids.contains(s.session_id.as_str()) {
-                continue;
-            }
+        for s in group_adv
+            .iter()
+            .flat_map(|(m, _)| by_session.get(m.as_str()).into_iter().flatten())
+        {
             for (c, r) in s.call_ids.iter().zip(&s.call_rewards) {
                 if let Some(r) = r.filter(|r| r.is_finite()) {
                     calls.push(((s.session_id.as_str(), c.as_str()), r));
