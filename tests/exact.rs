@@ -1192,3 +1192,82 @@ fn a_codex_session_goes_on_after_kill_9_of_the_gateway_between_its_turns() {
     assert_eq!(summary["drift_events"], 0, "{summary}");
     check_samples(&out_file, &recs);
 }
+
+/// A session names its own backend (a trainer's server the gateway was not configured
+/// with): its calls go there, also after kill -9 and a restart of the gateway (the pin is in
+/// the session log), while a session that names none stays on the configured backend. A
+/// backend that is no http(s) URL is refused with the field named, and so is any backend in
+/// passthrough mode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_names_its_own_backend_and_keeps_it_across_a_restart() {
+    let mut s = start(SCRIPT, &[], &[]);
+    let q = s.qwen3.to_str().unwrap().to_string();
+    let script = s.dir.path().join("script.json");
+    let own = Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", &q]);
+    let create = |body: Value| {
+        let url = format!("{}/graft/sessions", s.gateway.url);
+        async move { http::post_json(&url, &[], &body).await }
+    };
+    for (body, want) in [
+        (
+            json!({"backend": "ftp://127.0.0.1:1"}),
+            "scheme must be http or https",
+        ),
+        (json!({"backend": "not a url"}), "not a URL"),
+        (json!({"backend": 30000}), "invalid session create body"),
+    ] {
+        let r = create(body.clone()).await;
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(r.text().contains(want), "{body}: {}", r.text());
+    }
+    let r = create(json!({"session_id": "own-1", "backend": format!("{}/", own.url)})).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let r = create(json!({"session_id": "cfg-1"})).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    let call = |gw: String, sid: &'static str| async move {
+        let body = json!({"model": "qwen3", "tools": tools(),
+                          "messages": [{"role": "user", "content": "list the files please"}]});
+        let r = http::post_json(&format!("{gw}/s/{sid}/v1/chat/completions"), &[], &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    call(s.gateway.url.clone(), "own-1").await;
+    call(s.gateway.url.clone(), "cfg-1").await;
+    let st = http::get(&format!("{}/graft/backend/status", s.gateway.url), &[]).await;
+    assert_eq!(
+        st.json()["backends"],
+        json!([s.upstream.url, own.url]),
+        "{}",
+        st.text()
+    );
+    s.gateway.kill9();
+    let gw = Proc::gateway_with(
+        &s.upstream.url,
+        &s.data,
+        &["--mode", "exact", "--model-dir", &q],
+        &[],
+    );
+    call(gw.url.clone(), "own-1").await;
+    let view = http::get(&format!("{}/graft/sessions/own-1", gw.url), &[]).await;
+    assert_eq!(view.json()["backend"], own.url.as_str(), "{}", view.text());
+    drop(gw);
+    let recs = common::records_show(&s.data);
+    let upstreams = |sid: &str| -> Vec<String> {
+        recs.iter()
+            .filter(|r| r["session_id"] == sid)
+            .map(|r| r["upstream"].as_str().unwrap().to_string())
+            .collect()
+    };
+    assert_eq!(upstreams("own-1"), vec![own.url.clone(), own.url.clone()]);
+    assert_eq!(upstreams("cfg-1"), vec![s.upstream.url.clone()]);
+
+    // Passthrough has no backends of its own to pin: the field is refused by name.
+    let stack = common::Stack::start();
+    let r = http::post_json(
+        &format!("{}/graft/sessions", stack.gateway.url),
+        &[],
+        &json!({"backend": own.url}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("exact mode only"), "{}", r.text());
+}

@@ -11,6 +11,9 @@
 //! one trained sample. OpenClaw rewrites the history it re-sends (it keeps its
 //! internal-context message last), so its calls fork, named `reordered`.
 //!
+//! The OpenHands SDK also runs in passthrough against a text-only upstream: reconstruct
+//! re-tokenizes every call with the model's template, skips none and names every fork.
+//!
 //! Needs `bash scripts/setup-test-env.sh` (it installs every harness here); root + bubblewrap.
 //! `scripts/harness-matrix.sh` runs the same task for every harness in both modes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -71,7 +74,26 @@ fn ids(v: &Value) -> Vec<u32> {
         .unwrap_or_default()
 }
 
-fn run(h: Harness) {
+/// How the gateway serves the harness.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Exact mode: the scripted SGLang side samples real Qwen3 ids.
+    Exact,
+    /// Passthrough to a text-only upstream (the scripted OpenAI wire without a tokenizer):
+    /// the records are text, and reconstruct re-tokenizes them.
+    Passthrough,
+}
+
+/// A harness run in its sandbox: the file its tool wrote is checked; its session's records
+/// (in seq order) and the data dir they are in.
+struct Ran {
+    dir: tempfile::TempDir,
+    data: PathBuf,
+    sid: String,
+    recs: Vec<Value>,
+}
+
+fn run_in_sandbox(h: &Harness, mode: Mode) -> Ran {
     let env = TestEnv::get();
     for (src, _) in &h.mounts {
         let p = mount_source(&env, src);
@@ -92,14 +114,20 @@ fn run(h: Harness) {
     .unwrap();
     let data = dir.path().join("data");
     let script = repo_root().join("tests/clients/harnesses/script.json");
-    let upstream =
-        Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", q]);
-    let gateway = Proc::gateway_with(
-        &upstream.url,
-        &data,
-        &["--mode", "exact", "--model-dir", q],
-        &[],
-    );
+    let (upstream, gateway) = match mode {
+        Mode::Exact => {
+            let up =
+                Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", q]);
+            let gw =
+                Proc::gateway_with(&up.url, &data, &["--mode", "exact", "--model-dir", q], &[]);
+            (up, gw)
+        }
+        Mode::Passthrough => {
+            let up = Proc::scripted_upstream(&["--script", script.to_str().unwrap()]);
+            let gw = Proc::gateway_with(&up.url, &data, &[], &[]);
+            (up, gw)
+        }
+    };
     let envd = Envd {
         proc: Proc::envd(
             &dir.path().join("envd"),
@@ -118,7 +146,15 @@ fn run(h: Harness) {
             .build()
             .unwrap(),
     };
-    let sid = format!("{}-exact", h.name);
+    let sid = format!(
+        "{}-{}",
+        h.name,
+        if mode == Mode::Exact {
+            "exact"
+        } else {
+            "passthrough"
+        }
+    );
     let session = envd.rt.block_on(http::post_json(
         &format!("{}/graft/sessions", gateway.url),
         &[],
@@ -174,7 +210,7 @@ fn run(h: Harness) {
     assert_eq!(file.text().trim(), format!("graft-done-{}", h.name));
     drop(envd);
 
-    // Records: every call ok, in the harness's dialect, exact (SGLang ids and logprobs).
+    // Records: every call ok, in the harness's dialect.
     std::thread::sleep(std::time::Duration::from_millis(500));
     let mut recs: Vec<Value> = common::records_show(&data)
         .into_iter()
@@ -186,8 +222,91 @@ fn run(h: Harness) {
         assert_eq!(r["outcome"], "ok", "{r:#}");
         assert_eq!(r["dialect"], h.dialect, "{r:#}");
         assert_eq!(r["stream"], h.stream, "{r:#}");
-        assert_eq!(r["upstream_dialect"], "sglang_generate", "{r:#}");
         assert_eq!(r["request"]["model"], MODEL, "the user's model name: {r:#}");
+    }
+    drop(gateway);
+    drop(upstream);
+    Ran {
+        dir,
+        data,
+        sid,
+        recs,
+    }
+}
+
+/// Passthrough to a text-only upstream: `graft reconstruct` re-tokenizes every call of the
+/// harness's session with the model's template (none skipped) and names every fork it
+/// finds (no `other`); the tool loop's answers are trained.
+fn run_passthrough(h: Harness) {
+    let Ran {
+        dir,
+        data,
+        sid,
+        recs,
+    } = run_in_sandbox(&h, Mode::Passthrough);
+    for r in &recs {
+        assert!(
+            ids(&r["completion_token_ids"]).is_empty(),
+            "text only: {r:#}"
+        );
+    }
+    let q = TestEnv::get().qwen3_dir();
+    let (summary, samples) = reconstruct(
+        &data,
+        q.to_str().unwrap(),
+        &dir.path().join("all.parquet"),
+        &sid,
+        &[],
+    );
+    assert_eq!(summary["exact_calls"], 0, "{summary}");
+    assert_eq!(summary["retokenized_calls"], recs.len(), "{summary}");
+    assert_eq!(summary["skipped"], json!({}), "no call skipped: {summary}");
+    assert_eq!(
+        summary["forks_by_reason"]["other"], 0,
+        "every fork named: {summary}"
+    );
+    let named: u64 = summary["forks_by_reason"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(k, _)| *k != "new_root")
+        .map(|(_, v)| v.as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        summary["drift_events"].as_u64().unwrap(),
+        named,
+        "every drift event is a named fork: {summary}"
+    );
+    // Every call is in a sample, and every call's answer is trained.
+    for r in &recs {
+        let id = r["call_id"].as_str().unwrap();
+        let s = samples
+            .iter()
+            .find(|s| s.call_ids.iter().any(|c| c == id))
+            .unwrap_or_else(|| panic!("call {id} is in no sample: {summary}"));
+        let k = s.call_ids.iter().position(|c| c == id).unwrap() as u32;
+        let trained = s
+            .token_calls
+            .iter()
+            .zip(&s.loss_mask)
+            .filter(|(c, m)| **c == Some(k) && **m == 1)
+            .count();
+        assert!(trained > 0, "call {id}'s answer is not trained: {summary}");
+    }
+}
+
+fn run(h: Harness) {
+    let Ran {
+        dir,
+        data,
+        sid,
+        recs,
+    } = run_in_sandbox(&h, Mode::Exact);
+    let q = TestEnv::get().qwen3_dir();
+    let q = q.to_str().unwrap();
+    // Exact: SGLang ids and logprobs.
+    for r in &recs {
+        assert_eq!(r["upstream_dialect"], "sglang_generate", "{r:#}");
         assert!(!ids(&r["completion_token_ids"]).is_empty(), "{r:#}");
     }
     // The tool loop is the calls that offer tools; side calls (titles) offer none.
@@ -205,8 +324,6 @@ fn run(h: Harness) {
         "{} made {side} side calls (offering no tools): {recs:#?}",
         h.name
     );
-    drop(gateway);
-    drop(upstream);
 
     // The sampled ids per call, and the tool loop's ids in order.
     let completion = |r: &Value| ids(&r["completion_token_ids"]);
@@ -401,12 +518,22 @@ fn claude_code_writes_the_file_through_anthropic_messages_in_exact_mode() {
 
 #[test]
 fn openhands_sdk_writes_the_file_through_chat_json_in_exact_mode() {
-    run(Harness {
+    run(openhands());
+}
+
+/// The OpenHands SDK in passthrough against a text-only upstream: its content-part arrays,
+/// tool messages and `reasoning_effort` reach the records as sent, and every call is
+/// re-tokenized with Qwen3's template, none skipped, every fork named.
+#[test]
+fn openhands_sdk_in_passthrough_every_call_is_retokenized_and_every_fork_named() {
+    run_passthrough(openhands());
+}
+
+fn openhands() -> Harness {
+    let base = venv_base(&TestEnv::get(), "openhands");
+    Harness {
         name: "openhands-sdk",
-        mounts: {
-            let base = venv_base(&TestEnv::get(), "openhands");
-            vec![("openhands", "/mnt/h"), (base, base)]
-        },
+        mounts: vec![("openhands", "/mnt/h"), (base, base)],
         argv: vec![
             "/mnt/h/bin/python",
             "/mnt/clients/openhands_task.py",
@@ -416,7 +543,7 @@ fn openhands_sdk_writes_the_file_through_chat_json_in_exact_mode() {
         stream: false,
         side_calls: false,
         rewrites_history: None,
-    });
+    }
 }
 
 #[test]

@@ -325,61 +325,156 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
     assert!(text.starts_with("4 ["), "{text}");
 }
 
+/// The trainer's own SGLang-compatible server: a scripted upstream (the example's script,
+/// `rule_extra` merged into its first rule) serving `version`.
+fn own_backend(
+    env: &TestEnv,
+    dir: &Path,
+    name: &str,
+    version: &str,
+    rule_extra: Value,
+) -> common::Proc {
+    let mut script: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_root().join("examples/rl/scripted.json")).unwrap(),
+    )
+    .unwrap();
+    for (k, v) in rule_extra.as_object().unwrap() {
+        script["rules"][0][k] = v.clone();
+    }
+    let path = dir.join(format!("{name}.json"));
+    std::fs::write(&path, script.to_string()).unwrap();
+    let q = env.qwen3_dir();
+    let up = common::Proc::scripted_upstream(&[
+        "--script",
+        path.to_str().unwrap(),
+        "--tokenizer",
+        q.to_str().unwrap(),
+    ]);
+    set_version(&up.url, version);
+    up
+}
+
+fn set_version(url: &str, version: &str) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let r = rt.block_on(common::http::post_json(
+        &format!("{url}/update_weights_from_disk"),
+        &[],
+        &serde_json::json!({"model_path": "/trainer/step-9", "weight_version": version}),
+    ));
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+fn rollout_service(cfg: &Path) -> common::Proc {
+    common::Proc::spawn_env(
+        "rollouts",
+        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
+        &[],
+        "graft rollouts listening on",
+        None,
+    )
+}
+
 /// `graft rollouts serve` over real HTTP: graft's Python client posts two tasks with a group
-/// size of 2 and a weight version the backend does not serve; the groups stream back as
-/// NDJSON lines with their rollouts, rewards and token-level samples.
+/// size of 2, the trainer's own server (not the config's backend) and weight version, and a
+/// sampling policy; the groups stream back as NDJSON lines with their rollouts, rewards and
+/// token-level samples, every call answered by the trainer's server under that policy. A
+/// weight version the backends do not serve is refused before anything runs; bad batches
+/// get a 400 that says what is wrong.
 #[test]
 fn the_rollout_service_streams_each_group_with_rewards_and_samples() {
     let env = TestEnv::get();
     let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
     let dir = tempfile::tempdir().unwrap();
     let cfg = rl_config(&env, dir.path());
-    let svc = common::Proc::spawn_env(
-        "rollouts",
-        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
-        &[],
-        "graft rollouts listening on",
-        None,
-    );
-    // A body that is no batch is refused with what to send.
+    let own = own_backend(&env, dir.path(), "own", "trainer-v9", serde_json::json!({}));
+    let svc = rollout_service(&cfg);
+    // Bodies that are no batch, or a wrong one, are refused with what is wrong.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
-    let r = rt.block_on(common::http::post_json(
-        &format!("{}/rollouts", svc.url),
-        &[],
-        &serde_json::json!({"task": []}),
-    ));
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert!(r.text().contains("group_size"), "{}", r.text());
+    let task = serde_json::json!({"id": "t", "prompt": "p", "reward": {"command": "true"}});
+    for (body, want) in [
+        (serde_json::json!({"task": []}), "group_size"),
+        (
+            serde_json::json!({"tasks": [task], "harness": "nope"}),
+            "names harness 'nope'",
+        ),
+        (
+            serde_json::json!({"tasks": [task], "backends": ["ftp://x"]}),
+            "http(s) URL",
+        ),
+        (
+            serde_json::json!({"tasks": [task], "backends": []}),
+            "'backends' is empty",
+        ),
+        (
+            serde_json::json!({"tasks": [task], "temperature": 1.0, "sampling": {"mode": "enforce"}}),
+            "not both",
+        ),
+        (
+            serde_json::json!({"tasks": [task], "sampling": {"mode": "enforce", "temperature": "hot"}}),
+            "not a sampling policy",
+        ),
+        (serde_json::json!({"tasks": [task, task]}), "given twice"),
+    ] {
+        let r = rt.block_on(common::http::post_json(
+            &format!("{}/rollouts", svc.url),
+            &[],
+            &body,
+        ));
+        assert_eq!(r.status, 400, "{body}: {}", r.text());
+        assert!(r.text().contains(want), "{body}: {}", r.text());
+    }
 
     let script = r#"
 import json, sys, time
 from graft_rl.service import RolloutClient
-from graft_rl import verl_layout
+from graft_rl import verl_layout, SampleError
 tasks = [json.loads(l) for l in open(sys.argv[2])][:2]
+own = sys.argv[3]
 c = RolloutClient(sys.argv[1])
+# The config's backend serves "default": a batch for the trainer's version is refused there.
+try:
+    list(c.groups(tasks, group_size=2, weight_version="trainer-v9"))
+    refused = None
+except SampleError as e:
+    refused = str(e)
 out = []
-for g in c.groups(tasks, group_size=2, weight_version="trainer-v9"):
+policy = {"mode": "enforce", "temperature": 0.7, "top_p": 0.9}
+for g in c.groups(tasks, group_size=2, weight_version="trainer-v9", backends=[own], sampling=policy):
     b = verl_layout(g.samples)
     out.append({"task": g.task_id, "rewards": [r["reward"] for r in g.rollouts],
                 "outcomes": [r["outcome"] for r in g.rollouts],
+                "backends": [r["backend"] for r in g.rollouts],
                 "samples": len(g.samples), "groups": sorted({s.group_id for s in g.samples}),
                 "sampled": [s.sampled_tokens() for s in g.samples],
                 "verl_trained": [int(x) for x in b["response_mask"].sum(axis=1)],
                 "known": all(s.sampled_logprobs_known() for s in g.samples),
+                "versions": sorted({v for s in g.samples for v in s.token_weight_versions if v}),
                 "stops": [r["stop_reason"] for r in g.rollouts],
                 "sample_stops": g.stop_reasons,
-                "stale": g.stale_calls, "calls": sum(g.calls_by_weight_version.values())})
-print(json.dumps({"groups": out, "summary": c.last_summary}))
+                "stale": g.stale_calls, "stale_samples": g.stale_samples,
+                "calls": sum(g.calls_by_weight_version.values())})
+print(json.dumps({"groups": out, "summary": c.last_summary, "refused": refused}))
 "#;
     let mut cmd = Command::new(&py);
     cmd.args(["-c", script])
         .arg(&svc.url)
         .arg(repo_root().join("examples/rl/tasks.jsonl"))
+        .arg(&own.url)
         .env("PYTHONPATH", repo_root().join("python/src"));
     let v = common::run_client(cmd, std::time::Duration::from_secs(240));
+    let refused = v["refused"].as_str().unwrap_or_default();
+    assert!(
+        refused.contains("HTTP 409")
+            && refused.contains("serves weight version 'default'")
+            && refused.contains("'trainer-v9'"),
+        "{v}"
+    );
     assert_eq!(v["summary"]["groups"], 2, "{v}");
     assert_eq!(v["summary"]["rollouts"], 4, "{v}");
     let groups = v["groups"].as_array().unwrap();
@@ -393,6 +488,7 @@ print(json.dumps({"groups": out, "summary": c.last_summary}))
             serde_json::json!(["scored", "scored"]),
             "{g}"
         );
+        assert_eq!(g["backends"], serde_json::json!([own.url, own.url]), "{g}");
         assert_eq!(g["samples"], 2, "one sample per rollout: {g}");
         // The example agent's last call ends its turn: each rollout and sample stopped there.
         assert_eq!(g["stops"], serde_json::json!(["stop", "stop"]), "{g}");
@@ -403,9 +499,11 @@ print(json.dumps({"groups": out, "summary": c.last_summary}))
         );
         assert_eq!(g["groups"].as_array().unwrap().len(), 1, "{g}");
         assert_eq!(g["known"], true, "exact mode records every logprob: {g}");
-        // Every call of the group was answered by weights other than the trainer's.
+        // Every call was answered by the trainer's server, with the trainer's weights.
         assert!(g["calls"].as_u64().unwrap() >= 4, "{g}");
-        assert_eq!(g["stale"], g["calls"], "{g}");
+        assert_eq!(g["stale"], 0, "{g}");
+        assert_eq!(g["stale_samples"], 0, "{g}");
+        assert_eq!(g["versions"], serde_json::json!(["trainer-v9"]), "{g}");
         for (sampled, trained) in g["sampled"]
             .as_array()
             .unwrap()
@@ -419,7 +517,132 @@ print(json.dumps({"groups": out, "summary": c.last_summary}))
             );
         }
     }
-    // The service's sessions are the gateway's: their records are in the run's data dir.
+    // The service's sessions are the gateway's: their records are in the run's data dir,
+    // every call sent to the trainer's server with the batch's policy enforced.
     let recs = common::records_show(&dir.path().join("out/data"));
     assert_eq!(recs.len(), 8, "two model calls per rollout");
+    for r in &recs {
+        assert_eq!(r["upstream"], own.url.as_str(), "{r:#}");
+        assert_eq!(r["sampling"]["sent"]["temperature"], 0.7, "{r:#}");
+        assert_eq!(r["sampling"]["sent"]["top_p"], 0.9, "{r:#}");
+    }
+}
+
+/// The same service answering in Arrow IPC (read by pyarrow in graft's Python client), and
+/// the trainer's weight version enforced mid-batch: the trainer's server takes new weights
+/// while the first call of each rollout is generating (the scripted server holds that call
+/// until the update), so those samples hold tokens of two versions; they are left out and
+/// counted, or kept with each token's version when the batch allows stale samples.
+#[test]
+fn the_rollout_service_answers_in_arrow_and_leaves_out_samples_of_other_weights() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(&env, dir.path());
+    let own = own_backend(&env, dir.path(), "own", "trainer-v9", serde_json::json!({}));
+    let held = own_backend(
+        &env,
+        dir.path(),
+        "held",
+        "trainer-v9",
+        serde_json::json!({"weight_update_after": 3}),
+    );
+    let svc = rollout_service(&cfg);
+    let script = r#"
+import json, sys, threading, time, urllib.request
+from graft_rl.service import RolloutClient
+tasks = [json.loads(l) for l in open(sys.argv[2])][:1]
+own, held = sys.argv[3], sys.argv[4]
+c = RolloutClient(sys.argv[1])
+def view(groups):
+    return [{"task": g.task_id, "rewards": [r["reward"] for r in g.rollouts],
+             "outcomes": [r["outcome"] for r in g.rollouts],
+             "backends": [r["backend"] for r in g.rollouts],
+             "samples": len(g.samples), "sampled": [len(s.sampled_tokens()) for s in g.samples],
+             "versions": [sorted({v for v in s.token_weight_versions if v}) for s in g.samples],
+             "sample_stops": g.stop_reasons, "stale": g.stale_calls,
+             "stale_samples": g.stale_samples, "calls": sum(g.calls_by_weight_version.values())}
+            for g in groups]
+out = {}
+out["arrow"] = view(c.groups(tasks, group_size=2, weight_version="trainer-v9", backends=[own], arrow=True))
+out["arrow_summary"] = c.last_summary
+out["json"] = view(c.groups(tasks, group_size=2, weight_version="trainer-v9", backends=[own]))
+def update(version):
+    time.sleep(3)  # the batch's version check is long done; its first calls are held
+    body = json.dumps({"model_path": "/trainer/step-10", "weight_version": version}).encode()
+    urllib.request.urlopen(urllib.request.Request(held + "/update_weights_from_disk", data=body,
+        headers={"content-type": "application/json"}, method="POST")).read()
+for name, old, new, allow in (("stale", "trainer-v9", "trainer-v10", False),
+                              ("allowed", "trainer-v10", "trainer-v11", True)):
+    t = threading.Thread(target=update, args=(new,))
+    t.start()
+    out[name] = view(c.groups(tasks, group_size=2, weight_version=old, backends=[held],
+                              allow_stale=allow, arrow=True))
+    t.join()
+print(json.dumps(out))
+"#;
+    let mut cmd = Command::new(&py);
+    cmd.args(["-c", script])
+        .arg(&svc.url)
+        .arg(repo_root().join("examples/rl/tasks.jsonl"))
+        .arg(&own.url)
+        .arg(&held.url)
+        .env("PYTHONPATH", repo_root().join("python/src"));
+    let v = common::run_client(cmd, std::time::Duration::from_secs(300));
+    // Arrow and NDJSON give the same groups.
+    assert_eq!(v["arrow"], v["json"], "{v:#}");
+    assert_eq!(v["arrow_summary"]["groups"], 1, "{v}");
+    let g = &v["arrow"][0];
+    assert_eq!(g["task"], "add-17-25", "{g}");
+    assert_eq!(g["rewards"], serde_json::json!([1.0, 1.0]), "{g}");
+    assert_eq!(
+        g["outcomes"],
+        serde_json::json!(["scored", "scored"]),
+        "{g}"
+    );
+    assert_eq!(g["backends"], serde_json::json!([own.url, own.url]), "{g}");
+    assert_eq!(g["samples"], 2, "{g}");
+    assert_eq!(
+        g["sample_stops"],
+        serde_json::json!(["stop", "stop"]),
+        "{g}"
+    );
+    assert_eq!(
+        g["versions"],
+        serde_json::json!([["trainer-v9"], ["trainer-v9"]]),
+        "{g}"
+    );
+    assert!(
+        g["sampled"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|n| n.as_u64().unwrap() > 10),
+        "{g}"
+    );
+    // The trainer's server changed weights mid-call: both samples are left out, counted.
+    let g = &v["stale"][0];
+    assert_eq!(
+        g["rewards"],
+        serde_json::json!([1.0, 1.0]),
+        "scored all the same: {g}"
+    );
+    assert_eq!(g["samples"], 0, "{g}");
+    assert_eq!(g["stale_samples"], 2, "{g}");
+    assert_eq!(
+        g["stale"], g["calls"],
+        "every call ended under the new weights: {g}"
+    );
+    // Allowed: kept, each holding tokens of both versions.
+    let g = &v["allowed"][0];
+    assert_eq!(g["samples"], 2, "{g}");
+    assert_eq!(g["stale_samples"], 0, "{g}");
+    assert_eq!(
+        g["versions"],
+        serde_json::json!([
+            ["trainer-v10", "trainer-v11"],
+            ["trainer-v10", "trainer-v11"]
+        ]),
+        "{g}"
+    );
 }

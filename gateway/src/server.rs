@@ -98,6 +98,11 @@ impl Gateway {
         let backend = Backend::new(&cfg)?;
         if let Some(exact) = backend.exact() {
             exact.restore(rs.data_dir.clone(), sessions.open_ids());
+            for (id, url) in sessions.open_backends() {
+                if let Err(e) = exact.pin(&id, &url) {
+                    warn!(session = %id, backend = %url, error = %e, "a session's own backend could not be restored; the gateway picks one");
+                }
+            }
         }
         let l = &cfg.limits;
         let limits = Limits::new(
@@ -735,14 +740,26 @@ async fn admin(
     match (method, segments.as_slice()) {
         (Method::POST, []) => {
             let v = parse("session create body")?;
-            let creq: CreateRequest = if v.is_null() {
+            let mut creq: CreateRequest = if v.is_null() {
                 CreateRequest::default()
             } else {
                 serde_json::from_value(v).map_err(|e| {
                     GatewayError::field("", format!("invalid session create body: {e}"))
                 })?
             };
+            if let Some(url) = creq.backend.take() {
+                if state.backend.exact().is_none() {
+                    return Err(GatewayError::field(
+                        "backend",
+                        "a session names its own backend in exact mode only (this gateway forwards to its upstream)",
+                    ));
+                }
+                creq.backend = Some(crate::backend::sglang::check_backend_url(&url)?);
+            }
             let (session, key) = state.sessions.create(creq).await?;
+            if let (Some(url), Some(ex)) = (&session.backend, state.backend.exact()) {
+                ex.pin(&session.id, url)?;
+            }
             let base = match (&state.cfg.server.public_url, host) {
                 (Some(u), _) => u.clone(),
                 (None, Some(h)) => format!(

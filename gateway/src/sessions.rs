@@ -29,6 +29,9 @@ pub struct Session {
     upstream_errors: AtomicU64,
     /// The session's own sampling policy (it replaces the gateway's `[sampling]`).
     sampling: RwLock<Option<Arc<SamplingPolicy>>>,
+    /// The exact-mode backend the session named for itself at creation (a trainer's own
+    /// server); `None`: the gateway pins it to one of its configured backends.
+    pub backend: Option<String>,
 }
 
 impl Session {
@@ -44,7 +47,13 @@ impl Session {
             calls: AtomicU64::new(0),
             upstream_errors: AtomicU64::new(0),
             sampling: RwLock::new(None),
+            backend: None,
         }
+    }
+
+    fn with_backend(mut self, backend: Option<String>) -> Self {
+        self.backend = backend;
+        self
     }
 
     /// The session's own sampling policy, if it has one.
@@ -84,6 +93,7 @@ impl Session {
             "upstream_errors": self.upstream_errors.load(Ordering::Relaxed),
             "metadata": self.metadata,
             "sampling": self.sampling().as_deref(),
+            "backend": self.backend,
         })
     }
 }
@@ -122,6 +132,10 @@ pub struct CreateRequest {
     /// The session's sampling policy (replaces the gateway's `[sampling]`).
     #[serde(default)]
     pub sampling: Option<SamplingPolicy>,
+    /// Exact mode: the backend (an SGLang-compatible server's URL) this session's calls go
+    /// to, e.g. a trainer's own server; the gateway's configured backends otherwise.
+    #[serde(default)]
+    pub backend: Option<String>,
 }
 
 /// A policy as the session log keeps it; a policy this build cannot read is dropped with a
@@ -176,12 +190,14 @@ impl Sessions {
                     key_sha256,
                     metadata,
                     sampling,
+                    backend,
                     at_us,
                 } => {
                     if let Some(h) = key_sha256 {
                         inner.by_key.insert(h, session_id.clone());
                     }
-                    let s = Session::new(session_id.clone(), group_id, at_us, metadata);
+                    let s = Session::new(session_id.clone(), group_id, at_us, metadata)
+                        .with_backend(backend);
                     s.set_sampling(policy_of(&session_id, sampling));
                     inner.by_id.insert(session_id, Arc::new(s));
                 }
@@ -266,6 +282,19 @@ impl Sessions {
             .collect()
     }
 
+    /// The open sessions that named their own backend, with it (re-pinned after a start).
+    pub fn open_backends(&self) -> Vec<(String, String)> {
+        let Ok(inner) = self.inner.read() else {
+            return vec![];
+        };
+        inner
+            .by_id
+            .values()
+            .filter(|s| !s.is_closed())
+            .filter_map(|s| Some((s.id.clone(), s.backend.clone()?)))
+            .collect()
+    }
+
     pub fn list(&self) -> Vec<Value> {
         let Ok(inner) = self.inner.read() else {
             return vec![];
@@ -330,10 +359,13 @@ impl Sessions {
                 .sampling
                 .as_ref()
                 .and_then(|p| serde_json::to_value(p).ok()),
+            backend: req.backend.clone(),
             at_us,
         };
         self.append(&ev).await?;
-        let session = Arc::new(Session::new(id.clone(), req.group_id, at_us, metadata));
+        let session = Arc::new(
+            Session::new(id.clone(), req.group_id, at_us, metadata).with_backend(req.backend),
+        );
         session.set_sampling(req.sampling);
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
         if inner.by_id.contains_key(&id) {
@@ -356,6 +388,7 @@ impl Sessions {
             key_sha256: None,
             metadata: json!({"auto_created": true}),
             sampling: None,
+            backend: None,
             at_us,
         };
         self.append(&ev).await?;

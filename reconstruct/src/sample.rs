@@ -346,6 +346,12 @@ fn build_batch(
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
 }
 
+/// `samples` as one Arrow batch in the samples file's schema (`samples_schema`): what a
+/// server answering in Arrow IPC sends.
+pub fn samples_batch(samples: &[Sample]) -> Result<RecordBatch, ReconstructError> {
+    build_batch(&samples_schema(), samples, Path::new("(in memory)"))
+}
+
 /// Writes `samples` to a new zstd Parquet file at `path` (replacing any file there) and
 /// fsyncs it. The file is written under a temporary name next to `path` and renamed, so
 /// a reader never sees half a file.

@@ -105,6 +105,7 @@ fn v1_events() -> Vec<SessionEvent> {
             key_sha256: None,
             metadata: json!({"task": "t1"}),
             sampling: None,
+            backend: None,
             at_us: T0,
         },
         SessionEvent::Created {
@@ -113,6 +114,7 @@ fn v1_events() -> Vec<SessionEvent> {
             key_sha256: Some("ab".repeat(32)),
             metadata: json!({}),
             sampling: None,
+            backend: None,
             at_us: T0 + 1,
         },
         SessionEvent::Reward {

@@ -26,6 +26,9 @@ pub enum SessionEvent {
         /// The session's sampling policy, as the gateway wrote it (absent: none).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         sampling: Option<serde_json::Value>,
+        /// The exact-mode backend the session named for itself (absent: the gateway picks).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        backend: Option<String>,
         at_us: i64,
     },
     /// The session's sampling policy was set (`null`: removed).
@@ -197,6 +200,7 @@ mod tests {
             key_sha256: None,
             metadata: json!({"task": 1}),
             sampling: None,
+            backend: None,
             at_us: 5,
         }
     }

@@ -619,6 +619,7 @@ async fn list_sessions_joins_records_and_events() {
         key_sha256: None,
         metadata: json!({}),
         sampling: None,
+        backend: None,
         at_us: T0 - 10,
     })
     .await
@@ -629,6 +630,7 @@ async fn list_sessions_joins_records_and_events() {
         key_sha256: None,
         metadata: json!({}),
         sampling: None,
+        backend: None,
         at_us: T0 + 5,
     })
     .await
@@ -678,6 +680,7 @@ async fn read_session_reads_one_session_from_sealed_and_unsealed_segments() {
         key_sha256: None,
         metadata: json!({"harness": "codex", "task_id": "t1"}),
         sampling: None,
+        backend: None,
         at_us: T0 - 10,
     })
     .await

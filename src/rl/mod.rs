@@ -1030,7 +1030,7 @@ async fn run_group(
             jobs.spawn(async move {
                 let _permit = sem.acquire_owned().await;
                 progress.rollout_started();
-                let r = rollout::run(&cfg, &gw, &envd, &task, &group, i).await;
+                let r = rollout::run(&cfg, &gw, &envd, &task, &group, i, &Default::default()).await;
                 progress.rollout_done(r.as_ref().ok().and_then(Rollout::reward));
                 (i, r)
             });

@@ -146,6 +146,18 @@ fn tail(s: &str, n: usize) -> String {
     s[i..].to_string()
 }
 
+/// What a rollout's gateway session gets beyond `graft rl`'s defaults (the rollout
+/// service's per-request settings).
+#[derive(Debug, Clone, Default)]
+pub struct SessionOptions {
+    /// The session's sampling policy (the gateway's JSON); default: enforce the trainer's
+    /// temperature.
+    pub sampling: Option<Value>,
+    /// The backend the session's calls go to (a trainer's own server); default: the
+    /// gateway picks among its configured ones.
+    pub backend: Option<String>,
+}
+
 /// Runs one rollout of `task` in group `group_id`. Never leaves its sandbox or its session
 /// open: both are cleaned up on every path.
 pub async fn run(
@@ -155,20 +167,23 @@ pub async fn run(
     task: &Task,
     group_id: &str,
     index: usize,
+    opts: &SessionOptions,
 ) -> anyhow::Result<Rollout> {
     let h = cfg.harness_for(task.harness.as_deref(), index);
+    let mut create = json!({
+        "group_id": group_id,
+        "metadata": {"task_id": task.id, "rollout": index, "harness": h.label()},
+        // The rollouts sample at the temperature the trainer's log-softmax assumes,
+        // whatever the harness asks for.
+        "sampling": opts.sampling.clone().unwrap_or_else(
+            || json!({"mode": "enforce", "temperature": cfg.trainer.temperature})
+        ),
+    });
+    if let Some(b) = &opts.backend {
+        create["backend"] = json!(b);
+    }
     let s = gateway
-        .ok(
-            Method::POST,
-            "/graft/sessions",
-            Some(&json!({
-                "group_id": group_id,
-                "metadata": {"task_id": task.id, "rollout": index, "harness": h.label()},
-                // The rollouts sample at the temperature the trainer's log-softmax
-                // assumes, whatever the harness asks for.
-                "sampling": {"mode": "enforce", "temperature": cfg.trainer.temperature},
-            })),
-        )
+        .ok(Method::POST, "/graft/sessions", Some(&create))
         .await
         .context("opening a gateway session")?;
     let session_id = s["session_id"]

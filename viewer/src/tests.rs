@@ -44,7 +44,7 @@ fn data_dir() -> tempfile::TempDir {
         rec.shutdown().await.unwrap();
         let (log, _) = SessionLog::open(dir.path()).unwrap();
         log.append(&SessionEvent::Created { session_id: "s-a".into(), group_id: Some("g1".into()), key_sha256: None,
-            metadata: json!({"harness": "mini-swe-agent"}), sampling: None, at_us: 1_750_000_000_000_000 })
+            metadata: json!({"harness": "mini-swe-agent"}), sampling: None, backend: None, at_us: 1_750_000_000_000_000 })
             .await
             .unwrap();
         for (s, r) in [("s-a", 1.0), ("s-b", 0.0)] {

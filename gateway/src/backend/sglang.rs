@@ -7,8 +7,9 @@
 //! ids, the completion ids and their logprobs, the finish reason and the backend's
 //! `weight_version`.
 //!
-//! A session is pinned to one backend (its first call picks the one with the fewest
-//! sessions), so the backend's prefix cache keeps serving it. `pause` holds new calls before
+//! A session is pinned to one backend (its first call picks the configured one with the
+//! fewest sessions, unless the session named its own backend at creation: a trainer's own
+//! server, added to the gateway's list then), so the backend's prefix cache keeps serving it. `pause` holds new calls before
 //! they reach a backend (one backend, or all) and returns once the calls in flight there are
 //! done; `resume` lets them go (weight updates happen in between: nothing is aborted).
 
@@ -120,22 +121,44 @@ impl Memory {
     }
 }
 
+/// One backend: its URL, its pause gate (a call holds it for reading while the backend has
+/// it; a pause takes it for writing), how many sessions are pinned to it.
+struct Slot {
+    url: String,
+    gate: Arc<RwLock<()>>,
+    sessions: usize,
+}
+
+impl Slot {
+    fn new(url: &str) -> Slot {
+        Slot {
+            url: url.trim_end_matches('/').to_string(),
+            gate: Arc::new(RwLock::new(())),
+            sessions: 0,
+        }
+    }
+}
+
 /// Exact mode's state: the model's template and tokenizer, the backends, each session's
 /// recent calls, and the pause gates.
 pub struct Sglang {
     builder: Arc<PromptBuilder>,
     tool_format: ToolCallFormat,
     reasoning_format: ReasoningFormat,
-    backends: Vec<String>,
-    pinned: Mutex<Vec<usize>>,
+    /// The configured backends first, then those sessions named for themselves. Only ever
+    /// appended to, so an index stays valid.
+    slots: Mutex<Vec<Slot>>,
+    /// How many of `slots` are configured: a session that names no backend is pinned among
+    /// these.
+    configured: usize,
+    /// Sessions that named their own backend: its index, taken by their first call.
+    named: Mutex<HashMap<String, usize>>,
     client: HttpClient,
     timeout: Duration,
     max_new_tokens: u64,
     memory: Arc<Memory>,
-    /// One gate per backend: a call holds its backend's for reading while the backend has
-    /// it; a pause takes it for writing.
-    gates: Vec<Arc<RwLock<()>>>,
-    paused: tokio::sync::Mutex<Vec<Option<OwnedRwLockWriteGuard<()>>>>,
+    /// The paused backends (by index) and the write half of their gates.
+    paused: tokio::sync::Mutex<HashMap<usize, OwnedRwLockWriteGuard<()>>>,
     /// Histories rebuilt from the records at start, taken by each session's first call.
     restored: Arc<Mutex<HashMap<String, Restored>>>,
     /// Whether the rebuild is done (calls wait for it).
@@ -153,8 +176,9 @@ impl Sglang {
             builder: Arc::new(PromptBuilder::new(model)),
             tool_format: cfg.tool_call_format,
             reasoning_format: cfg.reasoning_format,
-            pinned: Mutex::new(vec![0; cfg.backends.len()]),
-            backends: cfg.backends.clone(),
+            slots: Mutex::new(cfg.backends.iter().map(|b| Slot::new(b)).collect()),
+            configured: cfg.backends.len(),
+            named: Mutex::new(HashMap::new()),
             client: http_client(http.connect_timeout, http.ca_file.as_deref())?,
             timeout: http.timeout,
             max_new_tokens: cfg.max_new_tokens,
@@ -163,12 +187,7 @@ impl Sglang {
                 per_session: cfg.history_per_session,
                 budget: cfg.history_max_tokens,
             }),
-            gates: cfg
-                .backends
-                .iter()
-                .map(|_| Arc::new(RwLock::new(())))
-                .collect(),
-            paused: tokio::sync::Mutex::new(cfg.backends.iter().map(|_| None).collect()),
+            paused: tokio::sync::Mutex::new(HashMap::new()),
             restored: Arc::new(Mutex::new(HashMap::new())),
             ready: Arc::new(tokio::sync::watch::Sender::new(true)),
         })
@@ -208,8 +227,52 @@ impl Sglang {
         });
     }
 
-    pub fn backends(&self) -> &[String] {
-        &self.backends
+    /// Every backend's URL: the configured ones, then those sessions named.
+    pub fn backends(&self) -> Vec<String> {
+        self.slots
+            .lock()
+            .map(|s| s.iter().map(|b| b.url.clone()).collect())
+            .unwrap_or_default()
+    }
+
+    /// The backend's URL and pause gate.
+    fn slot(&self, i: usize) -> Option<(String, Arc<RwLock<()>>)> {
+        let slots = self.slots.lock().ok()?;
+        slots.get(i).map(|s| (s.url.clone(), s.gate.clone()))
+    }
+
+    /// Pins `session` to the backend at `url` (a trainer's own SGLang-compatible server),
+    /// added to the gateway's backends if it is not one yet. Refused when the URL is not an
+    /// absolute http(s) URL, or when the session's calls already went to another backend.
+    pub fn pin(&self, session: &str, url: &str) -> Result<(), GatewayError> {
+        let url = check_backend_url(url)?;
+        if let Ok(h) = self.memory.histories.lock()
+            && let Some(s) = h.map.get(session)
+            && self.slot(s.backend).is_none_or(|(u, _)| u != url)
+        {
+            return Err(GatewayError::field(
+                "backend",
+                format!("session '{session}' already calls another backend"),
+            ));
+        }
+        let i = {
+            let mut slots = self
+                .slots
+                .lock()
+                .map_err(|_| GatewayError::Internal("the backend list is poisoned".into()))?;
+            match slots.iter().position(|s| s.url == url) {
+                Some(i) => i,
+                None => {
+                    info!(backend = %url, "exact mode: a session named a new backend");
+                    slots.push(Slot::new(&url));
+                    slots.len() - 1
+                }
+            }
+        };
+        if let Ok(mut n) = self.named.lock() {
+            n.insert(session.to_string(), i);
+        }
+        Ok(())
     }
 
     pub(crate) fn timeout(&self) -> Duration {
@@ -229,20 +292,24 @@ impl Sglang {
         }
         // The session's first call since the start: its history from the records, if any.
         let restored = self.restored.lock().ok().and_then(|mut r| r.remove(id));
-        let pin = restored
-            .as_ref()
-            .and_then(|r| self.backend_index(&r.backend));
-        let backend = match self.pinned.lock() {
-            Ok(mut counts) => {
+        let named = self.named.lock().ok().and_then(|n| n.get(id).copied());
+        let pin = named.or_else(|| {
+            restored
+                .as_ref()
+                .and_then(|r| self.backend_index(&r.backend))
+        });
+        let backend = match self.slots.lock() {
+            Ok(mut slots) => {
                 let i = pin.unwrap_or_else(|| {
-                    counts
+                    slots
                         .iter()
+                        .take(self.configured)
                         .enumerate()
-                        .min_by_key(|(_, n)| **n)
+                        .min_by_key(|(_, s)| s.sessions)
                         .map_or(0, |(i, _)| i)
                 });
-                if let Some(c) = counts.get_mut(i) {
-                    *c += 1;
+                if let Some(s) = slots.get_mut(i) {
+                    s.sessions += 1;
                 }
                 i
             }
@@ -274,10 +341,13 @@ impl Sglang {
             h.held = h.held.saturating_sub(s.held);
             Some(s)
         });
-        if let (Some(s), Ok(mut counts)) = (removed, self.pinned.lock())
-            && let Some(c) = counts.get_mut(s.backend)
+        if let Ok(mut n) = self.named.lock() {
+            n.remove(id);
+        }
+        if let (Some(s), Ok(mut slots)) = (removed, self.slots.lock())
+            && let Some(b) = slots.get_mut(s.backend)
         {
-            *c = c.saturating_sub(1);
+            b.sessions = b.sessions.saturating_sub(1);
         }
     }
 
@@ -289,22 +359,29 @@ impl Sglang {
     /// The index of a configured backend, by its URL (a trailing `/` ignored).
     pub fn backend_index(&self, url: &str) -> Option<usize> {
         let url = url.trim_end_matches('/');
-        self.backends
-            .iter()
-            .position(|b| b.trim_end_matches('/') == url)
+        self.slots.lock().ok()?.iter().position(|b| b.url == url)
     }
 
-    /// Holds new calls to `backend` (every backend when None) and waits until its calls in
-    /// flight are done. Calls pinned to other backends go on. Returns how long that took.
+    /// Holds new calls to `backend` (every backend known now when None) and waits until its
+    /// calls in flight are done. Calls pinned to other backends go on. Returns how long
+    /// that took.
     pub async fn pause(&self, backend: Option<usize>) -> Duration {
         let t = Instant::now();
+        let gates: Vec<(usize, Arc<RwLock<()>>)> = self
+            .slots
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .enumerate()
+                    .filter(|(i, _)| backend.is_none_or(|b| b == *i))
+                    .map(|(i, s)| (i, s.gate.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut paused = self.paused.lock().await;
-        for (i, slot) in paused.iter_mut().enumerate() {
-            if backend.is_none_or(|b| b == i)
-                && slot.is_none()
-                && let Some(gate) = self.gates.get(i)
-            {
-                *slot = Some(gate.clone().write_owned().await);
+        for (i, gate) in gates {
+            if let std::collections::hash_map::Entry::Vacant(e) = paused.entry(i) {
+                e.insert(gate.write_owned().await);
             }
         }
         t.elapsed()
@@ -314,23 +391,19 @@ impl Sglang {
     /// them was paused.
     pub async fn resume(&self, backend: Option<usize>) -> bool {
         let mut paused = self.paused.lock().await;
-        let mut was = false;
-        for (i, slot) in paused.iter_mut().enumerate() {
-            if backend.is_none_or(|b| b == i) {
-                was |= slot.take().is_some();
-            }
-        }
-        was
+        let before = paused.len();
+        paused.retain(|i, _| backend.is_some_and(|b| b != *i));
+        paused.len() < before
     }
 
     /// The backends now paused.
     pub async fn paused_backends(&self) -> Vec<String> {
-        let paused = self.paused.lock().await;
-        self.backends
-            .iter()
-            .zip(paused.iter())
-            .filter(|(_, p)| p.is_some())
-            .map(|(b, _)| b.clone())
+        let mut paused: Vec<usize> = self.paused.lock().await.keys().copied().collect();
+        paused.sort_unstable();
+        let urls = self.backends();
+        paused
+            .into_iter()
+            .filter_map(|i| urls.get(i).cloned())
             .collect()
     }
 
@@ -371,15 +444,8 @@ impl Sglang {
         // Histories are being rebuilt from the records after a start: wait for them.
         let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
-        let backend = self
-            .backends
-            .get(backend_index)
-            .cloned()
-            .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
-        let gate = self
-            .gates
-            .get(backend_index)
-            .cloned()
+        let (backend, gate) = self
+            .slot(backend_index)
             .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
 
         // Rendering and tokenizing is CPU work: off the reactor.
@@ -568,10 +634,8 @@ impl Sglang {
 
     /// `GET /v1/models` of the first backend (SGLang serves the OpenAI routes too).
     pub(crate) async fn models(&self) -> Result<(String, Response<Incoming>), GatewayError> {
-        let backend = self
-            .backends
-            .first()
-            .cloned()
+        let (backend, _) = self
+            .slot(0)
             .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
         let url = format!("{backend}/v1/models");
         let r = self
@@ -896,6 +960,27 @@ impl Answering for Generate {
         self.settle(&a, o, true);
         Ok(Whole::Answer(a))
     }
+}
+
+/// A backend URL a session may name: absolute http(s) with a host; without a trailing `/`.
+pub fn check_backend_url(url: &str) -> Result<String, GatewayError> {
+    let bad = |why: &str| {
+        GatewayError::field(
+            "backend",
+            format!("'backend' must be an SGLang-compatible server's http(s) URL ({why}): {url:?}"),
+        )
+    };
+    let uri: http::Uri = url.parse().map_err(|_| bad("not a URL"))?;
+    if !matches!(uri.scheme_str(), Some("http" | "https")) {
+        return Err(bad("the scheme must be http or https"));
+    }
+    if uri.host().is_none_or(str::is_empty) {
+        return Err(bad("no host"));
+    }
+    if uri.query().is_some() {
+        return Err(bad("a query string is not allowed"));
+    }
+    Ok(url.trim_end_matches('/').to_string())
 }
 
 #[cfg(test)]

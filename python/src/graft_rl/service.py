@@ -3,9 +3,17 @@ into a trainer's own extension point.
 
 The service runs each task's group of rollouts in the harness (envd sandboxes, gateway
 sessions, the reward command) against the trainer's backends and streams one NDJSON line per
-finished group; :meth:`RolloutClient.groups` yields them as they come, with the samples as
-:class:`graft_rl.Sample` objects, so every ``to_*`` exporter applies. Standard library only
-(``urllib``).
+finished group (or, with ``arrow=True``, one Arrow IPC stream with a record batch per group,
+read with pyarrow); :meth:`RolloutClient.groups` yields them as they come, with the samples
+as :class:`graft_rl.Sample` objects, so every ``to_*`` exporter applies. HTTP through the
+standard library (``urllib``).
+
+Per batch the trainer decides: ``weight_version`` (graft refuses the batch with HTTP 409
+while a backend serves another version, and leaves out samples with tokens sampled by
+another version unless ``allow_stale=True``), ``backends`` (the trainer's own SGLang
+servers; the batch's sessions are spread over them), ``harness`` (a label of the service
+config's harnesses, for tasks that name none), and ``sampling`` (the sessions' sampling
+policy, enforced by graft's gateway) or just ``temperature``.
 
 Each rollout and each sample carries a stop reason (in the answer, not in the samples
 file): a sample's is the ``finish_reason`` recorded for its last call (``stop``,
@@ -20,11 +28,14 @@ rollout function); :func:`trl_rollout_func` here is TRL's.
 from __future__ import annotations
 
 import json
+import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from typing import Callable, Iterator, Optional, Sequence
 
-from .samples import Sample, SampleError, _check
+from .samples import Sample, SampleError, _check, from_table
+
+ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
 
 @dataclass
@@ -64,6 +75,9 @@ class Group:
     calls_by_weight_version: dict = field(default_factory=dict)
     stop_reasons: list[Optional[str]] = field(default_factory=list)
     """Aligned to ``samples``: each sample's stop reason."""
+    stale_samples: int = 0
+    """Samples left out because a token of theirs was sampled by another weight version
+    than the batch's (0 with ``allow_stale``)."""
 
     def results(self) -> list[Rollout]:
         """The group's rollouts in order, each with its own samples."""
@@ -121,19 +135,39 @@ class RolloutClient:
         group_size: int = 1,
         weight_version: Optional[str] = None,
         temperature: Optional[float] = None,
+        *,
+        sampling: Optional[dict] = None,
+        harness: Optional[str] = None,
+        backends: Optional[Sequence[str]] = None,
+        allow_stale: bool = False,
+        arrow: bool = False,
     ) -> Iterator[Group]:
-        body = {"tasks": list(tasks), "group_size": group_size}
-        if weight_version is not None:
-            body["weight_version"] = weight_version
-        if temperature is not None:
-            body["temperature"] = temperature
+        body: dict = {"tasks": list(tasks), "group_size": group_size}
+        for k, v in (("weight_version", weight_version), ("temperature", temperature),
+                     ("sampling", sampling), ("harness", harness)):
+            if v is not None:
+                body[k] = v
+        if backends is not None:
+            body["backends"] = list(backends)
+        if allow_stale:
+            body["allow_stale"] = True
+        headers = {"content-type": "application/json"}
+        if arrow:
+            headers["accept"] = ARROW_STREAM
         req = urllib.request.Request(
             f"{self.url}/rollouts",
             data=json.dumps(body).encode(),
-            headers={"content-type": "application/json"},
+            headers=headers,
             method="POST",
         )
-        with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+        try:
+            resp = urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            raise SampleError(f"the rollout service refused the batch (HTTP {e.code}): {_message(e)}") from None
+        with resp:
+            if arrow:
+                yield from self._arrow_groups(resp)
+                return
             for raw in resp:
                 line = json.loads(raw)
                 if line.get("done"):
@@ -149,8 +183,47 @@ class RolloutClient:
                     stale_calls=line.get("stale_calls", 0),
                     calls_by_weight_version=line.get("calls_by_weight_version", {}),
                     stop_reasons=[s.get("stop_reason") for s in line["samples"]],
+                    stale_samples=line.get("stale_samples", 0),
                 )
         raise SampleError("the rollout service closed the stream before its closing line")
+
+    def _arrow_groups(self, resp) -> Iterator[Group]:
+        """Groups from the service's Arrow IPC answer: one record batch (one row) per group,
+        ``samples`` a list of structs in the samples file's schema plus ``stop_reason``."""
+        import pyarrow as pa
+
+        n_groups = n_rollouts = 0
+        reader = pa.ipc.open_stream(resp)
+        for batch in reader:
+            for row in range(batch.num_rows):
+                group_id = batch.column("group_id")[row].as_py()
+                error = batch.column("error")[row].as_py()
+                if error is not None:
+                    raise SampleError(f"group {group_id!r}: {error}")
+                structs = batch.column("samples")[row].values
+                table = pa.Table.from_struct_array(structs)
+                rollouts = []
+                for r in batch.column("rollouts")[row].as_py():
+                    detail = r.pop("outcome_detail")
+                    if r["outcome"] != "scored" and r["outcome"] != "timed_out":
+                        r["outcome"] = {r["outcome"]: detail}
+                    rollouts.append(r)
+                n_groups += 1
+                n_rollouts += len(rollouts)
+                yield Group(
+                    group_id=group_id,
+                    task_id=batch.column("task_id")[row].as_py(),
+                    rollouts=rollouts,
+                    samples=from_table(table) if table.num_rows else [],
+                    stale_calls=batch.column("stale_calls")[row].as_py(),
+                    calls_by_weight_version={
+                        v["weight_version"]: v["calls"]
+                        for v in batch.column("calls_by_weight_version")[row].as_py()
+                    },
+                    stop_reasons=table.column("stop_reason").to_pylist() if table.num_rows else [],
+                    stale_samples=batch.column("stale_samples")[row].as_py(),
+                )
+        self.last_summary = {"done": True, "groups": n_groups, "rollouts": n_rollouts}
 
     def run(self, tasks: Sequence[dict], group_size: int = 1, **kwargs) -> dict[str, Group]:
         """The whole batch: each task's group by task id (task ids must be distinct)."""
@@ -185,6 +258,14 @@ class RolloutClient:
         import asyncio
 
         return await asyncio.to_thread(self.run, tasks, group_size, **kwargs)
+
+
+def _message(e) -> str:
+    """The service's error message from an HTTP error's JSON body."""
+    try:
+        return json.loads(e.read())["error"]["message"]
+    except Exception:  # not the service's JSON: say what came
+        return str(e)
 
 
 def task_from(value, where: str) -> dict:
