@@ -28,6 +28,7 @@ rollout function); :func:`trl_rollout_func` here is TRL's.
 from __future__ import annotations
 
 import json
+import os
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -122,12 +123,20 @@ def _sample(d: dict) -> Sample:
 
 
 class RolloutClient:
-    """``RolloutClient("http://127.0.0.1:8500").groups(tasks, group_size=4, weight_version="step-3")``"""
+    """``RolloutClient("http://127.0.0.1:8500").groups(tasks, group_size=4, weight_version="step-3")``
 
-    def __init__(self, url: str, timeout: float = 3600.0):
+    ``backends``: the trainer's own SGLang servers every batch of this client names (unless a
+    call gives its own); by default ``GRAFT_BACKENDS`` (comma-separated URLs) when set, so the
+    adapters, built by the trainers' workers, take them from the environment."""
+
+    def __init__(self, url: str, timeout: float = 3600.0, backends: Optional[Sequence[str]] = None):
         self.url = url.rstrip("/")
         self.timeout = timeout
         self.last_summary: Optional[dict] = None
+        if backends is None:
+            env = os.environ.get("GRAFT_BACKENDS", "")
+            backends = [b.strip() for b in env.split(",") if b.strip()] or None
+        self.backends = list(backends) if backends is not None else None
 
     def groups(
         self,
@@ -147,6 +156,7 @@ class RolloutClient:
                      ("sampling", sampling), ("harness", harness)):
             if v is not None:
                 body[k] = v
+        backends = backends if backends is not None else self.backends
         if backends is not None:
             body["backends"] = list(backends)
         if allow_stale:

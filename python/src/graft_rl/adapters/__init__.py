@@ -17,9 +17,12 @@ What each does: the trainer's batch becomes graft tasks (each row names its task
 adapter), graft runs them as groups of rollouts in its harness (envd sandboxes, gateway
 sessions, the reward command) against the backend its config names, and the answer
 becomes the framework's own rollout type. What graft does not do here: the trainer's
-weights. It serves them (``backend.urls`` in the service's config) and says which
-``weight_version`` they are; graft counts the calls other weights answered
-(``stale_calls``) and does not refuse them.
+weights. It serves them (``GRAFT_BACKENDS``, comma-separated URLs of its SGLang servers, in
+its workers' environment; ``backend.urls`` in the service's config otherwise) and says which
+``weight_version`` they are: graft refuses a batch while a server reports another version
+(HTTP 409, raised as ``SampleError``), leaves out samples with tokens that other weights
+sampled (a server updated mid-batch; counted in ``stale_samples``), and counts the calls
+other weights answered (``stale_calls``).
 
 One sequence per rollout (verl, SkyRL, OpenRLHF): a rollout that reconstructs into several
 samples (a fork, or a harness's side call) gives the one with the most trained tokens; the
