@@ -107,6 +107,10 @@ struct Args {
     /// sampled every second; then --soak-idle-secs of sampling without load.
     #[arg(long)]
     soak: bool,
+    /// Internal: run as the bare proxy in front of this upstream URL (the load run starts
+    /// itself so; see `bare_proxy`).
+    #[arg(long, hide = true)]
+    bare_proxy: Option<String>,
     /// Seconds of load in the soak.
     #[arg(long, default_value_t = 120)]
     soak_secs: u64,
@@ -930,8 +934,54 @@ fn parse_env_pair(s: &str) -> Result<(String, String), String> {
     }
 }
 
+/// The floor any proxy pays: a bare hyper reverse proxy (graft's own accept loop,
+/// `graft_http::serve`, and a hyper-util client with a keep-alive pool, as the gateway uses),
+/// streaming each request and answer through without reading them: two sockets and two
+/// HTTP/1 parses per call, nothing else. Run in its own process, on tokio's default
+/// multi-thread runtime like `graft gateway`.
+fn bare_proxy(upstream: &str) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        println!(
+            "bare proxy listening on http://{}",
+            listener.local_addr().unwrap()
+        );
+        let client: Client<HttpConnector, Incoming> =
+            Client::builder(TokioExecutor::new()).build_http();
+        let upstream = Arc::new(upstream.trim_end_matches('/').to_string());
+        let handler = move |req: Request<Incoming>| {
+            let (client, upstream) = (client.clone(), upstream.clone());
+            async move {
+                let (mut parts, body) = req.into_parts();
+                let path = parts.uri.path_and_query().map_or("/", |p| p.as_str());
+                parts.uri = format!("{upstream}{path}").parse().unwrap();
+                parts.headers.remove(hyper::header::HOST);
+                match client.request(Request::from_parts(parts, body)).await {
+                    Ok(resp) => Ok::<_, hyper_util::client::legacy::Error>(resp),
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        graft_http::serve(
+            listener,
+            graft_http::Options::new("bare-proxy"),
+            handler,
+            std::future::pending::<()>(),
+        )
+        .await;
+    });
+}
+
 fn main() {
     let args = Args::parse();
+    if let Some(upstream) = &args.bare_proxy {
+        bare_proxy(upstream);
+        return;
+    }
     if args.soak {
         soak(&args);
         return;
@@ -961,6 +1011,14 @@ fn main() {
 
     let mut procs = vec![upstream_proc];
     let mut targets = vec![("direct", upstream.clone())];
+    // The floor: what any proxy in front of the upstream costs on this machine.
+    let mut cmd = Command::new(std::env::current_exe().unwrap());
+    cmd.args(["--bare-proxy", &upstream]);
+    let mut bare = Proc::spawn("bare proxy", cmd, tmp.path().join("bare-proxy.log"), false);
+    let bare_url = bare.listening_url(Duration::from_secs(30));
+    eprintln!("load: bare proxy {bare_url}");
+    targets.push(("bare proxy", bare_url));
+    procs.push(bare);
     for (name, mode) in [("graft async", "async"), ("graft sync", "sync")] {
         let data = tmp.path().join(format!("data-{mode}"));
         let mut cmd = Command::new(&graft);

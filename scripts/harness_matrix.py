@@ -48,7 +48,7 @@ class H:
     """One harness: how it is installed (what to mount), run and versioned in the sandbox."""
 
     def __init__(self, name, config, wire_hint, mounts, argv, version, env=None, tool=None,
-                 finish=None, timeout=300, needs=None, pre=None):
+                 finish=None, timeout=300, needs=None, pre=None, rootfs=None):
         self.name = name
         self.config = config  # the harness-configs/ entry envd fills (None: plain env only)
         self.wire_hint = wire_hint
@@ -61,6 +61,13 @@ class H:
         self.timeout = timeout
         self.needs = needs  # a path under the test env that must exist
         self.pre = pre  # shell run in the sandbox before the harness (config it needs)
+        # Where scripts/make-harness-rootfs.sh installed it: (how many leading words of `argv`
+        # and `version` name the program, the words that name it inside that rootfs).
+        self.rootfs = rootfs
+
+    def in_rootfs(self, argv):
+        k, head = self.rootfs
+        return list(head) + list(argv[k:])
 
 
 def harnesses(env: Path, zeroclaw: Path | None):
@@ -81,38 +88,42 @@ def harnesses(env: Path, zeroclaw: Path | None):
            "--dangerously-skip-permissions"],
           ["/mnt/h/node_modules/@anthropic-ai/claude-code/bin/claude.exe", "--version"],
           tool=("Bash", lambda n: {"command": shell(n), "description": "Write graft_done.txt"}),
-          needs="claude/node_modules/@anthropic-ai/claude-code/bin/claude.exe"),
+          needs="claude/node_modules/@anthropic-ai/claude-code/bin/claude.exe",
+          rootfs=(1, ["/opt/node/bin/claude"])),
         H("openhands-sdk", "openhands-sdk", "chat", [("openhands", "/mnt/h"), (py312, py312)],
           ["/mnt/h/bin/python", "/mnt/clients/openhands_task.py", None],
           ["/mnt/h/bin/python", "-c", "import importlib.metadata as m; print(m.version('openhands-sdk'))"],
           tool=("terminal", lambda n: {"command": shell(n), "security_risk": "LOW", "summary": "write the file"}),
           finish=("finish", lambda n: {"message": f"graft_done.txt is written (graft-finished-{n})."}),
           env={"OPENHANDS_SUPPRESS_BANNER": "1"},
-          needs="openhands/bin/python"),
+          needs="openhands/bin/python", rootfs=(1, ["/opt/openhands/bin/python"])),
         H("pi", "pi", "chat", [("pi", "/mnt/h")],
           ["/usr/bin/node", "/mnt/h/node_modules/@mariozechner/pi-coding-agent/dist/cli.js",
            "-p", "--no-session", "--provider", "graft", "--model", MODEL, None],
           ["/usr/bin/node", "/mnt/h/node_modules/@mariozechner/pi-coding-agent/dist/cli.js", "--version"],
           tool=("bash", lambda n: {"command": shell(n)}),
-          needs="pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"),
+          needs="pi/node_modules/@mariozechner/pi-coding-agent/dist/cli.js",
+          rootfs=(2, ["/opt/node/bin/node", "/opt/node/lib/node_modules/@mariozechner/pi-coding-agent/dist/cli.js"])),
         H("opencode", "opencode", "chat", [("opencode", "/mnt/h")],
           ["/mnt/h/node_modules/opencode-linux-x64/bin/opencode", "run", "-m", f"graft/{MODEL}", None],
           ["/mnt/h/node_modules/opencode-linux-x64/bin/opencode", "--version"],
           tool=("bash", lambda n: {"command": shell(n), "description": "Write graft_done.txt"}),
-          needs="opencode/node_modules/opencode-linux-x64/bin/opencode"),
+          needs="opencode/node_modules/opencode-linux-x64/bin/opencode",
+          rootfs=(1, ["/opt/node/lib/node_modules/opencode-ai/node_modules/opencode-linux-x64/bin/opencode"])),
         H("openclaw", "openclaw", "chat", [("openclaw", "/mnt/h"), ("node24", "/mnt/node24")],
           [node24, "/mnt/h/node_modules/openclaw/openclaw.mjs", "agent", "exec", "--config",
            "/workspace/.openclaw/openclaw.json", "--model", f"graft/{MODEL}", None],
           [node24, "/mnt/h/node_modules/openclaw/openclaw.mjs", "--version"],
           tool=("exec", lambda n: {"command": shell(n)}),
-          needs="openclaw/node_modules/openclaw/openclaw.mjs"),
+          needs="openclaw/node_modules/openclaw/openclaw.mjs",
+          rootfs=(2, ["/opt/node/bin/node", "/opt/node/lib/node_modules/openclaw/openclaw.mjs"])),
         H("hermes", "hermes", "chat", [("hermes", "/mnt/h"), (base("hermes"), base("hermes"))],
           ["/mnt/h/bin/python", "-c",
            "import sys; from hermes_cli.main import main; sys.argv[0] = 'hermes'; sys.exit(main())",
            "chat", "-Q", "--yolo", "-q", None],
           ["/mnt/h/bin/python", "-c", "import importlib.metadata as m; print(m.version('hermes-agent'))"],
           tool=("terminal", lambda n: {"command": shell(n)}),
-          needs="hermes/bin/hermes"),
+          needs="hermes/bin/hermes", rootfs=(1, ["/opt/hermes/bin/python"])),
         H("codex", "codex", "responses",
           [("codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl", "/mnt/h")],
           ["/mnt/h/bin/codex", "exec", "--dangerously-bypass-approvals-and-sandbox",
@@ -120,7 +131,8 @@ def harnesses(env: Path, zeroclaw: Path | None):
           ["/mnt/h/bin/codex", "--version"],
           env={"NO_COLOR": "1", "TERM": "dumb", "RUST_LOG": "warn"},
           tool=("exec_command", lambda n: {"cmd": shell(n)}),
-          needs="codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex"),
+          needs="codex/node_modules/@openai/codex-linux-x64/vendor/x86_64-unknown-linux-musl/bin/codex",
+          rootfs=(1, ["/opt/node/bin/node", "/opt/node/bin/codex"])),
         H("mini-swe-agent", "mini-swe-agent", "chat", [("py", "/mnt/h"), (py311, py311)],
           ["/mnt/h/bin/python", "-m", "minisweagent.run.mini", "-m", f"openai/{MODEL}", "-y", "--exit-immediately", "-l", "0",
            "-c", "mini.yaml", "-c", "agent.step_limit=5", "-t", None],
@@ -129,7 +141,7 @@ def harnesses(env: Path, zeroclaw: Path | None):
                "MSWEA_COST_TRACKING": "ignore_errors", "LITELLM_LOCAL_MODEL_COST_MAP": "True"},
           tool=("bash", lambda n: {"command": shell(n)}),
           finish=("bash", lambda n: {"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT"}),
-          needs="py/bin/mini"),
+          needs="py/bin/mini", rootfs=(1, ["/opt/mini/bin/python"])),
         H("aider", "aider", "chat", [("aider", "/mnt/h"), (base("aider"), base("aider"))],
           ["/mnt/h/bin/python", "-m", "aider", "--no-git", "--yes-always", "--no-check-update", "--no-analytics",
            "--no-show-model-warnings", "--edit-format", "whole", "--model", f"openai/{MODEL}",
@@ -137,13 +149,13 @@ def harnesses(env: Path, zeroclaw: Path | None):
           ["/mnt/h/bin/python", "-m", "aider", "--version"],
           env={"AIDER_ANALYTICS_DISABLE": "true"},
           tool=None,
-          needs="aider/bin/aider"),
+          needs="aider/bin/aider", rootfs=(1, ["/opt/aider/bin/python"])),
         H("openai-python-sdk", None, "chat", [("sandbox", "/mnt/h")],
           ["/mnt/h/bin/python", "/mnt/clients/sdk_tool_loop.py", None],
           ["/mnt/h/bin/python", "-c", "import openai; print(openai.__version__)"],
           env={"GRAFT_MODEL": MODEL},
           tool=("bash", lambda n: {"command": shell(n)}),
-          needs="sandbox/bin/python"),
+          needs="sandbox/bin/python", rootfs=(1, ["/opt/mini/bin/python"])),
     ]
     zc = zeroclaw or Path("/nonexistent/zeroclaw")
     if True:
@@ -151,7 +163,7 @@ def harnesses(env: Path, zeroclaw: Path | None):
                     ["/mnt/h/zeroclaw", "agent", "-a", "graft", "-m", None],
                     ["/mnt/h/zeroclaw", "--version"],
                     tool=("shell", lambda n: {"command": shell(n)}), timeout=400,
-                    needs=str(zc)))
+                    needs=str(zc), rootfs=(1, ["/usr/local/bin/zeroclaw"])))
     return hs
 
 
@@ -245,7 +257,14 @@ def strip(v):
 def run_one(h: H, mode: str, a, work: Path) -> dict:
     graft, env, qwen3 = a.graft, Path(a.test_env), a.qwen3
     row = {"harness": h.name, "mode": mode}
-    if h.needs and not (env / h.needs).exists():  # an absolute `needs` stays as it is
+    rootfs = Path(a.rootfs) if a.rootfs else None
+    if rootfs:
+        prog = h.in_rootfs(h.version)
+        prog = next((w for w in prog if w.startswith("/opt/") or w.startswith("/usr/local/")), prog[0])
+        if not (rootfs / prog.lstrip("/")).exists():
+            row["error"] = f"not in the rootfs ({prog} missing; run scripts/make-harness-rootfs.sh)"
+            return row
+    elif h.needs and not (env / h.needs).exists():  # an absolute `needs` stays as it is
         row["error"] = f"not installed ({h.needs} missing; run scripts/setup-test-env.sh)"
         return row
     d = work / f"{h.name}-{mode}"
@@ -275,33 +294,38 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
         assert st == 201, body
         sess = json.loads(body)
         mounts = [{"source": a.clients, "target": "/mnt/clients"}]
-        for src, dst in h.mounts:
+        for src, dst in ([] if rootfs else h.mounts):
             p = Path(src) if src.startswith("/") else env / src
             mounts.append({"source": str(p), "target": dst})
         gs = {"session_id": sid, "api_key": sess["api_key"], "model": MODEL}
         if h.config:
             gs["harness"] = h.config
         hdr = {"x-api-key": ENVD_KEY}
-        st, body = call("POST", f"{ev.url}/sandboxes", {
-            "gateway_session": gs, "mounts": mounts, "memory_mb": 4096, "network": "gateway"},
-            hdr)
+        create = {"gateway_session": gs, "mounts": mounts, "memory_mb": 4096, "network": "gateway"}
+        if rootfs:
+            create["rootfs"] = str(rootfs)
+        st, body = call("POST", f"{ev.url}/sandboxes", create, hdr)
         if st != 201:
             row["error"] = f"envd create: {st} {body[:300]!r}"
             return row
         sb = json.loads(body)["id"]
 
+        run_env = dict(h.env)
+        if rootfs:  # the npm harnesses' scripts find node on PATH
+            run_env["PATH"] = "/opt/node/bin:/usr/local/bin:/usr/bin:/bin"
+
         def ex(argv, timeout, extra_env=None):
             st, body = call("POST", f"{ev.url}/sandboxes/{sb}/exec", {
-                "argv": argv, "env": {**h.env, **(extra_env or {})}, "timeout_secs": timeout},
+                "argv": argv, "env": {**run_env, **(extra_env or {})}, "timeout_secs": timeout},
                 hdr, timeout=timeout + 60)
             return json.loads(body) if st == 200 else {"exit_code": None, "stderr": body.decode()[:2000]}
 
-        v = ex(h.version, 60)
+        v = ex(h.in_rootfs(h.version) if rootfs else h.version, 60)
         row["version"] = ((v.get("stdout") or "") + (v.get("stderr") or "")).strip().splitlines()[-1:] or ["?"]
         row["version"] = row["version"][0][:40]
         if h.pre:
             ex(["/bin/sh", "-c", h.pre], 60)
-        argv = [task(h.name) if x is None else x for x in h.argv]
+        argv = [task(h.name) if x is None else x for x in (h.in_rootfs(h.argv) if rootfs else h.argv)]
         t1 = time.time()
         r = ex(argv, h.timeout)
         row["harness_seconds"] = round(time.time() - t1, 1)
@@ -420,7 +444,7 @@ def cell(v):
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def write_doc(rows, path: Path, run: str):
+def write_doc(rows, path: Path, run: str, rootfs: bool = False):
     head = ["harness", "version", "mode", "wire", "streaming", "tool call executed", "records",
             "samples (session)", "trained samples (side calls left out)", "drift events",
             "masked == sampled", "seconds", "status"]
@@ -433,6 +457,11 @@ def write_doc(rows, path: Path, run: str):
         "harness's own shell tool that writes `graft_done.txt`, then finishes; the model name is",
         f"`{MODEL}` (the user's own), and the harness's default traffic (side calls, probes,",
         "retries) is left on. `graft reconstruct` ran on each run's records.",
+        *(["",
+           "Every harness here ran from the root filesystem `scripts/make-harness-rootfs.sh` makes",
+           "(Debian 12 from the machine's apt mirror, the harnesses from npm and PyPI), given to",
+           "envd as the sandbox's `rootfs`: nothing of the test env was mounted but the task's",
+           "client scripts."] if rootfs else []),
         "",
         "- **mode**: `passthrough` (the scripted upstream's OpenAI/Chat wire; records are text, so",
         "  reconstruct re-tokenizes with Qwen3 and counts drift) or `exact` (the gateway renders",
@@ -515,6 +544,9 @@ def main():
     ap.add_argument("--modes", default="passthrough,exact")
     ap.add_argument("--out", default="")
     ap.add_argument("--keep", action="store_true")
+    ap.add_argument("--rootfs", default="",
+                    help="run every harness from this root filesystem (scripts/make-harness-rootfs.sh) "
+                         "instead of the test env's mounts")
     ap.add_argument("--cmd", default="scripts/harness-matrix.sh")
     ap.add_argument("--previous-note", default="the same command")
     ap.add_argument("--previous", default="",
@@ -565,7 +597,7 @@ def main():
                                                   r["mode"] != "passthrough"))
         cmd += f"; the rows of {', '.join(sorted({r['harness'] for r in kept}))} from an earlier run ({a.previous_note})"
     if a.out:
-        write_doc(rows, Path(a.out), cmd)
+        write_doc(rows, Path(a.out), cmd, rootfs=bool(a.rootfs))
     print(f"harness-matrix: work dir {work}", file=sys.stderr)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)

@@ -24,7 +24,8 @@
 //! records into samples. Per request: the harness of tasks that name none (a label of the
 //! config's `[[harness]]`), the sessions' sampling policy (enforced by the gateway), and the
 //! trainer's own SGLang-compatible servers (`backends`: the batch's sessions are spread over
-//! them, each pinned to one; the config's backends otherwise).
+//! them, each pinned to one; the config's backends otherwise). A policy without a
+//! temperature gets the config's `trainer.temperature`, never the harness's own.
 //!
 //! The trainer keeps control of the weights: `weight_version` is the version it says its
 //! servers serve. graft checks it: before any rollout runs, every backend of the batch must
@@ -316,13 +317,15 @@ fn plan(state: &State, mut batch: Batch) -> Result<Plan, String> {
                 "give the sampling policy as 'sampling' or only a 'temperature', not both".into(),
             );
         }
-        (Some(p), None) => {
+        (Some(mut p), None) => {
             let policy: graft_gateway::policy::SamplingPolicy =
                 serde_json::from_value(p.clone())
                     .map_err(|e| format!("'sampling' is not a sampling policy: {e}"))?;
-            if let Some(t) = policy.temperature {
+            match policy.temperature {
                 // The trainer's log-softmax assumes the temperature sampled at.
-                cfg.trainer.temperature = t;
+                Some(t) => cfg.trainer.temperature = t,
+                // Never the harness's own (aider sends 0): the config's, as without a policy.
+                None => p["temperature"] = json!(cfg.trainer.temperature),
             }
             Some(p)
         }

@@ -292,9 +292,10 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
             ("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap()),
             ("GRAFT_ROLLOUTS_URL", svc.url.as_str()),
             ("GRAFT_TASKS", tasks.to_str().unwrap()),
+            ("GRAFT_BIN", graft_bin().to_str().unwrap()),
         ],
     );
-    assert!(out.contains("13 passed"), "{out}");
+    assert!(out.contains("14 passed"), "{out}");
 
     // graft export --format native: verl's own DataProto file, loaded back by verl.
     let dest = dir.path().join("batch.dp");

@@ -284,6 +284,87 @@ def test_trl_grpo_trainer_steps_with_graft_rollout_service_driving_real_rollouts
     assert sorted(rewards) == [0.0, 0.0, 1.0, 1.0]
 
 
+
+def test_trl_grpo_trainer_steps_on_rollouts_graft_serve_samples_from_the_trainers_own_model(tmp_path):
+    """The backend is the trainer's own: TRL's tiny Qwen3 is saved, served by ``graft serve``
+    (``GRAFT_BIN``) under a weight version of the trainer's, and named per batch
+    (``backends``); the rollout service runs the example agent in envd sandboxes against it,
+    so every completion GRPOTrainer trains on was sampled by that very model, and TRL takes
+    its step on them."""
+    import json
+    import os
+    import subprocess
+
+    from datasets import Dataset
+    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
+    from trl import GRPOConfig, GRPOTrainer
+
+    from graft_rl.service import RolloutClient, trl_rollout_func
+
+    url, tasks_file, graft = (os.environ.get(k) for k in ("GRAFT_ROLLOUTS_URL", "GRAFT_TASKS", "GRAFT_BIN"))
+    assert url and tasks_file and graft, "GRAFT_ROLLOUTS_URL, GRAFT_TASKS and GRAFT_BIN (tests/interop.rs sets them)"
+    tasks = {t["prompt"]: t for t in map(json.loads, open(tasks_file))}
+    prompts = list(tasks)[:2]
+    tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
+    torch.manual_seed(0)
+    model = Qwen3ForCausalLM(Qwen3Config(
+        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+        tie_word_embeddings=False,
+    ))
+    model.save_pretrained(tmp_path / "policy", safe_serialization=True)
+    tok.save_pretrained(tmp_path / "policy")
+    serve = subprocess.Popen(
+        [graft, "serve", "--model", str(tmp_path / "policy"), "--listen", "127.0.0.1:0",
+         "--weight-version", "trl-step-0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, text=True,
+        env={**os.environ, "GRAFT_LOG": "warn"},
+    )
+    try:
+        line = serve.stdout.readline()
+        assert line.startswith("graft serve listening on "), line
+        backend = line.split()[4]
+        client = RolloutClient(url, backends=[backend])
+        # A random model rarely stops on its own: the batch's policy caps each answer.
+        policy = {"mode": "enforce", "temperature": 1.0, "max_new_tokens": 48}
+        inner = trl_rollout_func(client, lambda p: tasks[p], weight_version="trl-step-0", sampling=policy)
+        seen = []
+
+        def rollout_func(prompts_, trainer):
+            out = inner(prompts_, trainer)
+            seen.append(out)
+            return out
+
+        rewards = []
+
+        def graft_reward(completions, graft_reward, **kwargs):
+            rewards.extend(graft_reward)
+            return graft_reward
+
+        os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
+        args = GRPOConfig(
+            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2, max_steps=1,
+            use_cpu=True, report_to=[], save_strategy="no", bf16=False, max_completion_length=4096, seed=0,
+        )
+        trainer = GRPOTrainer(
+            model=model, reward_funcs=[graft_reward], args=args,
+            train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok, rollout_func=rollout_func,
+        )
+        trainer.train()
+    finally:
+        serve.terminate()
+        serve.wait(30)
+    assert trainer.state.global_step == 1
+    assert len(seen) == 1 and len(seen[0]["completion_ids"]) == 4
+    assert client.last_summary["rollouts"] == 4
+    # Sampled by the served model under the batch's cap (48 per answer, at most 4 answers per
+    # rollout: AGENT_MAX_STEPS): each rollout's tokens are trained, with the model's logprobs.
+    for mask, lps in zip(seen[0]["env_mask"], seen[0]["logprobs"]):
+        sampled = [lp for m, lp in zip(mask, lps) if m == 1]
+        assert 0 < len(sampled) <= 4 * 48, mask
+        assert all(lp is not None and lp <= 0.0 for lp in sampled), sampled
+    assert len(rewards) == 4 and all(r in (0.0, 1.0) for r in rewards)
+
 # -- the rollout service behind each trainer's own extension point ---------------------------
 #
 # Each test drives the running ``graft rollouts serve`` (``GRAFT_ROLLOUTS_URL``, started by

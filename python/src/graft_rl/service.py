@@ -296,11 +296,13 @@ def task_from(value, where: str) -> dict:
     return value
 
 
-def trl_rollout_func(client: RolloutClient, task_of_prompt: Callable[[object], dict], weight_version=None):
+def trl_rollout_func(client: RolloutClient, task_of_prompt: Callable[[object], dict], weight_version=None, **batch):
     """A TRL ``GRPOTrainer(rollout_func=...)``: TRL hands it the batch's prompts (each
     repeated ``num_generations`` times, consecutively); each distinct prompt becomes a task
     (``task_of_prompt(prompt)`` → ``{"id", "prompt", "reward": {"command"}}``) run as a group
-    of ``num_generations`` rollouts, and the samples come back in TRL's order."""
+    of ``num_generations`` rollouts, and the samples come back in TRL's order. ``batch``:
+    more of :meth:`RolloutClient.groups`'s options for every batch (``sampling``,
+    ``harness``, ``backends``, ``allow_stale``, ``arrow``)."""
     from .trl import to_trl
 
     def rollout_func(prompts, trainer):
@@ -309,7 +311,7 @@ def trl_rollout_func(client: RolloutClient, task_of_prompt: Callable[[object], d
         for k in range(0, len(prompts), n):
             tasks.append(task_of_prompt(prompts[k]))
         version = weight_version(trainer) if callable(weight_version) else weight_version
-        samples = client.samples(tasks, group_size=n, weight_version=version)
+        samples = client.samples(tasks, group_size=n, weight_version=version, **batch)
         return to_trl(samples, num_generations=n)
 
     return rollout_func
