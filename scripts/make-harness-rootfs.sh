@@ -54,18 +54,22 @@ PATH="$dir/opt/node/bin:$PATH" "$dir/opt/node/bin/node" "$npm_cli" install -g --
   "@anthropic-ai/claude-code@2.1.197" "@mariozechner/pi-coding-agent@0.73.1" \
   "opencode-ai@1.18.33" "openclaw@2026.9.6" "@openai/codex@0.171.0"
 
-# Python harnesses, each in its own venv under /opt.
+# Python harnesses, each in its own venv under /opt. pip reaches PyPI as this machine does:
+# with this machine's CA bundle (a TLS-intercepting proxy's CA included), for the install
+# only; the rootfs keeps Debian's own.
 cp "$repo"/scripts/test-env/*.constraints.txt "$dir/tmp/"
+cp "${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}" "$dir/tmp/host-ca.crt"
+pip_in_root() { local venv="$1"; shift; in_root PIP_CERT=/tmp/host-ca.crt "$venv/bin/python" -m pip install -q "$@"; }
 in_root python3 -m venv /opt/mini
-in_root /opt/mini/bin/python -m pip install -q -c /tmp/py.constraints.txt "mini-swe-agent==2.4.6" "openai==3.57.0"
+pip_in_root /opt/mini -c /tmp/py.constraints.txt "mini-swe-agent==2.4.6" "openai==3.57.0"
 in_root python3 -m venv /opt/aider
-in_root /opt/aider/bin/python -m pip install -q -c /tmp/aider.constraints.txt "aider-chat==0.86.2"
+pip_in_root /opt/aider -c /tmp/aider.constraints.txt "aider-chat==0.86.2"
 mkdir -p "$dir$(dirname "$py312_prefix")"
 cp -a "$py312_prefix" "$dir$py312_prefix"
 in_root "$py312_prefix/bin/python3.12" -m venv /opt/openhands
-in_root /opt/openhands/bin/python -m pip install -q -c /tmp/openhands.constraints.txt "openhands-sdk==1.58.2" "openhands-tools==1.58.2"
+pip_in_root /opt/openhands -c /tmp/openhands.constraints.txt "openhands-sdk==1.58.2" "openhands-tools==1.58.2"
 in_root "$py312_prefix/bin/python3.12" -m venv /opt/hermes
-in_root /opt/hermes/bin/python -m pip install -q -c /tmp/hermes.constraints.txt "hermes-agent==0.19.0"
+pip_in_root /opt/hermes -c /tmp/hermes.constraints.txt "hermes-agent==0.19.0"
 # ZeroClaw: the heavier tier's build (scripts/setup-zeroclaw.sh), when there is one.
 zc="${ZEROCLAW_BIN:-${XDG_CACHE_HOME:-$HOME/.cache}/graft/zeroclaw-0.8.7/bin/zeroclaw}"
 if [[ -x "$zc" ]]; then
@@ -73,6 +77,6 @@ if [[ -x "$zc" ]]; then
 else
   echo "make-harness-rootfs: no ZeroClaw build at $zc (bash scripts/setup-zeroclaw.sh); the rootfs has none" >&2
 fi
-rm -f "$dir"/tmp/*.constraints.txt
+rm -f "$dir"/tmp/*.constraints.txt "$dir/tmp/host-ca.crt"
 rm -rf "$dir/root/.cache/pip"
 echo "make-harness-rootfs: $dir is ready in $(( $(date +%s) - start ))s ($(du -sh "$dir" | cut -f1))"
