@@ -156,6 +156,19 @@ def harnesses(env: Path, zeroclaw: Path | None):
           env={"GRAFT_MODEL": MODEL},
           tool=("bash", lambda n: {"command": shell(n)}),
           needs="sandbox/bin/python", rootfs=(1, ["/opt/mini/bin/python"])),
+        H("openai-node-sdk", None, "chat", [("node", "/mnt/h")],
+          ["/usr/bin/node", "/mnt/clients/sdk_tool_loop.cjs", None],
+          ["/usr/bin/node", "-e",
+           "console.log(JSON.parse(require('fs').readFileSync('/mnt/h/node_modules/openai/package.json')).version)"],
+          env={"GRAFT_MODEL": MODEL, "NODE_PATH": "/mnt/h/node_modules"},
+          tool=("bash", lambda n: {"command": shell(n)}),
+          needs="node/node_modules/openai/package.json"),
+        H("anthropic-python-sdk", None, "anthropic", [("py", "/mnt/h"), (py311, py311)],
+          ["/mnt/h/bin/python", "/mnt/clients/anthropic_tool_loop.py", None],
+          ["/mnt/h/bin/python", "-c", "import anthropic; print(anthropic.__version__)"],
+          env={"GRAFT_MODEL": MODEL},
+          tool=("bash", lambda n: {"command": shell(n)}),
+          needs="py/bin/python"),
     ]
     zc = zeroclaw or Path("/nonexistent/zeroclaw")
     if True:
@@ -564,6 +577,8 @@ def main():
     if a.only:
         want = a.only.split(",")
         hs = [h for h in hs if h.name in want]
+    if a.rootfs:  # the SDK clients are not part of the harness rootfs
+        hs = [h for h in hs if h.rootfs]
     work = Path(tempfile.mkdtemp(prefix="graft-matrix-"))
     os.chmod(work, 0o755)
     # The rules the tests (tests/harnesses.rs) read are the committed file; it must be what
