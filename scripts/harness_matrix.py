@@ -306,7 +306,10 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
         st, body = call("POST", f"{gw.url}/graft/sessions", {"session_id": sid})
         assert st == 201, body
         sess = json.loads(body)
-        mounts = [{"source": a.clients, "target": "/mnt/clients"}]
+        # envd mounts nothing over a rootfs's own folders (its /mnt included): the clients go
+        # to a folder of their own there.
+        clients = "/graft-clients" if rootfs else "/mnt/clients"
+        mounts = [{"source": a.clients, "target": clients}]
         for src, dst in ([] if rootfs else h.mounts):
             p = Path(src) if src.startswith("/") else env / src
             mounts.append({"source": str(p), "target": dst})
@@ -333,12 +336,16 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
                 hdr, timeout=timeout + 60)
             return json.loads(body) if st == 200 else {"exit_code": None, "stderr": body.decode()[:2000]}
 
-        v = ex(h.in_rootfs(h.version) if rootfs else h.version, 60)
+        def at_clients(argv):
+            return [x.replace("/mnt/clients/", clients + "/") if x else x for x in argv]
+
+        v = ex(at_clients(h.in_rootfs(h.version) if rootfs else h.version), 60)
         row["version"] = ((v.get("stdout") or "") + (v.get("stderr") or "")).strip().splitlines()[-1:] or ["?"]
         row["version"] = row["version"][0][:40]
         if h.pre:
             ex(["/bin/sh", "-c", h.pre], 60)
-        argv = [task(h.name) if x is None else x for x in (h.in_rootfs(h.argv) if rootfs else h.argv)]
+        argv = [task(h.name) if x is None else x
+                for x in at_clients(h.in_rootfs(h.argv) if rootfs else h.argv)]
         t1 = time.time()
         r = ex(argv, h.timeout)
         row["harness_seconds"] = round(time.time() - t1, 1)
