@@ -368,6 +368,28 @@ fn set_version(url: &str, version: &str) {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
+/// A client script of graft's Python package (`python -c SCRIPT SERVICE TASKS BACKENDS...`)
+/// against the rollout service; its last JSON line.
+fn service_client(py: &Path, script: &str, svc: &str, backends: &[&str], secs: u64) -> Value {
+    let mut cmd = Command::new(py);
+    cmd.args(["-c", script])
+        .arg(svc)
+        .arg(repo_root().join("examples/rl/tasks.jsonl"))
+        .args(backends)
+        .env("PYTHONPATH", repo_root().join("python/src"));
+    common::run_client(cmd, std::time::Duration::from_secs(secs))
+}
+
+/// A `graft rollouts serve` on the example's config, the interop venv's python, and a temp
+/// dir for both.
+fn service_setup() -> (TestEnv, PathBuf, tempfile::TempDir, PathBuf) {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(&env, dir.path());
+    (env, py, dir, cfg)
+}
+
 fn rollout_service(cfg: &Path) -> common::Proc {
     common::Proc::spawn_env(
         "rollouts",
@@ -386,10 +408,7 @@ fn rollout_service(cfg: &Path) -> common::Proc {
 /// get a 400 that says what is wrong.
 #[test]
 fn the_rollout_service_streams_each_group_with_rewards_and_samples() {
-    let env = TestEnv::get();
-    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = rl_config(&env, dir.path());
+    let (env, py, dir, cfg) = service_setup();
     let own = own_backend(&env, dir.path(), "own", "trainer-v9", serde_json::json!({}));
     let svc = rollout_service(&cfg);
     // Bodies that are no batch, or a wrong one, are refused with what is wrong.
@@ -462,13 +481,7 @@ for g in c.groups(tasks, group_size=2, weight_version="trainer-v9", backends=[ow
                 "calls": sum(g.calls_by_weight_version.values())})
 print(json.dumps({"groups": out, "summary": c.last_summary, "refused": refused}))
 "#;
-    let mut cmd = Command::new(&py);
-    cmd.args(["-c", script])
-        .arg(&svc.url)
-        .arg(repo_root().join("examples/rl/tasks.jsonl"))
-        .arg(&own.url)
-        .env("PYTHONPATH", repo_root().join("python/src"));
-    let v = common::run_client(cmd, std::time::Duration::from_secs(240));
+    let v = service_client(&py, script, &svc.url, &[&own.url], 240);
     let refused = v["refused"].as_str().unwrap_or_default();
     assert!(
         refused.contains("HTTP 409")
@@ -536,10 +549,7 @@ print(json.dumps({"groups": out, "summary": c.last_summary, "refused": refused})
 /// counted, or kept with each token's version when the batch allows stale samples.
 #[test]
 fn the_rollout_service_answers_in_arrow_and_leaves_out_samples_of_other_weights() {
-    let env = TestEnv::get();
-    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = rl_config(&env, dir.path());
+    let (env, py, dir, cfg) = service_setup();
     let own = own_backend(&env, dir.path(), "own", "trainer-v9", serde_json::json!({}));
     let held = own_backend(
         &env,
@@ -582,14 +592,7 @@ for name, old, new, allow in (("stale", "trainer-v9", "trainer-v10", False),
     t.join()
 print(json.dumps(out))
 "#;
-    let mut cmd = Command::new(&py);
-    cmd.args(["-c", script])
-        .arg(&svc.url)
-        .arg(repo_root().join("examples/rl/tasks.jsonl"))
-        .arg(&own.url)
-        .arg(&held.url)
-        .env("PYTHONPATH", repo_root().join("python/src"));
-    let v = common::run_client(cmd, std::time::Duration::from_secs(300));
+    let v = service_client(&py, script, &svc.url, &[&own.url, &held.url], 300);
     // Arrow and NDJSON give the same groups.
     assert_eq!(v["arrow"], v["json"], "{v:#}");
     assert_eq!(v["arrow_summary"]["groups"], 1, "{v}");

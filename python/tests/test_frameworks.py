@@ -3,6 +3,7 @@ and checks. Needs the ``rlfw`` venv (``bash scripts/setup-test-env.sh rlfw``): v
 TRL 1.16.0, SkyRL 0.4.0, OpenRLHF 0.11.2, Tinker 0.38.0 and torch from PyPI.
 """
 
+import os
 import sys
 import types
 from pathlib import Path
@@ -226,41 +227,39 @@ def test_trl_grpo_trainer_takes_a_step_on_graft_samples_through_rollout_func(sam
     assert trainer.state.global_step == 1
 
 
-def test_trl_grpo_trainer_steps_with_graft_rollout_service_driving_real_rollouts(tmp_path):
-    """``trl_rollout_func`` against a running ``graft rollouts serve`` (``GRAFT_ROLLOUTS_URL``;
-    tests/interop.rs starts it): each TRL prompt is an example task, run as a group of
-    ``num_generations`` rollouts of the example agent in envd sandboxes, scored, and handed to
-    GRPOTrainer as token ids, logprobs, env_mask and graft's reward."""
+def _tiny_qwen3_and_tasks():
+    """The example's tasks by prompt, the first two prompts, Qwen3's tokenizer and a tiny
+    random Qwen3 over its vocabulary (the policy TRL trains)."""
     import json
-    import os
 
-    from datasets import Dataset
     from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-    from trl import GRPOConfig, GRPOTrainer
 
-    from graft_rl.service import RolloutClient, trl_rollout_func
-
-    url = os.environ.get("GRAFT_ROLLOUTS_URL")
     tasks_file = os.environ.get("GRAFT_TASKS")
-    assert url and tasks_file, "GRAFT_ROLLOUTS_URL and GRAFT_TASKS (tests/interop.rs sets them)"
+    assert tasks_file, "GRAFT_TASKS (tests/interop.rs sets it)"
     tasks = {t["prompt"]: t for t in map(json.loads, open(tasks_file))}
-    prompts = list(tasks)[:2]
     tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
     torch.manual_seed(0)
     model = Qwen3ForCausalLM(Qwen3Config(
         vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
         num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
+        tie_word_embeddings=False,
     ))
-    client = RolloutClient(url)
-    inner = trl_rollout_func(client, lambda p: tasks[p], weight_version="default")
-    seen = []
+    return tasks, list(tasks)[:2], tok, model
 
-    def rollout_func(prompts_, trainer):
-        out = inner(prompts_, trainer)
+
+def _grpo_step(model, tok, prompts, rollout_func, tmp_path):
+    """One GRPOTrainer step (2 prompts × 2 generations) through ``rollout_func``, with graft's
+    reward as the reward function: the trainer, what the rollout function returned, and the
+    rewards TRL read."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    seen, rewards = [], []
+
+    def recording(prompts_, trainer):
+        out = rollout_func(prompts_, trainer)
         seen.append(out)
         return out
-
-    rewards = []
 
     def graft_reward(completions, graft_reward, **kwargs):
         rewards.extend(graft_reward)
@@ -273,9 +272,25 @@ def test_trl_grpo_trainer_steps_with_graft_rollout_service_driving_real_rollouts
     )
     trainer = GRPOTrainer(
         model=model, reward_funcs=[graft_reward], args=args,
-        train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok, rollout_func=rollout_func,
+        train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok, rollout_func=recording,
     )
     trainer.train()
+    return trainer, seen, rewards
+
+
+def test_trl_grpo_trainer_steps_with_graft_rollout_service_driving_real_rollouts(tmp_path):
+    """``trl_rollout_func`` against a running ``graft rollouts serve`` (``GRAFT_ROLLOUTS_URL``;
+    tests/interop.rs starts it): each TRL prompt is an example task, run as a group of
+    ``num_generations`` rollouts of the example agent in envd sandboxes, scored, and handed to
+    GRPOTrainer as token ids, logprobs, env_mask and graft's reward."""
+    from graft_rl.service import RolloutClient, trl_rollout_func
+
+    url = os.environ.get("GRAFT_ROLLOUTS_URL")
+    assert url, "GRAFT_ROLLOUTS_URL (tests/interop.rs sets it)"
+    tasks, prompts, tok, model = _tiny_qwen3_and_tasks()
+    client = RolloutClient(url)
+    inner = trl_rollout_func(client, lambda p: tasks[p], weight_version="default")
+    trainer, seen, rewards = _grpo_step(model, tok, prompts, inner, tmp_path)
     assert trainer.state.global_step == 1
     assert len(seen) == 1 and len(seen[0]["completion_ids"]) == 4
     assert client.last_summary["rollouts"] == 4
@@ -291,27 +306,13 @@ def test_trl_grpo_trainer_steps_on_rollouts_graft_serve_samples_from_the_trainer
     (``backends``); the rollout service runs the example agent in envd sandboxes against it,
     so every completion GRPOTrainer trains on was sampled by that very model, and TRL takes
     its step on them."""
-    import json
-    import os
     import subprocess
-
-    from datasets import Dataset
-    from transformers import AutoTokenizer, Qwen3Config, Qwen3ForCausalLM
-    from trl import GRPOConfig, GRPOTrainer
 
     from graft_rl.service import RolloutClient, trl_rollout_func
 
-    url, tasks_file, graft = (os.environ.get(k) for k in ("GRAFT_ROLLOUTS_URL", "GRAFT_TASKS", "GRAFT_BIN"))
-    assert url and tasks_file and graft, "GRAFT_ROLLOUTS_URL, GRAFT_TASKS and GRAFT_BIN (tests/interop.rs sets them)"
-    tasks = {t["prompt"]: t for t in map(json.loads, open(tasks_file))}
-    prompts = list(tasks)[:2]
-    tok = AutoTokenizer.from_pretrained(os.environ["GRAFT_QWEN3_DIR"])
-    torch.manual_seed(0)
-    model = Qwen3ForCausalLM(Qwen3Config(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, head_dim=16, max_position_embeddings=4096,
-        tie_word_embeddings=False,
-    ))
+    url, graft = os.environ.get("GRAFT_ROLLOUTS_URL"), os.environ.get("GRAFT_BIN")
+    assert url and graft, "GRAFT_ROLLOUTS_URL and GRAFT_BIN (tests/interop.rs sets them)"
+    tasks, prompts, tok, model = _tiny_qwen3_and_tasks()
     model.save_pretrained(tmp_path / "policy", safe_serialization=True)
     tok.save_pretrained(tmp_path / "policy")
     serve = subprocess.Popen(
@@ -328,29 +329,7 @@ def test_trl_grpo_trainer_steps_on_rollouts_graft_serve_samples_from_the_trainer
         # A random model rarely stops on its own: the batch's policy caps each answer.
         policy = {"mode": "enforce", "temperature": 1.0, "max_new_tokens": 48}
         inner = trl_rollout_func(client, lambda p: tasks[p], weight_version="trl-step-0", sampling=policy)
-        seen = []
-
-        def rollout_func(prompts_, trainer):
-            out = inner(prompts_, trainer)
-            seen.append(out)
-            return out
-
-        rewards = []
-
-        def graft_reward(completions, graft_reward, **kwargs):
-            rewards.extend(graft_reward)
-            return graft_reward
-
-        os.environ["TRL_EXPERIMENTAL_SILENCE"] = "1"
-        args = GRPOConfig(
-            output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, num_generations=2, max_steps=1,
-            use_cpu=True, report_to=[], save_strategy="no", bf16=False, max_completion_length=4096, seed=0,
-        )
-        trainer = GRPOTrainer(
-            model=model, reward_funcs=[graft_reward], args=args,
-            train_dataset=Dataset.from_dict({"prompt": prompts}), processing_class=tok, rollout_func=rollout_func,
-        )
-        trainer.train()
+        trainer, seen, rewards = _grpo_step(model, tok, prompts, inner, tmp_path)
     finally:
         serve.terminate()
         serve.wait(30)
