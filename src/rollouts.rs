@@ -462,7 +462,9 @@ struct GroupResult {
     task_id: String,
     error: Option<String>,
     rollouts: Vec<RolloutRow>,
-    samples: Vec<(Sample, Option<String>)>,
+    samples: Vec<Sample>,
+    /// Aligned to `samples`: each one's stop reason.
+    stop_reasons: Vec<Option<String>>,
     calls_by_weight_version: BTreeMap<String, usize>,
     stale_calls: usize,
     stale_samples: usize,
@@ -476,6 +478,7 @@ impl GroupResult {
             error: Some(error),
             rollouts: vec![],
             samples: vec![],
+            stop_reasons: vec![],
             calls_by_weight_version: BTreeMap::new(),
             stale_calls: 0,
             stale_samples: 0,
@@ -501,6 +504,7 @@ impl GroupResult {
         v["samples"] = self
             .samples
             .iter()
+            .zip(&self.stop_reasons)
             .map(|(s, why)| {
                 let mut v = sample_json(s);
                 v["stop_reason"] = json!(why);
@@ -607,14 +611,11 @@ async fn run_one_group(
         None => 0,
     };
     let n = samples.len();
-    let samples: Vec<(Sample, Option<String>)> = samples
+    let samples: Vec<Sample> = samples
         .into_iter()
         .filter(|s| plan.allow_stale || version.is_none_or(|v| !is_stale(s, v)))
-        .map(|s| {
-            let why = finishes.of_sample(&s);
-            (s, why)
-        })
         .collect();
+    let stop_reasons = samples.iter().map(|s| finishes.of_sample(s)).collect();
     Ok(GroupResult {
         group_id: group.to_string(),
         task_id: task.id.clone(),
@@ -632,6 +633,7 @@ async fn run_one_group(
             })
             .collect(),
         samples,
+        stop_reasons,
         calls_by_weight_version: versions.into_iter().collect(),
         stale_calls,
     })
@@ -912,10 +914,9 @@ fn group_batch(g: &GroupResult) -> anyhow::Result<RecordBatch> {
             Arc::new(stop.finish()),
         ],
     )?;
-    let only: Vec<Sample> = g.samples.iter().map(|(s, _)| s.clone()).collect();
-    let mut cols = samples_batch(&only)?.columns().to_vec();
+    let mut cols = samples_batch(&g.samples)?.columns().to_vec();
     cols.push(Arc::new(StringArray::from_iter(
-        g.samples.iter().map(|(_, why)| why.as_deref()),
+        g.stop_reasons.iter().map(Option::as_deref),
     )));
     let samples = one_cell(sample_fields(), cols)?;
     let (mut version, mut calls) = (StringBuilder::new(), UInt64Builder::new());
@@ -1058,10 +1059,8 @@ mod tests {
                     stop_reason: Some("error".into()),
                 },
             ],
-            samples: vec![(
-                sample("a", &["v1"], &[None, Some(0), Some(0), None]),
-                Some("stop".into()),
-            )],
+            samples: vec![sample("a", &["v1"], &[None, Some(0), Some(0), None])],
+            stop_reasons: vec![Some("stop".into())],
             calls_by_weight_version: [("v1".to_string(), 2)].into_iter().collect(),
             stale_calls: 0,
             stale_samples: 1,
@@ -1115,7 +1114,7 @@ mod tests {
             .cloned()
             .collect();
         let back = RecordBatch::try_new(samples_schema(), cols).unwrap();
-        let want = samples_batch(&[g.samples[0].0.clone()]).unwrap();
+        let want = samples_batch(&g.samples).unwrap();
         assert_eq!(back, want);
         assert_eq!(
             strings(sm.column_by_name("stop_reason").unwrap()),
