@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use graft_reconstruct::template::{ChatTemplate, Tokenizer};
 use graft_trainer::gguf::Gguf;
-use graft_trainer::model::Model;
+use graft_trainer::model::{KvCache, Model};
 use tch::{Device, Kind, Tensor};
 
 fn gguf_path() -> PathBuf {
@@ -131,6 +131,26 @@ fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
             want.argmax(-1, false).int64_value(&[]),
             "prompt {i}"
         );
+        // The way `graft serve` decodes: the prompt but its last token into the KV cache,
+        // then the last token alone, for one row and for a batch of 8 (the few-rows
+        // products of `model::linear`), must give the same logits.
+        let n = ids.len() as i64;
+        for rows in [1, 8] {
+            let all = Tensor::from_slice(&ids).unsqueeze(0).repeat([rows, 1]);
+            let mut cache = KvCache::new();
+            let stepped = tch::no_grad(|| -> anyhow::Result<Tensor> {
+                model.forward_step(&all.narrow(1, 0, n - 1), &mut cache)?;
+                Ok(model.forward_step(&all.narrow(1, n - 1, 1), &mut cache)?)
+            })?;
+            for r in 0..rows {
+                let got = stepped.get(r).get(-1);
+                let diff = (&got - &want).abs().max().double_value(&[]);
+                assert!(
+                    diff <= 1e-3 * scale.max(1.0),
+                    "prompt {i}, decoded in a batch of {rows}, row {r}: logits differ from transformers' by up to {diff} (largest logit {scale})"
+                );
+            }
+        }
     }
     Ok(())
 }
