@@ -102,6 +102,44 @@ fn kv_cache_matches_full(name: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A long decode, one token at a time over two rows, so the cache's buffers fill and grow
+/// several times; then the engine's row selection (keep one row) on a cache that has grown,
+/// and more decoding after it. Every step's logits equal the full forward's at that
+/// position.
+#[test]
+fn kv_cache_grows_in_place_over_a_long_decode() -> anyhow::Result<()> {
+    let (model, _, _) = load("llama")?;
+    tch::manual_seed(7);
+    let t = 90;
+    let ids = Tensor::f_randint(160, [2, t], (Kind::Int64, Device::Cpu))?;
+    let full = tch::no_grad(|| model.forward(&ids))?;
+    let mut cache = KvCache::new();
+    let step = |cache: &mut KvCache, ids: &Tensor, pos: i64| -> anyhow::Result<Tensor> {
+        Ok(tch::no_grad(|| {
+            model.forward_step(&ids.f_narrow(1, pos, 1)?, cache)
+        })?)
+    };
+    for pos in 0..60 {
+        let got = step(&mut cache, &ids, pos)?;
+        let diff = max_abs_diff(&got, &full.f_narrow(1, pos, 1)?)?;
+        assert!(diff < TOL, "position {pos}: cached logits differ by {diff}");
+        assert_eq!(cache.len(), pos + 1);
+    }
+    // Keep row 1 only, as the engine does when row 0 finishes.
+    let mut kept = cache.select_rows(&[1])?;
+    assert_eq!((kept.rows(), kept.len()), (1, 60));
+    let row = ids.f_narrow(0, 1, 1)?;
+    for pos in 60..75 {
+        let got = step(&mut kept, &row, pos)?;
+        let diff = max_abs_diff(&got, &full.f_narrow(0, 1, 1)?.f_narrow(1, pos, 1)?)?;
+        assert!(
+            diff < TOL,
+            "row 1, position {pos}: cached logits differ by {diff}"
+        );
+    }
+    Ok(())
+}
+
 #[test]
 fn kv_cache_forward_equals_full_forward() -> anyhow::Result<()> {
     for name in ["llama", "qwen2", "qwen3"] {

@@ -252,9 +252,67 @@ pub enum Init {
 
 /// Keys and values of every layer for the tokens seen so far (batch-major:
 /// `[batch, kv_heads, seq, head_dim]`).
+///
+/// Each layer's keys and values live in a buffer with room to spare along `seq`: a decode
+/// step writes its position in place and attends over a view of the filled part, so a step
+/// copies nothing of what is cached (a cache grown by concatenation copies all of it, every
+/// layer, every step: at a few thousand positions that is most of a step). When the room
+/// runs out the buffer grows by half (amortised: each position is copied O(1) times).
 #[derive(Debug, Default)]
 pub struct KvCache {
-    layers: Vec<Option<(Tensor, Tensor)>>,
+    layers: Vec<Option<LayerKv>>,
+}
+
+/// One layer's cache: `k` and `v` are `[batch, kv_heads, capacity, head_dim]`, the first
+/// `len` positions filled.
+#[derive(Debug)]
+struct LayerKv {
+    k: Tensor,
+    v: Tensor,
+    len: i64,
+}
+
+impl LayerKv {
+    /// A layer whose buffers are exactly `k` and `v` (full: the next append grows them).
+    fn whole(k: Tensor, v: Tensor) -> LayerKv {
+        let len = k.size().get(2).copied().unwrap_or(0);
+        LayerKv { k, v, len }
+    }
+
+    fn capacity(&self) -> i64 {
+        self.k.size().get(2).copied().unwrap_or(0)
+    }
+
+    /// The filled part of the keys and values (views of the buffers).
+    fn filled(&self) -> Result<(Tensor, Tensor)> {
+        Ok((
+            self.k.f_narrow(2, 0, self.len)?,
+            self.v.f_narrow(2, 0, self.len)?,
+        ))
+    }
+
+    /// Writes `k` and `v` (`[batch, kv_heads, t, head_dim]`) after the filled part and
+    /// returns the filled part with them (views of the buffers).
+    fn append(&mut self, k: &Tensor, v: &Tensor) -> Result<(Tensor, Tensor)> {
+        let t = k.size().get(2).copied().unwrap_or(0);
+        let need = self.len + t;
+        if need > self.capacity() {
+            let grow = |old: &Tensor| -> Result<Tensor> {
+                let mut size = old.size();
+                size[2] = need + need / 2 + 16;
+                let buf = Tensor::f_empty(&size, (old.kind(), old.device()))?;
+                buf.f_narrow(2, 0, self.len)?
+                    .f_copy_(&old.f_narrow(2, 0, self.len)?)?;
+                Ok(buf)
+            };
+            self.k = grow(&self.k)?;
+            self.v = grow(&self.v)?;
+        }
+        self.k.f_narrow(2, self.len, t)?.f_copy_(k)?;
+        self.v.f_narrow(2, self.len, t)?.f_copy_(v)?;
+        self.len = need;
+        self.filled()
+    }
 }
 
 impl KvCache {
@@ -262,13 +320,13 @@ impl KvCache {
         KvCache::default()
     }
 
+    fn first(&self) -> Option<&LayerKv> {
+        self.layers.first().and_then(|l| l.as_ref())
+    }
+
     /// How many positions the cache holds.
     pub fn len(&self) -> i64 {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map(|(k, _)| k.size().get(2).copied().unwrap_or(0))
-            .unwrap_or(0)
+        self.first().map(|l| l.len).unwrap_or(0)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -277,19 +335,21 @@ impl KvCache {
 
     /// Rows (batch entries) the cache holds.
     pub fn rows(&self) -> i64 {
-        self.layers
-            .first()
-            .and_then(|l| l.as_ref())
-            .map(|(k, _)| k.size().first().copied().unwrap_or(0))
+        self.first()
+            .map(|l| l.k.size().first().copied().unwrap_or(0))
             .unwrap_or(0)
     }
 
+    /// A new cache of `f` applied to each layer's filled keys and values.
     fn map(&self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<KvCache> {
         let layers = self
             .layers
             .iter()
             .map(|l| match l {
-                Some((k, v)) => Ok(Some((f(k)?, f(v)?))),
+                Some(l) => {
+                    let (k, v) = l.filled()?;
+                    Ok(Some(LayerKv::whole(f(&k)?, f(&v)?)))
+                }
                 None => Ok(None),
             })
             .collect::<Result<_>>()?;
@@ -346,10 +406,13 @@ impl KvCache {
             .iter()
             .zip(&b.layers)
             .map(|(x, y)| match (x, y) {
-                (Some((ka, va)), Some((kb, vb))) => Ok(Some((
-                    Tensor::f_cat(&[ka, kb], 0)?,
-                    Tensor::f_cat(&[va, vb], 0)?,
-                ))),
+                (Some(x), Some(y)) => {
+                    let ((ka, va), (kb, vb)) = (x.filled()?, y.filled()?);
+                    Ok(Some(LayerKv::whole(
+                        Tensor::f_cat(&[ka, kb], 0)?,
+                        Tensor::f_cat(&[va, vb], 0)?,
+                    )))
+                }
                 _ => Err(TrainerError::invalid("cannot stack a partly empty cache")),
             })
             .collect::<Result<_>>()?;
@@ -814,11 +877,10 @@ impl Model {
             let mut k = rope(heads(&a.k, s.num_kv_heads, &a.k_norm)?)?;
             let mut v = heads(&a.v, s.num_kv_heads, &None)?;
             if let Some(slot) = cache.as_deref_mut().and_then(|c| c.layers.get_mut(li)) {
-                if let Some((pk, pv)) = slot.take() {
-                    k = Tensor::f_cat(&[&pk, &k], 2)?;
-                    v = Tensor::f_cat(&[&pv, &v], 2)?;
+                match slot {
+                    Some(layer) => (k, v) = layer.append(&k, &v)?,
+                    None => *slot = Some(LayerKv::whole(k.shallow_clone(), v.shallow_clone())),
                 }
-                *slot = Some((k.shallow_clone(), v.shallow_clone()));
             }
             let y = Tensor::f_scaled_dot_product_attention(
                 &q,
