@@ -19,6 +19,18 @@
 # table shows medians.
 # Writes target/bench-decode.md (machine, date, versions, the command, the table).
 #
+# --context C measures decode with C cached prompt tokens instead: the prompt is one
+# chat-templated user message, filler text (a fixed paragraph repeated, cut at a word) then
+# the question, C tokens in all (or a few fewer: the exact count is printed). Prefill of such
+# a prompt takes seconds to tens of seconds and varies, so t_N - t_1 is not used: the tokens
+# are timed as they come, and each side runs once a round (N tokens):
+#   graft serve   `/generate` with "stream": true (an SSE event per token); decode tokens/s =
+#                 B * (N - 1) / (the latest N-th token over the B requests - the latest
+#                 first token), from the arrival times of each request's events;
+#   transformers  `generate` with a streamer that records when each token is put; decode
+#                 tokens/s = B * (N - 1) / (last put - the first new token's put).
+# Writes target/bench-decode-context.md (graft serve's log: target/bench-decode-context-serve.log).
+#
 # transformers runs from a venv of its own, .graft-test-env/hf-bench (GRAFT_TEST_ENV
 # overrides the parent), made here when missing or when its pins changed (a stamp records
 # them): PyPI's torch 2.11.0 (the libtorch graft links; it pulls its CUDA packages, about
@@ -26,10 +38,14 @@
 # made the reference logits with). Needs python3.11 (or $PYTHON) and PyPI.
 #
 # Usage: bash scripts/bench-decode.sh [--batches 1,8] [--tokens 64] [--rounds 3]
-#          [--threads 2] [--attn sdpa|eager] [--graft PATH] [--update-docs]
+#          [--threads 2] [--attn sdpa|eager] [--context C] [--graft PATH] [--update-docs]
+#   --context C    decode with a C-token prompt, timed from streamed tokens (above; default
+#                  off: the 41-token question and t_N - t_1);
 #   --graft PATH   the graft binary (default target/release/graft, built when missing);
 #   --update-docs  also replaces the results in docs/BENCHMARKS.md (between the
-#                  bench:decode markers) with target/bench-decode.md.
+#                  bench:decode markers) with target/bench-decode.md; with --context,
+#                  those between the bench:decode-context markers, with
+#                  target/bench-decode-context.md (not updated when the markers are missing).
 set -euo pipefail
 
 HF_PKGS=(
@@ -50,12 +66,13 @@ tokens=64
 rounds=3
 threads=2
 attn=sdpa
+context=0
 graft=""
 update_docs=0
 shown=(bash scripts/bench-decode.sh)
 while [[ $# -gt 0 ]]; do
   case "$1" in
-    --batches|--tokens|--rounds|--threads|--attn|--graft)
+    --batches|--tokens|--rounds|--threads|--attn|--context|--graft)
       if [[ $# -lt 2 ]]; then echo "bench-decode: $1 needs a value" >&2; exit 2; fi
       case "$1" in
         --batches) batches="$2" ;;
@@ -63,6 +80,7 @@ while [[ $# -gt 0 ]]; do
         --rounds) rounds="$2" ;;
         --threads) threads="$2" ;;
         --attn) attn="$2" ;;
+        --context) context="$2" ;;
         --graft) graft="$2" ;;
       esac
       shown+=("$1" "$2")
@@ -77,6 +95,11 @@ if [[ "$attn" != sdpa && "$attn" != eager ]]; then
   echo "bench-decode: --attn takes sdpa or eager, not '$attn'" >&2
   exit 2
 fi
+if ! [[ "$context" =~ ^[0-9]+$ ]]; then
+  echo "bench-decode: --context takes a number of prompt tokens, not '$context'" >&2
+  exit 2
+fi
+context=$((10#$context))
 
 # The transformers venv.
 hf="$env_dir/hf-bench"
@@ -121,11 +144,20 @@ mkdir -p target
 rev="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 if [[ -n "$(git status --porcelain --untracked-files=no -- '*.rs' '*Cargo.toml' Cargo.lock 2>/dev/null)" ]]; then rev="$rev (+ uncommitted Rust changes)"; fi
 table="target/bench-decode-table.md"
-echo "bench-decode: batches $batches, $tokens tokens, $rounds rounds, $threads threads, $attn attention" >&2
+extra=()
+if (( context > 0 )); then
+  # Files of their own, so a --context run leaves the default run's results alone.
+  out="target/bench-decode-context.md"
+  table="target/bench-decode-context-table.md"
+  extra=(--context "$context" --serve-log target/bench-decode-context-serve.log)
+  echo "bench-decode: batches $batches, $tokens tokens, $rounds rounds, $threads threads, $attn attention, a $context-token prompt, streamed" >&2
+else
+  echo "bench-decode: batches $batches, $tokens tokens, $rounds rounds, $threads threads, $attn attention" >&2
+fi
 OMP_NUM_THREADS="$threads" MKL_NUM_THREADS="$threads" GRAFT_DEVICE=cpu \
   "$hf/bin/python" scripts/bench_decode.py \
   --graft "$graft" --model "$model" --batches "$batches" --tokens "$tokens" \
-  --rounds "$rounds" --threads "$threads" --attn "$attn" --out "$table"
+  --rounds "$rounds" --threads "$threads" --attn "$attn" ${extra[@]+"${extra[@]}"} --out "$table"
 {
   echo "Run $(date -u +%Y-%m-%dT%H:%MZ) with \`${shown[*]}\` on $(nproc) cores"
   echo "($(uname -m), $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2 | sed 's/^ //')),"
@@ -137,16 +169,18 @@ cat "$out"
 
 if [[ $update_docs == 1 ]]; then
   doc="docs/BENCHMARKS.md"
-  begin='<!-- bench:decode:begin -->'
-  end='<!-- bench:decode:end -->'
+  what=decode
+  if (( context > 0 )); then what=decode-context; fi
+  begin="<!-- bench:$what:begin -->"
+  end="<!-- bench:$what:end -->"
   if grep -qF "$begin" "$doc" && grep -qF "$end" "$doc"; then
     awk -v b="$begin" -v e="$end" -v f="$out" '
       $0 == b { print; while ((getline line < f) > 0) print line; skip = 1; next }
       $0 == e { skip = 0 }
       !skip { print }' "$doc" > "$doc.tmp" && mv "$doc.tmp" "$doc"
-    echo "bench-decode: decode results in $doc replaced"
+    echo "bench-decode: $what results in $doc replaced"
   else
-    echo "bench-decode: $doc has no bench:decode markers; not updated" >&2
+    echo "bench-decode: $doc has no bench:$what markers ($begin / $end); not updated" >&2
   fi
 fi
 echo "bench-decode: results in $out"
