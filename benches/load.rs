@@ -569,6 +569,9 @@ struct Rec {
     first_status: Option<u16>,
     /// Set when the target failed >10% of requests at this rate (or a lower one).
     saturated_at: Option<u32>,
+    /// graft targets: WAL fsyncs during the measured slices, by the upper bound (seconds)
+    /// of their bucket in graft's own `graft_recorder_fsync_seconds` histogram.
+    fsyncs: Vec<(f64, u64)>,
 }
 
 impl Rec {
@@ -581,6 +584,7 @@ impl Rec {
         self.secs += o.secs;
         self.first_status = self.first_status.or(o.first_status);
         self.saturated_at = self.saturated_at.or(o.saturated_at);
+        add_buckets(&mut self.fsyncs, &o.fsyncs);
     }
     fn sorted_pct(&self, p: f64) -> Option<u64> {
         let mut v = self.total.clone();
@@ -618,6 +622,68 @@ impl Rec {
 }
 
 /// Nearest-rank percentile of sorted nanoseconds.
+/// The cumulative buckets `(le seconds, count)` of graft's WAL fsync histogram, read from
+/// the target's `/metrics`; `None` for targets that are not graft or do not answer.
+fn fsync_histogram(phase: &Phase<'_>, t: &Target) -> Option<Vec<(f64, u64)>> {
+    if !t.name.starts_with("graft") {
+        return None;
+    }
+    let uri: hyper::Uri = format!(
+        "{}://{}/metrics",
+        t.uri.scheme_str()?,
+        t.uri.authority()?.as_str()
+    )
+    .parse()
+    .ok()?;
+    let text = phase.rt.block_on(async {
+        let req = Request::get(uri).body(Full::new(Bytes::new())).ok()?;
+        let resp = tokio::time::timeout(Duration::from_secs(5), t.client.request(req))
+            .await
+            .ok()?
+            .ok()?;
+        let body = resp.into_body().collect().await.ok()?.to_bytes();
+        String::from_utf8(body.to_vec()).ok()
+    })?;
+    let buckets = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("graft_recorder_fsync_seconds_bucket{le=\""))
+        .filter_map(|rest| {
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.split_whitespace().next()?.parse().ok()?))
+        })
+        .collect::<Vec<_>>();
+    (!buckets.is_empty()).then_some(buckets)
+}
+
+/// `into += from`, bucket by bucket (the same bounds), or `from` when `into` is empty.
+fn add_buckets(into: &mut Vec<(f64, u64)>, from: &[(f64, u64)]) {
+    if into.is_empty() {
+        into.extend_from_slice(from);
+    } else {
+        for (a, b) in into.iter_mut().zip(from) {
+            a.1 += b.1;
+        }
+    }
+}
+
+/// The bucket bound (seconds) under which `p` percent of the fsyncs fell, and their count.
+fn fsync_pct(buckets: &[(f64, u64)], p: f64) -> Option<(f64, u64)> {
+    let total = buckets.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    let want = (total as f64 * p / 100.0).ceil() as u64;
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= want)
+        .map(|(le, _)| (*le, total))
+}
+
 fn pct(sorted: &[u64], p: f64) -> Option<u64> {
     if sorted.is_empty() {
         return None;
@@ -747,7 +813,13 @@ fn run_rates(
                         drain(phase, t);
                     }
                 }
+                let before = fsync_histogram(phase, t);
                 let mut r = phase.open_loop(t, rate, slice, stream);
+                if let (Some(b), Some(a)) = (before, fsync_histogram(phase, t))
+                    && a.len() == b.len()
+                {
+                    r.fsyncs = a.iter().zip(&b).map(|(a, b)| (a.0, a.1 - b.1)).collect();
+                }
                 let sent = r.ok + r.errors.total();
                 eprintln!(
                     "load: {label}{rate} rps {:<12} round {} ok {} errors {} p50 {} p99 {} ms",
@@ -1229,6 +1301,32 @@ fn main() {
                 ms(pct(&r.lag, 99.0)),
             );
         }
+    }
+    let mut fsync_lines = String::new();
+    for (rate, recs) in &fixed {
+        for (t, r) in targets.iter().zip(recs) {
+            if let (Some((p50, n)), Some((p99, _))) =
+                (fsync_pct(&r.fsyncs, 50.0), fsync_pct(&r.fsyncs, 99.0))
+            {
+                let _ = writeln!(
+                    fsync_lines,
+                    "- {} at {rate} rps: {n} fsyncs ({:.1} calls each), p50 ≤ {:.3} ms, p99 ≤ {:.3} ms",
+                    t.name,
+                    r.ok as f64 / n as f64,
+                    p50 * 1e3,
+                    p99 * 1e3
+                );
+            }
+        }
+    }
+    if !fsync_lines.is_empty() {
+        let _ = writeln!(
+            md,
+            "\nWAL fsyncs during the measured slices, from each gateway's own \
+             `graft_recorder_fsync_seconds` histogram (a bucket's upper bound; buckets double \
+             from 10 µs). Sync durability answers a call after the fsync of its group, so sync's \
+             added latency cannot be below this:\n\n{fsync_lines}"
+        );
     }
     if !streamed.is_empty() {
         let _ = writeln!(
