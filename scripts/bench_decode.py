@@ -244,31 +244,10 @@ class Transformers:
         # mask it instead, and the two would part at the model's first end.)
         self.model.generation_config.eos_token_id = None
 
-    def generate_batch(self, ids, batch, n):
+    def _generate(self, ids, batch, n, streamer=None):
+        """generate() on `batch` left-padded copies of `ids`, exactly n new tokens, greedy;
+        returns (seconds, the new tokens)."""
         enc = self.tok.pad({"input_ids": [ids] * batch}, padding=True, return_tensors="pt")
-        with torch.inference_mode():
-            t0 = time.perf_counter()
-            out = self.model.generate(
-                **enc,
-                max_new_tokens=n,
-                min_new_tokens=n,
-                do_sample=False,
-                temperature=None,
-                top_p=None,
-                top_k=None,
-                pad_token_id=self.tok.pad_token_id,
-            )
-            secs = time.perf_counter() - t0
-        new = out[:, enc["input_ids"].shape[1]:]
-        if new.shape[1] != n:
-            raise SystemExit(f"bench-decode: transformers generated {new.shape[1]} tokens, not {n}")
-        return secs, new.tolist()
-
-    def generate_batch_stream(self, ids, batch, n):
-        """generate() with a streamer; returns (first token seconds, decode seconds, the new
-        tokens): from the call to the first new token's put, and from that to the last put."""
-        enc = self.tok.pad({"input_ids": [ids] * batch}, padding=True, return_tensors="pt")
-        streamer = PutTimes()
         with torch.inference_mode():
             t0 = time.perf_counter()
             out = self.model.generate(
@@ -282,9 +261,22 @@ class Transformers:
                 pad_token_id=self.tok.pad_token_id,
                 streamer=streamer,
             )
+            secs = time.perf_counter() - t0
         new = out[:, enc["input_ids"].shape[1]:]
         if new.shape[1] != n:
             raise SystemExit(f"bench-decode: transformers generated {new.shape[1]} tokens, not {n}")
+        return secs, new
+
+    def generate_batch(self, ids, batch, n):
+        secs, new = self._generate(ids, batch, n)
+        return secs, new.tolist()
+
+    def generate_batch_stream(self, ids, batch, n):
+        """generate() with a streamer; returns (first token seconds, decode seconds, the new
+        tokens): from the call to the first new token's put, and from that to the last put."""
+        streamer = PutTimes()
+        t0 = time.perf_counter()
+        _, new = self._generate(ids, batch, n, streamer)
         # The prompt's put, then one per new token.
         if len(streamer.times) != n + 1:
             raise SystemExit(f"bench-decode: the streamer got {len(streamer.times)} puts, not 1 + {n}")
