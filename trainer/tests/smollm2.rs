@@ -139,7 +139,7 @@ fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
             let all = Tensor::from_slice(&ids).unsqueeze(0).repeat([rows, 1]);
             let mut cache = KvCache::new();
             let stepped = tch::no_grad(|| -> anyhow::Result<Tensor> {
-                model.forward_step(&all.narrow(1, 0, n - 1), &mut cache)?;
+                let _prefill = model.forward_step(&all.narrow(1, 0, n - 1), &mut cache)?;
                 Ok(model.forward_step(&all.narrow(1, n - 1, 1), &mut cache)?)
             })?;
             for r in 0..rows {
