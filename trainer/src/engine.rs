@@ -140,7 +140,8 @@ fn gone() -> TrainerError {
 impl Engine {
     /// Starts the engine thread with `model`, serving it as `weight_version`, decoding at
     /// most `max_batch` requests together.
-    pub fn start(model: Model, weight_version: String, max_batch: usize) -> Result<Engine> {
+    pub fn start(mut model: Model, weight_version: String, max_batch: usize) -> Result<Engine> {
+        tch::no_grad(|| model.fuse_projections())?;
         let (tx, rx) = mpsc::channel();
         let eos = eos_ids(model.raw_config());
         let mut state = State {
@@ -365,7 +366,9 @@ impl State {
                 version,
                 reply,
             } => {
-                let r = match Model::load(&dir, self.model.device(), self.model.kind()) {
+                let loaded = Model::load(&dir, self.model.device(), self.model.kind())
+                    .and_then(|mut m| tch::no_grad(|| m.fuse_projections()).map(|()| m));
+                let r = match loaded {
                     Ok(m) if m.spec() == self.model.spec() => {
                         self.retract();
                         self.model = m;

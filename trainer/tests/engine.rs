@@ -152,6 +152,34 @@ fn weights_reload_changes_outputs_and_version() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The in-process handoff into the served model, whose q/k/v and gate/up are views of
+/// stacked weights (`Model::fuse_projections`): the engine then decodes exactly what the
+/// new weights, loaded plainly, sample.
+#[test]
+fn weights_handed_over_as_tensors_reach_the_fused_projections() -> anyhow::Result<()> {
+    let tmp = tempfile::tempdir()?;
+    perturbed(tmp.path())?;
+    let new_model = load(tmp.path())?;
+    let engine = Engine::start(load(&fixture())?, "v0".to_owned(), 4)?;
+    let p = vec![9, 8, 7];
+    let old = generate::sample(&load(&fixture())?, std::slice::from_ref(&p), 5, 0.0)?;
+    let want = generate::sample(&new_model, std::slice::from_ref(&p), 5, 0.0)?;
+    assert_ne!(
+        old[0].tokens, want[0].tokens,
+        "the perturbation must change the output"
+    );
+    let (_, rx) = engine.generate(greedy(&p, 5))?;
+    assert_eq!(collect(&rx)?.0, old[0].tokens);
+    engine.update_weights_from_tensors(new_model.named_parameters(), "v1".to_owned())?;
+    let (_, rx) = engine.generate(greedy(&p, 5))?;
+    let (ids, logprobs, _) = collect(&rx)?;
+    assert_eq!(ids, want[0].tokens);
+    for (a, b) in logprobs.iter().zip(&want[0].logprobs) {
+        assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+    }
+    Ok(())
+}
+
 #[test]
 fn retract_keeps_in_flight_requests_and_finishes_them_with_the_new_weights() -> anyhow::Result<()> {
     let tmp = tempfile::tempdir()?;

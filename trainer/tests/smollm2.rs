@@ -107,6 +107,9 @@ fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
             .map(|(_, t)| t.shallow_clone())
             .ok_or_else(|| anyhow::anyhow!("{name} is not in the reference file"))
     };
+    // The model as `graft serve`'s engine holds it: q/k/v and gate/up stacked.
+    let mut served = Model::load(tmp.path(), Device::Cpu, Kind::Float)?;
+    tch::no_grad(|| served.fuse_projections())?;
     let prompts = [
         "The capital of France is",
         "<|im_start|>user\nWhat is 17 + 25? Answer with a number.<|im_end|>\n<|im_start|>assistant\n",
@@ -131,16 +134,16 @@ fn imported_smollm2_completes_facts() -> anyhow::Result<()> {
             want.argmax(-1, false).int64_value(&[]),
             "prompt {i}"
         );
-        // The way `graft serve` decodes: the prompt but its last token into the KV cache,
-        // then the last token alone, for one row and for a batch of 8 (the few-rows
-        // products of `model::linear`), must give the same logits.
+        // The way `graft serve` decodes: the served (stacked) model, the prompt but its last
+        // token into the KV cache, then the last token alone, for one row and for a batch
+        // of 8 (the few-rows products of `model::linear`), must give the same logits.
         let n = ids.len() as i64;
         for rows in [1, 8] {
             let all = Tensor::from_slice(&ids).unsqueeze(0).repeat([rows, 1]);
             let mut cache = KvCache::new();
             let stepped = tch::no_grad(|| -> anyhow::Result<Tensor> {
-                let _prefill = model.forward_step(&all.narrow(1, 0, n - 1), &mut cache)?;
-                Ok(model.forward_step(&all.narrow(1, n - 1, 1), &mut cache)?)
+                let _prefill = served.forward_step(&all.narrow(1, 0, n - 1), &mut cache)?;
+                Ok(served.forward_step(&all.narrow(1, n - 1, 1), &mut cache)?)
             })?;
             for r in 0..rows {
                 let got = stepped.get(r).get(-1);

@@ -507,12 +507,40 @@ struct Attention {
     o: Linear,
     q_norm: Option<Tensor>,
     k_norm: Option<Tensor>,
+    /// q, k and v as one product ([`Model::fuse_projections`]); `q`, `k`, `v` are then
+    /// views of it.
+    qkv: Option<Linear>,
 }
 
 struct Mlp {
     gate: Linear,
     up: Linear,
     down: Linear,
+    /// gate and up as one product ([`Model::fuse_projections`]).
+    gate_up: Option<Linear>,
+}
+
+/// One weight (and bias, when all have one) holding `parts` stacked by rows; each part's
+/// weight and bias become views of it, so writing a part writes the whole.
+fn stack_rows(parts: &mut [&mut Linear]) -> Result<Linear> {
+    let weights: Vec<&Tensor> = parts.iter().map(|l| &l.weight).collect();
+    let weight = Tensor::f_cat(&weights, 0)?;
+    let bias = if parts.iter().all(|l| l.bias.is_some()) {
+        let biases: Vec<&Tensor> = parts.iter().filter_map(|l| l.bias.as_ref()).collect();
+        Some(Tensor::f_cat(&biases, 0)?)
+    } else {
+        None
+    };
+    let mut at = 0;
+    for l in parts.iter_mut() {
+        let rows = l.weight.size().first().copied().unwrap_or(0);
+        l.weight = weight.f_narrow(0, at, rows)?;
+        if let Some(b) = &bias {
+            l.bias = Some(b.f_narrow(0, at, rows)?);
+        }
+        at += rows;
+    }
+    Ok(Linear { weight, bias })
 }
 
 struct Layer {
@@ -668,12 +696,14 @@ impl Model {
                     o: linear(&format!("{p}.self_attn.o_proj"))?,
                     q_norm: opt(&format!("{p}.self_attn.q_norm.weight")),
                     k_norm: opt(&format!("{p}.self_attn.k_norm.weight")),
+                    qkv: None,
                 },
                 post_norm: get(&format!("{p}.post_attention_layernorm.weight"))?,
                 mlp: Mlp {
                     gate: linear(&format!("{p}.mlp.gate_proj"))?,
                     up: linear(&format!("{p}.mlp.up_proj"))?,
                     down: linear(&format!("{p}.mlp.down_proj"))?,
+                    gate_up: None,
                 },
             });
         }
@@ -731,6 +761,40 @@ impl Model {
             .iter()
             .map(|(n, t)| (n.clone(), t.shallow_clone()))
             .collect()
+    }
+
+    /// For serving: q/k/v and gate/up each become one product over one stacked weight (one
+    /// library call instead of three and two per layer and step); the parameters become
+    /// views of the stacked weights, so [`Model::copy_params_from`] still updates them in
+    /// place. Not for training: the parameters are no longer leaves of their own.
+    pub fn fuse_projections(&mut self) -> Result<()> {
+        for (l, layer) in self.layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{l}");
+            let a = &mut layer.attn;
+            if a.qkv.is_none() {
+                a.qkv = Some(stack_rows(&mut [&mut a.q, &mut a.k, &mut a.v])?);
+            }
+            let m = &mut layer.mlp;
+            if m.gate_up.is_none() {
+                m.gate_up = Some(stack_rows(&mut [&mut m.gate, &mut m.up])?);
+            }
+            let views = [
+                ("self_attn.q_proj", &a.q),
+                ("self_attn.k_proj", &a.k),
+                ("self_attn.v_proj", &a.v),
+                ("mlp.gate_proj", &m.gate),
+                ("mlp.up_proj", &m.up),
+            ];
+            for (name, lin) in views {
+                self.params
+                    .insert(format!("{p}.{name}.weight"), lin.weight.shallow_clone());
+                if let Some(b) = &lin.bias {
+                    self.params
+                        .insert(format!("{p}.{name}.bias"), b.shallow_clone());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Copies `params` (HF names, every parameter of this model, same shapes; any dtype
@@ -862,8 +926,20 @@ impl Model {
         for (li, layer) in self.layers.iter().enumerate() {
             let h = rms_norm(&x, &layer.input_norm, s.rms_norm_eps)?;
             let a = &layer.attn;
-            let heads = |lin: &Linear, n: i64, norm: &Option<Tensor>| -> Result<Tensor> {
-                let y = lin.forward(&h)?.f_view([b, t, n, s.head_dim])?;
+            let (nq, nkv) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+            let (yq, yk, yv) = match &a.qkv {
+                Some(qkv) => {
+                    let y = qkv.forward(&h)?;
+                    (
+                        y.f_narrow(-1, 0, nq)?,
+                        y.f_narrow(-1, nq, nkv)?,
+                        y.f_narrow(-1, nq + nkv, nkv)?,
+                    )
+                }
+                None => (a.q.forward(&h)?, a.k.forward(&h)?, a.v.forward(&h)?),
+            };
+            let heads = |y: Tensor, n: i64, norm: &Option<Tensor>| -> Result<Tensor> {
+                let y = y.f_reshape([b, t, n, s.head_dim])?;
                 let y = match norm {
                     Some(w) => rms_norm(&y, w, s.rms_norm_eps)?,
                     None => y,
@@ -873,9 +949,9 @@ impl Model {
             let rope = |y: Tensor| -> Result<Tensor> {
                 Ok(y.f_mul(&cos)?.f_add(&rotate_half(&y)?.f_mul(&sin)?)?)
             };
-            let q = rope(heads(&a.q, s.num_heads, &a.q_norm)?)?;
-            let mut k = rope(heads(&a.k, s.num_kv_heads, &a.k_norm)?)?;
-            let mut v = heads(&a.v, s.num_kv_heads, &None)?;
+            let q = rope(heads(yq, s.num_heads, &a.q_norm)?)?;
+            let mut k = rope(heads(yk, s.num_kv_heads, &a.k_norm)?)?;
+            let mut v = heads(yv, s.num_kv_heads, &None)?;
             if let Some(slot) = cache.as_deref_mut().and_then(|c| c.layers.get_mut(li)) {
                 match slot {
                     Some(layer) => (k, v) = layer.append(&k, &v)?,
@@ -898,8 +974,15 @@ impl Model {
             x = x.f_add(&a.o.forward(&y)?)?;
             let h = rms_norm(&x, &layer.post_norm, s.rms_norm_eps)?;
             let m = &layer.mlp;
-            let g = m.gate.forward(&h)?.f_silu()?;
-            let y = m.down.forward(&g.f_mul(&m.up.forward(&h)?)?)?;
+            let (g, u) = match &m.gate_up {
+                Some(gu) => {
+                    let y = gu.forward(&h)?;
+                    let i = s.intermediate_size;
+                    (y.f_narrow(-1, 0, i)?, y.f_narrow(-1, i, i)?)
+                }
+                None => (m.gate.forward(&h)?, m.up.forward(&h)?),
+            };
+            let y = m.down.forward(&g.f_silu()?.f_mul(&u)?)?;
             x = x.f_add(&y)?;
         }
         rms_norm(&x, &self.norm, s.rms_norm_eps)
