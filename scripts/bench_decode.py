@@ -106,19 +106,15 @@ class GraftServe:
         finally:
             conn.close()
 
-    def generate_batch(self, ids, batch, n):
-        """B concurrent /generate requests; returns (seconds, the answers)."""
-        body = json.dumps(
-            {
-                "input_ids": ids,
-                "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
-            }
-        ).encode()
+    def _concurrently(self, body, batch, read):
+        """POSTs `body` to /generate on `batch` connections at once (opened beforehand);
+        `read(response)` reads each answer. Returns (the send time, the seconds until every
+        answer was read, the reads in order)."""
         conns = [http.client.HTTPConnection(self.host, self.port, timeout=600) for _ in range(batch)]
         for c in conns:
             c.connect()
         go = threading.Barrier(batch + 1)
-        answers = [None] * batch
+        reads = [None] * batch
         errors = []
 
         def one(i):
@@ -126,10 +122,9 @@ class GraftServe:
                 go.wait()
                 conns[i].request("POST", "/generate", body, {"Content-Type": "application/json"})
                 r = conns[i].getresponse()
-                data = r.read()
                 if r.status != 200:
-                    raise RuntimeError(f"/generate answered {r.status}: {data[:300]!r}")
-                answers[i] = json.loads(data)
+                    raise RuntimeError(f"/generate answered {r.status}: {r.read()[:300]!r}")
+                reads[i] = read(r)
             except Exception as e:  # reported below, with the others
                 errors.append(e)
 
@@ -145,6 +140,17 @@ class GraftServe:
             c.close()
         if errors:
             raise SystemExit(f"bench-decode: graft serve: {errors[0]}")
+        return t0, secs, reads
+
+    def generate_batch(self, ids, batch, n):
+        """B concurrent /generate requests; returns (seconds, the answers)."""
+        body = json.dumps(
+            {
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": n, "temperature": 0.0, "ignore_eos": True},
+            }
+        ).encode()
+        _, secs, answers = self._concurrently(body, batch, lambda r: json.loads(r.read()))
         for a in answers:
             got = len(a["output_ids"])
             if got != n:
@@ -162,47 +168,23 @@ class GraftServe:
                 "stream": True,
             }
         ).encode()
-        conns = [http.client.HTTPConnection(self.host, self.port, timeout=600) for _ in range(batch)]
-        for c in conns:
-            c.connect()
-        go = threading.Barrier(batch + 1)
-        events = [None] * batch  # (arrival time, the event's JSON text) per request
-        errors = []
 
-        def one(i):
-            try:
-                go.wait()
-                conns[i].request("POST", "/generate", body, {"Content-Type": "application/json"})
-                r = conns[i].getresponse()
-                if r.status != 200:
-                    raise RuntimeError(f"/generate answered {r.status}: {r.read()[:300]!r}")
-                got = []
-                while True:
-                    line = r.readline()
-                    t = time.perf_counter()
-                    if not line:
-                        raise RuntimeError("the event stream ended before data: [DONE]")
-                    if not line.startswith(b"data: "):
-                        continue
-                    data = line[len(b"data: "):].strip()
-                    if data == b"[DONE]":
-                        break
-                    got.append((t, data))  # parsed after the run, not while tokens arrive
-                events[i] = got
-            except Exception as e:  # reported below, with the others
-                errors.append(e)
+        def read_events(r):
+            """(arrival time, the event's JSON text) per event, parsed after the run."""
+            got = []
+            while True:
+                line = r.readline()
+                t = time.perf_counter()
+                if not line:
+                    raise RuntimeError("the event stream ended before data: [DONE]")
+                if not line.startswith(b"data: "):
+                    continue
+                data = line[len(b"data: "):].strip()
+                if data == b"[DONE]":
+                    return got
+                got.append((t, data))
 
-        workers = [threading.Thread(target=one, args=(i,)) for i in range(batch)]
-        for w in workers:
-            w.start()
-        go.wait()
-        t0 = time.perf_counter()
-        for w in workers:
-            w.join()
-        for c in conns:
-            c.close()
-        if errors:
-            raise SystemExit(f"bench-decode: graft serve: {errors[0]}")
+        t0, _, events = self._concurrently(body, batch, read_events)
         firsts, lasts, answers = [], [], []
         for got in events:
             first = last = answer = None
