@@ -571,6 +571,17 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "prompt", "{}", r.text());
+    // A negative token limit is refused, not read as "no limit" (which decoded to the end
+    // of the context).
+    let r = http::post_json(
+        &format!("{}/v1/chat/completions", gw.url),
+        &[],
+        &json!({"model": "qwen3", "max_tokens": -5,
+                "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "max_tokens", "{}", r.text());
     // A backend that is down: a 502 in the client's dialect, recorded; the gateway stays up.
     drop(b);
     drop(a);

@@ -169,6 +169,23 @@ pub struct Sampling {
 
 /// OpenAI's `logit_bias` (`{"token id": bias}`), checked: an object of numbers. `None` when
 /// absent or `null`.
+/// `obj[key]` as a non-negative integer: absent or null is `None`; anything else (a
+/// negative or fractional number, a string) is a 400 naming the field.
+pub(crate) fn non_negative_int(
+    obj: &Map<String, Value>,
+    key: &str,
+) -> Result<Option<u64>, GatewayError> {
+    match obj.get(key) {
+        None | Some(Value::Null) => Ok(None),
+        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            GatewayError::field(
+                key,
+                format!("'{key}' must be a non-negative integer, got {v}"),
+            )
+        }),
+    }
+}
+
 pub(crate) fn logit_bias_of(v: Option<&Value>) -> Result<Option<Map<String, Value>>, GatewayError> {
     match v {
         None | Some(Value::Null) => Ok(None),

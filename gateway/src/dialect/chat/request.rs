@@ -234,11 +234,11 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let sampling = Sampling {
         temperature: f64_of("temperature"),
         top_p: f64_of("top_p"),
-        top_k: obj.get("top_k").and_then(Value::as_u64),
-        max_tokens: obj
-            .get("max_completion_tokens")
-            .or_else(|| obj.get("max_tokens"))
-            .and_then(Value::as_u64),
+        top_k: crate::dialect::non_negative_int(obj, "top_k")?,
+        max_tokens: match crate::dialect::non_negative_int(obj, "max_completion_tokens")? {
+            Some(n) => Some(n),
+            None => crate::dialect::non_negative_int(obj, "max_tokens")?,
+        },
         stop,
         seed: obj.get("seed").and_then(Value::as_i64),
         presence_penalty: f64_of("presence_penalty"),

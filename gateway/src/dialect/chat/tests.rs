@@ -102,6 +102,29 @@ fn bad_chat_input_names_the_path() {
     )
     .unwrap_err();
     assert!(e.to_string().contains("messages[0].content[0].type"), "{e}");
+    // Token limits and top_k are non-negative integers (null: not given). A negative limit
+    // once parsed as "no limit" and the call decoded to the end of the context.
+    for (key, v) in [
+        ("max_tokens", json!(-5)),
+        ("max_completion_tokens", json!("64")),
+        ("max_tokens", json!(1.5)),
+        ("top_k", json!(-1)),
+    ] {
+        let mut body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}]});
+        body[key] = v.clone();
+        let e = parse_request(&body).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains(&format!("'{key}' must be a non-negative integer, got {v}")),
+            "{key}: {e}"
+        );
+    }
+    let ok = parse_request(
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "max_tokens": null, "max_completion_tokens": 7}),
+    )
+    .unwrap();
+    assert_eq!(ok.sampling.max_tokens, Some(7));
 }
 
 #[test]
