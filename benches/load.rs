@@ -84,6 +84,14 @@ struct Args {
     /// Worker threads of the generator's tokio runtime.
     #[arg(long, default_value_t = 1)]
     gen_threads: usize,
+    /// Also drive a sync gateway whose WAL is appended to (`recorder.wal_preallocate =
+    /// false`), beside the default one that keeps its segment zero-filled ahead.
+    #[arg(long)]
+    wal_append_target: bool,
+    /// Targets not to drive (comma separated names, e.g. "bare proxy,graft async"); direct,
+    /// the baseline, is always driven. Their processes still start and sit idle.
+    #[arg(long, value_delimiter = ',')]
+    skip: Vec<String>,
     /// Also benchmark LiteLLM's proxy (needs --litellm-bin).
     #[arg(long)]
     litellm: bool,
@@ -1091,10 +1099,28 @@ fn main() {
     eprintln!("load: bare proxy {bare_url}");
     targets.push(("bare proxy", bare_url));
     procs.push(bare);
-    for (name, mode) in [("graft async", "async"), ("graft sync", "sync")] {
-        let data = tmp.path().join(format!("data-{mode}"));
+    let mut gateways = vec![("graft async", "async", true), ("graft sync", "sync", true)];
+    if args.wal_append_target {
+        gateways.push(("graft sync, WAL appended", "sync", false));
+    }
+    for (name, mode, preallocate) in gateways {
+        let tag = if preallocate {
+            mode.to_string()
+        } else {
+            format!("{mode}-append")
+        };
+        let data = tmp.path().join(format!("data-{tag}"));
+        let config = tmp.path().join(format!("graft-{tag}.toml"));
+        std::fs::write(
+            &config,
+            format!("[recorder]\nwal_preallocate = {preallocate}\n"),
+        )
+        .unwrap();
         let mut cmd = Command::new(&graft);
-        cmd.args(["gateway", "--listen", "127.0.0.1:0", "--upstream"])
+        cmd.arg("gateway")
+            .arg("--config")
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0", "--upstream"])
             .arg(format!("{upstream}/v1"))
             .arg("--data-dir")
             .arg(&data)
@@ -1102,7 +1128,7 @@ fn main() {
         let mut p = Proc::spawn(
             name,
             cmd,
-            tmp.path().join(format!("gateway-{mode}.log")),
+            tmp.path().join(format!("gateway-{tag}.log")),
             false,
         );
         let url = p.listening_url(Duration::from_secs(30));
@@ -1156,6 +1182,7 @@ fn main() {
     }
     let targets: Vec<Target> = targets
         .into_iter()
+        .filter(|(name, _)| *name == "direct" || !args.skip.iter().any(|s| s == name))
         .map(|(name, url)| {
             let key = if name == "LiteLLM" {
                 master_key.as_str()
@@ -1305,12 +1332,29 @@ fn main() {
     let mut fsync_lines = String::new();
     for (rate, recs) in &fixed {
         for (t, r) in targets.iter().zip(recs) {
-            if let (Some((p50, n)), Some((p99, _))) =
-                (fsync_pct(&r.fsyncs, 50.0), fsync_pct(&r.fsyncs, 99.0))
-            {
+            if let (Some((p50, n)), Some((p99, _)), Some((max, _))) = (
+                fsync_pct(&r.fsyncs, 50.0),
+                fsync_pct(&r.fsyncs, 99.0),
+                fsync_pct(&r.fsyncs, 100.0),
+            ) {
+                // A rare slow fsync holds up every call that arrives while it runs, so the
+                // slowest ones matter to the calls' p99 more than the fsyncs' own p99 says.
+                let slow = r
+                    .fsyncs
+                    .iter()
+                    .find(|(le, _)| *le >= 0.005)
+                    .map(|(le, c)| (*le, n - c));
+                let max = if max.is_finite() {
+                    format!("≤ {:.3} ms", max * 1e3)
+                } else {
+                    "beyond the histogram".to_string()
+                };
+                let slow = slow.map_or(String::new(), |(le, k)| {
+                    format!(", {k} over {:.2} ms", le * 1e3)
+                });
                 let _ = writeln!(
                     fsync_lines,
-                    "- {} at {rate} rps: {n} fsyncs ({:.1} calls each), p50 ≤ {:.3} ms, p99 ≤ {:.3} ms",
+                    "- {} at {rate} rps: {n} fsyncs ({:.1} calls each), p50 ≤ {:.3} ms, p99 ≤ {:.3} ms, max {max}{slow}",
                     t.name,
                     r.ok as f64 / n as f64,
                     p50 * 1e3,

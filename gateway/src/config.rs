@@ -191,6 +191,10 @@ pub struct RecorderSection {
     /// Sessions whose recent calls the writer keeps as delta bases (default 4096; the least
     /// recently written lose theirs first: their next call is stored whole).
     pub delta_base_sessions: Option<usize>,
+    /// Keep the open WAL segment zero-filled a little ahead of the writer (default true),
+    /// so that a record's fsync does not also commit a new file size to the filesystem's
+    /// journal. Off: the WAL is appended to.
+    pub wal_preallocate: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -334,6 +338,7 @@ pub struct RecordingConfig {
     /// Lower-cased names of the request headers each record keeps.
     pub record_headers: Vec<http::HeaderName>,
     pub delta_base_sessions: usize,
+    pub wal_preallocate: bool,
 }
 
 #[derive(Clone, Default)]
@@ -574,6 +579,7 @@ impl GatewayConfig {
                 seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
                 record_headers: record_headers(&r.record_headers)?,
                 delta_base_sessions: r.delta_base_sessions.unwrap_or(4096),
+                wal_preallocate: r.wal_preallocate.unwrap_or(true),
             },
             auth: AuthConfig {
                 admin_key,

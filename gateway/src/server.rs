@@ -78,6 +78,7 @@ impl Gateway {
         rc.segment_max_bytes = rs.segment_max_bytes;
         rc.seal_after = rs.seal_after;
         rc.max_base_sessions = rs.delta_base_sessions;
+        rc.preallocate = rs.wal_preallocate;
         rc.on_fsync = Some(Arc::new(move |d, n| m.observe_fsync(d, n)));
         let dir = rs.data_dir.display().to_string();
         let (recorder, recovery) =

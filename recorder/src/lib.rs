@@ -13,6 +13,7 @@
 mod columnar;
 pub mod delta;
 mod error;
+mod prealloc;
 mod reader;
 mod record;
 mod redact;
@@ -70,12 +71,16 @@ pub struct RecorderConfig {
     /// recently written sessions lose theirs (their next call is stored whole), so sessions
     /// that are never closed cannot grow the writer's memory.
     pub max_base_sessions: usize,
+    /// Keep the open WAL segment zero-filled (and synced) a little ahead of the writer, so
+    /// that a record's fsync does not also commit a new file size through the
+    /// filesystem's journal.
+    pub preallocate: bool,
     pub on_fsync: Option<OnFsync>,
 }
 
 impl RecorderConfig {
     /// Defaults: `Sync`, queue 65536, 64 MiB segments, sealed after 60 s, delta bases for
-    /// 4096 sessions, no fsync hook.
+    /// 4096 sessions, segments zero-filled ahead, no fsync hook.
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         Self {
             dir: dir.into(),
@@ -84,6 +89,7 @@ impl RecorderConfig {
             segment_max_bytes: 64 * 1024 * 1024,
             seal_after: Duration::from_secs(60),
             max_base_sessions: 4096,
+            preallocate: true,
             on_fsync: None,
         }
     }
@@ -98,6 +104,7 @@ impl std::fmt::Debug for RecorderConfig {
             .field("segment_max_bytes", &self.segment_max_bytes)
             .field("seal_after", &self.seal_after)
             .field("max_base_sessions", &self.max_base_sessions)
+            .field("preallocate", &self.preallocate)
             .field("on_fsync", &self.on_fsync.is_some())
             .finish()
     }

@@ -144,7 +144,7 @@ pub(crate) fn seal_segment_with(
             return Err(e);
         }
     };
-    let torn = reader.file_len() - reader.valid_len();
+    let torn = wal::torn_len(&wal_path, reader.valid_len())?;
     if torn > 0 {
         tracing::warn!(
             path = %wal_path.display(),
@@ -485,15 +485,17 @@ pub(crate) fn recover(dir: &Path) -> Result<(RecoveryReport, u64)> {
             continue;
         }
         let scan = wal::measure_segment(path)?;
-        if scan.torn_bytes() > 0 {
+        if scan.torn_bytes > 0 {
             tracing::warn!(
                 path = %path.display(),
                 valid_bytes = scan.valid_len,
-                torn_bytes = scan.torn_bytes(),
+                torn_bytes = scan.torn_bytes,
                 "WAL segment has a torn tail (crash while writing); truncating it at the last good frame"
             );
+            report.torn_bytes_dropped += scan.torn_bytes;
+        }
+        if scan.file_len > scan.valid_len {
             wal::truncate(path, scan.valid_len)?;
-            report.torn_bytes_dropped += scan.torn_bytes();
         }
         report.recovered_records += scan.records;
         // Parquet of an interrupted seal of this segment is rewritten below.

@@ -216,12 +216,9 @@ pub(crate) struct SegmentExtent {
     pub records: u64,
     pub valid_len: u64,
     pub file_len: u64,
-}
-
-impl SegmentExtent {
-    pub fn torn_bytes(&self) -> u64 {
-        self.file_len - self.valid_len
-    }
+    /// Bytes after the valid part up to the last non-zero byte: what a crash tore. The
+    /// zeros after it are the writer's zero-filled lead (`prealloc`), not data.
+    pub torn_bytes: u64,
 }
 
 /// Counts a segment's valid records and measures its valid part without holding them.
@@ -231,11 +228,38 @@ pub(crate) fn measure_segment(path: &Path) -> Result<SegmentExtent> {
     while reader.next_record()?.is_some() {
         records += 1;
     }
+    let (valid_len, file_len) = (reader.valid_len(), reader.file_len());
     Ok(SegmentExtent {
         records,
-        valid_len: reader.valid_len(),
-        file_len: reader.file_len(),
+        valid_len,
+        file_len,
+        torn_bytes: torn_len(path, valid_len)?,
     })
+}
+
+/// Bytes of `path` from `valid_len` up to its last non-zero byte (0 when everything after
+/// the valid part is zeros: a zero-filled lead, or nothing).
+pub(crate) fn torn_len(path: &Path, valid_len: u64) -> Result<u64> {
+    use std::io::{Seek, SeekFrom};
+    let mut file =
+        File::open(path).map_err(|e| RecorderError::io("reading WAL segment", path, e))?;
+    file.seek(SeekFrom::Start(valid_len))
+        .map_err(|e| RecorderError::io("reading WAL segment", path, e))?;
+    let mut input = BufReader::with_capacity(READ_BUFFER, file);
+    let mut buf = vec![0u8; READ_BUFFER];
+    let (mut at, mut last_nonzero) = (0u64, 0u64);
+    loop {
+        let n = match input.read(&mut buf) {
+            Ok(0) => return Ok(last_nonzero),
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(RecorderError::io("reading WAL segment", path, e)),
+        };
+        if let Some(i) = buf[..n].iter().rposition(|&b| b != 0) {
+            last_nonzero = at + i as u64 + 1;
+        }
+        at += n as u64;
+    }
 }
 
 /// What a segment holds up to its first bad frame.

@@ -12,7 +12,7 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fs::{File, OpenOptions};
 use std::future::Future as _;
-use std::io::Write;
+use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -23,6 +23,7 @@ use tokio::task::JoinHandle;
 
 use crate::delta::{self, RequestDelta};
 use crate::error::{RecorderError, Result};
+use crate::prealloc::{Ahead, Zeroer};
 use crate::record::{CallRecord, Deltas, Requests, StoredRecord};
 use crate::seal::{self, Manifest};
 use crate::wal;
@@ -135,6 +136,15 @@ impl Recorder {
             max_base_sessions: cfg.max_base_sessions,
             on_fsync: cfg.on_fsync.clone(),
             segment_max_bytes: cfg.segment_max_bytes,
+            zeroer: if cfg.preallocate {
+                Zeroer::start()
+                    .map_err(
+                        |e| tracing::warn!(error = %e, "no WAL zero-filling thread; appending"),
+                    )
+                    .ok()
+            } else {
+                None
+            },
         };
         let writer = Writer {
             dir: cfg.dir.clone(),
@@ -291,6 +301,8 @@ struct OpenSegment {
     file: File,
     bytes: u64,
     opened_at: Instant,
+    /// The zero-filled lead (with `RecorderConfig::preallocate`).
+    ahead: Option<Ahead>,
 }
 
 #[derive(Default)]
@@ -318,6 +330,7 @@ struct WalState {
     max_base_sessions: usize,
     on_fsync: Option<FsyncHook>,
     segment_max_bytes: u64,
+    zeroer: Option<Zeroer>,
 }
 
 type Ack = Option<oneshot::Sender<Result<u64>>>;
@@ -327,20 +340,26 @@ impl WalState {
         if self.current.is_none() {
             let number = self.next_segment;
             let path = wal::segment_path(&self.dir, number);
+            // Written at explicit offsets: the lead past the writer is zeros.
             let file = OpenOptions::new()
                 .create_new(true)
-                .append(true)
+                .write(true)
                 .open(&path)
                 .map_err(|e| RecorderError::io("creating WAL segment", &path, e))?;
             wal::fsync_dir(&wal::wal_dir(&self.dir))?;
             self.next_segment += 1;
             tracing::debug!(segment = number, "opened WAL segment");
+            let ahead = self
+                .zeroer
+                .as_ref()
+                .map(|z| Ahead::start(z, &file, self.segment_max_bytes));
             self.current = Some(OpenSegment {
                 number,
                 path,
                 file,
                 bytes: 0,
                 opened_at: Instant::now(),
+                ahead,
             });
         }
         self.current.as_mut().ok_or_else(|| RecorderError::Task {
@@ -504,9 +523,19 @@ impl WalState {
     }
 
     fn append(&mut self, buf: &[u8], n: usize, sync: bool) -> Result<()> {
-        let seg = self.open_segment()?;
+        self.open_segment()?;
+        let WalState {
+            current, zeroer, ..
+        } = self;
+        let seg = current.as_mut().ok_or_else(|| RecorderError::Task {
+            message: "WAL segment vanished after opening".to_owned(),
+        })?;
+        let end = seg.bytes + buf.len() as u64;
+        if let (Some(ahead), Some(z)) = (seg.ahead.as_mut(), zeroer.as_ref()) {
+            ahead.before_write(z, &seg.file, end);
+        }
         seg.file
-            .write_all(buf)
+            .write_all_at(buf, seg.bytes)
             .map_err(|e| RecorderError::io("appending to WAL segment", &seg.path, e))?;
         seg.bytes += buf.len() as u64;
         self.unsynced_records += n;
