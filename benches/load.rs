@@ -629,7 +629,27 @@ impl Rec {
     }
 }
 
-/// Nearest-rank percentile of sorted nanoseconds.
+/// CPU seconds (user + system) a process has used so far, from `/proc/PID/stat`; `None`
+/// when it cannot be read (not Linux, the process is gone).
+fn cpu_secs(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name (which may hold spaces), counted from field 3.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    let hz = rustix::param::clock_ticks_per_second() as f64;
+    Some(ticks as f64 / hz)
+}
+
+/// The CPU the processes behind one closed-loop slice used, per successful call, in µs.
+#[derive(Default, Clone, Copy)]
+struct CpuPerCall {
+    /// The target's own process (`None` for direct, which is the upstream itself).
+    target: Option<f64>,
+    upstream: Option<f64>,
+    generator: Option<f64>,
+}
+
 /// The cumulative buckets `(le seconds, count)` of graft's WAL fsync histogram, read from
 /// the target's `/metrics`; `None` for targets that are not graft or do not answer.
 fn fsync_histogram(phase: &Phase<'_>, t: &Target) -> Option<Vec<(f64, u64)>> {
@@ -1088,6 +1108,7 @@ fn main() {
     );
     let upstream = upstream_proc.listening_url(Duration::from_secs(30));
     eprintln!("load: upstream {upstream}");
+    let upstream_pid = upstream_proc.child.id();
 
     let mut procs = vec![upstream_proc];
     let mut targets = vec![("direct", upstream.clone())];
@@ -1251,10 +1272,29 @@ fn main() {
         &mut saturated_tr,
     );
     let mut max: Vec<Rec> = Vec::new();
+    let mut max_cpu: Vec<CpuPerCall> = Vec::new();
     if args.max_secs > 0.0 {
+        let self_pid = std::process::id();
         for t in &targets {
             let _ = phase.closed_loop(t, args.concurrency, args.max_secs.min(1.0));
+            let target_pid = procs
+                .iter()
+                .find(|p| p.name.eq_ignore_ascii_case(t.name))
+                .map(|p| p.child.id());
+            let target_pid = target_pid.filter(|_| t.name != "direct");
+            let pids = [target_pid, Some(upstream_pid), Some(self_pid)];
+            let before = pids.map(|p| p.and_then(cpu_secs));
             let mut r = phase.closed_loop(t, args.concurrency, args.max_secs);
+            let after = pids.map(|p| p.and_then(cpu_secs));
+            let per_call = |i: usize| match (before[i], after[i]) {
+                (Some(a), Some(b)) if r.ok > 0 => Some((b - a) * 1e6 / r.ok as f64),
+                _ => None,
+            };
+            max_cpu.push(CpuPerCall {
+                target: per_call(0),
+                upstream: per_call(1),
+                generator: per_call(2),
+            });
             r.finish();
             eprintln!(
                 "load: max {:<12} {:.0} rps errors {}",
@@ -1421,19 +1461,35 @@ fn main() {
              (after a 1 s warm-up), non-streaming.\n",
             args.concurrency, args.max_secs
         );
-        md.push_str("| target | ok/s | × direct | p50 ms | p99 ms | errors |\n");
-        md.push_str("|---|---:|---:|---:|---:|---|\n");
+        md.push_str(
+            "*CPU µs per call*: CPU time (user + system, from `/proc/PID/stat`) each process \
+             used during the measured slice, divided by the calls answered: the target's own \
+             process (none for direct, which is the upstream), the upstream, and the load \
+             generator; *all* is their sum, what one call costs this box. When the box's cores \
+             are the limit, throughput goes as the inverse of *all*.\n\n",
+        );
+        md.push_str("| target | ok/s | × direct | p50 ms | p99 ms | errors | CPU µs/call: target | upstream | generator | all |\n");
+        md.push_str("|---|---:|---:|---:|---:|---|---:|---:|---:|---:|\n");
         let base = max[0].rps();
-        for (t, r) in targets.iter().zip(&max) {
+        let us = |x: Option<f64>| x.map_or("-".to_string(), |v| format!("{v:.1}"));
+        for ((t, r), c) in targets.iter().zip(&max).zip(&max_cpu) {
+            let all = [c.target, c.upstream, c.generator]
+                .into_iter()
+                .flatten()
+                .sum::<f64>();
             let _ = writeln!(
                 md,
-                "| {} | {:.0} | {} | {} | {} | {} |",
+                "| {} | {:.0} | {} | {} | {} | {} | {} | {} | {} | {:.1} |",
                 t.name,
                 r.rps(),
                 ratio(r.rps(), base),
                 ms(pct(&r.total, 50.0)),
                 ms(pct(&r.total, 99.0)),
                 r.errors.describe(),
+                us(c.target),
+                us(c.upstream),
+                us(c.generator),
+                all,
             );
         }
     }
