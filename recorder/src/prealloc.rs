@@ -27,6 +27,48 @@ struct Job {
     from: u64,
     to: u64,
     progress: Arc<Progress>,
+    /// Its outcome is published (else dropping it publishes a failure).
+    finished: bool,
+}
+
+impl Job {
+    /// Publishes the outcome and wakes the writer.
+    fn finish(mut self, result: std::io::Result<()>) {
+        let mut done = self
+            .progress
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        match result {
+            Ok(()) => done.upto = done.upto.max(self.to),
+            Err(e) => {
+                if !done.failed {
+                    tracing::warn!(error = %e, "zero-filling a WAL segment ahead of the writer failed; appending instead");
+                }
+                done.failed = true;
+            }
+        }
+        drop(done);
+        self.finished = true;
+        self.progress.changed.notify_all();
+    }
+}
+
+/// A job dropped unfinished (the thread panicked, or stopped with jobs queued) counts as
+/// failed, so that a writer waiting on it goes on appending instead of waiting forever.
+impl Drop for Job {
+    fn drop(&mut self) {
+        if self.finished {
+            return;
+        }
+        let mut done = self
+            .progress
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        done.failed = true;
+        self.progress.changed.notify_all();
+    }
 }
 
 /// How far one segment is zero-filled and synced.
@@ -59,22 +101,20 @@ impl Zeroer {
             .spawn(move || {
                 let zeros = vec![0u8; CHUNK];
                 while let Ok(job) = rx.recv() {
-                    let result = zero_fill(&job.file, job.from, job.to, &zeros);
-                    let mut done = job
+                    // Once a segment's zeroing failed its writer no longer waits: nothing
+                    // more may be zeroed in it, or the zeros could land on its records.
+                    let failed = job
                         .progress
                         .state
                         .lock()
-                        .unwrap_or_else(PoisonError::into_inner);
-                    match result {
-                        Ok(()) => done.upto = done.upto.max(job.to),
-                        Err(e) => {
-                            if !done.failed {
-                                tracing::warn!(error = %e, "zero-filling a WAL segment ahead of the writer failed; appending instead");
-                            }
-                            done.failed = true;
-                        }
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .failed;
+                    if failed {
+                        job.finish(Err(std::io::Error::other("an earlier zero-fill failed")));
+                        continue;
                     }
-                    job.progress.changed.notify_all();
+                    let result = zero_fill(&job.file, job.from, job.to, &zeros);
+                    job.finish(result);
                 }
             })?;
         Ok(Zeroer { tx })
@@ -148,6 +188,7 @@ impl Ahead {
             from: self.requested,
             to,
             progress: self.progress.clone(),
+            finished: false,
         };
         if zeroer.tx.send(job).is_ok() {
             self.requested = to;
@@ -202,5 +243,24 @@ mod tests {
         // The lead: at least half of LEAD past the last write, never past the limit.
         assert!(tail.len() as u64 >= LEAD / 2, "lead {}", tail.len());
         assert!(bytes.len() as u64 <= limit);
+    }
+
+    #[test]
+    fn a_failed_zero_fill_lets_the_writer_go_on_and_zeroes_nothing_more() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("seg");
+        std::fs::write(&path, b"").unwrap();
+        // Read-only: every zero write fails.
+        let file = File::open(&path).unwrap();
+        let zeroer = Zeroer::start().unwrap();
+        let mut ahead = Ahead::start(&zeroer, &file, 64 * 1024 * 1024);
+        // Returns (does not wait forever) although nothing was zeroed.
+        ahead.before_write(&zeroer, &file, 10);
+        ahead.before_write(&zeroer, &file, 3 * 1024 * 1024);
+        let done = ahead.progress.state.lock().unwrap();
+        assert!(done.failed);
+        assert_eq!(done.upto, 0);
+        drop(done);
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), 0);
     }
 }
