@@ -492,24 +492,37 @@ fn unsupported(sp: &wire::SamplingParams) -> Result<(), String> {
     ))
 }
 
-/// Why a `/generate` body does not fit the wire, in this server's words for the common
-/// cases (batches, ids that are not token ids).
+/// Why a `/generate` body does not fit the wire, naming the field for the common cases
+/// (batches, ids that are not token ids, sampling parameters of the wrong type).
 fn unfit(v: &Value, e: &serde_json::Error) -> String {
+    let is_token_id = |x: &Value| x.as_u64().is_some_and(|i| u32::try_from(i).is_ok());
     match (v.get("input_ids"), v.get("text")) {
         (Some(Value::Array(a)), _) if a.iter().any(Value::is_array) => {
-            "'input_ids' must be one list of token ids (batches are not supported)".to_owned()
+            return "'input_ids' must be one list of token ids (batches are not supported)"
+                .to_owned();
         }
-        (Some(Value::Array(_)), _) => {
-            format!("'input_ids' holds something that is not a token id ({e})")
+        (Some(Value::Array(a)), _) => {
+            if let Some(bad) = a.iter().find(|x| !is_token_id(x)) {
+                return format!("'input_ids' holds {bad}, which is not a token id");
+            }
         }
+        (Some(Value::Null) | None, _) => {}
         (Some(_), _) => {
-            "'input_ids' must be one list of token ids (batches are not supported)".to_owned()
+            return "'input_ids' must be one list of token ids (batches are not supported)"
+                .to_owned();
         }
-        (None, Some(t)) if !t.is_string() => {
-            "'text' must be one string (batches are not supported)".to_owned()
-        }
-        _ => format!("the /generate body does not fit SGLang's GenerateReqInput: {e}"),
     }
+    if v.get("text")
+        .is_some_and(|t| !t.is_string() && !t.is_null())
+    {
+        return "'text' must be one string (batches are not supported)".to_owned();
+    }
+    if let Some(sp) = v.get("sampling_params").filter(|sp| !sp.is_null())
+        && let Err(e) = wire::SamplingParams::deserialize(sp)
+    {
+        return format!("'sampling_params' does not fit SGLang's SamplingParams: {e}");
+    }
+    format!("the /generate body does not fit SGLang's GenerateReqInput: {e}")
 }
 
 /// A wire value as JSON (plain data, which serde_json always serializes).

@@ -193,6 +193,15 @@ fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::R
             "outside the vocabulary",
         ),
         (json!({"min_p": 2.0}), "min_p must lie in [0, 1]"),
+        // A wrong type is blamed on the sampling parameters, not on the prompt.
+        (
+            json!({"max_new_tokens": -1}),
+            "'sampling_params' does not fit",
+        ),
+        (
+            json!({"temperature": "hot"}),
+            "'sampling_params' does not fit",
+        ),
     ] {
         let (status, text) = post(
             &server.url,
@@ -210,6 +219,13 @@ fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::R
     )?;
     assert_eq!(status, 400, "{text}");
     assert!(text.contains("outside the model's vocabulary"), "{text}");
+    let (status, text) = post(
+        &server.url,
+        "/generate",
+        json!({"input_ids": [1, -5], "sampling_params": {}}),
+    )?;
+    assert_eq!(status, 400, "{text}");
+    assert!(text.contains("'input_ids' holds -5"), "{text}");
     // Neutral values of those parameters are fine.
     generate_with(
         json!({"repetition_penalty": 1.0, "presence_penalty": 0.0, "n": 1, "max_new_tokens": 2}),

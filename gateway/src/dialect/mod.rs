@@ -167,10 +167,9 @@ pub struct Sampling {
     pub logit_bias: Option<Map<String, Value>>,
 }
 
-/// OpenAI's `logit_bias` (`{"token id": bias}`), checked: an object of numbers. `None` when
-/// absent or `null`.
 /// `obj[key]` as a non-negative integer: absent or null is `None`; anything else (a
-/// negative or fractional number, a string) is a 400 naming the field.
+/// negative or fractional number, a string) is a 400 naming the field. Shared by the
+/// OpenAI dialects (Chat, Completions, Responses); Anthropic words its errors its own way.
 pub(crate) fn non_negative_int(
     obj: &Map<String, Value>,
     key: &str,
@@ -178,14 +177,21 @@ pub(crate) fn non_negative_int(
     match obj.get(key) {
         None | Some(Value::Null) => Ok(None),
         Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+            // A scalar as written; a list or an object by its kind (it may be large).
+            let got = match v {
+                Value::Array(_) | Value::Object(_) => kind(v).to_string(),
+                scalar => scalar.to_string(),
+            };
             GatewayError::field(
                 key,
-                format!("'{key}' must be a non-negative integer, got {v}"),
+                format!("'{key}' must be a non-negative integer, got {got}"),
             )
         }),
     }
 }
 
+/// OpenAI's `logit_bias` (`{"token id": bias}`), checked: an object of numbers. `None` when
+/// absent or `null`.
 pub(crate) fn logit_bias_of(v: Option<&Value>) -> Result<Option<Map<String, Value>>, GatewayError> {
     match v {
         None | Some(Value::Null) => Ok(None),

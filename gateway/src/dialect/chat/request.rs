@@ -5,6 +5,7 @@ use serde_json::{Map, Value, json};
 
 use crate::dialect::{
     Conversation, Message, Part, Reasoning, Role, Sampling, Tool, ToolCall, ToolChoice, kind,
+    non_negative_int,
 };
 use crate::error::GatewayError;
 
@@ -234,10 +235,10 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let sampling = Sampling {
         temperature: f64_of("temperature"),
         top_p: f64_of("top_p"),
-        top_k: crate::dialect::non_negative_int(obj, "top_k")?,
-        max_tokens: match crate::dialect::non_negative_int(obj, "max_completion_tokens")? {
+        top_k: non_negative_int(obj, "top_k")?,
+        max_tokens: match non_negative_int(obj, "max_completion_tokens")? {
             Some(n) => Some(n),
-            None => crate::dialect::non_negative_int(obj, "max_tokens")?,
+            None => non_negative_int(obj, "max_tokens")?,
         },
         stop,
         seed: obj.get("seed").and_then(Value::as_i64),

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value};
 
-use crate::dialect::{Conversation, RawPrompt, Sampling, kind};
+use crate::dialect::{Conversation, RawPrompt, Sampling, kind, non_negative_int};
 use crate::error::GatewayError;
 
 /// Top-level keys this parser maps or refuses; every other key (`logprobs`, `user`, server
@@ -60,22 +60,9 @@ fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<bo
     }
 }
 
-fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => n.as_u64().map(Some).ok_or_else(|| {
-            GatewayError::field(
-                key,
-                format!("'{key}' must be a non-negative integer, got {n}"),
-            )
-        }),
-        Some(v) => Err(wrong(key, "a non-negative integer", v)),
-    }
-}
-
 /// `n` and `best_of`: at least 1; more than 1 is refused (`why` says why).
 fn one_at_most(obj: &Map<String, Value>, key: &str, why: &str) -> Result<(), GatewayError> {
-    match opt_u64(obj, key)? {
+    match non_negative_int(obj, key)? {
         None | Some(1) => Ok(()),
         Some(0) => Err(GatewayError::field(
             key,
@@ -240,7 +227,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         temperature: opt_f64(obj, "temperature")?,
         top_p: opt_f64(obj, "top_p")?,
         top_k,
-        max_tokens: opt_u64(obj, "max_tokens")?,
+        max_tokens: non_negative_int(obj, "max_tokens")?,
         stop: parse_stop(get(obj, "stop"))?,
         seed,
         presence_penalty: opt_f64(obj, "presence_penalty")?,

@@ -4,6 +4,7 @@ use serde_json::{Map, Value, json};
 
 use crate::dialect::{
     Conversation, Message, Part, Reasoning, Role, Tool, ToolCall, ToolChoice, kind,
+    non_negative_int,
 };
 use crate::error::GatewayError;
 
@@ -81,20 +82,6 @@ fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, Gateway
         None => Ok(None),
         Some(Value::Bool(b)) => Ok(Some(*b)),
         Some(v) => Err(wrong(key, "a boolean", v)),
-    }
-}
-
-fn opt_u64(obj: &Map<String, Value>, key: &str) -> Result<Option<u64>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => match n.as_u64() {
-            Some(u) => Ok(Some(u)),
-            None => Err(GatewayError::field(
-                key,
-                format!("{key} must be a non-negative integer, got {n}"),
-            )),
-        },
-        Some(v) => Err(wrong(key, "a non-negative integer", v)),
     }
 }
 
@@ -178,7 +165,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     conv.parallel_tool_calls = opt_bool(obj, "parallel_tool_calls")?;
     conv.sampling.temperature = opt_f64(obj, "temperature")?;
     conv.sampling.top_p = opt_f64(obj, "top_p")?;
-    conv.sampling.max_tokens = opt_u64(obj, "max_output_tokens")?;
+    conv.sampling.max_tokens = non_negative_int(obj, "max_output_tokens")?;
     conv.stream = opt_bool(obj, "stream")?.unwrap_or(false);
 
     match get(obj, "reasoning") {
