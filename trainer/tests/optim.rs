@@ -141,3 +141,117 @@ fn checkpoint_round_trip_restores_parameters_and_moments() -> anyhow::Result<()>
     assert_eq!(values(&q), after_two);
     Ok(())
 }
+
+/// The old per-parameter AdamW in f64, the reference of the flat one.
+struct Reference {
+    w: Vec<f64>,
+    m: Vec<f64>,
+    v: Vec<f64>,
+    decay: bool,
+}
+
+impl Reference {
+    fn step(&mut self, g: &[f64], scale: f64, t: f64, c: &AdamWConfig) {
+        let (bc1, bc2) = (1.0 - c.beta1.powf(t), 1.0 - c.beta2.powf(t));
+        for i in 0..self.w.len() {
+            let g = g[i] * scale;
+            self.m[i] = c.beta1 * self.m[i] + (1.0 - c.beta1) * g;
+            self.v[i] = c.beta2 * self.v[i] + (1.0 - c.beta2) * g * g;
+            if self.decay {
+                self.w[i] *= 1.0 - c.lr * c.weight_decay;
+            }
+            self.w[i] -= c.lr * (self.m[i] / bc1) / ((self.v[i] / bc2).sqrt() + c.eps);
+        }
+    }
+}
+
+/// Matrices (decayed), a vector and the embedding (not decayed), and a bf16 matrix (a
+/// buffer of its own), three clipped steps: every parameter follows the per-parameter
+/// formula.
+#[test]
+fn flat_update_matches_the_per_parameter_formula() -> anyhow::Result<()> {
+    let shapes: [(&str, Vec<i64>, Kind); 4] = [
+        ("layers.0.w", vec![3, 4], Kind::Float),
+        ("norm.weight", vec![5], Kind::Float),
+        ("model.embed_tokens.weight", vec![4, 2], Kind::Float),
+        ("layers.1.w", vec![2, 3], Kind::BFloat16),
+    ];
+    tch::manual_seed(7);
+    let params: Vec<(String, Tensor)> = shapes
+        .iter()
+        .map(|(n, s, k)| ((*n).to_owned(), Tensor::randn(s.as_slice(), (*k, tch::Device::Cpu))))
+        .collect();
+    let mut reference: Vec<Reference> = params
+        .iter()
+        .map(|(n, p)| Reference {
+            w: Vec::<f64>::try_from(p.to_kind(Kind::Double).reshape([-1])).unwrap_or_default(),
+            m: vec![0.0; p.numel()],
+            v: vec![0.0; p.numel()],
+            decay: p.dim() >= 2 && !n.contains("embed_tokens"),
+        })
+        .collect();
+    let cfg = AdamWConfig {
+        lr: 0.01,
+        weight_decay: 0.1,
+        max_grad_norm: 2.0,
+        ..AdamWConfig::default()
+    };
+    let handles: Vec<Tensor> = params.iter().map(|(_, p)| p.shallow_clone()).collect();
+    let mut opt = AdamW::new(params, cfg.clone())?;
+    for step in 1..=3 {
+        let grads: Vec<Tensor> = handles
+            .iter()
+            .map(|p| Tensor::randn(p.size(), (p.kind(), tch::Device::Cpu)))
+            .collect();
+        let g64: Vec<Vec<f64>> = grads
+            .iter()
+            .map(|g| Vec::<f64>::try_from(g.to_kind(Kind::Double).reshape([-1])).unwrap_or_default())
+            .collect();
+        let norm = g64.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
+        let loss = handles
+            .iter()
+            .zip(&grads)
+            .map(|(p, g)| (p * g).sum(Kind::Float))
+            .fold(Tensor::from(0.0f32), |a, b| a + b);
+        loss.backward();
+        let out = opt.step()?;
+        assert!((out.grad_norm - norm).abs() < 1e-4 * norm, "{} vs {norm}", out.grad_norm);
+        let scale = if norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
+        for (r, g) in reference.iter_mut().zip(&g64) {
+            r.step(g, scale, step as f64, &cfg);
+        }
+        for ((p, r), (name, _, kind)) in handles.iter().zip(&reference).zip(&shapes) {
+            let got = Vec::<f64>::try_from(p.to_kind(Kind::Double).reshape([-1]))?;
+            // bf16 parameters are the fp32 master rounded: within bf16's half-ulp.
+            let tol = if *kind == Kind::BFloat16 { 1e-2 } else { 1e-5 };
+            for (a, b) in got.iter().zip(&r.w) {
+                assert!((a - b).abs() <= tol * b.abs().max(1.0), "{name} step {step}: {a} vs {b}");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Gradients from several backward passes (micro-batches) add up in the optimizer's
+/// buffer, also after the first step moved them there.
+#[test]
+fn gradients_of_several_backward_passes_add_up() -> anyhow::Result<()> {
+    let cfg = AdamWConfig {
+        lr: 0.1,
+        max_grad_norm: 0.0,
+        ..AdamWConfig::default()
+    };
+    let (name, p) = param(&[1.0, -1.0, 0.5]);
+    let (_, q) = param(&[1.0, -1.0, 0.5]);
+    let mut split = AdamW::new(vec![(name.clone(), p.shallow_clone())], cfg.clone())?;
+    let mut whole = AdamW::new(vec![(name, q.shallow_clone())], cfg)?;
+    for _ in 0..3 {
+        set_grad(&p, &[0.25, -1.0, 2.0]);
+        set_grad(&p, &[0.5, 0.5, -1.0]);
+        split.step()?;
+        set_grad(&q, &[0.75, -0.5, 1.0]);
+        whole.step()?;
+        assert_eq!(values(&p), values(&q));
+    }
+    Ok(())
+}
