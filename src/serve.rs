@@ -8,7 +8,8 @@
 //! everything so far, then `data: [DONE]`, `rid`: the answer's `meta_info.id`),
 //! `/abort_request {rid | abort_all}`, `/pause_generation {mode}`, `/continue_generation`,
 //! `/flush_cache`, `/update_weights_from_disk {model_path, weight_version}`,
-//! `/get_model_info`, `/health`. Concurrent requests are decoded as one batch by the
+//! `/get_model_info`, `/health`; graft's own `GET /graft/engine` says where the engine's
+//! steps spend their time. Concurrent requests are decoded as one batch by the
 //! engine (`graft_trainer::engine`). Bodies and answers are `graft-wire`'s SGLang types, the
 //! ones the gateway and the trainer's push use.
 
@@ -233,6 +234,19 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
                     waiting: Some(info.waiting as u64),
                     paused: Some(info.paused),
                     ..ModelInfo::default()
+                }))
+            }))
+            .await
+        }
+        (Method::GET, "/graft/engine") => {
+            control(Box::new(|s| {
+                let info = s.engine.info().map_err(|e| e.to_string())?;
+                Ok(json!({
+                    "weight_version": info.weight_version,
+                    "running": info.running,
+                    "waiting": info.waiting,
+                    "max_batch_seen": info.max_batch_seen,
+                    "timing": to_value(&info.timing),
                 }))
             }))
             .await

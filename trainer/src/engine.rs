@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tch::{Kind, Tensor};
 
@@ -83,6 +83,72 @@ pub struct EngineInfo {
     /// The largest batch decoded together so far.
     pub max_batch_seen: usize,
     pub config: serde_json::Value,
+    /// Where the engine's steps spent their time so far.
+    pub timing: StepTiming,
+}
+
+/// Where the engine's steps spend their time since it started, decode steps and prefill
+/// steps apart. On a GPU the phases are host times (kernels run asynchronously) unless
+/// `GRAFT_ENGINE_SYNC_TIMING=1`, which synchronizes the device at each phase's end so the
+/// split is the device's too.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StepTiming {
+    /// Steps where every running row gets one token.
+    pub decode: Phases,
+    /// Steps where newcomers are prefilled and join (each gets its first token).
+    pub prefill: Phases,
+}
+
+/// Time per phase, summed over steps of one kind (seconds).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize)]
+pub struct Phases {
+    pub steps: u64,
+    /// Rows that got a token, summed over the steps (mean batch = rows / steps).
+    pub rows: u64,
+    /// The model's forward pass, the lm_head included.
+    pub forward_s: f64,
+    /// Choosing the next tokens from the logits (bias, temperature, truncation, the draw,
+    /// the logprobs).
+    pub sample_s: f64,
+    /// Moving ids in and the sampled ids and logprobs (or logits) out.
+    pub transfer_s: f64,
+    /// Newcomers joining the running batch (their cache, the merge).
+    pub join_s: f64,
+    /// Finished rows leaving (their cache dropped, the batch compacted).
+    pub leave_s: f64,
+    /// The rest: per-row bookkeeping, events sent, stop checks.
+    pub bookkeeping_s: f64,
+    /// The steps' wall time.
+    pub wall_s: f64,
+}
+
+impl Phases {
+    fn add(&mut self, o: &Phases) {
+        self.steps += o.steps;
+        self.rows += o.rows;
+        self.forward_s += o.forward_s;
+        self.sample_s += o.sample_s;
+        self.transfer_s += o.transfer_s;
+        self.join_s += o.join_s;
+        self.leave_s += o.leave_s;
+        self.bookkeeping_s += o.bookkeeping_s;
+        self.wall_s += o.wall_s;
+    }
+
+    /// `self - before`, phase by phase.
+    pub fn since(&self, before: &Phases) -> Phases {
+        Phases {
+            steps: self.steps - before.steps,
+            rows: self.rows - before.rows,
+            forward_s: self.forward_s - before.forward_s,
+            sample_s: self.sample_s - before.sample_s,
+            transfer_s: self.transfer_s - before.transfer_s,
+            join_s: self.join_s - before.join_s,
+            leave_s: self.leave_s - before.leave_s,
+            bookkeeping_s: self.bookkeeping_s - before.bookkeeping_s,
+            wall_s: self.wall_s - before.wall_s,
+        }
+    }
 }
 
 enum Cmd {
@@ -153,6 +219,8 @@ impl Engine {
             batch: Batch::default(),
             paused: false,
             max_batch_seen: 0,
+            timing: StepTiming::default(),
+            sync_timing: std::env::var("GRAFT_ENGINE_SYNC_TIMING").is_ok_and(|v| v == "1"),
         };
         let thread = std::thread::Builder::new()
             .name("graft-engine".to_owned())
@@ -280,6 +348,8 @@ struct State {
     batch: Batch,
     paused: bool,
     max_batch_seen: usize,
+    timing: StepTiming,
+    sync_timing: bool,
 }
 
 impl State {
@@ -418,6 +488,7 @@ impl State {
                     paused: self.paused,
                     max_batch_seen: self.max_batch_seen,
                     config: self.model.raw_config().clone(),
+                    timing: self.timing.clone(),
                 });
             }
             Cmd::Shutdown => return false,
@@ -485,12 +556,18 @@ impl State {
 
     /// One step: prefill newcomers (and merge them in) if any, else decode every row.
     fn step(&mut self) -> Result<()> {
+        let mut clock = Clock::start(self.sync_timing, self.model.device());
+        let started = clock.at;
+        let mut ph = Phases::default();
         let room = self.max_batch.saturating_sub(self.batch.rows.len());
         let newcomers: Vec<Seq> = (0..room.min(self.waiting.len()))
             .filter_map(|_| self.waiting.pop_front())
             .collect();
         let device = self.model.device();
-        let (logits, first_new) = if !newcomers.is_empty() {
+        let is_prefill = !newcomers.is_empty();
+        let joining = newcomers.len();
+        let rows_before = self.batch.rows.len();
+        let (logits, first_new) = if is_prefill {
             let seqs: Vec<Vec<i64>> = newcomers
                 .iter()
                 .map(|s| s.prompt.iter().chain(&s.out).copied().collect())
@@ -510,6 +587,7 @@ impl State {
                 .model
                 .forward_hidden_padded(&ids, &pad, Some(&mut cache))?;
             let logits = self.model.logits(&hidden.f_select(1, -1)?)?;
+            clock.lap(&mut ph.forward_s);
             // Merge: pad the shorter cache on the left so both have the same length.
             let old_len = self.batch.cache.len();
             let new_len = cache.len();
@@ -526,6 +604,7 @@ impl State {
             self.batch.cache = KvCache::concat_rows(&old, &new)?;
             self.batch.pad = all_pad;
             self.batch.rows.extend(newcomers);
+            clock.lap(&mut ph.join_s);
             (logits, old_rows)
         } else {
             let last: Vec<i64> = self
@@ -542,11 +621,15 @@ impl State {
                 self.model
                     .forward_hidden_padded(&ids, &pad, Some(&mut self.batch.cache))?;
             self.max_batch_seen = self.max_batch_seen.max(self.batch.rows.len());
-            (self.model.logits(&hidden.f_select(1, -1)?)?, 0)
+            let logits = self.model.logits(&hidden.f_select(1, -1)?)?;
+            clock.lap(&mut ph.forward_s);
+            (logits, 0)
         };
         let logits = logits
             .f_to_kind(Kind::Float)?
             .f_to_device(tch::Device::Cpu)?;
+        clock.lap(&mut ph.transfer_s);
+        let mut sampling = 0.0;
         let mut keep = Vec::with_capacity(self.batch.rows.len());
         for i in 0..self.batch.rows.len() {
             if i < first_new {
@@ -555,7 +638,9 @@ impl State {
             }
             let row = logits.f_get((i - first_new) as i64)?;
             let s = &self.batch.rows[i];
+            let t = Instant::now();
             let (id, logprob) = sample_row(&row, &s.req.params)?;
+            sampling += t.elapsed().as_secs_f64();
             let s = &mut self.batch.rows[i];
             s.out.push(id);
             let alive = s
@@ -580,6 +665,49 @@ impl State {
                 keep.push(i);
             }
         }
-        self.keep_rows(&keep)
+        ph.sample_s += sampling;
+        clock.lap(&mut ph.bookkeeping_s);
+        ph.bookkeeping_s -= sampling;
+        self.keep_rows(&keep)?;
+        clock.lap(&mut ph.leave_s);
+        ph.steps = 1;
+        ph.wall_s = started.elapsed().as_secs_f64();
+        if is_prefill {
+            ph.rows = joining as u64;
+            self.timing.prefill.add(&ph);
+        } else {
+            ph.rows = rows_before as u64;
+            self.timing.decode.add(&ph);
+        }
+        Ok(())
+    }
+}
+
+/// Times the phases of a step: [`Clock::lap`] adds the time since the last lap to a
+/// phase (synchronizing a CUDA device first when asked, so queued kernels count).
+struct Clock {
+    sync: Option<i64>,
+    at: Instant,
+}
+
+impl Clock {
+    fn start(sync: bool, device: tch::Device) -> Clock {
+        let sync = match device {
+            tch::Device::Cuda(i) if sync => Some(i as i64),
+            _ => None,
+        };
+        Clock {
+            sync,
+            at: Instant::now(),
+        }
+    }
+
+    fn lap(&mut self, phase: &mut f64) {
+        if let Some(i) = self.sync {
+            tch::Cuda::synchronize(i);
+        }
+        let now = Instant::now();
+        *phase += (now - self.at).as_secs_f64();
+        self.at = now;
     }
 }
