@@ -2,13 +2,14 @@
 //! pushes and the whole loop run on one machine (CPU included).
 //!
 //! Routes (SGLang's names and shapes): `POST /generate` (`input_ids` or `text`,
-//! `sampling_params` with temperature / top_p / top_k / min_p / logit_bias /
-//! max_new_tokens / stop / stop_token_ids / ignore_eos — other parameters that would change
+//! `sampling_params` with temperature / top_p / top_k / min_p / logit_bias / penalties /
+//! sampling_seed / max_new_tokens / stop / stop_token_ids / ignore_eos — other parameters that would change
 //! the sampling are refused by name —, `return_logprob`, `stream`: SSE events holding
 //! everything so far, then `data: [DONE]`, `rid`: the answer's `meta_info.id`),
 //! `/abort_request {rid | abort_all}`, `/pause_generation {mode}`, `/continue_generation`,
 //! `/flush_cache`, `/update_weights_from_disk {model_path, weight_version}`,
-//! `/get_model_info`, `/health`. Concurrent requests are decoded as one batch by the
+//! `/get_model_info`, `/health`; graft's own `GET /graft/engine` says where the engine's
+//! steps spend their time. Concurrent requests are decoded as one batch by the
 //! engine (`graft_trainer::engine`). Bodies and answers are `graft-wire`'s SGLang types, the
 //! ones the gateway and the trainer's push use.
 
@@ -237,6 +238,19 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
             }))
             .await
         }
+        (Method::GET, "/graft/engine") => {
+            control(Box::new(|s| {
+                let info = s.engine.info().map_err(|e| e.to_string())?;
+                Ok(json!({
+                    "weight_version": info.weight_version,
+                    "running": info.running,
+                    "waiting": info.waiting,
+                    "max_batch_seen": info.max_batch_seen,
+                    "timing": to_value(&info.timing),
+                }))
+            }))
+            .await
+        }
         (Method::POST, wire::path::PAUSE_GENERATION) => {
             let req = match PauseGenerationRequest::deserialize(&json) {
                 Ok(r) => r,
@@ -419,7 +433,21 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
         logit_bias,
         max_new_tokens: sp.max_new_tokens.unwrap_or(128) as usize,
         stop_token_ids: sp.stop_token_ids.unwrap_or_default(),
+        frequency_penalty: sp.frequency_penalty.unwrap_or(0.0),
+        presence_penalty: sp.presence_penalty.unwrap_or(0.0),
+        repetition_penalty: sp.repetition_penalty.unwrap_or(1.0),
+        seed: sp.sampling_seed.map(|s| s as u64),
     };
+    // SGLang's SamplingParams.verify ranges.
+    for (name, v, lo, hi) in [
+        ("frequency_penalty", params.frequency_penalty, -2.0, 2.0),
+        ("presence_penalty", params.presence_penalty, -2.0, 2.0),
+        ("repetition_penalty", params.repetition_penalty, 0.0, 2.0),
+    ] {
+        if !(lo..=hi).contains(&v) {
+            return Err(format!("{name} must be in [{lo}, {hi}], got {v}"));
+        }
+    }
     if !(0.0..=1.0).contains(&params.min_p) {
         return Err(format!("min_p must lie in [0, 1], got {}", params.min_p));
     }
@@ -436,8 +464,8 @@ fn parse_generate(state: &State, v: &Value) -> Result<Gen, String> {
 
 /// Refuses sampling parameters this server does not implement when they ask for something
 /// (a value other than the one that changes nothing): sampling under other parameters
-/// than the client asked for would be silent. `sampling_seed` is accepted and not honoured
-/// (a seed is best effort in OpenAI's and SGLang's own words; a batch shares one RNG here).
+/// than the client asked for would be silent. Penalties and `sampling_seed` are honoured
+/// (a seeded request samples the same tokens whatever it is batched with).
 fn unsupported(sp: &wire::SamplingParams) -> Result<(), String> {
     let mut asked: Vec<String> = Vec::new();
     let mut check = |name: &str, set: bool, v: String| {
@@ -446,21 +474,6 @@ fn unsupported(sp: &wire::SamplingParams) -> Result<(), String> {
         }
     };
     let off = |v: Option<f64>, neutral: f64| v.is_some_and(|x| x != neutral);
-    check(
-        "presence_penalty",
-        off(sp.presence_penalty, 0.0),
-        format!("{:?}", sp.presence_penalty.unwrap_or_default()),
-    );
-    check(
-        "frequency_penalty",
-        off(sp.frequency_penalty, 0.0),
-        format!("{:?}", sp.frequency_penalty.unwrap_or_default()),
-    );
-    check(
-        "repetition_penalty",
-        off(sp.repetition_penalty, 1.0),
-        format!("{:?}", sp.repetition_penalty.unwrap_or_default()),
-    );
     check(
         "min_new_tokens",
         sp.min_new_tokens.is_some_and(|n| n > 0),
@@ -487,7 +500,7 @@ fn unsupported(sp: &wire::SamplingParams) -> Result<(), String> {
         return Ok(());
     }
     Err(format!(
-        "graft serve does not implement {}: it samples with temperature, top_p, top_k, min_p, logit_bias, max_new_tokens, stop, stop_token_ids and ignore_eos only; leave the others out or use SGLang",
+        "graft serve does not implement {}: it samples with temperature, top_p, top_k, min_p, logit_bias, frequency_penalty, presence_penalty, repetition_penalty, sampling_seed, max_new_tokens, stop, stop_token_ids and ignore_eos only; leave the others out or use SGLang",
         asked.join(", ")
     ))
 }

@@ -136,8 +136,9 @@ fn generate_answers_what_the_model_computes() -> anyhow::Result<()> {
 }
 
 /// `logit_bias` changes what is sampled and the logprobs are those of the biased
-/// distribution; parameters graft serve does not implement are refused by name; a `rid`
-/// names the answer and `/abort_request` stops it.
+/// distribution; a seed repeats a sampled answer; parameters graft serve does not
+/// implement, or out of SGLang's ranges, are refused by name; a `rid` names the answer and
+/// `/abort_request` stops it.
 #[test]
 fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::Result<()> {
     let server = start()?;
@@ -179,12 +180,16 @@ fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::R
     // Refused by name: what would change the sampling and is not implemented; a bad bias.
     for (sp, says) in [
         (
-            json!({"repetition_penalty": 1.1}),
-            "repetition_penalty = 1.1",
+            json!({"min_new_tokens": 3, "n": 2}),
+            "min_new_tokens = 3, n = 2",
         ),
         (
-            json!({"presence_penalty": 0.5, "n": 2}),
-            "presence_penalty = 0.5, n = 2",
+            json!({"repetition_penalty": 3.0}),
+            "repetition_penalty must be in [0, 2], got 3",
+        ),
+        (
+            json!({"frequency_penalty": -2.5}),
+            "frequency_penalty must be in [-2, 2], got -2.5",
         ),
         (json!({"regex": "a+"}), "regex"),
         (json!({"logit_bias": {"x": 1}}), "'x' is not one"),
@@ -230,6 +235,16 @@ fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::R
     generate_with(
         json!({"repetition_penalty": 1.0, "presence_penalty": 0.0, "n": 1, "max_new_tokens": 2}),
     )?;
+    // A seed makes a sampled answer repeatable, penalties included.
+    let seeded = json!({"temperature": 1.0, "max_new_tokens": 8, "ignore_eos": true,
+        "sampling_seed": 1234, "repetition_penalty": 1.3, "frequency_penalty": 0.5});
+    let a = generate_with(seeded.clone())?;
+    let b = generate_with(seeded)?;
+    assert_eq!(a["output_ids"], b["output_ids"], "{a} vs {b}");
+    assert_eq!(
+        a["meta_info"]["output_token_logprobs"],
+        b["meta_info"]["output_token_logprobs"]
+    );
 
     // A long generation with a rid: its id names the answer; aborting it by rid ends it.
     let url = server.url.clone();

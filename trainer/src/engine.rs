@@ -1,7 +1,8 @@
 //! The generation engine behind `graft serve`: one thread owns the model; requests from
-//! any thread join the running batch between decode steps (continuous batching: new
-//! requests are prefilled as a left-padded batch and merged, finished ones leave), and
-//! each streams its tokens back over a channel.
+//! any thread join the running batch between decode steps (continuous batching:
+//! newcomers are prefilled together into free cache slots, finished rows leave; see
+//! [`crate::batch`]), every row is sampled in one batched pass on the model's device
+//! ([`crate::sampler`]), and each request streams its tokens back over a channel.
 //!
 //! Control follows SGLang: pause with `abort` (in-flight requests end, aborted), `retract`
 //! (they go back to the queue keeping what they generated, and are recomputed on
@@ -19,11 +20,13 @@ use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use tch::{Kind, Tensor};
+use tch::Tensor;
 
+pub use crate::batch::Phases;
+use crate::batch::{Clock, Entry, Running};
 use crate::error::{Result, TrainerError};
-use crate::generate::{SamplingParams, sample_row};
-use crate::model::{KvCache, Model};
+use crate::generate::SamplingParams;
+use crate::model::Model;
 
 pub type RequestId = u64;
 
@@ -83,6 +86,20 @@ pub struct EngineInfo {
     /// The largest batch decoded together so far.
     pub max_batch_seen: usize,
     pub config: serde_json::Value,
+    /// Where the engine's steps spent their time so far.
+    pub timing: StepTiming,
+}
+
+/// Where the engine's steps spend their time since it started, decode steps and prefill
+/// steps apart. On a GPU the phases are host times (kernels run asynchronously) unless
+/// `GRAFT_ENGINE_SYNC_TIMING=1`, which synchronizes the device at each phase's end so the
+/// split is the device's too.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct StepTiming {
+    /// Steps where every running row gets one token.
+    pub decode: Phases,
+    /// Steps where newcomers are prefilled and join (each gets its first token).
+    pub prefill: Phases,
 }
 
 enum Cmd {
@@ -144,15 +161,18 @@ impl Engine {
         tch::no_grad(|| model.fuse_projections())?;
         let (tx, rx) = mpsc::channel();
         let eos = eos_ids(model.raw_config());
+        let batch = Running::new(&model);
         let mut state = State {
             model,
             version: weight_version,
             max_batch: max_batch.max(1),
             eos,
             waiting: VecDeque::new(),
-            batch: Batch::default(),
+            batch,
             paused: false,
             max_batch_seen: 0,
+            timing: StepTiming::default(),
+            sync_timing: std::env::var("GRAFT_ENGINE_SYNC_TIMING").is_ok_and(|v| v == "1"),
         };
         let thread = std::thread::Builder::new()
             .name("graft-engine".to_owned())
@@ -255,21 +275,14 @@ fn eos_ids(config: &serde_json::Value) -> Vec<i64> {
     }
 }
 
-struct Seq {
+/// What the engine keeps of a request besides its tokens.
+struct Tag {
     id: RequestId,
-    prompt: Vec<i64>,
-    out: Vec<i64>,
-    req: Request,
+    ignore_eos: bool,
     events: Sender<Event>,
 }
 
-/// The running batch: rows, their left padding in the cache, the token each feeds next.
-#[derive(Default)]
-struct Batch {
-    rows: Vec<Seq>,
-    cache: KvCache,
-    pad: Vec<i64>,
-}
+type Seq = Entry<Tag>;
 
 struct State {
     model: Model,
@@ -277,15 +290,17 @@ struct State {
     max_batch: usize,
     eos: Vec<i64>,
     waiting: VecDeque<Seq>,
-    batch: Batch,
+    batch: Running<Tag>,
     paused: bool,
     max_batch_seen: usize,
+    timing: StepTiming,
+    sync_timing: bool,
 }
 
 impl State {
     fn run(&mut self, rx: Receiver<Cmd>) {
         loop {
-            let idle = self.paused || (self.batch.rows.is_empty() && self.waiting.is_empty());
+            let idle = self.paused || (self.batch.is_empty() && self.waiting.is_empty());
             let first = if idle {
                 match rx.recv() {
                     Ok(c) => Some(c),
@@ -306,7 +321,7 @@ impl State {
                 }
                 next = rx.try_recv().ok();
             }
-            if self.paused || (self.batch.rows.is_empty() && self.waiting.is_empty()) {
+            if self.paused || (self.batch.is_empty() && self.waiting.is_empty()) {
                 continue;
             }
             if let Err(e) = tch::no_grad(|| self.step()) {
@@ -321,31 +336,32 @@ impl State {
         match cmd {
             Cmd::Generate { id, req, events } => {
                 let s = Seq {
-                    id,
-                    prompt: req.input_ids.clone(),
+                    prompt: req.input_ids,
                     out: Vec::new(),
-                    req,
-                    events,
+                    params: req.params,
+                    tag: Tag {
+                        id,
+                        ignore_eos: req.ignore_eos,
+                        events,
+                    },
                 };
-                if s.req.params.max_new_tokens == 0 {
+                if s.params.max_new_tokens == 0 {
                     self.finish(&s, EngineFinish::Length);
                 } else {
                     self.waiting.push_back(s);
                 }
             }
             Cmd::Abort { id } => {
-                if let Some(i) = self.waiting.iter().position(|s| s.id == id)
+                let why = || EngineFinish::Abort("aborted by request".to_owned());
+                if let Some(i) = self.waiting.iter().position(|s| s.tag.id == id)
                     && let Some(s) = self.waiting.remove(i)
                 {
-                    self.finish(&s, EngineFinish::Abort("aborted by request".to_owned()));
+                    self.finish(&s, why());
                 }
-                if let Some(i) = self.batch.rows.iter().position(|s| s.id == id) {
-                    let keep: Vec<usize> = (0..self.batch.rows.len()).filter(|&j| j != i).collect();
-                    let s = &self.batch.rows[i];
-                    self.finish(s, EngineFinish::Abort("aborted by request".to_owned()));
-                    if let Err(e) = self.keep_rows(&keep) {
-                        self.abort_all(&format!("generation failed: {e}"));
-                    }
+                let keep: Vec<bool> = self.batch.rows().iter().map(|s| s.tag.id != id).collect();
+                match self.batch.retain(&keep) {
+                    Ok(gone) => gone.iter().for_each(|s| self.finish(s, why())),
+                    Err(e) => self.abort_all(&format!("generation failed: {e}")),
                 }
             }
             Cmd::Pause { mode, reply } => {
@@ -403,7 +419,7 @@ impl State {
                 let _ = reply.send(r);
             }
             Cmd::Flush { reply } => {
-                let r = if self.paused && !self.batch.rows.is_empty() {
+                let r = if self.paused && !self.batch.is_empty() {
                     Err("requests are held in place (paused with mode 'in_place'); pause with mode 'retract' before flushing".to_owned())
                 } else {
                     Ok(())
@@ -413,11 +429,12 @@ impl State {
             Cmd::Info { reply } => {
                 let _ = reply.send(EngineInfo {
                     weight_version: self.version.clone(),
-                    running: self.batch.rows.len(),
+                    running: self.batch.len(),
                     waiting: self.waiting.len(),
                     paused: self.paused,
                     max_batch_seen: self.max_batch_seen,
                     config: self.model.raw_config().clone(),
+                    timing: self.timing.clone(),
                 });
             }
             Cmd::Shutdown => return false,
@@ -426,7 +443,7 @@ impl State {
     }
 
     fn finish(&self, s: &Seq, finish: EngineFinish) {
-        let _ = s.events.send(Event::Done {
+        let _ = s.tag.events.send(Event::Done {
             finish,
             prompt_tokens: s.prompt.len(),
             completion_tokens: s.out.len(),
@@ -435,8 +452,8 @@ impl State {
     }
 
     fn abort_all(&mut self, why: &str) {
-        let batch = std::mem::take(&mut self.batch);
-        for s in batch.rows.iter().chain(self.waiting.iter()) {
+        let running = self.batch.clear();
+        for s in running.iter().chain(self.waiting.iter()) {
             self.finish(s, EngineFinish::Abort(why.to_owned()));
         }
         self.waiting.clear();
@@ -445,120 +462,34 @@ impl State {
     /// Running requests go back to the front of the queue, keeping their tokens; their
     /// cache is dropped (recomputed when they run again).
     fn retract(&mut self) {
-        let batch = std::mem::take(&mut self.batch);
-        for s in batch.rows.into_iter().rev() {
+        for s in self.batch.clear().into_iter().rev() {
             self.waiting.push_front(s);
         }
     }
 
-    /// Keeps only these rows of the running batch and drops padding they all share.
-    fn keep_rows(&mut self, keep: &[usize]) -> Result<()> {
-        if keep.len() == self.batch.rows.len() {
-            return Ok(());
-        }
-        let rows = std::mem::take(&mut self.batch.rows);
-        let mut kept = Vec::with_capacity(keep.len());
-        for (i, s) in rows.into_iter().enumerate() {
-            if keep.contains(&i) {
-                kept.push(s);
-            }
-        }
-        if kept.is_empty() {
-            self.batch = Batch::default();
-            return Ok(());
-        }
-        let idx: Vec<i64> = keep.iter().map(|&i| i as i64).collect();
-        let mut pad: Vec<i64> = keep.iter().map(|&i| self.batch.pad[i]).collect();
-        let mut cache = self.batch.cache.select_rows(&idx)?;
-        let shared = pad.iter().copied().min().unwrap_or(0);
-        if shared > 0 {
-            cache = cache.trim_left(shared)?;
-            pad.iter_mut().for_each(|p| *p -= shared);
-        }
-        self.batch = Batch {
-            rows: kept,
-            cache,
-            pad,
-        };
-        Ok(())
-    }
-
-    /// One step: prefill newcomers (and merge them in) if any, else decode every row.
+    /// One step: prefill newcomers (they join the batch with their first token) if any,
+    /// else decode every row; then rows that stopped leave.
     fn step(&mut self) -> Result<()> {
-        let room = self.max_batch.saturating_sub(self.batch.rows.len());
+        let mut clock = Clock::start(self.sync_timing, self.model.device());
+        let room = self.max_batch.saturating_sub(self.batch.len());
         let newcomers: Vec<Seq> = (0..room.min(self.waiting.len()))
             .filter_map(|_| self.waiting.pop_front())
             .collect();
-        let device = self.model.device();
-        let (logits, first_new) = if !newcomers.is_empty() {
-            let seqs: Vec<Vec<i64>> = newcomers
-                .iter()
-                .map(|s| s.prompt.iter().chain(&s.out).copied().collect())
-                .collect();
-            let longest = seqs.iter().map(Vec::len).max().unwrap_or(0);
-            let pad: Vec<i64> = seqs.iter().map(|s| (longest - s.len()) as i64).collect();
-            let mut flat = Vec::with_capacity(seqs.len() * longest);
-            for (s, &p) in seqs.iter().zip(&pad) {
-                flat.extend(std::iter::repeat_n(0i64, p as usize));
-                flat.extend(s);
-            }
-            let ids = Tensor::from_slice(&flat)
-                .f_reshape([seqs.len() as i64, longest as i64])?
-                .f_to_device(device)?;
-            let mut cache = KvCache::new();
-            let hidden = self
-                .model
-                .forward_hidden_padded(&ids, &pad, Some(&mut cache))?;
-            let logits = self.model.logits(&hidden.f_select(1, -1)?)?;
-            // Merge: pad the shorter cache on the left so both have the same length.
-            let old_len = self.batch.cache.len();
-            let new_len = cache.len();
-            let len = old_len.max(new_len);
-            let old_rows = self.batch.rows.len();
-            let old = if old_rows > 0 {
-                self.batch.cache.left_padded(len - old_len)?
-            } else {
-                KvCache::new()
-            };
-            let new = cache.left_padded(len - new_len)?;
-            let mut all_pad: Vec<i64> = self.batch.pad.iter().map(|p| p + len - old_len).collect();
-            all_pad.extend(pad.iter().map(|p| p + len - new_len));
-            self.batch.cache = KvCache::concat_rows(&old, &new)?;
-            self.batch.pad = all_pad;
-            self.batch.rows.extend(newcomers);
-            (logits, old_rows)
+        let prefill = !newcomers.is_empty();
+        let first = if prefill { self.batch.len() } else { 0 };
+        let drawn = if prefill {
+            self.batch.admit(&self.model, newcomers, &mut clock)?
         } else {
-            let last: Vec<i64> = self
-                .batch
-                .rows
-                .iter()
-                .map(|s| s.out.last().copied().unwrap_or(0))
-                .collect();
-            let ids = Tensor::from_slice(&last)
-                .f_reshape([last.len() as i64, 1])?
-                .f_to_device(device)?;
-            let pad = self.batch.pad.clone();
-            let hidden =
-                self.model
-                    .forward_hidden_padded(&ids, &pad, Some(&mut self.batch.cache))?;
-            self.max_batch_seen = self.max_batch_seen.max(self.batch.rows.len());
-            (self.model.logits(&hidden.f_select(1, -1)?)?, 0)
+            self.max_batch_seen = self.max_batch_seen.max(self.batch.len());
+            self.batch.decode(&self.model, &mut clock)?
         };
-        let logits = logits
-            .f_to_kind(Kind::Float)?
-            .f_to_device(tch::Device::Cpu)?;
-        let mut keep = Vec::with_capacity(self.batch.rows.len());
-        for i in 0..self.batch.rows.len() {
-            if i < first_new {
-                keep.push(i);
-                continue;
-            }
-            let row = logits.f_get((i - first_new) as i64)?;
-            let s = &self.batch.rows[i];
-            let (id, logprob) = sample_row(&row, &s.req.params)?;
-            let s = &mut self.batch.rows[i];
-            s.out.push(id);
+        let mut keep = vec![true; self.batch.len()];
+        let mut ends = Vec::new();
+        for (k, &(id, logprob)) in drawn.iter().enumerate() {
+            let i = first + k;
+            let s = &self.batch.rows()[i];
             let alive = s
+                .tag
                 .events
                 .send(Event::Token {
                     id,
@@ -566,20 +497,36 @@ impl State {
                     weight_version: self.version.clone(),
                 })
                 .is_ok();
-            let stop = s.req.params.stop_token_ids.contains(&id)
-                || (!s.req.ignore_eos && self.eos.contains(&id));
-            let s = &self.batch.rows[i];
-            if !alive {
-                continue;
-            }
-            if stop {
-                self.finish(s, EngineFinish::Stop { matched: id });
-            } else if s.out.len() >= s.req.params.max_new_tokens {
-                self.finish(s, EngineFinish::Length);
+            let end = if !alive {
+                Some(None)
+            } else if s.params.stop_token_ids.contains(&id)
+                || (!s.tag.ignore_eos && self.eos.contains(&id))
+            {
+                Some(Some(EngineFinish::Stop { matched: id }))
+            } else if s.out.len() >= s.params.max_new_tokens {
+                Some(Some(EngineFinish::Length))
             } else {
-                keep.push(i);
+                None
+            };
+            if let Some(end) = end {
+                keep[i] = false;
+                ends.push(end);
             }
         }
-        self.keep_rows(&keep)
+        clock.lap(|p| &mut p.bookkeeping_s);
+        let gone = self.batch.retain(&keep)?;
+        for (s, end) in gone.iter().zip(ends) {
+            if let Some(end) = end {
+                self.finish(s, end);
+            }
+        }
+        clock.lap(|p| &mut p.leave_s);
+        let phases = clock.finish(drawn.len());
+        if prefill {
+            self.timing.prefill.add(&phases);
+        } else {
+            self.timing.decode.add(&phases);
+        }
+        Ok(())
     }
 }

@@ -1,13 +1,16 @@
-//! Sampling with the KV cache: a batch of prompts of any lengths (padded on the left),
-//! logit bias / temperature / top-k / top-p / min-p sampling, stop tokens, and the logprob
-//! of each sampled token under `log_softmax((logits + bias) / temperature)` (before
-//! top-k/top-p/min-p truncation), which is what the trainer computes for the same token
-//! when there is no bias.
+//! Sampling parameters, and the trainer's own sampler: a batch of prompts of any lengths
+//! through the serving engine's batch ([`crate::batch`], [`crate::sampler`]), stop tokens,
+//! and the logprob of each sampled token under `log_softmax((logits + bias) /
+//! temperature)` (before top-k/top-p/min-p truncation), which is what the trainer
+//! computes for the same token when there is no bias. [`sample_row`] is the same
+//! distribution for one row, op by op, without batching: the reference the batched
+//! sampler is tested against.
 
 use tch::{Kind, Tensor};
 
+use crate::batch::{Clock, Entry, Running};
 use crate::error::{Result, TrainerError};
-use crate::model::{KvCache, Model};
+use crate::model::Model;
 
 /// How to sample.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,6 +29,16 @@ pub struct SamplingParams {
     pub max_new_tokens: usize,
     /// Generation of a row ends after it samples one of these (it is kept in the output).
     pub stop_token_ids: Vec<i64>,
+    /// Subtracted once per time a token was sampled in this request's output; 0: off.
+    pub frequency_penalty: f64,
+    /// Subtracted from tokens sampled at least once in the output; 0: off.
+    pub presence_penalty: f64,
+    /// Tokens seen in the prompt or the output: positive logits divided by it, negative
+    /// ones multiplied; 1: off.
+    pub repetition_penalty: f64,
+    /// A seed makes the draw a function of (seed, tokens sampled so far, token id):
+    /// the same tokens alone or batched with anything ([`crate::sampler`]).
+    pub seed: Option<u64>,
 }
 
 impl Default for SamplingParams {
@@ -38,6 +51,10 @@ impl Default for SamplingParams {
             logit_bias: Vec::new(),
             max_new_tokens: 128,
             stop_token_ids: Vec::new(),
+            frequency_penalty: 0.0,
+            presence_penalty: 0.0,
+            repetition_penalty: 1.0,
+            seed: None,
         }
     }
 }
@@ -155,7 +172,9 @@ pub fn sample_row(logits: &Tensor, p: &SamplingParams) -> Result<(i64, f32)> {
     ))
 }
 
-/// Samples after each prompt (any lengths; rows are padded on the left and masked).
+/// Samples after each prompt (any lengths) with the serving engine's batch
+/// ([`crate::batch::Running`]): prompts prefilled together into cache slots, every row
+/// sampled in one batched pass ([`crate::sampler`]); a row that stops leaves the batch.
 pub fn sample_with(
     model: &Model,
     prompts: &[Vec<i64>],
@@ -167,58 +186,48 @@ pub fn sample_with(
     if prompts.iter().any(|p| p.is_empty()) {
         return Err(TrainerError::invalid("sample() needs non-empty prompts"));
     }
-    let b = prompts.len();
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let pad: Vec<i64> = prompts.iter().map(|p| (longest - p.len()) as i64).collect();
-    let equal = pad.iter().all(|&x| x == 0);
-    let mut flat = Vec::with_capacity(b * longest);
-    for (pr, &n) in prompts.iter().zip(&pad) {
-        flat.extend(std::iter::repeat_n(0i64, n as usize));
-        flat.extend(pr);
-    }
-    let mut input = Tensor::from_slice(&flat)
-        .f_reshape([b as i64, longest as i64])?
-        .f_to_device(model.device())?;
-    let mut cache = KvCache::new();
-    let mut out: Vec<Generation> = (0..b)
+    let mut out: Vec<Generation> = (0..prompts.len())
         .map(|_| Generation {
             tokens: Vec::new(),
             logprobs: Vec::new(),
             finish: Finish::Length,
         })
         .collect();
-    let mut done = vec![false; b];
+    if p.max_new_tokens == 0 {
+        return Ok(out);
+    }
     tch::no_grad(|| -> Result<()> {
-        for _ in 0..p.max_new_tokens {
-            let hidden = if equal {
-                model.forward_hidden(&input, Some(&mut cache))?
-            } else {
-                model.forward_hidden_padded(&input, &pad, Some(&mut cache))?
-            };
-            let last = model
-                .logits(&hidden.f_select(1, -1)?)?
-                .f_to_kind(Kind::Float)?;
-            let (next, lp) = step(&last, p)?;
-            let ids: Vec<i64> =
-                Vec::try_from(next.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
-            let lps: Vec<f32> = Vec::try_from(lp.f_reshape([-1])?.f_to_device(tch::Device::Cpu)?)?;
-            for (i, (id, l)) in ids.into_iter().zip(lps).enumerate() {
-                if done[i] {
-                    continue;
+        let mut batch: Running<usize> = Running::new(model);
+        let mut clock = Clock::start(false, model.device());
+        let rows = prompts
+            .iter()
+            .enumerate()
+            .map(|(i, prompt)| Entry {
+                prompt: prompt.clone(),
+                out: Vec::new(),
+                params: p.clone(),
+                tag: i,
+            })
+            .collect();
+        let mut drawn = batch.admit(model, rows, &mut clock)?;
+        loop {
+            let mut keep = Vec::with_capacity(drawn.len());
+            for (row, &(id, lp)) in batch.rows().iter().zip(&drawn) {
+                let g = &mut out[row.tag];
+                g.tokens.push(id);
+                g.logprobs.push(lp);
+                let stop = p.stop_token_ids.contains(&id);
+                if stop {
+                    g.finish = Finish::Stop;
                 }
-                out[i].tokens.push(id);
-                out[i].logprobs.push(l);
-                if p.stop_token_ids.contains(&id) {
-                    done[i] = true;
-                    out[i].finish = Finish::Stop;
-                }
+                keep.push(!stop && g.tokens.len() < p.max_new_tokens);
             }
-            if done.iter().all(|&d| d) {
-                break;
+            batch.retain(&keep)?;
+            if batch.is_empty() {
+                return Ok(());
             }
-            input = next;
+            drawn = batch.decode(model, &mut clock)?;
         }
-        Ok(())
     })?;
     Ok(out)
 }

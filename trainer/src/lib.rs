@@ -6,6 +6,7 @@
 //! Call [`device::init`] first: it loads libtorch's CUDA backend when there is one.
 
 pub mod bar;
+pub mod batch;
 pub mod device;
 pub mod engine;
 pub mod error;
@@ -15,6 +16,7 @@ pub mod grpo;
 pub mod model;
 pub mod optim;
 pub mod push;
+pub mod sampler;
 pub mod step;
 pub mod train;
 pub mod weights;

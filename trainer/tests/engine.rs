@@ -247,3 +247,108 @@ fn pause_with_abort_ends_requests_in_flight() -> anyhow::Result<()> {
     assert_eq!(collect(&rx)?.0.len(), 2);
     Ok(())
 }
+
+fn request(input: &[i64], n: usize, params: SamplingParams) -> Request {
+    Request {
+        input_ids: input.to_vec(),
+        params: SamplingParams {
+            max_new_tokens: n,
+            ..params
+        },
+        ignore_eos: true,
+    }
+}
+
+/// Requests that join a running batch mid-decode and leave it before others (greedy and
+/// seeded sampling with truncation, bias and penalties) get the same tokens and logprobs
+/// as each running alone: joining and leaving move cache slots and re-index the batch's
+/// sampling state without touching any row's content.
+#[test]
+fn requests_joining_and_leaving_mid_decode_match_each_alone() -> anyhow::Result<()> {
+    let seeded = |seed: u64| SamplingParams {
+        temperature: 0.9,
+        top_p: 0.9,
+        seed: Some(seed),
+        ..SamplingParams::default()
+    };
+    let reqs = vec![
+        request(&[1, 5, 9], 24, seeded(1)),
+        request(
+            &[2, 3, 4, 5, 6, 7, 8],
+            4,
+            SamplingParams {
+                temperature: 0.0,
+                ..SamplingParams::default()
+            },
+        ),
+        request(
+            &[40, 41],
+            12,
+            SamplingParams {
+                top_k: 5,
+                min_p: 0.05,
+                logit_bias: vec![(3, 1.5)],
+                ..seeded(2)
+            },
+        ),
+        request(
+            &[7; 9],
+            6,
+            SamplingParams {
+                repetition_penalty: 1.4,
+                frequency_penalty: 0.7,
+                presence_penalty: 0.3,
+                ..seeded(3)
+            },
+        ),
+        request(&[11, 12], 9, seeded(4)),
+    ];
+    let alone: Vec<(Vec<i64>, Vec<f32>)> = reqs
+        .iter()
+        .map(|r| -> anyhow::Result<_> {
+            let engine = Engine::start(load(&fixture())?, "v0".to_owned(), 1)?;
+            let (_, rx) = engine.generate(r.clone())?;
+            let (ids, lps, _) = collect(&rx)?;
+            Ok((ids, lps))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let engine = Engine::start(load(&fixture())?, "v0".to_owned(), 8)?;
+    // The first runs alone for a few tokens, then the others join one by one while it
+    // decodes; the second leaves after 4 tokens, the fourth after 6.
+    let (_, first) = engine.generate(reqs[0].clone())?;
+    let mut got = Vec::new();
+    let mut early = Vec::new();
+    for _ in 0..3 {
+        match first.recv()? {
+            Event::Token { id, logprob, .. } => early.push((id, logprob)),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let rxs: Vec<_> = reqs[1..]
+        .iter()
+        .map(|r| engine.generate(r.clone()).map(|(_, rx)| rx))
+        .collect::<Result<_, _>>()?;
+    let (ids, lps, _) = collect(&first)?;
+    let (mut e_ids, mut e_lps): (Vec<i64>, Vec<f32>) = early.into_iter().unzip();
+    e_ids.extend(ids);
+    e_lps.extend(lps);
+    got.push((e_ids, e_lps));
+    for rx in &rxs {
+        let (ids, lps, _) = collect(rx)?;
+        got.push((ids, lps));
+    }
+    for (i, ((ids, lps), (a_ids, a_lps))) in got.iter().zip(&alone).enumerate() {
+        assert_eq!(ids, a_ids, "request {i}: tokens differ from running alone");
+        for (a, b) in lps.iter().zip(a_lps) {
+            assert!(
+                (a - b).abs() < 1e-5,
+                "request {i}: logprob {a} vs {b} alone"
+            );
+        }
+    }
+    assert!(
+        engine.info()?.max_batch_seen >= 3,
+        "the requests did not share the batch"
+    );
+    Ok(())
+}

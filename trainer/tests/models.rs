@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use graft_trainer::model::{KvCache, Model};
+use graft_trainer::model::{KvCache, Model, SlotCache};
 use graft_trainer::weights;
 use tch::{Device, Kind, Tensor};
 
@@ -103,9 +103,7 @@ fn kv_cache_matches_full(name: &str) -> anyhow::Result<()> {
 }
 
 /// A long decode, one token at a time over two rows, so the cache's buffers fill and grow
-/// several times; then the engine's row selection (keep one row) on a cache that has grown,
-/// and more decoding after it. Every step's logits equal the full forward's at that
-/// position.
+/// several times. Every step's logits equal the full forward's at that position.
 #[test]
 fn kv_cache_grows_in_place_over_a_long_decode() -> anyhow::Result<()> {
     let (model, _, _) = load("llama")?;
@@ -114,28 +112,86 @@ fn kv_cache_grows_in_place_over_a_long_decode() -> anyhow::Result<()> {
     let ids = Tensor::f_randint(160, [2, t], (Kind::Int64, Device::Cpu))?;
     let full = tch::no_grad(|| model.forward(&ids))?;
     let mut cache = KvCache::new();
-    let step = |cache: &mut KvCache, ids: &Tensor, pos: i64| -> anyhow::Result<Tensor> {
-        Ok(tch::no_grad(|| {
-            model.forward_step(&ids.f_narrow(1, pos, 1)?, cache)
-        })?)
-    };
-    for pos in 0..60 {
-        let got = step(&mut cache, &ids, pos)?;
+    for pos in 0..75 {
+        let got = tch::no_grad(|| model.forward_step(&ids.f_narrow(1, pos, 1)?, &mut cache))?;
         let diff = max_abs_diff(&got, &full.f_narrow(1, pos, 1)?)?;
         assert!(diff < TOL, "position {pos}: cached logits differ by {diff}");
         assert_eq!(cache.len(), pos + 1);
     }
-    // Keep row 1 only, as the engine does when row 0 finishes.
-    let mut kept = cache.select_rows(&[1])?;
-    assert_eq!((kept.rows(), kept.len()), (1, 60));
-    let row = ids.f_narrow(0, 1, 1)?;
-    for pos in 60..75 {
-        let got = step(&mut kept, &row, pos)?;
-        let diff = max_abs_diff(&got, &full.f_narrow(0, 1, 1)?.f_narrow(1, pos, 1)?)?;
+    Ok(())
+}
+
+/// The serving engine's slot cache: three rows of different prompt lengths prefilled
+/// together (padded on the right), then decoded one position each per step (each row at
+/// its own position) until the buffers have grown several times, then the last row moved
+/// into the first row's slot (as when the first row leaves) and decoded on. Every logit
+/// equals the full forward's at that row and position, for every family.
+#[test]
+fn slot_cache_rows_at_their_own_positions_equal_the_full_forward() -> anyhow::Result<()> {
+    for name in ["llama", "qwen2", "qwen3"] {
+        let (model, _, _) = load(name)?;
+        tch::manual_seed(11);
+        let t = 80;
+        let ids = Tensor::f_randint(160, [3, t], (Kind::Int64, Device::Cpu))?;
+        let full = tch::no_grad(|| model.forward(&ids))?;
+        let expect =
+            |row: i64, pos: i64| -> anyhow::Result<Tensor> { Ok(full.f_get(row)?.f_get(pos)?) };
+        let mut cache = SlotCache::new();
+        let mut lens = vec![5i64, 1, 12];
+        let prefix = ids.f_narrow(1, 0, 12)?;
+        let hidden = tch::no_grad(|| model.prefill_slots(&prefix, &lens, &mut cache, 0))?;
+        let logits = model.logits(&hidden)?;
+        for (r, &l) in lens.iter().enumerate() {
+            let diff = max_abs_diff(&logits.f_get(r as i64)?, &expect(r as i64, l - 1)?)?;
+            assert!(
+                diff < TOL,
+                "{name}: prefill row {r}: logits differ by {diff}"
+            );
+        }
+        let first_cap = cache.capacity().1;
+        // rows[slot] = the row of `ids` in that slot.
+        let mut rows = vec![0i64, 1, 2];
+        let decode = |cache: &mut SlotCache, rows: &[i64], lens: &[i64]| -> anyhow::Result<()> {
+            let next: Vec<i64> = rows
+                .iter()
+                .zip(lens)
+                .map(|(&r, &l)| ids.int64_value(&[r, l]))
+                .collect();
+            let hidden = tch::no_grad(|| {
+                model.decode_slots(
+                    &Tensor::from_slice(&next),
+                    &Tensor::from_slice(lens),
+                    lens.iter().copied().max().unwrap_or(0),
+                    cache,
+                )
+            })?;
+            let logits = model.logits(&hidden)?;
+            for (slot, (&r, &l)) in rows.iter().zip(lens).enumerate() {
+                let diff = max_abs_diff(&logits.f_get(slot as i64)?, &expect(r, l)?)?;
+                assert!(
+                    diff < TOL,
+                    "{name}: row {r} at {l}: logits differ by {diff}"
+                );
+            }
+            Ok(())
+        };
+        for _ in 0..55 {
+            decode(&mut cache, &rows, &lens)?;
+            lens.iter_mut().for_each(|l| *l += 1);
+        }
         assert!(
-            diff < TOL,
-            "row 1, position {pos}: cached logits differ by {diff}"
+            cache.capacity().1 > first_cap + 40,
+            "{name}: the cache grew ({first_cap} -> {:?})",
+            cache.capacity()
         );
+        // Row 0 leaves: the last row moves into its slot.
+        cache.move_row(2, 0, lens[2])?;
+        rows = vec![2, 1];
+        lens = vec![lens[2], lens[1]];
+        for _ in 0..10 {
+            decode(&mut cache, &rows, &lens)?;
+            lens.iter_mut().for_each(|l| *l += 1);
+        }
     }
     Ok(())
 }

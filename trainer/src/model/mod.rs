@@ -339,84 +339,47 @@ impl KvCache {
             .map(|l| l.k.size().first().copied().unwrap_or(0))
             .unwrap_or(0)
     }
+}
 
-    /// A new cache of `f` applied to each layer's filled keys and values.
-    fn map(&self, f: impl Fn(&Tensor) -> Result<Tensor>) -> Result<KvCache> {
-        let layers = self
-            .layers
-            .iter()
-            .map(|l| match l {
-                Some(l) => {
-                    let (k, v) = l.filled()?;
-                    Ok(Some(LayerKv::whole(f(&k)?, f(&v)?)))
-                }
-                None => Ok(None),
-            })
-            .collect::<Result<_>>()?;
-        Ok(KvCache { layers })
+/// The serving engine's cache: per layer, keys and values of a set of row slots,
+/// `[slots, kv_heads, positions, head_dim]`, zero-initialised. Slot `i` holds its row's
+/// positions from column 0 (position p at column p), however long the other rows are:
+/// newcomers are prefilled straight into free slots ([`Model::prefill_slots`]), a decode
+/// step writes each row's new position in place ([`Model::decode_slots`]), and a row that
+/// leaves frees its slot (the caller may move another row into it with
+/// [`SlotCache::move_row`]: one row's copy). Nothing is re-padded or concatenated.
+#[derive(Debug, Default)]
+pub struct SlotCache {
+    k: Vec<Tensor>,
+    v: Vec<Tensor>,
+}
+
+impl SlotCache {
+    pub fn new() -> SlotCache {
+        SlotCache::default()
     }
 
-    /// The cache with `n` empty positions added on the left of every row (they must be
-    /// masked as padding by the caller).
-    pub fn left_padded(&self, n: i64) -> Result<KvCache> {
-        if n == 0 {
-            return self.map(|t| Ok(t.shallow_clone()));
+    /// (slots, positions) there is room for.
+    pub fn capacity(&self) -> (i64, i64) {
+        match self.k.first() {
+            Some(k) => {
+                let s = k.size();
+                (s[0], s[2])
+            }
+            None => (0, 0),
         }
-        self.map(|t| {
-            let mut size = t.size();
-            size[2] = n;
-            let zeros = Tensor::f_zeros(&size, (t.kind(), t.device()))?;
-            Ok(Tensor::f_cat(&[&zeros, t], 2)?)
-        })
     }
 
-    /// Only the given rows, in that order.
-    pub fn select_rows(&self, rows: &[i64]) -> Result<KvCache> {
-        self.map(|t| {
-            let idx = Tensor::from_slice(rows).f_to_device(t.device())?;
-            Ok(t.f_index_select(0, &idx)?)
-        })
-    }
-
-    /// The cache without its first `n` positions (padding every row shares).
-    pub fn trim_left(&self, n: i64) -> Result<KvCache> {
-        self.map(|t| {
-            let len = t.size().get(2).copied().unwrap_or(0);
-            Ok(t.f_narrow(2, n, len - n)?)
-        })
-    }
-
-    /// Rows of `a` then rows of `b`; both must already have the same length.
-    pub fn concat_rows(a: &KvCache, b: &KvCache) -> Result<KvCache> {
-        if a.layers.is_empty() || a.rows() == 0 {
-            return b.map(|t| Ok(t.shallow_clone()));
+    /// Copies the first `len` positions of slot `from` into slot `to`.
+    pub fn move_row(&mut self, from: i64, to: i64, len: i64) -> Result<()> {
+        if from == to || len == 0 {
+            return Ok(());
         }
-        if b.layers.is_empty() || b.rows() == 0 {
-            return a.map(|t| Ok(t.shallow_clone()));
+        for t in self.k.iter().chain(&self.v) {
+            let src = t.f_narrow(0, from, 1)?.f_narrow(2, 0, len)?;
+            t.f_narrow(0, to, 1)?.f_narrow(2, 0, len)?.f_copy_(&src)?;
         }
-        if a.len() != b.len() || a.layers.len() != b.layers.len() {
-            return Err(TrainerError::invalid(format!(
-                "cannot stack caches of lengths {} and {}",
-                a.len(),
-                b.len()
-            )));
-        }
-        let layers = a
-            .layers
-            .iter()
-            .zip(&b.layers)
-            .map(|(x, y)| match (x, y) {
-                (Some(x), Some(y)) => {
-                    let ((ka, va), (kb, vb)) = (x.filled()?, y.filled()?);
-                    Ok(Some(LayerKv::whole(
-                        Tensor::f_cat(&[ka, kb], 0)?,
-                        Tensor::f_cat(&[va, vb], 0)?,
-                    )))
-                }
-                _ => Err(TrainerError::invalid("cannot stack a partly empty cache")),
-            })
-            .collect::<Result<_>>()?;
-        Ok(KvCache { layers })
+        Ok(())
     }
 }
 
@@ -481,23 +444,28 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> 
     })
 }
 
-/// HF's RMSNorm: normalise in f32, cast back, then scale.
+/// HF's RMSNorm (normalise in f32, cast back, then scale) as libtorch's `rms_norm`: the
+/// same ops on the CPU, one fused kernel (forward and backward) on CUDA.
 fn rms_norm(x: &Tensor, weight: &Tensor, eps: f64) -> Result<Tensor> {
-    let kind = x.kind();
-    let x32 = x.f_to_kind(Kind::Float)?;
-    let var = x32
-        .f_pow_tensor_scalar(2)?
-        .f_mean_dim(-1, true, Kind::Float)?;
-    let normed = x32.f_mul(&var.f_add_scalar(eps)?.f_rsqrt()?)?;
-    Ok(normed.f_to_kind(kind)?.f_mul(weight)?)
+    let d = x.size().last().copied().unwrap_or(0);
+    Ok(x.f_rms_norm([d], Some(weight), eps)?)
 }
 
-/// `[x1, x2] -> [-x2, x1]` on the last dimension.
-fn rotate_half(x: &Tensor) -> Result<Tensor> {
-    let d = x.size().last().copied().unwrap_or(0);
-    let x1 = x.f_narrow(-1, 0, d / 2)?;
-    let x2 = x.f_narrow(-1, d / 2, d - d / 2)?;
-    Ok(Tensor::f_cat(&[x2.f_neg()?, x1], -1)?)
+/// RoPE tables for a batch of positions ([`Model::rope_for`]): `cos` and `sin` shaped
+/// `[batch or 1, 1, seq, head_dim]`; `sin`'s first half is negated, so the rotation is
+/// `x * cos + roll(x, head_dim / 2) * sin`, which is HF's `x * cos + rotate_half(x) * sin`
+/// to the bit (negation is exact) in one kernel less.
+pub struct Rope {
+    cos: Tensor,
+    sin: Tensor,
+}
+
+impl Rope {
+    fn apply(&self, x: &Tensor) -> Result<Tensor> {
+        let d = x.size().last().copied().unwrap_or(0);
+        let rolled = x.f_roll([d / 2], [-1])?;
+        Ok(x.f_mul(&self.cos)?.f_add(&rolled.f_mul(&self.sin)?)?)
+    }
 }
 
 struct Attention {
@@ -832,15 +800,118 @@ impl Model {
         })
     }
 
-    /// The cos/sin tables for `positions` (any shape, f32), shape `[.., head_dim]`, in
-    /// the compute dtype (computed in f32, as HF does).
-    fn rope(&self, positions: &Tensor) -> Result<(Tensor, Tensor)> {
-        let freqs = positions.f_unsqueeze(-1)?.f_mul(&self.inv_freq)?;
+    /// RoPE tables for `positions` (`[batch or 1, seq]`, Int64), shaped to broadcast over
+    /// `[batch, heads, seq, head_dim]`, in the compute dtype (computed in f32, as HF does).
+    pub fn rope_for(&self, positions: &Tensor) -> Result<Rope> {
+        let freqs = positions
+            .f_to_kind(Kind::Float)?
+            .f_unsqueeze(-1)?
+            .f_mul(&self.inv_freq)?;
         let emb = Tensor::f_cat(&[&freqs, &freqs], -1)?;
-        Ok((
-            emb.f_cos()?.f_to_kind(self.kind)?,
-            emb.f_sin()?.f_to_kind(self.kind)?,
-        ))
+        let sin = freqs.f_sin()?;
+        Ok(Rope {
+            cos: emb.f_cos()?.f_to_kind(self.kind)?.f_unsqueeze(1)?,
+            sin: Tensor::f_cat(&[&sin.f_neg()?, &sin], -1)?
+                .f_to_kind(self.kind)?
+                .f_unsqueeze(1)?,
+        })
+    }
+
+    /// The token embeddings of `ids` (`[batch, seq]`): the first layer's input.
+    pub fn embed(&self, ids: &Tensor) -> Result<Tensor> {
+        Ok(Tensor::f_embedding(&self.embed, ids, -1, false, false)?)
+    }
+
+    pub fn num_layers(&self) -> usize {
+        self.layers.len()
+    }
+
+    /// Decoder layer `li` on `x` (`[batch, seq, hidden]`), causal over `seq`, no cache: the
+    /// training forward one layer at a time (activation checkpointing recomputes with it).
+    pub fn layer(&self, li: usize, x: &Tensor, rope: &Rope) -> Result<Tensor> {
+        let layer = self
+            .layers
+            .get(li)
+            .ok_or_else(|| TrainerError::invalid(format!("no layer {li}")))?;
+        let gqa = self.spec.num_heads != self.spec.num_kv_heads;
+        self.block(layer, x, rope, |q, k, v| {
+            let t = q.size().get(2).copied().unwrap_or(0);
+            Ok(Tensor::f_scaled_dot_product_attention(
+                &q,
+                &k,
+                &v,
+                None::<&Tensor>,
+                0.0,
+                t > 1,
+                None,
+                gqa,
+            )?)
+        })
+    }
+
+    /// The final RMSNorm: the last layer's output to the lm_head's input.
+    pub fn final_norm(&self, x: &Tensor) -> Result<Tensor> {
+        rms_norm(x, &self.norm, self.spec.rms_norm_eps)
+    }
+
+    /// One decoder layer on `x` (`[b, t, hidden]`): norms, projections and RoPE here;
+    /// `attend(q, k, v)` (q `[b, heads, t, head_dim]`, k and v `[b, kv_heads, t, head_dim]`,
+    /// RoPE applied) does the attention (and any cache) and returns `[b, heads, t, head_dim]`.
+    fn block(
+        &self,
+        layer: &Layer,
+        x: &Tensor,
+        rope: &Rope,
+        attend: impl FnOnce(Tensor, Tensor, Tensor) -> Result<Tensor>,
+    ) -> Result<Tensor> {
+        let s = &self.spec;
+        let size = x.size();
+        let [b, t, _] = size[..] else {
+            return Err(TrainerError::invalid(format!(
+                "a layer's input must be [batch, seq, hidden], got {size:?}"
+            )));
+        };
+        let h = rms_norm(x, &layer.input_norm, s.rms_norm_eps)?;
+        let a = &layer.attn;
+        let (nq, nkv) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
+        let (yq, yk, yv) = match &a.qkv {
+            Some(qkv) => {
+                let y = qkv.forward(&h)?;
+                (
+                    y.f_narrow(-1, 0, nq)?,
+                    y.f_narrow(-1, nq, nkv)?,
+                    y.f_narrow(-1, nq + nkv, nkv)?,
+                )
+            }
+            None => (a.q.forward(&h)?, a.k.forward(&h)?, a.v.forward(&h)?),
+        };
+        let heads = |y: Tensor, n: i64, norm: &Option<Tensor>| -> Result<Tensor> {
+            let y = y.f_reshape([b, t, n, s.head_dim])?;
+            let y = match norm {
+                Some(w) => rms_norm(&y, w, s.rms_norm_eps)?,
+                None => y,
+            };
+            Ok(y.f_transpose(1, 2)?)
+        };
+        let q = rope.apply(&heads(yq, s.num_heads, &a.q_norm)?)?;
+        let k = rope.apply(&heads(yk, s.num_kv_heads, &a.k_norm)?)?;
+        let v = heads(yv, s.num_kv_heads, &None)?;
+        let y = attend(q, k, v)?
+            .f_transpose(1, 2)?
+            .f_reshape([b, t, s.num_heads * s.head_dim])?;
+        let x = x.f_add(&a.o.forward(&y)?)?;
+        let h = rms_norm(&x, &layer.post_norm, s.rms_norm_eps)?;
+        let m = &layer.mlp;
+        let (g, u) = match &m.gate_up {
+            Some(gu) => {
+                let y = gu.forward(&h)?;
+                let i = s.intermediate_size;
+                (y.f_narrow(-1, 0, i)?, y.f_narrow(-1, i, i)?)
+            }
+            None => (m.gate.forward(&h)?, m.up.forward(&h)?),
+        };
+        let y = m.down.forward(&g.f_silu()?.f_mul(&u)?)?;
+        Ok(x.f_add(&y)?)
     }
 
     /// Final hidden states `[batch, seq, hidden]` for `ids` (`[batch, seq]`, Int64),
@@ -882,9 +953,9 @@ impl Model {
         }
         let dev = self.device;
         let abs = Tensor::f_arange_start(past, past + t, (Kind::Int64, dev))?;
-        let (cos, sin, mask, is_causal) = match left_pad {
+        let (rope, mask, is_causal) = match left_pad {
             None => {
-                let (cos, sin) = self.rope(&abs.f_to_kind(Kind::Float)?)?;
+                let rope = self.rope_for(&abs.f_unsqueeze(0)?)?;
                 // Causal mask only where SDPA's is_causal (top-left aligned) would be wrong.
                 let mask = if past > 0 && t > 1 {
                     let i = abs.f_unsqueeze(1)?;
@@ -893,7 +964,7 @@ impl Model {
                 } else {
                     None
                 };
-                (cos, sin, mask, past == 0 && t > 1)
+                (rope, mask, past == 0 && t > 1)
             }
             Some(pad) => {
                 if pad.len() as i64 != b {
@@ -904,7 +975,7 @@ impl Model {
                 }
                 let pad = Tensor::from_slice(pad).f_to_device(dev)?.f_view([b, 1])?;
                 let pos = abs.f_unsqueeze(0)?.f_sub(&pad)?.f_clamp_min(0)?;
-                let (cos, sin) = self.rope(&pos.f_to_kind(Kind::Float)?)?;
+                let rope = self.rope_for(&pos)?;
                 // [b, 1, t, S]: causal, not padding; a padding query sees itself (no NaN).
                 let q = abs.f_view([1, t, 1])?;
                 let k = Tensor::f_arange(past + t, (Kind::Int64, dev))?.f_view([1, 1, past + t])?;
@@ -913,79 +984,183 @@ impl Model {
                 let mask = causal
                     .f_logical_and(&real)?
                     .f_logical_or(&k.f_eq_tensor(&q)?)?;
-                (
-                    cos.f_unsqueeze(1)?,
-                    sin.f_unsqueeze(1)?,
-                    Some(mask.f_unsqueeze(1)?),
-                    false,
-                )
+                (rope, Some(mask.f_unsqueeze(1)?), false)
             }
         };
-        let mut x = Tensor::f_embedding(&self.embed, ids, -1, false, false)?;
-        let s = &self.spec;
+        let gqa = self.spec.num_heads != self.spec.num_kv_heads;
+        let mut x = self.embed(ids)?;
         for (li, layer) in self.layers.iter().enumerate() {
-            let h = rms_norm(&x, &layer.input_norm, s.rms_norm_eps)?;
-            let a = &layer.attn;
-            let (nq, nkv) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
-            let (yq, yk, yv) = match &a.qkv {
-                Some(qkv) => {
-                    let y = qkv.forward(&h)?;
-                    (
-                        y.f_narrow(-1, 0, nq)?,
-                        y.f_narrow(-1, nq, nkv)?,
-                        y.f_narrow(-1, nq + nkv, nkv)?,
-                    )
+            let slot = cache.as_deref_mut().and_then(|c| c.layers.get_mut(li));
+            x = self.block(layer, &x, &rope, |q, mut k, mut v| {
+                if let Some(slot) = slot {
+                    match slot {
+                        Some(layer) => (k, v) = layer.append(&k, &v)?,
+                        None => *slot = Some(LayerKv::whole(k.shallow_clone(), v.shallow_clone())),
+                    }
                 }
-                None => (a.q.forward(&h)?, a.k.forward(&h)?, a.v.forward(&h)?),
-            };
-            let heads = |y: Tensor, n: i64, norm: &Option<Tensor>| -> Result<Tensor> {
-                let y = y.f_reshape([b, t, n, s.head_dim])?;
-                let y = match norm {
-                    Some(w) => rms_norm(&y, w, s.rms_norm_eps)?,
-                    None => y,
-                };
-                Ok(y.f_transpose(1, 2)?)
-            };
-            let rope = |y: Tensor| -> Result<Tensor> {
-                Ok(y.f_mul(&cos)?.f_add(&rotate_half(&y)?.f_mul(&sin)?)?)
-            };
-            let q = rope(heads(yq, s.num_heads, &a.q_norm)?)?;
-            let mut k = rope(heads(yk, s.num_kv_heads, &a.k_norm)?)?;
-            let mut v = heads(yv, s.num_kv_heads, &None)?;
-            if let Some(slot) = cache.as_deref_mut().and_then(|c| c.layers.get_mut(li)) {
-                match slot {
-                    Some(layer) => (k, v) = layer.append(&k, &v)?,
-                    None => *slot = Some(LayerKv::whole(k.shallow_clone(), v.shallow_clone())),
-                }
-            }
-            let y = Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                mask.as_ref(),
-                0.0,
-                is_causal,
-                None,
-                s.num_heads != s.num_kv_heads,
-            )?;
-            let y = y
-                .f_transpose(1, 2)?
-                .f_reshape([b, t, s.num_heads * s.head_dim])?;
-            x = x.f_add(&a.o.forward(&y)?)?;
-            let h = rms_norm(&x, &layer.post_norm, s.rms_norm_eps)?;
-            let m = &layer.mlp;
-            let (g, u) = match &m.gate_up {
-                Some(gu) => {
-                    let y = gu.forward(&h)?;
-                    let i = s.intermediate_size;
-                    (y.f_narrow(-1, 0, i)?, y.f_narrow(-1, i, i)?)
-                }
-                None => (m.gate.forward(&h)?, m.up.forward(&h)?),
-            };
-            let y = m.down.forward(&g.f_silu()?.f_mul(&u)?)?;
-            x = x.f_add(&y)?;
+                Ok(Tensor::f_scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    mask.as_ref(),
+                    0.0,
+                    is_causal,
+                    None,
+                    gqa,
+                )?)
+            })?;
         }
-        rms_norm(&x, &self.norm, s.rms_norm_eps)
+        self.final_norm(&x)
+    }
+
+    /// Prefills `ids` (`[n, t]`, rows padded on the right; row `i`'s real length
+    /// `lens[i]`) into slots `first..first + n` of `cache` from position 0, and returns the
+    /// final hidden state at each row's last real position (`[n, hidden]`). Causal, no
+    /// mask: a real position never sees the padding after it, and what the padding writes
+    /// into the cache lies past the row's length (masked by [`Model::decode_slots`], then
+    /// overwritten).
+    pub fn prefill_slots(
+        &self,
+        ids: &Tensor,
+        lens: &[i64],
+        cache: &mut SlotCache,
+        first: i64,
+    ) -> Result<Tensor> {
+        let size = ids.size();
+        let [n, t] = size[..] else {
+            return Err(TrainerError::invalid(format!(
+                "prefill input must be [rows, seq] token ids, got shape {size:?}"
+            )));
+        };
+        if lens.len() as i64 != n || lens.iter().any(|&l| l < 1 || l > t) {
+            return Err(TrainerError::invalid(format!(
+                "prefill lengths {lens:?} do not fit a [{n}, {t}] input"
+            )));
+        }
+        self.ensure_slots(cache, first + n, t)?;
+        let rope =
+            self.rope_for(&Tensor::f_arange(t, (Kind::Int64, self.device))?.f_unsqueeze(0)?)?;
+        let gqa = self.spec.num_heads != self.spec.num_kv_heads;
+        let mut x = self.embed(ids)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let (ck, cv) = (&cache.k[li], &cache.v[li]);
+            x = self.block(layer, &x, &rope, |q, k, v| {
+                ck.f_narrow(0, first, n)?.f_narrow(2, 0, t)?.f_copy_(&k)?;
+                cv.f_narrow(0, first, n)?.f_narrow(2, 0, t)?.f_copy_(&v)?;
+                Ok(Tensor::f_scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    None::<&Tensor>,
+                    0.0,
+                    t > 1,
+                    None,
+                    gqa,
+                )?)
+            })?;
+        }
+        let last: Vec<i64> = lens
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| i as i64 * t + l - 1)
+            .collect();
+        let idx = Tensor::from_slice(&last).f_to_device(self.device)?;
+        let x = x.f_reshape([n * t, -1])?.f_index_select(0, &idx)?;
+        self.final_norm(&x)
+    }
+
+    /// One decode step for slots `0..b` of `cache`: `ids` (`[b]`) are the next token of
+    /// each row, `lens` (`[b]`, Int64, on the model's device) how many positions each row
+    /// has cached (its new token's position), `longest` the largest of them. Each row's
+    /// keys and values are written at its own position and it attends to its own
+    /// positions only; nothing of the cache is copied. Returns the final hidden states
+    /// `[b, hidden]`.
+    pub fn decode_slots(
+        &self,
+        ids: &Tensor,
+        lens: &Tensor,
+        longest: i64,
+        cache: &mut SlotCache,
+    ) -> Result<Tensor> {
+        let b = ids.size().first().copied().unwrap_or(0);
+        self.ensure_slots(cache, b, longest + 1)?;
+        let s = &self.spec;
+        let dev = self.device;
+        let span = longest + 1;
+        let rope = self.rope_for(&lens.f_view([b, 1])?)?;
+        // [b, 1, 1, span]: 0 where a row has a position (its new one included), -inf past it.
+        let cols = Tensor::f_arange(span, (Kind::Int64, dev))?.f_view([1, span])?;
+        let past = cols.f_gt_tensor(&lens.f_view([b, 1])?)?;
+        let mask = Tensor::f_zeros([b, span], (self.kind, dev))?
+            .f_masked_fill(&past, f64::NEG_INFINITY)?
+            .f_view([b, 1, 1, span])?;
+        let rows = Tensor::f_arange(b, (Kind::Int64, dev))?;
+        let group = s.num_heads / s.num_kv_heads;
+        let mut x = self.embed(&ids.f_view([b, 1])?)?;
+        for (li, layer) in self.layers.iter().enumerate() {
+            let (mut ck, mut cv) = (cache.k[li].shallow_clone(), cache.v[li].shallow_clone());
+            x = self.block(layer, &x, &rope, |q, k, v| {
+                let at = [Some(rows.shallow_clone()), None, Some(lens.shallow_clone())];
+                let _ = ck.f_index_put_(&at, &k.f_squeeze_dim(2)?, false)?;
+                let _ = cv.f_index_put_(&at, &v.f_squeeze_dim(2)?, false)?;
+                let k = ck.f_narrow(0, 0, b)?.f_narrow(2, 0, span)?;
+                let v = cv.f_narrow(0, 0, b)?.f_narrow(2, 0, span)?;
+                // GQA without repeating keys: each kv head's query heads become its
+                // "positions" (one query token each, all seeing the same keys).
+                let q = q.f_reshape([b, s.num_kv_heads, group, s.head_dim])?;
+                let y = Tensor::f_scaled_dot_product_attention(
+                    &q,
+                    &k,
+                    &v,
+                    Some(&mask),
+                    0.0,
+                    false,
+                    None,
+                    false,
+                )?;
+                Ok(y.f_reshape([b, s.num_heads, 1, s.head_dim])?)
+            })?;
+        }
+        self.final_norm(&x.f_view([b, -1])?)
+    }
+
+    /// Makes room in `cache` for `rows` slots of `cols` positions; growing copies what is
+    /// there (rows double, positions grow by half: amortised O(1) per position).
+    fn ensure_slots(&self, cache: &mut SlotCache, rows: i64, cols: i64) -> Result<()> {
+        let (have_rows, have_cols) = cache.capacity();
+        if rows <= have_rows && cols <= have_cols && cache.k.len() == self.layers.len() {
+            return Ok(());
+        }
+        let new_rows = if rows > have_rows {
+            rows.max(have_rows * 2)
+        } else {
+            have_rows
+        };
+        let new_cols = if cols > have_cols {
+            (cols + cols / 2 + 15) / 16 * 16
+        } else {
+            have_cols
+        };
+        let s = &self.spec;
+        let shape = [new_rows, s.num_kv_heads, new_cols, s.head_dim];
+        let grow = |old: Option<&Tensor>| -> Result<Tensor> {
+            let buf = Tensor::f_zeros(shape, (self.kind, self.device))?;
+            if let Some(old) = old {
+                buf.f_narrow(0, 0, have_rows)?
+                    .f_narrow(2, 0, have_cols)?
+                    .f_copy_(old)?;
+            }
+            Ok(buf)
+        };
+        let n = self.layers.len();
+        let keep = cache.k.len() == n;
+        cache.k = (0..n)
+            .map(|l| grow(if keep { cache.k.get(l) } else { None }))
+            .collect::<Result<_>>()?;
+        cache.v = (0..n)
+            .map(|l| grow(if keep { cache.v.get(l) } else { None }))
+            .collect::<Result<_>>()?;
+        Ok(())
     }
 
     /// Logits `[.., vocab]` for hidden states, in the compute dtype.
