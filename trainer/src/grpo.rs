@@ -116,34 +116,50 @@ pub fn group_advantages<G: AsRef<str>>(rewards: &[f64], groups: &[G], eps: f64) 
 /// Logprobs of `ids` (`[batch, seq]`) under `model`, aligned to the tokens (column 0 is
 /// 0): `log_softmax(logits / temperature)` in fp32, computed `chunk` positions at a time.
 pub fn token_logprobs(model: &Model, ids: &Tensor, temperature: f64, chunk: i64) -> Result<Tensor> {
+    let hidden = model.forward_hidden(ids, None)?;
+    hidden_logprobs(model, &hidden, ids, temperature, chunk)
+}
+
+/// [`token_logprobs`] from the final hidden states `hidden` (`[batch, seq, hidden]`, after
+/// the final norm) of `ids`: the lm_head and the log-softmax, `chunk` positions at a time.
+///
+/// Per chunk the logits are upcast to fp32 once, divided by the temperature in place, and
+/// go through libtorch's fused log-softmax, whose output is the one `[rows, chunk, vocab]`
+/// fp32 tensor autograd keeps; the token's entry is gathered from it. (`gather(x) −
+/// logsumexp(x)` is the same maths in more passes: libtorch's logsumexp is not one kernel,
+/// its backward neither, and its input is kept instead; about 1.4× slower on the CPU.)
+pub fn hidden_logprobs(
+    model: &Model,
+    hidden: &Tensor,
+    ids: &Tensor,
+    temperature: f64,
+    chunk: i64,
+) -> Result<Tensor> {
     let size = ids.size();
     let [b, t] = size[..] else {
         return Err(TrainerError::invalid(format!(
             "token ids must be [batch, seq], got {size:?}"
         )));
     };
-    let hidden = model.forward_hidden(ids, None)?;
     let zeros = Tensor::f_zeros([b, 1], (Kind::Float, ids.device()))?;
     if t < 2 {
         return Ok(zeros);
     }
     let h = hidden.f_narrow(1, 0, t - 1)?;
     let targets = ids.f_narrow(1, 1, t - 1)?;
-    let w = model.lm_head();
+    let w = model.lm_head().f_tr()?;
     let chunk = chunk.max(1);
     let mut parts = vec![zeros];
     let mut start = 0;
     while start < t - 1 {
         let len = chunk.min(t - 1 - start);
-        let logits = h
+        let mut logits = h
             .f_narrow(1, start, len)?
-            .f_matmul(&w.f_tr()?)?
+            .f_matmul(&w)?
             .f_to_kind(Kind::Float)?;
-        let logits = if temperature != 1.0 {
-            logits.f_div_scalar(temperature)?
-        } else {
-            logits
-        };
+        if temperature != 1.0 {
+            let _ = logits.f_div_scalar_(temperature)?;
+        }
         let lp = logits.f_log_softmax(-1, Kind::Float)?;
         let tgt = targets.f_narrow(1, start, len)?.f_unsqueeze(-1)?;
         parts.push(lp.f_gather(-1, &tgt, false)?.f_squeeze_dim(-1)?);
@@ -225,6 +241,18 @@ pub fn grpo_loss(
     x: &TokenInputs<'_>,
     step_tokens: f64,
 ) -> Result<(Tensor, LossStats)> {
+    let (loss, pending) = grpo_loss_pending(cfg, x, step_tokens)?;
+    let (_, stats) = pending.read()?;
+    Ok((loss, stats))
+}
+
+/// [`grpo_loss`] without the host sync: the statistics stay on the device until
+/// [`PendingStats::read`].
+pub fn grpo_loss_pending(
+    cfg: &GrpoConfig,
+    x: &TokenInputs<'_>,
+    step_tokens: f64,
+) -> Result<(Tensor, PendingStats)> {
     if step_tokens <= 0.0 {
         return Err(TrainerError::invalid(
             "a GRPO step needs at least one trained token",
@@ -294,63 +322,106 @@ pub fn grpo_loss(
         .f_mul(mask)?
         .f_sum(Kind::Float)?
         .f_div_scalar(step_tokens)?;
-    let sum = |t: &Tensor| -> Result<f64> {
-        Ok(t.f_detach()?
-            .f_mul(mask)?
-            .f_sum(Kind::Float)?
-            .f_double_value(&[])?)
-    };
+    // Each statistic is a 0-dim tensor; they are read back together, once (PendingStats).
+    let sum = |t: &Tensor| -> Result<Tensor> { Ok(t.f_detach()?.f_mul(mask)?.f_sum(Kind::Float)?) };
     // The rollout/trainer comparison counts only tokens whose rollout logprob is known: an
     // unknown one has no gap to measure (its rollout logprob stands in as π_old's).
     let known_mask = match x.known {
         Some(k) => k.f_mul(mask)?,
         None => mask.shallow_clone(),
     };
-    let sum_known = |t: &Tensor| -> Result<f64> {
-        Ok(t.f_detach()?
-            .f_mul(&known_mask)?
-            .f_sum(Kind::Float)?
-            .f_double_value(&[])?)
+    let sum_known = |t: &Tensor| -> Result<Tensor> {
+        Ok(t.f_detach()?.f_mul(&known_mask)?.f_sum(Kind::Float)?)
     };
+    let zero = || Tensor::f_zeros([], (Kind::Float, mask.device()));
     let clipped = s2.f_lt_tensor(&s1)?.f_to_kind(Kind::Float)?;
-    let stats = LossStats {
-        tokens: mask.f_sum(Kind::Float)?.f_double_value(&[])?,
-        known: known_mask.f_sum(Kind::Float)?.f_double_value(&[])?,
-        clipped: sum(&clipped)?,
-        abs_gap: match &gap {
+    let rows = row_tokens.f_gt(0.0)?;
+    // In LossStats' field order (PendingStats::read).
+    let values = [
+        mask.f_sum(Kind::Float)?,
+        known_mask.f_sum(Kind::Float)?,
+        sum(&clipped)?,
+        match &gap {
             Some(g) => sum_known(g)?,
-            None => 0.0,
+            None => zero()?,
         },
-        kl: match &kl {
+        match &kl {
             Some(k) => sum(k)?,
-            None => 0.0,
+            None => zero()?,
         },
-        tis_weight: match &weight {
+        match &weight {
             Some(w) => sum(w)?,
             None => sum(&Tensor::f_ones_like(mask)?)?,
         },
-        mismatch_kl: sum_known(&diff.f_exp()?.f_sub_scalar(1.0)?.f_sub(&diff)?)?,
-        masked: match &keep {
+        sum_known(&diff.f_exp()?.f_sub_scalar(1.0)?.f_sub(&diff)?)?,
+        match &keep {
             Some(k) => sum(&k.f_neg()?.f_add_scalar(1.0)?)?,
-            None => 0.0,
+            None => zero()?,
         },
-        rows: row_tokens
-            .f_gt(0.0)?
-            .f_sum(Kind::Float)?
-            .f_double_value(&[])?,
-        masked_rows: match &keep {
+        rows.f_sum(Kind::Float)?,
+        match &keep {
             Some(k) => {
                 let kept =
                     k.f_mul(mask)?
                         .f_sum_dim_intlist([-1i64].as_slice(), true, Kind::Float)?;
-                row_tokens
-                    .f_gt(0.0)?
-                    .f_logical_and(&kept.f_eq(0.0)?)?
-                    .f_sum(Kind::Float)?
-                    .f_double_value(&[])?
+                rows.f_logical_and(&kept.f_eq(0.0)?)?.f_sum(Kind::Float)?
             }
-            None => 0.0,
+            None => zero()?,
         },
+        loss.f_detach()?,
+    ];
+    let pending = PendingStats {
+        values: Tensor::f_stack(&values, 0)?,
     };
-    Ok((loss, stats))
+    Ok((loss, pending))
+}
+
+/// A micro-batch's [`LossStats`] and loss value, still on the device: reading them is a
+/// host sync, which a training step does once, after the backward is queued.
+#[derive(Debug)]
+pub struct PendingStats {
+    values: Tensor,
+}
+
+impl PendingStats {
+    /// The loss value and the statistics (one device-to-host copy).
+    pub fn read(&self) -> Result<(f64, LossStats)> {
+        let v = Vec::<f64>::try_from(
+            self.values
+                .f_to_kind(Kind::Double)?
+                .f_to_device(tch::Device::Cpu)?,
+        )?;
+        let [
+            tokens,
+            known,
+            clipped,
+            abs_gap,
+            kl,
+            tis_weight,
+            mismatch_kl,
+            masked,
+            rows,
+            masked_rows,
+            loss,
+        ] = v[..]
+        else {
+            return Err(TrainerError::invalid(format!(
+                "GRPO statistics: expected 11 values, got {}",
+                v.len()
+            )));
+        };
+        let stats = LossStats {
+            tokens,
+            known,
+            clipped,
+            abs_gap,
+            kl,
+            tis_weight,
+            mismatch_kl,
+            masked,
+            rows,
+            masked_rows,
+        };
+        Ok((loss, stats))
+    }
 }
