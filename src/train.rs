@@ -67,6 +67,10 @@ pub struct TrainArgs {
     /// Seed for libtorch.
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
+    /// Activation checkpointing: recompute each decoder layer's activations in the
+    /// backward instead of keeping them (less memory, one more forward of the layers).
+    #[arg(long)]
+    pub checkpoint_layers: bool,
 }
 
 impl TrainArgs {
@@ -96,6 +100,7 @@ impl TrainArgs {
             seed: self.seed,
             tis_level: graft_trainer::grpo::Level::Token,
             reject: None,
+            checkpoint_layers: self.checkpoint_layers,
         }
     }
 }

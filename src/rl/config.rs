@@ -318,6 +318,10 @@ pub struct TrainerSection {
     /// `[low, high]` are left out of the loss; the step log has the masked share.
     #[serde(default)]
     pub reject: Option<RejectSection>,
+    /// Activation checkpointing: recompute each decoder layer's activations in the
+    /// backward instead of keeping them (less memory, one more forward of the layers).
+    #[serde(default)]
+    pub checkpoint_layers: bool,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -376,6 +380,7 @@ impl Default for TrainerSection {
             tis_level: Level::Token,
             tis_cap: default_tis_cap(),
             reject: None,
+            checkpoint_layers: false,
         }
     }
 }

@@ -69,6 +69,7 @@ fn request(cfg: &RlConfig, policy: &Path, samples: Vec<PathBuf>, out: PathBuf) -
         low: r.low,
         high: r.high,
     });
+    req.checkpoint_layers = t.checkpoint_layers;
     req
 }
 

@@ -72,12 +72,15 @@ pub struct StepRequest {
     pub tis_level: Level,
     /// Rejection of tokens or samples beyond a trainer/rollout ratio bound.
     pub reject: Option<Reject>,
+    /// Activation checkpointing: recompute each decoder layer in the backward instead of
+    /// keeping its activations (less memory, one more forward of the layers).
+    pub checkpoint_layers: bool,
 }
 
 impl StepRequest {
     /// A request with `graft train`'s defaults: lr 1e-6, one mini-batch, one epoch, policy
     /// chosen automatically, temperature 1, 16384 tokens per micro-batch, no KL, no BAR, no
-    /// push, seed 0.
+    /// push, seed 0, no activation checkpointing.
     pub fn new(samples: Vec<PathBuf>, model: PathBuf, out: PathBuf) -> StepRequest {
         StepRequest {
             samples,
@@ -96,6 +99,7 @@ impl StepRequest {
             seed: 0,
             tis_level: Level::Token,
             reject: None,
+            checkpoint_layers: false,
         }
     }
 }
@@ -297,6 +301,7 @@ impl Resident {
             micro_batch_tokens: req.micro_batch_tokens,
             bar: req.bar.then(BarConfig::default),
             advantage_eps: 1e-6,
+            checkpoint_layers: req.checkpoint_layers,
         };
         let mut trainer = ctx(Trainer::new(model, config), || {
             "building the trainer".to_owned()

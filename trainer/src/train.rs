@@ -44,6 +44,10 @@ pub struct TrainConfig {
     /// Balanced Adaptive Rollout; `None` trains on every group with signal.
     pub bar: Option<BarConfig>,
     pub advantage_eps: f64,
+    /// Activation checkpointing: keep only each decoder layer's input in the forward and
+    /// recompute the layer in the backward ([`crate::model::checkpoint`]): less memory per
+    /// token, one more forward of the layers. Same gradients.
+    pub checkpoint_layers: bool,
 }
 
 impl Default for TrainConfig {
@@ -54,6 +58,7 @@ impl Default for TrainConfig {
             micro_batch_tokens: 16 * 1024,
             bar: None,
             advantage_eps: 1e-6,
+            checkpoint_layers: false,
         }
     }
 }
@@ -431,6 +436,7 @@ impl Trainer {
         let device = self.model.device();
         let mut stats = LossStats::default();
         let mut loss_sum = 0.0;
+        let mut pending = Vec::new();
         let groups = micro_batches(batch, self.config.micro_batch_tokens);
         self.optimizer.zero_grad()?;
         for rows in &groups {
@@ -448,8 +454,24 @@ impl Trainer {
                 .rollout
                 .f_mul(&m.known)?
                 .f_add(&old.f_mul(&m.known.f_neg()?.f_add_scalar(1.0)?)?)?;
-            let logp =
-                grpo::token_logprobs(&self.model, &m.ids, cfg.temperature, cfg.logprob_chunk)?;
+            // With checkpointing the layers ran without autograd; the head and the loss
+            // build on the last layer's output, a leaf.
+            let layers = if self.config.checkpoint_layers {
+                Some(self.model.forward_checkpointed(&m.ids)?)
+            } else {
+                None
+            };
+            let hidden = match &layers {
+                Some(c) => self.model.final_norm(c.last())?,
+                None => self.model.forward_hidden(&m.ids, None)?,
+            };
+            let logp = grpo::hidden_logprobs(
+                &self.model,
+                &hidden,
+                &m.ids,
+                cfg.temperature,
+                cfg.logprob_chunk,
+            )?;
             let adv = m.adv.f_expand_as(&m.mask)?;
             let ref_logp = match (&self.reference, cfg.kl_coef != 0.0) {
                 (Some(r), true) => Some(tch::no_grad(|| {
@@ -471,9 +493,18 @@ impl Trainer {
                 mask: &m.mask,
                 ref_logp: ref_logp.as_ref(),
             };
-            let (loss, s) = grpo::grpo_loss(&cfg, &x, total)?;
+            let (loss, s) = grpo::grpo_loss_pending(&cfg, &x, total)?;
             loss.f_backward()?;
-            loss_sum += loss.f_double_value(&[])?;
+            if let Some(c) = layers {
+                c.backward(&self.model)?;
+            }
+            pending.push(s);
+        }
+        // Read after every micro-batch's backward is queued: the first read waits for the
+        // device, the others are ready by then.
+        for p in &pending {
+            let (loss, s) = p.read()?;
+            loss_sum += loss;
             stats.add(&s);
         }
         let outcome = self.optimizer.step()?;

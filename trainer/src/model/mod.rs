@@ -4,6 +4,7 @@
 //! MLP) live here. Parameters keep their HF names, so a checkpoint loads as it is and
 //! [`crate::weights`] writes one HF and SGLang read back.
 
+pub mod checkpoint;
 pub mod llama;
 pub mod qwen2;
 pub mod qwen3;
