@@ -128,7 +128,8 @@ impl AdamW {
     /// into the optimizer's flat buffer: values, shapes and tensor identity stay).
     pub fn new(params: Vec<(String, Tensor)>, config: AdamWConfig) -> Result<AdamW> {
         // Grouped by dtype and device, in order; within a group decayed ones first.
-        let mut groups: Vec<(Kind, Device, Vec<(String, Tensor, bool)>)> = Vec::new();
+        type Member = (String, Tensor, bool);
+        let mut groups: Vec<(Kind, Device, Vec<Member>)> = Vec::new();
         for (name, p) in params {
             let p = p.set_requires_grad(true);
             let decay = p.dim() >= 2 && !name.contains("embed_tokens");
@@ -363,7 +364,7 @@ impl Flat {
                     let _ = g.f_add_scalar_(-c.eps * bc1 / c.lr)?;
                     let _ = master.f_addcdiv_(&m, &g)?;
                 }
-                let _ = view(&self.params)?.f_copy_(&master)?;
+                view(&self.params)?.f_copy_(&master)?;
                 at += n;
             }
         }

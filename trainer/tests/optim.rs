@@ -179,7 +179,12 @@ fn flat_update_matches_the_per_parameter_formula() -> anyhow::Result<()> {
     tch::manual_seed(7);
     let params: Vec<(String, Tensor)> = shapes
         .iter()
-        .map(|(n, s, k)| ((*n).to_owned(), Tensor::randn(s.as_slice(), (*k, tch::Device::Cpu))))
+        .map(|(n, s, k)| {
+            (
+                (*n).to_owned(),
+                Tensor::randn(s.as_slice(), (*k, tch::Device::Cpu)),
+            )
+        })
         .collect();
     let mut reference: Vec<Reference> = params
         .iter()
@@ -205,7 +210,9 @@ fn flat_update_matches_the_per_parameter_formula() -> anyhow::Result<()> {
             .collect();
         let g64: Vec<Vec<f64>> = grads
             .iter()
-            .map(|g| Vec::<f64>::try_from(g.to_kind(Kind::Double).reshape([-1])).unwrap_or_default())
+            .map(|g| {
+                Vec::<f64>::try_from(g.to_kind(Kind::Double).reshape([-1])).unwrap_or_default()
+            })
             .collect();
         let norm = g64.iter().flatten().map(|x| x * x).sum::<f64>().sqrt();
         let loss = handles
@@ -215,8 +222,16 @@ fn flat_update_matches_the_per_parameter_formula() -> anyhow::Result<()> {
             .fold(Tensor::from(0.0f32), |a, b| a + b);
         loss.backward();
         let out = opt.step()?;
-        assert!((out.grad_norm - norm).abs() < 1e-4 * norm, "{} vs {norm}", out.grad_norm);
-        let scale = if norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
+        assert!(
+            (out.grad_norm - norm).abs() < 1e-4 * norm,
+            "{} vs {norm}",
+            out.grad_norm
+        );
+        let scale = if norm > cfg.max_grad_norm {
+            cfg.max_grad_norm / (norm + 1e-6)
+        } else {
+            1.0
+        };
         for (r, g) in reference.iter_mut().zip(&g64) {
             r.step(g, scale, step as f64, &cfg);
         }
@@ -225,7 +240,10 @@ fn flat_update_matches_the_per_parameter_formula() -> anyhow::Result<()> {
             // bf16 parameters are the fp32 master rounded: within bf16's half-ulp.
             let tol = if *kind == Kind::BFloat16 { 1e-2 } else { 1e-5 };
             for (a, b) in got.iter().zip(&r.w) {
-                assert!((a - b).abs() <= tol * b.abs().max(1.0), "{name} step {step}: {a} vs {b}");
+                assert!(
+                    (a - b).abs() <= tol * b.abs().max(1.0),
+                    "{name} step {step}: {a} vs {b}"
+                );
             }
         }
     }
