@@ -51,13 +51,18 @@ pack() {
   cargo build --profile ship -p graft --bin graft < /dev/null
   local msgs bench
   msgs="$(mktemp)"
-  cargo build --profile ship -p graft-trainer --bench trainer --message-format=json-render-diagnostics < /dev/null > "$msgs"
-  bench="$(python3 -c '
+  cargo build --profile ship -p graft-trainer --bench trainer --bench engine --message-format=json-render-diagnostics < /dev/null > "$msgs"
+  executable() {
+    python3 -c '
 import json, sys
 for line in open(sys.argv[1]):
     m = json.loads(line)
-    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == "trainer" and "bench" in m["target"]["kind"] and m.get("executable"):
-        print(m["executable"])' "$msgs")"
+    if m.get("reason") == "compiler-artifact" and m["target"]["name"] == sys.argv[2] and "bench" in m["target"]["kind"] and m.get("executable"):
+        print(m["executable"])' "$msgs" "$1"
+  }
+  local engine
+  bench="$(executable trainer)"
+  engine="$(executable engine)"
   rm -f "$msgs"
   if [[ -z "$bench" || ! -x "$bench" ]]; then
     echo "gpu-check: cargo named no trainer bench executable" >&2
@@ -67,18 +72,20 @@ for line in open(sys.argv[1]):
   mkdir -p "$dir"
   xz -T0 -6 -c "$target/ship/graft" > "$dir/graft.xz"
   xz -T0 -6 -c "$bench" > "$dir/trainer-bench.xz"
+  xz -T0 -6 -c "$engine" > "$dir/engine-bench.xz"
   local rev dirty=false
   rev="$(git rev-parse HEAD 2>/dev/null || echo unknown)"
   if [[ -n "$(git status --porcelain --untracked-files=no -- '*.rs' '*Cargo.toml' Cargo.lock 2>/dev/null)" ]]; then dirty=true; fi
-  python3 - "$dir" "$rev" "$dirty" "$("$target/ship/graft" --version)" "$target/ship/graft" "$bench" <<'EOF'
+  python3 - "$dir" "$rev" "$dirty" "$("$target/ship/graft" --version)" "$target/ship/graft" "$bench" "$engine" <<'EOF'
 import hashlib, json, os, sys, time
-d, rev, dirty, version, graft, bench = sys.argv[1:]
+d, rev, dirty, version, graft, bench, engine = sys.argv[1:]
 def entry(src, xz):
     return {"bytes": os.path.getsize(src), "xz_bytes": os.path.getsize(os.path.join(d, xz)),
             "sha256": hashlib.sha256(open(src, "rb").read()).hexdigest()}
 json.dump({"commit": rev, "uncommitted_rust_changes": dirty == "true", "version": version, "profile": "ship",
            "packed": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "files": {"graft": entry(graft, "graft.xz"), "trainer-bench": entry(bench, "trainer-bench.xz")}},
+           "files": {"graft": entry(graft, "graft.xz"), "trainer-bench": entry(bench, "trainer-bench.xz"),
+                     "engine-bench": entry(engine, "engine-bench.xz")}},
           open(os.path.join(d, "manifest.json"), "w"), indent=2)
 EOF
   local bytes
@@ -113,7 +120,7 @@ run() {
   # shellcheck disable=SC2064
   trap "rm -rf '$work'" EXIT
   mkdir -p "$work/bin"
-  for b in graft trainer-bench; do
+  for b in graft trainer-bench engine-bench; do
     if [[ -f "$bin/$b.xz" ]]; then
       "$py" -c 'import lzma, shutil, sys; shutil.copyfileobj(lzma.open(sys.argv[1]), open(sys.argv[2], "wb"))' "$bin/$b.xz" "$work/bin/$b"
       chmod +x "$work/bin/$b"
@@ -129,6 +136,7 @@ run() {
   fi
   local bench=""
   [[ -x "$work/bin/trainer-bench" ]] && bench="$work/bin/trainer-bench"
+  [[ -x "$work/bin/engine-bench" ]] && export GRAFT_GPU_CHECK_ENGINE_BENCH="$work/bin/engine-bench"
   local plan=full
   [[ "${GRAFT_GPU_CHECK_TINY:-0}" == 1 ]] && plan=tiny
   local rc=0
@@ -147,6 +155,10 @@ cpu() {
   local bench="${GRAFT_GPU_CHECK_BENCH:-}"
   if [[ -z "$bench" ]]; then
     bench="$(ls -t "$target"/ship/deps/trainer-* 2>/dev/null | while read -r f; do [[ -x "$f" && ! "$f" == *.d ]] && { echo "$f"; break; }; done || true)"
+  fi
+  if [[ -z "${GRAFT_GPU_CHECK_ENGINE_BENCH:-}" ]]; then
+    GRAFT_GPU_CHECK_ENGINE_BENCH="$(ls -t "$target"/ship/deps/engine-* 2>/dev/null | while read -r f; do [[ -x "$f" && ! "$f" == *.d ]] && { echo "$f"; break; }; done || true)"
+    export GRAFT_GPU_CHECK_ENGINE_BENCH
   fi
   local py="${GRAFT_GPU_CHECK_PYTHON:-}" hf_py="" hf_missing=""
   if [[ -z "$py" ]]; then

@@ -15,12 +15,16 @@ Parts (the `full` plan / the `tiny` one, for the CPU or a smoke run):
   serve                graft serve against transformers generate (scripts/gpu/serve.py):
                        logprob agreement, decode tok/s per batch, the engine's own report, the
                        weight push through /update_weights_from_disk
+  engine               the engine bench binary (GRAFT_GPU_CHECK_ENGINE_BENCH; bench `engine`)
+                       in process, GRAFT_ENGINE_SYNC_TIMING=1: where a decode step's time goes
+                       (forward, sampling, transfers, join, leave, bookkeeping) per batch
 A part gets min(its cap, what the budget leaves after the later parts' floors); one that
 would get less than its own floor is skipped. The 4B shape runs last: the first to go.
 
 Figure kinds ("what"): run, host, gpu, build, part, skipped, python_env, matmul_peak,
 trainer_bench, hf_train, train_compare, gpu_mem_peak, weights, serve_start,
-logprob_agreement, decode, decode_summary, dmon, engine_info, weight_push, run_end.
+logprob_agreement, decode, decode_summary, dmon, engine_info, weight_push, engine_step,
+run_end.
 """
 import argparse
 import json
@@ -45,14 +49,18 @@ PLANS = {
         train=[("qwen3-0.6b", 8, 2048), ("qwen3-1.7b", 8, 2048), ("qwen3-4b", 4, 2048)],
         steps=3, gen_batch=32, gen_tokens=64,
         serve=dict(shape="qwen3-0.6b", batches="1,32,128,256", tokens=128, prompt=64, rounds=2, lp_tokens=64),
-        caps={"matmul_peak": (45, 20), "trainer_bench": (100, 45), "hf_train": (70, 30), "serve": (210, 100)},
+        engine=dict(shape="qwen3-0.6b", batches=[1, 32, 128], tokens=64, prompt=64),
+        caps={"matmul_peak": (45, 20), "trainer_bench": (100, 45), "hf_train": (70, 30), "serve": (210, 100),
+              "engine": (60, 20)},
         budget=510,
     ),
     "tiny": dict(
         train=[("tiny", 2, 64)],
         steps=2, gen_batch=2, gen_tokens=8,
         serve=dict(shape="tiny-qwen3-vocab", batches="1,4,8", tokens=32, prompt=16, rounds=2, lp_tokens=32),
-        caps={"matmul_peak": (60, 10), "trainer_bench": (120, 20), "hf_train": (90, 20), "serve": (180, 40)},
+        engine=dict(shape="tiny-qwen3-vocab", batches=[1, 4], tokens=8, prompt=16),
+        caps={"matmul_peak": (60, 10), "trainer_bench": (120, 20), "hf_train": (90, 20), "serve": (180, 40),
+              "engine": (60, 10)},
         budget=420,
     ),
 }
@@ -256,6 +264,26 @@ class Run:
         finally:
             shutil.rmtree(shm, ignore_errors=True)
 
+    def engine(self, later):
+        a = self.a
+        if not a.engine_bench:
+            self.fig.emit("skipped", part="engine", reason="no engine bench binary (cargo build --profile ship -p graft-trainer --bench engine)")
+            return
+        e = a.plan["engine"]
+        js = os.path.join(self.out, "engine.jsonl")
+        cmd = [a.engine_bench, "--shape", e["shape"], "--tokens", str(e["tokens"]), "--prompt", str(e["prompt"]),
+               "--json", js]
+        for b in e["batches"]:
+            cmd += ["--batch", str(b)]
+        status, _, _ = self.part("engine", "engine", cmd, later, env={"GRAFT_ENGINE_SYNC_TIMING": "1"},
+                                 log=os.path.join(self.out, "engine.log"))
+        if status == "ok" and os.path.exists(js):
+            with open(js) as f:
+                for line in f:
+                    rec = json.loads(line)
+                    rec.pop("what", None)
+                    self.fig.emit("engine_step", sync_timing=True, **rec)
+
 
 def free_gib(path):
     try:
@@ -322,6 +350,7 @@ def main():
     ap.add_argument("--plan", choices=list(PLANS), required=True)
     ap.add_argument("--graft", required=True)
     ap.add_argument("--bench", default="")
+    ap.add_argument("--engine-bench", default=os.environ.get("GRAFT_GPU_CHECK_ENGINE_BENCH", ""))
     ap.add_argument("--hf-python", default="", help="a Python with torch + transformers ('' for none)")
     ap.add_argument("--hf-missing", default="no torch + transformers Python")
     ap.add_argument("--manifest", default="")
@@ -343,10 +372,11 @@ def main():
     for t in train[:2]:
         steps += [("bench", t), ("hf", t)]
     steps.append(("serve", None))
+    steps.append(("engine", None))
     for t in train[2:]:
         steps += [("bench", t), ("hf", t)]
     floors = {"matmul": caps["matmul_peak"][1], "bench": caps["trainer_bench"][1], "hf": caps["hf_train"][1],
-              "serve": caps["serve"][1]}
+              "serve": caps["serve"][1], "engine": caps["engine"][1]}
     benches = {}
     for i, (what, t) in enumerate(steps):
         later = sum(floors[w] for w, _ in steps[i + 1:])
@@ -362,6 +392,8 @@ def main():
                            hf_tokens_s=h["tokens_s"], graft_over_hf=round(g["tokens_s"] / h["tokens_s"], 3),
                            graft_mfu_pct=g.get("mfu_pct"), hf_mfu_pct=h.get("mfu_pct"),
                            hf_peak_mem_gib=h.get("peak_mem_gib"))
+        elif what == "engine":
+            r.engine(later)
         else:
             r.serve(later)
     r.fig.emit("run_end", seconds=round(time.monotonic() - r.t0, 1), failed=r.failed)
