@@ -117,8 +117,7 @@ fn main() -> anyhow::Result<()> {
     let a = args()?;
     let dev = graft_trainer::device::init();
     let (device, kind) = (dev.device, dev.compute_kind());
-    let config =
-        shape(&a.shape).ok_or_else(|| anyhow::anyhow!("unknown shape '{}'", a.shape))?;
+    let config = shape(&a.shape).ok_or_else(|| anyhow::anyhow!("unknown shape '{}'", a.shape))?;
     let vocab = config["vocab_size"].as_i64().unwrap_or(2);
     println!(
         "device: {device:?} ({kind:?}); libtorch threads: {}; shape {}; prompt {} tokens, {} new each; temperature {}, top_p {}",

@@ -5,12 +5,13 @@
 //!
 //! The semantics are [`crate::generate::sample_row`]'s, row by row: the logprob of the
 //! chosen token is under `log_softmax((penalised logits + bias) / temperature)`, before
-//! truncation (plain `log_softmax` when greedy). The draw is the exponential race (Gumbel
-//! max): `argmax(truncated - ln E)`, `E ~ Exp(1)` per token, which samples exactly
-//! `softmax(truncated)`. Unseeded rows draw `E` from libtorch's generator; a row with a
-//! seed draws it from a counter-based hash of (seed, how many tokens the request has
-//! sampled, token id), so a seeded request samples the same tokens whatever else is in the
-//! batch, alone or batched, before or after a retraction.
+//! truncation (plain `log_softmax` when greedy). The draw is by the inverse CDF of
+//! `softmax(truncated)`: one uniform per row (not one per token: the Gumbel race needs a
+//! vocabulary of random numbers per row, which costs more than the forward on a CPU).
+//! Unseeded rows take it from libtorch's generator; a row with a seed from a counter-based
+//! hash of (seed, how many tokens the request has sampled), so a seeded request samples
+//! the same tokens whatever else is in the batch, alone or batched, before or after a
+//! retraction.
 
 use tch::{Device, Kind, Tensor};
 
@@ -264,10 +265,12 @@ impl Sampler {
         let ids = if self.all_greedy {
             l.f_argmax(-1, false)?
         } else {
-            let drawn = self
-                .truncate(&scaled)?
-                .f_sub(&self.noise()?)?
-                .f_argmax(-1, false)?;
+            let probs = if self.truncates() {
+                self.truncate(&scaled)?.f_softmax(-1, Kind::Float)?
+            } else {
+                lp.f_exp()?
+            };
+            let drawn = self.draw(&probs)?;
             match &self.greedy {
                 Some(g) => drawn.f_where_self(&g.f_logical_not()?, &l.f_argmax(-1, false)?)?,
                 None => drawn,
@@ -308,39 +311,41 @@ impl Sampler {
         Ok(l)
     }
 
-    /// `ln E`, `E ~ Exp(1)` per row and token: libtorch's generator, or the seeded hash.
-    fn noise(&self) -> Result<Tensor> {
-        let e = Tensor::f_empty([self.rows, self.vocab], (Kind::Float, self.device))?
-            .f_exponential_(1.0)?
-            .f_log()?;
-        let Some((idx, seeds)) = &self.seeded else {
-            return Ok(e);
-        };
-        let pos = self.pos.f_index_select(0, idx)?.f_unsqueeze(1)?;
-        let u = seeded_uniform(seeds, &pos, self.vocab, self.device)?;
-        let seeded = u.f_log()?.f_neg()?.f_log()?;
-        Ok(e.f_index_copy(0, idx, &seeded)?)
+    fn truncates(&self) -> bool {
+        self.top_k.is_some() || self.top_p.is_some() || self.min_p.is_some()
+    }
+
+    /// One token per row from `probs` (`[rows, vocab]`, rows summing to about 1) by the
+    /// inverse CDF: the first token whose cumulative probability exceeds `u · total`, one
+    /// uniform `u` per row (libtorch's generator, or the seeded hash).
+    fn draw(&self, probs: &Tensor) -> Result<Tensor> {
+        let cdf = probs.f_cumsum(-1, Kind::Float)?;
+        let total = cdf.f_narrow(-1, self.vocab - 1, 1)?;
+        let mut u = Tensor::f_rand([self.rows, 1], (Kind::Float, self.device))?;
+        if let Some((idx, seeds)) = &self.seeded {
+            let pos = self.pos.f_index_select(0, idx)?.f_unsqueeze(1)?;
+            u = u.f_index_copy(0, idx, &seeded_uniform(seeds, &pos)?)?;
+        }
+        Ok(u.f_mul(&total)?
+            .f_searchsorted(&cdf, false, true, "right", None::<&Tensor>)?
+            .f_view([self.rows])?
+            .f_clamp_max(self.vocab - 1)?)
     }
 }
 
-/// Uniforms in (0, 1), `[rows, vocab]` f32, from a counter-based hash (splitmix64's
-/// finaliser) of each row's seed, its counter and the token id: 24 bits each.
-fn seeded_uniform(seeds: &Tensor, pos: &Tensor, vocab: i64, device: Device) -> Result<Tensor> {
+/// One uniform in (0, 1) per row (`[rows, 1]` f32) from a counter-based hash
+/// (splitmix64's finaliser) of the row's seed and its counter: 24 bits.
+fn seeded_uniform(seeds: &Tensor, pos: &Tensor) -> Result<Tensor> {
     // Wrapping 64-bit arithmetic on Int64 tensors; `>>` is arithmetic, so logical shifts
     // mask the sign-extended bits away.
     let lsr = |z: &Tensor, k: i64| -> Result<Tensor> {
         Ok(z.f_bitwise_right_shift_tensor_scalar(k)?
             .f_bitwise_and((1i64 << (64 - k)) - 1)?)
     };
-    let golden = 0x9e37_79b9_7f4a_7c15u64 as i64;
-    let cols = Tensor::f_arange(vocab, (Kind::Int64, device))?.f_view([1, vocab])?;
-    let mut z = seeds
-        .f_mul_scalar(golden)?
-        .f_add(
-            &pos.f_add_scalar(1)?
-                .f_mul_scalar(0x632b_e59b_d9b4_e019u64 as i64)?,
-        )?
-        .f_add(&cols.f_add_scalar(1)?.f_mul_scalar(golden)?)?;
+    let mut z = seeds.f_mul_scalar(0x9e37_79b9_7f4a_7c15u64 as i64)?.f_add(
+        &pos.f_add_scalar(1)?
+            .f_mul_scalar(0x632b_e59b_d9b4_e019u64 as i64)?,
+    )?;
     for (k, m) in [
         (30, 0xbf58_476d_1ce4_e5b9u64 as i64),
         (27, 0x94d0_49bb_1331_11ebu64 as i64),
