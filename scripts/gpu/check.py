@@ -48,6 +48,10 @@ PLANS = {
     "full": dict(
         train=[("qwen3-0.6b", 8, 2048), ("qwen3-1.7b", 8, 2048), ("qwen3-4b", 4, 2048)],
         steps=3, gen_batch=32, gen_tokens=64,
+        # The per-step path's checkpoint write and reload (22-72 s at 0.6B-1.7B on an H200,
+        # ~16 bytes a parameter: 66 GiB at 4B) would take a third of the budget; the 4B
+        # shape trains with activation checkpointing (without, 8 x 2048 does not fit).
+        bench_flags=["--skip-per-step"], checkpoint_layers=["qwen3-4b"],
         serve=dict(shape="qwen3-0.6b", batches="1,32,128,256", tokens=128, prompt=64, rounds=2, lp_tokens=64),
         engine=dict(shape="qwen3-0.6b", batches=[1, 32, 128], tokens=64, prompt=64),
         caps={"matmul_peak": (45, 20), "trainer_bench": (100, 45), "hf_train": (70, 30), "serve": (210, 100),
@@ -57,6 +61,7 @@ PLANS = {
     "tiny": dict(
         train=[("tiny", 2, 64)],
         steps=2, gen_batch=2, gen_tokens=8,
+        bench_flags=[], checkpoint_layers=[],
         serve=dict(shape="tiny-qwen3-vocab", batches="1,4,8", tokens=32, prompt=16, rounds=2, lp_tokens=32),
         engine=dict(shape="tiny-qwen3-vocab", batches=[1, 4], tokens=8, prompt=16),
         caps={"matmul_peak": (60, 10), "trainer_bench": (120, 20), "hf_train": (90, 20), "serve": (180, 40),
@@ -209,7 +214,10 @@ class Run:
         env["TMPDIR"] = tmp
         md = os.path.join(self.out, f"trainer-{name}.md")
         cmd = [a.bench, "--shape", name, "--batch", str(batch), "--seq", str(seq), "--steps", str(plan["steps"]),
-               "--gen-batch", str(plan["gen_batch"]), "--gen-tokens", str(plan["gen_tokens"]), "--out", md]
+               "--gen-batch", str(plan["gen_batch"]), "--gen-tokens", str(plan["gen_tokens"]), "--out", md,
+               *plan["bench_flags"]]
+        if name in plan["checkpoint_layers"]:
+            cmd.append("--checkpoint-layers")
         if self.peak:
             cmd += ["--peak-tflops", str(self.peak)]
         log = os.path.join(self.out, f"trainer-{name}.log")
@@ -224,7 +232,7 @@ class Run:
             text = f.read()
         table = parse_table(open(md).read() if os.path.exists(md) else text, name)
         js = [o for o in json_lines(text) if o.get("shape", name) == name]
-        rec = dict(shape=name, batch=batch, seq=seq, steps=plan["steps"], tmpdir=base, tmpdir_free_gib=free_gib(base),
+        rec = dict(shape=name, batch=batch, seq=seq, steps=plan["steps"], flags=cmd[cmd.index("--out") + 2:], tmpdir=base, tmpdir_free_gib=free_gib(base),
                    checkpoint_gib_est=round(need, 1), table=table, bench_json=js)
         rec["tokens_s"] = table.get("grpo_step_tokens_s")
         rec["mfu_pct"] = table.get("mfu_pct")

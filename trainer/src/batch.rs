@@ -234,10 +234,13 @@ impl<T> Running<T> {
         let (Some(next), false) = (&self.next, self.rows.is_empty()) else {
             return Ok(Vec::new());
         };
-        if self.sampler.is_none() {
-            let states: Vec<RowState<'_>> = self.rows.iter().map(Entry::state).collect();
-            self.sampler = Some(Sampler::new(&states, self.vocab, self.device)?);
-        }
+        let mut sampler = match self.sampler.take() {
+            Some(s) => s,
+            None => {
+                let states: Vec<RowState<'_>> = self.rows.iter().map(Entry::state).collect();
+                Sampler::new(&states, self.vocab, self.device)?
+            }
+        };
         let lens_t = match self.lens_t.take() {
             Some(t) => t,
             None => Tensor::from_slice(&self.lens).f_to_device(self.device)?,
@@ -247,8 +250,8 @@ impl<T> Running<T> {
         let hidden = model.decode_slots(next, &lens_t, longest, &mut self.cache)?;
         let logits = model.logits(&hidden)?;
         clock.lap(|p| &mut p.forward_s);
-        let sampler = self.sampler.as_mut().expect("built above");
         let (ids, chosen) = sampler.sample(&logits)?;
+        self.sampler = Some(sampler);
         clock.lap(|p| &mut p.sample_s);
         let host = crate::sampler::to_host(&ids, &chosen)?;
         clock.lap(|p| &mut p.transfer_s);

@@ -271,7 +271,7 @@ fn requests_joining_and_leaving_mid_decode_match_each_alone() -> anyhow::Result<
         seed: Some(seed),
         ..SamplingParams::default()
     };
-    let reqs = vec![
+    let reqs = [
         request(&[1, 5, 9], 24, seeded(1)),
         request(
             &[2, 3, 4, 5, 6, 7, 8],
