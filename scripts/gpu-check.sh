@@ -17,7 +17,8 @@
 #       decode tok/s, nvidia-smi dmon, the engine's own report, the weight push through
 #       /update_weights_from_disk from /dev/shm); peak GPU memory per part. Each part under
 #       its own `timeout`, the whole within 510 s (GRAFT_GPU_CHECK_BUDGET_S).
-#       GRAFT_GPU_CHECK_TINY=1: the tiny plan instead (a smoke run, about a minute).
+#       GRAFT_GPU_CHECK_TINY=1: the tiny plan instead (a smoke run, about a minute);
+#       GRAFT_GPU_CHECK_PLAN=serve: serve, the engine and 4B only (a second, shorter run).
 #   bash scripts/gpu-check.sh cpu OUTDIR
 #       The same pipeline, tiny plan, on this machine's CPU, with the binaries built here
 #       (graft: $GRAFT_GPU_CHECK_GRAFT, else target/ship/graft; the bench:
@@ -139,6 +140,7 @@ run() {
   [[ -x "$work/bin/engine-bench" ]] && export GRAFT_GPU_CHECK_ENGINE_BENCH="$work/bin/engine-bench"
   local plan=full
   [[ "${GRAFT_GPU_CHECK_TINY:-0}" == 1 ]] && plan=tiny
+  [[ -n "${GRAFT_GPU_CHECK_PLAN:-}" ]] && plan="$GRAFT_GPU_CHECK_PLAN"
   local rc=0
   run_check "$plan" "$out" "$work/bin/graft" "$bench" "$py" "$hf_py" "$hf_missing" "$bin/manifest.json" "$work" || rc=$?
   echo "gpu-check: figures in $out/figures.jsonl (exit $rc)" >&2

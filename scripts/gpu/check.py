@@ -58,6 +58,16 @@ PLANS = {
               "engine": (60, 20)},
         budget=510,
     ),
+    # A second, shorter run: serve and the engine, then 4B without activation checkpointing.
+    "serve": dict(
+        train=[("qwen3-4b", 4, 2048)],
+        steps=3, gen_batch=32, gen_tokens=64, bench_flags=["--skip-per-step"], checkpoint_layers=[],
+        serve=dict(shape="qwen3-0.6b", batches="1,32,128,256", tokens=128, prompt=64, rounds=2, lp_tokens=64),
+        engine=dict(shape="qwen3-0.6b", batches=[1, 32, 128], tokens=64, prompt=64),
+        caps={"matmul_peak": (45, 20), "trainer_bench": (100, 45), "hf_train": (70, 30), "serve": (210, 100),
+              "engine": (60, 20)},
+        budget=420,
+    ),
     "tiny": dict(
         train=[("tiny", 2, 64)],
         steps=2, gen_batch=2, gen_tokens=8,
@@ -377,11 +387,12 @@ def main():
     train = a.plan["train"]
     # The order: matmul, the first two shapes (bench, then transformers), serve, the last shape.
     steps = [("matmul", None)]
-    for t in train[:2]:
+    first = 0 if a.plan_name == "serve" else 2
+    for t in train[:first]:
         steps += [("bench", t), ("hf", t)]
     steps.append(("serve", None))
     steps.append(("engine", None))
-    for t in train[2:]:
+    for t in train[first:]:
         steps += [("bench", t), ("hf", t)]
     floors = {"matmul": caps["matmul_peak"][1], "bench": caps["trainer_bench"][1], "hf": caps["hf_train"][1],
               "serve": caps["serve"][1], "engine": caps["engine"][1]}

@@ -1097,6 +1097,7 @@ impl Model {
             .f_view([b, 1, 1, span])?;
         let rows = Tensor::f_arange(b, (Kind::Int64, dev))?;
         let group = s.num_heads / s.num_kv_heads;
+        let scale = 1.0 / (s.head_dim as f64).sqrt();
         let mut x = self.embed(&ids.f_view([b, 1])?)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let (mut ck, mut cv) = (cache.k[li].shallow_clone(), cache.v[li].shallow_clone());
@@ -1107,18 +1108,20 @@ impl Model {
                 let k = ck.f_narrow(0, 0, b)?.f_narrow(2, 0, span)?;
                 let v = cv.f_narrow(0, 0, b)?.f_narrow(2, 0, span)?;
                 // GQA without repeating keys: each kv head's query heads become its
-                // "positions" (one query token each, all seeing the same keys).
-                let q = q.f_reshape([b, s.num_kv_heads, group, s.head_dim])?;
-                let y = Tensor::f_scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    Some(&mask),
-                    0.0,
-                    false,
-                    None,
-                    false,
-                )?;
+                // "positions" (one query token each, all seeing the same keys). Written
+                // out (two batched products and a softmax in f32) rather than through SDPA:
+                // on CUDA, SDPA may pick cuDNN's attention, which builds a plan for every new
+                // key length, i.e. every decode step (~50 ms each on an H200). The cache's
+                // views flatten to [b·kv_heads, len, head_dim] without a copy.
+                let q = q
+                    .f_reshape([b, s.num_kv_heads, group, s.head_dim])?
+                    .f_mul_scalar(scale)?;
+                let scores = q
+                    .f_matmul(&k.f_transpose(-1, -2)?)?
+                    .f_add(&mask)?
+                    .f_softmax(-1, Kind::Float)?
+                    .f_to_kind(self.kind)?;
+                let y = scores.f_matmul(&v)?;
                 Ok(y.f_reshape([b, s.num_heads, 1, s.head_dim])?)
             })?;
         }
