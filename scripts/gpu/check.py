@@ -68,6 +68,16 @@ PLANS = {
               "engine": (60, 20)},
         budget=420,
     ),
+    # The decode figures alone (serve and the engine): a third, shortest run.
+    "decode": dict(
+        train=[], matmul=False,
+        steps=3, gen_batch=32, gen_tokens=64, bench_flags=[], checkpoint_layers=[],
+        serve=dict(shape="qwen3-0.6b", batches="1,32,128,256", tokens=128, prompt=64, rounds=2, lp_tokens=64),
+        engine=dict(shape="qwen3-0.6b", batches=[1, 32, 128], tokens=64, prompt=64),
+        caps={"matmul_peak": (45, 20), "trainer_bench": (100, 45), "hf_train": (70, 30), "serve": (150, 60),
+              "engine": (40, 15)},
+        budget=200,
+    ),
     "tiny": dict(
         train=[("tiny", 2, 64)],
         steps=2, gen_batch=2, gen_tokens=8,
@@ -386,8 +396,8 @@ def main():
     caps = a.plan["caps"]
     train = a.plan["train"]
     # The order: matmul, the first two shapes (bench, then transformers), serve, the last shape.
-    steps = [("matmul", None)]
-    first = 0 if a.plan_name == "serve" else 2
+    steps = [("matmul", None)] if a.plan.get("matmul", True) else []
+    first = 0 if a.plan_name in ("serve", "decode") else 2
     for t in train[:first]:
         steps += [("bench", t), ("hf", t)]
     steps.append(("serve", None))

@@ -301,7 +301,9 @@ def main():
             sides.append(("hf", lambda b, n: hf_batch(model, ids, b, n, dev)))
         dmon_path = os.path.join(a.out, "dmon.txt")
         dmon = start_dmon(dmon_path)
-        warm = max(2, a.tokens // 8)
+        # Warm-ups as long as the timed runs: transformers' cache grows by concatenation, so
+        # its first run to a new length pays the allocator's growth (2-3x slower on an H200).
+        warm = a.tokens
         try:
             for _, f in sides:
                 f(2, warm)

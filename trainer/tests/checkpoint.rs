@@ -16,6 +16,10 @@ fn fixture(name: &str) -> PathBuf {
 }
 
 /// A tiny random Qwen3 with tied embeddings (the embedding takes gradients from both ends).
+/// libtorch's generator is global and the tests of this file run in parallel: each holds
+/// this while it draws (a model from a seed, random ids), so the draws are its own.
+static RNG: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 fn tied() -> anyhow::Result<Model> {
     let cfg = serde_json::json!({
         "model_type": "qwen3", "vocab_size": 48, "hidden_size": 32, "intermediate_size": 64,
@@ -65,6 +69,7 @@ fn gradients(
 
 #[test]
 fn checkpointed_gradients_equal_the_plain_backward() -> anyhow::Result<()> {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
     let mut models = vec![("tied qwen3".to_owned(), tied()?)];
     for family in ["qwen3", "qwen2", "llama"] {
         models.push((
@@ -103,6 +108,7 @@ fn checkpointed_gradients_equal_the_plain_backward() -> anyhow::Result<()> {
 
 #[test]
 fn a_checkpointed_step_reports_the_plain_steps_loss_and_gradient_norm() -> anyhow::Result<()> {
+    let _rng = RNG.lock().unwrap_or_else(|e| e.into_inner());
     let batch: Vec<TrainSample> = (0..3)
         .map(|i| {
             let tokens: Vec<i64> = (0..10).map(|j| (7 * i + 3 * j + 1) % 48).collect();

@@ -875,28 +875,45 @@ impl Model {
         let h = rms_norm(x, &layer.input_norm, s.rms_norm_eps)?;
         let a = &layer.attn;
         let (nq, nkv) = (s.num_heads * s.head_dim, s.num_kv_heads * s.head_dim);
-        let (yq, yk, yv) = match &a.qkv {
-            Some(qkv) => {
-                let y = qkv.forward(&h)?;
-                (
-                    y.f_narrow(-1, 0, nq)?,
-                    y.f_narrow(-1, nq, nkv)?,
-                    y.f_narrow(-1, nq + nkv, nkv)?,
-                )
-            }
-            None => (a.q.forward(&h)?, a.k.forward(&h)?, a.v.forward(&h)?),
-        };
         let heads = |y: Tensor, n: i64, norm: &Option<Tensor>| -> Result<Tensor> {
             let y = y.f_reshape([b, t, n, s.head_dim])?;
-            let y = match norm {
+            Ok(match norm {
                 Some(w) => rms_norm(&y, w, s.rms_norm_eps)?,
                 None => y,
-            };
-            Ok(y.f_transpose(1, 2)?)
+            })
         };
-        let q = rope.apply(&heads(yq, s.num_heads, &a.q_norm)?)?;
-        let k = rope.apply(&heads(yk, s.num_kv_heads, &a.k_norm)?)?;
-        let v = heads(yv, s.num_kv_heads, &None)?;
+        let (nh, nkv_h) = (s.num_heads, s.num_kv_heads);
+        let (q, k, v) = match &a.qkv {
+            // Stacked projections (serving): q and k share one RoPE pass (half the kernels
+            // of a decode step's rotation), and stay views of it.
+            Some(qkv) => {
+                let y = qkv.forward(&h)?;
+                let qk = match (&a.q_norm, &a.k_norm) {
+                    (Some(_), _) | (_, Some(_)) => Tensor::f_cat(
+                        &[
+                            heads(y.f_narrow(-1, 0, nq)?, nh, &a.q_norm)?,
+                            heads(y.f_narrow(-1, nq, nkv)?, nkv_h, &a.k_norm)?,
+                        ],
+                        2,
+                    )?,
+                    (None, None) => {
+                        y.f_narrow(-1, 0, nq + nkv)?
+                            .f_reshape([b, t, nh + nkv_h, s.head_dim])?
+                    }
+                };
+                let qk = rope.apply(&qk.f_transpose(1, 2)?)?;
+                (
+                    qk.f_narrow(1, 0, nh)?,
+                    qk.f_narrow(1, nh, nkv_h)?,
+                    heads(y.f_narrow(-1, nq + nkv, nkv)?, nkv_h, &None)?.f_transpose(1, 2)?,
+                )
+            }
+            None => (
+                rope.apply(&heads(a.q.forward(&h)?, nh, &a.q_norm)?.f_transpose(1, 2)?)?,
+                rope.apply(&heads(a.k.forward(&h)?, nkv_h, &a.k_norm)?.f_transpose(1, 2)?)?,
+                heads(a.v.forward(&h)?, nkv_h, &None)?.f_transpose(1, 2)?,
+            ),
+        };
         let y = attend(q, k, v)?
             .f_transpose(1, 2)?
             .f_reshape([b, t, s.num_heads * s.head_dim])?;
@@ -1092,11 +1109,14 @@ impl Model {
         // [b, 1, 1, span]: 0 where a row has a position (its new one included), -inf past it.
         let cols = Tensor::f_arange(span, (Kind::Int64, dev))?.f_view([1, span])?;
         let past = cols.f_gt_tensor(&lens.f_view([b, 1])?)?;
+        let group = s.num_heads / s.num_kv_heads;
+        // One copy per kv head and query head of a group, as the batched product wants it.
         let mask = Tensor::f_zeros([b, span], (self.kind, dev))?
             .f_masked_fill(&past, f64::NEG_INFINITY)?
-            .f_view([b, 1, 1, span])?;
+            .f_view([b, 1, 1, span])?
+            .f_expand([b, s.num_kv_heads, group, span], false)?
+            .f_reshape([b * s.num_kv_heads, group, span])?;
         let rows = Tensor::f_arange(b, (Kind::Int64, dev))?;
-        let group = s.num_heads / s.num_kv_heads;
         let scale = 1.0 / (s.head_dim as f64).sqrt();
         let mut x = self.embed(&ids.f_view([b, 1])?)?;
         for (li, layer) in self.layers.iter().enumerate() {
@@ -1109,19 +1129,16 @@ impl Model {
                 let v = cv.f_narrow(0, 0, b)?.f_narrow(2, 0, span)?;
                 // GQA without repeating keys: each kv head's query heads become its
                 // "positions" (one query token each, all seeing the same keys). Written
-                // out (two batched products and a softmax in f32) rather than through SDPA:
-                // on CUDA, SDPA may pick cuDNN's attention, which builds a plan for every new
-                // key length, i.e. every decode step (~50 ms each on an H200). The cache's
-                // views flatten to [b·kv_heads, len, head_dim] without a copy.
-                let q = q
-                    .f_reshape([b, s.num_kv_heads, group, s.head_dim])?
-                    .f_mul_scalar(scale)?;
-                let scores = q
-                    .f_matmul(&k.f_transpose(-1, -2)?)?
-                    .f_add(&mask)?
-                    .f_softmax(-1, Kind::Float)?
-                    .f_to_kind(self.kind)?;
-                let y = scores.f_matmul(&v)?;
+                // out (scores, mask and scale in one batched product, a softmax accumulated
+                // in f32, a second product) rather than through SDPA: on CUDA, SDPA may pick
+                // cuDNN's attention, which plans anew for every key length, i.e. every
+                // decode step (~50 ms each on an H200). The cache's views flatten to
+                // [b·kv_heads, len, head_dim] without a copy.
+                let q = q.f_reshape([b * s.num_kv_heads, group, s.head_dim])?;
+                let k = k.f_reshape([b * s.num_kv_heads, span, s.head_dim])?;
+                let v = v.f_reshape([b * s.num_kv_heads, span, s.head_dim])?;
+                let scores = mask.f_baddbmm(&q, &k.f_transpose(1, 2)?, 1.0, scale)?;
+                let y = scores.f_softmax(-1, self.kind)?.f_bmm(&v)?;
                 Ok(y.f_reshape([b, s.num_heads, 1, s.head_dim])?)
             })?;
         }
