@@ -25,7 +25,12 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
     let p = wire::SamplingParams {
         temperature: s.temperature,
         top_p: s.top_p,
-        top_k: s.top_k.map(|k| i64::try_from(k).unwrap_or(i64::MAX)),
+        // `top_k: 0` is "off" to OpenAI-style clients and vLLM; SGLang refuses it (400:
+        // -1 or at least 1), so it goes as absent.
+        top_k: s
+            .top_k
+            .filter(|&k| k > 0)
+            .map(|k| i64::try_from(k).unwrap_or(i64::MAX)),
         max_new_tokens: Some(s.max_tokens.unwrap_or(default_max_new_tokens)),
         stop: (!s.stop.is_empty()).then(|| wire::Stop::Many(s.stop.clone())),
         sampling_seed: s.seed,
@@ -227,9 +232,13 @@ impl Progress {
     /// Which weights sampled which output tokens: the backend's `weight_versions` when it
     /// reported them, else the versions its events carried when they changed during the
     /// call; `None` when one version (`weight_version`) sampled everything.
+    /// A lone span over the whole output (what SGLang reports for every answer since
+    /// sglang#35926) is `None` too: the records promise null when one version sampled it all.
     pub fn weight_version_spans(&self) -> Option<Vec<WeightSpan>> {
         if !self.reported_spans.is_empty() {
-            return Some(self.reported_spans.clone());
+            let whole = matches!(&self.reported_spans[..], [s]
+                if s.start == 0 && s.end >= self.output_ids.len() as u64);
+            return (!whole).then(|| self.reported_spans.clone());
         }
         (self.seen_spans.len() > 1).then(|| self.seen_spans.clone())
     }
@@ -342,6 +351,54 @@ mod tests {
             .push(&json!({"output_ids": [], "meta_info": {"finish_reason": {"type": "odd"}}}))
             .unwrap_err();
         assert!(e.contains("finish_reason"), "{e}");
+    }
+
+    /// SGLang point 7: a client's `top_k: 0` ("off" for OpenAI-style clients and vLLM)
+    /// would be refused by SGLang; it goes as absent, and a real k goes as it is.
+    #[test]
+    fn sglang_top_k_zero_is_sent_as_absent() {
+        let p = sampling_params(
+            &Sampling {
+                top_k: Some(0),
+                ..Default::default()
+            },
+            16,
+        );
+        assert!(p.get("top_k").is_none(), "{p}");
+        let p = sampling_params(
+            &Sampling {
+                top_k: Some(20),
+                ..Default::default()
+            },
+            16,
+        );
+        assert_eq!(p["top_k"], 20);
+    }
+
+    /// SGLang point 8: a lone `weight_versions` span over the whole output (SGLang reports
+    /// one for every answer since sglang#35926) is stored as null, as the records doc says
+    /// for one version; two spans, or one that covers part of the output, stay.
+    #[test]
+    fn sglang_lone_full_weight_span_is_stored_as_null() {
+        let answer = |spans: Value| {
+            json!({"output_ids": [1, 2, 3], "meta_info": {
+                "completion_tokens": 3, "weight_version": "v1",
+                "output_token_logprobs": [[-0.1, 1, null], [-0.2, 2, null], [-0.3, 3, null]],
+                "weight_versions": spans}})
+        };
+        let mut p = Progress::default();
+        p.push(&answer(json!([{"version": "v1", "start": 0, "end": 3}])))
+            .unwrap();
+        assert_eq!(p.weight_version_spans(), None);
+        assert_eq!(p.weight_version.as_deref(), Some("v1"));
+        let mut p = Progress::default();
+        p.push(&answer(json!([{"version": "v0", "start": 0, "end": 1}, {"version": "v1", "start": 1, "end": 3}])))
+            .unwrap();
+        assert_eq!(p.weight_version_spans().map(|s| s.len()), Some(2));
+        let mut p = Progress::default();
+        p.push(&answer(json!([{"version": "v1", "start": 1, "end": 3}])))
+            .unwrap();
+        assert_eq!(p.weight_version_spans().map(|s| s.len()), Some(1));
     }
 
     #[test]
