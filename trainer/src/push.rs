@@ -1,7 +1,7 @@
 //! Pushing weights to an SGLang-compatible server: write an HF directory (HF names +
 //! `config.json`), then `POST /pause_generation {"mode": "retract"}` (running requests go
 //! back to the queue, none is aborted) → `POST /flush_cache` →
-//! `POST /update_weights_from_disk {model_path, weight_version}` →
+//! `POST /update_weights_from_disk {model_path, weight_version, load_format: "auto"}` →
 //! `POST /continue_generation`. If a step fails after the pause, generation is continued
 //! anyway before the error is returned, so a failed push never leaves the server paused.
 //!
@@ -212,6 +212,9 @@ pub fn push_weights(url: &str, model_path: &Path, weight_version: &str) -> Resul
         let update = UpdateWeightsFromDiskRequest {
             model_path: model_path.to_string_lossy().into_owned(),
             weight_version: Some(weight_version.to_owned()),
+            // RL launches often start SGLang with `--load-format dummy` (random weights,
+            // no download); without a load format the update inherits it and is refused.
+            load_format: Some("auto".to_owned()),
             ..UpdateWeightsFromDiskRequest::default()
         };
         let r = expect_ok(

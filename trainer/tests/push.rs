@@ -106,6 +106,23 @@ fn push_pauses_flushes_updates_and_continues_in_order() -> anyhow::Result<()> {
     Ok(())
 }
 
+/// SGLang point 3: a server started with `--load-format dummy` refuses an update that names
+/// no load format (it inherits the dummy one); the push says `auto`.
+#[test]
+fn sglang_push_names_load_format_auto() -> anyhow::Result<()> {
+    let (url, log, h) = serve(4, false)?;
+    push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4")?;
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    let log = log.lock().unwrap();
+    let update = log
+        .iter()
+        .find(|(p, _)| p == "/update_weights_from_disk")
+        .map(|(_, b)| b.clone())
+        .unwrap_or_default();
+    assert_eq!(update["load_format"], "auto", "{update}");
+    Ok(())
+}
+
 #[test]
 fn a_flush_refused_while_requests_are_pending_is_asked_again() -> anyhow::Result<()> {
     let (url, log, h) = serve_with(6, false, 2)?;
