@@ -473,7 +473,6 @@ fn unsupported(sp: &wire::SamplingParams) -> Result<(), String> {
             asked.push(format!("{name} = {v}"));
         }
     };
-    let off = |v: Option<f64>, neutral: f64| v.is_some_and(|x| x != neutral);
     check(
         "min_new_tokens",
         sp.min_new_tokens.is_some_and(|n| n > 0),
