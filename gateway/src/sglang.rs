@@ -169,16 +169,25 @@ impl Progress {
             Some(t) => ids.len() as u64 == t && ids.starts_with(&self.output_ids),
             None => ids.starts_with(&self.output_ids) && ids.len() >= self.output_ids.len(),
         };
-        let new = if cumulative {
-            let new = ids[self.output_ids.len()..].to_vec();
-            self.output_ids = ids;
+        // Logprobs are judged by their own length: SGLang before sglang#21583 streamed
+        // incremental ids with cumulative logprobs.
+        let logprobs_cumulative = match total {
+            Some(t) => logprobs.len() as u64 == t && logprobs.len() >= self.logprobs.len(),
+            None => cumulative,
+        };
+        if logprobs_cumulative {
             if logprobs.len() >= self.logprobs.len() {
                 self.logprobs = logprobs;
             }
+        } else {
+            self.logprobs.extend(logprobs);
+        }
+        let new = if cumulative {
+            let new = ids[self.output_ids.len()..].to_vec();
+            self.output_ids = ids;
             new
         } else {
             self.output_ids.extend_from_slice(&ids);
-            self.logprobs.extend(logprobs);
             ids
         };
         if let Some(f) = &meta.finish_reason {
@@ -351,6 +360,32 @@ mod tests {
             .push(&json!({"output_ids": [], "meta_info": {"finish_reason": {"type": "odd"}}}))
             .unwrap_err();
         assert!(e.contains("finish_reason"), "{e}");
+    }
+
+    /// SGLang point 2: before sglang#21583, `--incremental-streaming-output` sent the new
+    /// ids only but every logprob so far; each is judged by its own length, so no logprob
+    /// of the call is lost (before: all were dropped, the counts disagreeing).
+    #[test]
+    fn sglang_incremental_ids_with_cumulative_logprobs_keep_every_logprob() {
+        let ev = |ids: &[u32], lps: &[f32], total: usize| {
+            json!({"output_ids": ids, "meta_info": {"completion_tokens": total,
+                "output_token_logprobs": lps.iter().map(|l| json!([l, 0, null])).collect::<Vec<_>>()}})
+        };
+        let mut p = Progress::default();
+        p.push(&ev(&[5], &[-0.5], 1)).unwrap();
+        p.push(&ev(&[6], &[-0.5, -0.25], 2)).unwrap();
+        p.push(&ev(&[7], &[-0.5, -0.25, -1.0], 3)).unwrap();
+        assert_eq!(p.output_ids, [5, 6, 7]);
+        assert_eq!(
+            p.aligned_logprobs(),
+            Some(vec![Some(-0.5), Some(-0.25), Some(-1.0)])
+        );
+        // Incremental both (SGLang since then) reads the same.
+        let mut q = Progress::default();
+        q.push(&ev(&[5], &[-0.5], 1)).unwrap();
+        q.push(&ev(&[6], &[-0.25], 2)).unwrap();
+        q.push(&ev(&[7], &[-1.0], 3)).unwrap();
+        assert_eq!(q.aligned_logprobs(), p.aligned_logprobs());
     }
 
     /// SGLang point 7: a client's `top_k: 0` ("off" for OpenAI-style clients and vLLM)

@@ -13,28 +13,16 @@
 //! Shapes: tiny-qwen3-vocab (2 layers, hidden 128, Qwen3's 151,936-token vocabulary:
 //! the host's share shows), tiny (vocab 4096), qwen3-0.6b, qwen3-1.7b.
 
+#[path = "common/shapes.rs"]
+mod shapes;
+
 use std::io::Write;
 use std::time::Instant;
 
+use shapes::shape;
 use graft_trainer::engine::{Engine, Event, Request};
 use graft_trainer::generate::SamplingParams;
 use graft_trainer::model::Model;
-
-fn shape(name: &str) -> Option<serde_json::Value> {
-    let (hidden, inter, layers, heads, kv, head_dim, vocab) = match name {
-        "tiny-qwen3-vocab" => (128, 384, 2, 4, 2, 32, 151936),
-        "tiny" => (256, 768, 4, 4, 2, 64, 4096),
-        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
-        "qwen3-1.7b" => (2048, 6144, 28, 16, 8, 128, 151936),
-        _ => return None,
-    };
-    Some(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": head_dim, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": true, "eos_token_id": 0
-    }))
-}
 
 struct Args {
     shape: String,

@@ -26,30 +26,18 @@
 //! checkpoint of a large shape is many GB written and read back); the handoff stays.
 //! Shapes: tiny, qwen3-0.6b, qwen3-1.7b, qwen3-4b (Qwen3 dense configs; vocab 151936).
 
+#[path = "common/shapes.rs"]
+mod shapes;
+
 use std::time::Instant;
 
+use shapes::shape;
 use graft_trainer::generate;
 use graft_trainer::grpo::{GrpoConfig, PolicyMode};
 use graft_trainer::model::Model;
 use graft_trainer::optim::AdamWConfig;
 use graft_trainer::train::{TrainConfig, TrainSample, Trainer};
 use tch::Device;
-
-fn shape(name: &str) -> Option<serde_json::Value> {
-    let (hidden, inter, layers, heads, kv, head_dim, vocab) = match name {
-        "tiny" => (256, 768, 4, 4, 2, 64, 4096),
-        "qwen3-0.6b" => (1024, 3072, 28, 16, 8, 128, 151936),
-        "qwen3-1.7b" => (2048, 6144, 28, 16, 8, 128, 151936),
-        "qwen3-4b" => (2560, 9728, 36, 32, 8, 128, 151936),
-        _ => return None,
-    };
-    Some(serde_json::json!({
-        "model_type": "qwen3", "vocab_size": vocab, "hidden_size": hidden,
-        "intermediate_size": inter, "num_hidden_layers": layers, "num_attention_heads": heads,
-        "num_key_value_heads": kv, "head_dim": head_dim, "rope_theta": 1000000.0,
-        "rms_norm_eps": 1e-6, "tie_word_embeddings": true
-    }))
-}
 
 struct Args {
     shapes: Vec<String>,

@@ -834,20 +834,23 @@ impl Model {
             .layers
             .get(li)
             .ok_or_else(|| TrainerError::invalid(format!("no layer {li}")))?;
-        let gqa = self.spec.num_heads != self.spec.num_kv_heads;
-        self.block(layer, x, rope, |q, k, v| {
-            let t = q.size().get(2).copied().unwrap_or(0);
-            Ok(Tensor::f_scaled_dot_product_attention(
-                &q,
-                &k,
-                &v,
-                None::<&Tensor>,
-                0.0,
-                t > 1,
-                None,
-                gqa,
-            )?)
-        })
+        self.block(layer, x, rope, |q, k, v| self.causal_attention(&q, &k, &v))
+    }
+
+    /// SDPA over `q`, `k`, `v` of one sequence each, causal (no mask: the kernel takes
+    /// causality itself), GQA in the kernel.
+    fn causal_attention(&self, q: &Tensor, k: &Tensor, v: &Tensor) -> Result<Tensor> {
+        let t = q.size().get(2).copied().unwrap_or(0);
+        Ok(Tensor::f_scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            None::<&Tensor>,
+            0.0,
+            t > 1,
+            None,
+            self.spec.num_heads != self.spec.num_kv_heads,
+        )?)
     }
 
     /// The final RMSNorm: the last layer's output to the lm_head's input.
@@ -1058,23 +1061,13 @@ impl Model {
         self.ensure_slots(cache, first + n, t)?;
         let rope =
             self.rope_for(&Tensor::f_arange(t, (Kind::Int64, self.device))?.f_unsqueeze(0)?)?;
-        let gqa = self.spec.num_heads != self.spec.num_kv_heads;
         let mut x = self.embed(ids)?;
         for (li, layer) in self.layers.iter().enumerate() {
             let (ck, cv) = (&cache.k[li], &cache.v[li]);
             x = self.block(layer, &x, &rope, |q, k, v| {
                 ck.f_narrow(0, first, n)?.f_narrow(2, 0, t)?.f_copy_(&k)?;
                 cv.f_narrow(0, first, n)?.f_narrow(2, 0, t)?.f_copy_(&v)?;
-                Ok(Tensor::f_scaled_dot_product_attention(
-                    &q,
-                    &k,
-                    &v,
-                    None::<&Tensor>,
-                    0.0,
-                    t > 1,
-                    None,
-                    gqa,
-                )?)
+                self.causal_attention(&q, &k, &v)
             })?;
         }
         let last: Vec<i64> = lens
