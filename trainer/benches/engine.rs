@@ -19,10 +19,10 @@ mod shapes;
 use std::io::Write;
 use std::time::Instant;
 
-use shapes::shape;
 use graft_trainer::engine::{Engine, Event, Request};
 use graft_trainer::generate::SamplingParams;
 use graft_trainer::model::Model;
+use shapes::shape;
 
 struct Args {
     shape: String,

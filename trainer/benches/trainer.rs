@@ -31,12 +31,12 @@ mod shapes;
 
 use std::time::Instant;
 
-use shapes::shape;
 use graft_trainer::generate;
 use graft_trainer::grpo::{GrpoConfig, PolicyMode};
 use graft_trainer::model::Model;
 use graft_trainer::optim::AdamWConfig;
 use graft_trainer::train::{TrainConfig, TrainSample, Trainer};
+use shapes::shape;
 use tch::Device;
 
 struct Args {
