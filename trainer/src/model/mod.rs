@@ -395,19 +395,59 @@ impl Linear {
     }
 }
 
-/// Inputs with at most this many rows (decode steps, short prefills) take the
+/// Inputs with at most this many rows (decode steps, short prefills) may take the
 /// weight-major product on the CPU; see [`linear`].
 const FEW_ROWS: i64 = 128;
 
+/// Whether the weight-major product is the faster one on this CPU, measured once, on the
+/// first few-row product the process makes (its own weight, 2 rows, both forms timed
+/// alternately after a warm-up; it must win by 10%). `GRAFT_CPU_WEIGHT_MAJOR=1|0` decides
+/// instead. Which form MKL runs faster depends on the CPU: on one 2-core VM of this
+/// project's build machines the weight-major form decoded SmolLM2 1.4-1.9x faster, on
+/// another (AVX-512) 1.8x slower.
+fn weight_major_wins(weight: &Tensor) -> bool {
+    static WINS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *WINS.get_or_init(|| {
+        if let Ok(v) = std::env::var("GRAFT_CPU_WEIGHT_MAJOR") {
+            return v == "1";
+        }
+        let wins = tch::no_grad(|| calibrate(weight)).unwrap_or(false);
+        tracing::debug!(
+            weight_major = wins,
+            "model: few-row CPU products calibrated"
+        );
+        wins
+    })
+}
+
+fn calibrate(weight: &Tensor) -> Result<bool> {
+    let inner = weight.size().get(1).copied().unwrap_or(1);
+    let x = Tensor::f_randn([2, inner], (Kind::Float, Device::Cpu))?;
+    let (mut plain, mut major) = (f64::INFINITY, f64::INFINITY);
+    for round in 0..6 {
+        let t = std::time::Instant::now();
+        let _ = x.f_linear(weight, None::<&Tensor>)?;
+        let a = t.elapsed().as_secs_f64();
+        let t = std::time::Instant::now();
+        let _ = weight.f_matmul(&x.f_tr()?)?.f_tr()?.f_contiguous()?;
+        let b = t.elapsed().as_secs_f64();
+        if round > 0 {
+            plain = plain.min(a);
+            major = major.min(b);
+        }
+    }
+    Ok(major < 0.9 * plain)
+}
+
 /// `x @ weight^T (+ bias)` for `x` of shape `[.., in]`.
 ///
-/// On the CPU in f32 with few rows it computes `(weight @ x^T)^T` instead: the same sums
-/// in another blocking order (f32 either way, no narrower weights). In the `x @ w^T` form
-/// libtorch's MKL sgemm copies (packs) the whole weight on every call, which at a handful
-/// of rows costs as much as the product itself; with the weight as the left operand it
-/// is read in place. A single row is doubled, because MKL's gemv reads the weight slower
-/// than its two-row sgemm does. On SmolLM2-135M's shapes, 2 threads: 8 rows 1.9x, 1 row
-/// 1.4x faster than `x @ w^T` (`bash scripts/bench-decode.sh`, docs/BENCHMARKS.md).
+/// On the CPU in f32 with few rows it may compute `(weight @ x^T)^T` instead: the same sums
+/// in another blocking order (f32 either way, no narrower weights). On some CPUs MKL's
+/// sgemm in the `x @ w^T` form copies (packs) the whole weight on every call, which at a
+/// handful of rows costs as much as the product itself; with the weight as the left
+/// operand it is read in place. A single row is doubled, because MKL's gemv reads the
+/// weight slower than its two-row sgemm does. Whether it pays is measured once per process
+/// ([`weight_major_wins`]).
 fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let size = x.size();
     let (Some(&inner), Some(&out)) = (size.last(), weight.size().first()) else {
@@ -423,6 +463,7 @@ fn linear(x: &Tensor, weight: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> 
         || weight.kind() != Kind::Float
         || rows == 0
         || rows > FEW_ROWS
+        || !weight_major_wins(weight)
     {
         return Ok(x.f_linear(weight, bias)?);
     }
