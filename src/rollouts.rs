@@ -29,7 +29,7 @@
 //!
 //! The trainer keeps control of the weights: `weight_version` is the version it says its
 //! servers serve. graft checks it: before any rollout runs, every backend of the batch must
-//! report it (`GET /get_model_info`), else the batch is refused (409) and nothing runs; a
+//! report it (`GET /model_info`), else the batch is refused (409) and nothing runs; a
 //! sample with a sampled token of another version (the trainer updated a server mid-batch)
 //! is left out of the answer (`stale_samples` counts them) unless `allow_stale` is true, in
 //! which case each token's version is in `token_weight_versions`. `stale_calls` counts the
@@ -227,10 +227,14 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
                 Ok(p) => p,
                 Err(msg) => return error(StatusCode::BAD_REQUEST, msg),
             };
-            if let Some(v) = &plan.weight_version
-                && let Err((status, msg)) = check_versions(&plan.backends, v).await
-            {
-                return error(status, msg);
+            if let Some(v) = &plan.weight_version {
+                let keys = match plan.cfg.backend.keys() {
+                    Ok(k) => k,
+                    Err(e) => return error(StatusCode::INTERNAL_SERVER_ERROR, format!("{e:#}")),
+                };
+                if let Err((status, msg)) = check_versions(&plan.backends, v, &keys).await {
+                    return error(status, msg);
+                }
             }
             let mut enc = if arrow {
                 Encoder::arrow()
@@ -370,18 +374,20 @@ fn plan(state: &State, mut batch: Batch) -> Result<Plan, String> {
     })
 }
 
-/// Every backend must report `version` (`GET /get_model_info`), else the batch is refused
+/// Every backend must report `version` (`GET /model_info`), else the batch is refused
 /// before any rollout runs: 409 when one serves another version, 502 when one cannot say.
-async fn check_versions(backends: &[String], version: &str) -> Result<(), (StatusCode, String)> {
+async fn check_versions(
+    backends: &[String],
+    version: &str,
+    keys: &crate::rl::backends::Keys,
+) -> Result<(), (StatusCode, String)> {
     for b in backends {
-        let api = rollout::Api::new(b, None);
-        let info = api
-            .ok(Method::GET, graft_wire::sglang::path::GET_MODEL_INFO, None)
+        let info = crate::rl::backends::model_info(&keys.api(b))
             .await
-            .map_err(|e| {
+            .ok_or_else(|| {
                 (
                     StatusCode::BAD_GATEWAY,
-                    format!("the backend {b} cannot say which weights it serves: {e:#}"),
+                    format!("the backend {b} cannot say which weights it serves (GET /model_info and GET /get_model_info answer no model info)"),
                 )
             })?;
         let serves = info.get("weight_version").and_then(Value::as_str);

@@ -8,7 +8,8 @@
 //! everything so far, then `data: [DONE]`, `rid`: the answer's `meta_info.id`),
 //! `/abort_request {rid | abort_all}`, `/pause_generation {mode}`, `/continue_generation`,
 //! `/flush_cache`, `/update_weights_from_disk {model_path, weight_version}`,
-//! `/get_model_info`, `/health`; graft's own `GET /graft/engine` says where the engine's
+//! `/model_info` (and the older `/get_model_info`), `/server_info` (`graft: true`: not
+//! SGLang), `/health`; graft's own `GET /graft/engine` says where the engine's
 //! steps spend their time. Concurrent requests are decoded as one batch by the
 //! engine (`graft_trainer::engine`). Bodies and answers are `graft-wire`'s SGLang types, the
 //! ones the gateway and the trainer's push use.
@@ -31,7 +32,7 @@ use graft_trainer::generate::SamplingParams;
 use graft_trainer::model::Model;
 use graft_wire::sglang::{
     self as wire, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse, Matched,
-    MessageResponse, MetaInfo, ModelInfo, PauseGenerationRequest, TokenLogprob,
+    MessageResponse, MetaInfo, ModelInfo, PauseGenerationRequest, ServerInfo, TokenLogprob,
     UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse,
 };
 use http::{Method, Response, StatusCode, header};
@@ -221,7 +222,18 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
         (Method::GET, wire::path::HEALTH) | (Method::GET, wire::path::HEALTH_GENERATE) => {
             json_response(StatusCode::OK, &json!({}))
         }
-        (Method::GET | Method::POST, wire::path::GET_MODEL_INFO) => {
+        (Method::GET, wire::path::SERVER_INFO | wire::path::GET_SERVER_INFO) => json_response(
+            StatusCode::OK,
+            &to_value(&ServerInfo {
+                version: Some(env!("CARGO_PKG_VERSION").to_string()),
+                // Streamed events hold everything so far.
+                incremental_streaming_output: Some(false),
+                load_format: Some("safetensors".into()),
+                model_path: Some(state.model_path.display().to_string()),
+                graft: Some(true),
+            }),
+        ),
+        (Method::GET | Method::POST, wire::path::GET_MODEL_INFO | wire::path::MODEL_INFO) => {
             let path = state.model_path.display().to_string();
             control(Box::new(move |s| {
                 let info = s.engine.info().map_err(|e| e.to_string())?;

@@ -64,6 +64,10 @@ pub struct TrainArgs {
     /// The weight_version the pushed weights are served as (default: the out dir's name).
     #[arg(long)]
     pub weight_version: Option<String>,
+    /// The environment variable holding the push server's key (its `--admin-api-key`, else
+    /// its `--api-key`), for a server started with one.
+    #[arg(long, value_name = "VAR")]
+    pub push_key_env: Option<String>,
     /// Seed for libtorch.
     #[arg(long, default_value_t = 0)]
     pub seed: i64,
@@ -96,6 +100,10 @@ impl TrainArgs {
             push: self.push.clone().map(|url| PushTarget {
                 url,
                 weight_version: self.weight_version.clone(),
+                api_key: self
+                    .push_key_env
+                    .as_deref()
+                    .and_then(|v| std::env::var(v).ok()),
             }),
             seed: self.seed,
             tis_level: graft_trainer::grpo::Level::Token,
@@ -113,6 +121,11 @@ fn selection_line(c: &step::SelectionCounts) -> String {
 }
 
 pub fn run(a: TrainArgs) -> anyhow::Result<()> {
+    if let Some(var) = &a.push_key_env
+        && std::env::var(var).is_err()
+    {
+        anyhow::bail!("--push-key-env names {var}, which is not set");
+    }
     let mut out = std::io::stdout().lock();
     let mut write_err = None;
     let report = step::run_step(&a.request(), |ev| match ev {

@@ -707,9 +707,11 @@ async fn backend_faults_get_clear_errors_in_the_clients_dialect_and_lose_nothing
         r.text()
     );
 
+    // Exact mode streams from the backend even for a whole answer: garbage there is a
+    // stream that is not server-sent events.
     let r = http::post_json(&url, &[], &chat("graft-fault-garbage", false)).await;
     assert_eq!(r.status, 502, "{}", r.text());
-    assert!(msg(&r).contains("not JSON"), "{}", r.text());
+    assert!(msg(&r).contains("not server-sent events"), "{}", r.text());
 
     let r = http::post_json(&url, &[], &chat("graft-fault-abort", false)).await;
     assert_eq!(r.status, 502, "{}", r.text());
@@ -1281,4 +1283,368 @@ async fn a_session_names_its_own_backend_and_keeps_it_across_a_restart() {
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("exact mode only"), "{}", r.text());
+}
+
+/// What the scripted SGLang side was asked (`GET /testkit/requests`).
+async fn asked(upstream: &str) -> Value {
+    http::get(&format!("{upstream}/testkit/requests"), &[])
+        .await
+        .json()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point4_an_sglang_older_than_the_minimum_is_refused_by_name() {
+    let s = start(SCRIPT, &["--sglang-version", "0.5.2"], &[]);
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(r.status, 502, "{}", r.text());
+    let m = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(
+        m.contains("SGLang 0.5.2") && m.contains("0.5.6 or newer"),
+        "{m}"
+    );
+    // Refused before anything was generated.
+    assert_eq!(asked(&s.upstream.url).await["generate"], json!([]));
+
+    // exact.check_backends = false calls it anyway.
+    let config = s.dir.path().join("unchecked.toml");
+    std::fs::write(&config, "[exact]\ncheck_backends = false\n").unwrap();
+    let data = s.dir.path().join("data-unchecked");
+    let q = s.qwen3.to_str().unwrap();
+    let gw = Proc::gateway_with(
+        &s.upstream.url,
+        &data,
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            config.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (_, base) = common::open_session(&gw.url).await;
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A supported one (the scripted upstream's default, 0.5.23) is used, and the gateway says
+    // in one line that it streams cumulatively.
+    let ok = start(SCRIPT, &[], &[]);
+    let (_, base) = common::open_session(&ok.gateway.url).await;
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        ok.gateway.stderr_contains("--incremental-streaming-output"),
+        "{}",
+        ok.gateway.stderr()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point5_a_whole_exact_answer_longer_than_the_backend_timeout_is_not_cut() {
+    // A 2 s backend timeout and ~40 tokens at 100 ms each: a whole answer that takes about
+    // 4 s. It used to wait for SGLang's whole answer under the head timeout; now it is
+    // streamed from the backend and only a 2 s stall between events would fail it.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("graft.toml");
+    std::fs::write(&config, "[upstream]\ntimeout_secs = 2\n").unwrap();
+    let s = start(
+        SCRIPT,
+        &["--chunk-delay-ms", "100"],
+        &["--config", config.to_str().unwrap()],
+    );
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let t = std::time::Instant::now();
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("tell a long story", false),
+    )
+    .await;
+    let took = t.elapsed();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        took > std::time::Duration::from_secs(2),
+        "the answer should outlast the backend timeout (took {took:?}): the test shows nothing otherwise"
+    );
+    let v = r.json();
+    assert!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .starts_with("Once upon a time"),
+        "{v}"
+    );
+    // Streamed from the backend, whole to the client; the record has every id.
+    let log = asked(&s.upstream.url).await;
+    assert_eq!(log["generate"][0]["stream"], json!(true), "{log}");
+    let recs: Vec<Value> = common::records_show(&s.data)
+        .into_iter()
+        .filter(|r| r["session_id"] == sid)
+        .collect();
+    assert_eq!(recs.len(), 1);
+    assert_eq!(recs[0]["stream"], json!(false), "{}", recs[0]);
+    let n = recs[0]["completion_token_ids"].as_array().unwrap().len();
+    assert_eq!(
+        recs[0]["completion_logprobs"].as_array().unwrap().len(),
+        n,
+        "{}",
+        recs[0]
+    );
+    assert_eq!(
+        v["usage"]["completion_tokens"].as_u64().unwrap() as usize,
+        n,
+        "{v}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point6_backend_and_admin_keys_reach_the_backend() {
+    // The scripted upstream decides as SGLang started with --api-key and --admin-api-key.
+    let keys = ["--expect-key", "sk-backend", "--admin-key", "sk-admin"];
+    let dir = tempfile::tempdir().unwrap();
+    let with_keys = dir.path().join("keys.toml");
+    std::fs::write(
+        &with_keys,
+        "[exact]\nbackend_api_key = \"sk-backend\"\nadmin_api_key = \"env::GRAFT_TEST_ADMIN_KEY\"\n",
+    )
+    .unwrap();
+    let s = start(SCRIPT, &keys, &[]);
+    // Without keys: the backend's 401 reaches the client as a refusal naming the backend.
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(r.text().contains("Unauthorized"), "{}", r.text());
+
+    // With them: generations carry the API key, the abort of an abandoned stream the admin key.
+    let q = s.qwen3.to_str().unwrap();
+    let gw = Proc::gateway_with(
+        &s.upstream.url,
+        &s.dir.path().join("data-keys"),
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            with_keys.to_str().unwrap(),
+        ],
+        &[("GRAFT_TEST_ADMIN_KEY", "sk-admin")],
+    );
+    let (_, base) = common::open_session(&gw.url).await;
+    let url = format!("{base}/chat/completions");
+    let r = http::post_json(&url, &[], &chat("hello", false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let resp = http::post_stream(&url, &chat("tell a long story", true)).await;
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    http::next_sse_data(&mut body, &mut buf).await.unwrap();
+    drop(body);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let log = asked(&s.upstream.url).await;
+        if log["aborted"].as_array().is_some_and(|a| !a.is_empty()) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the abort never reached the backend with the admin key: {log}\n{}",
+            gw.stderr()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+
+    // The weight push wants the admin key: refused without it, done with it.
+    let err =
+        graft_trainer::push::push_weights(&s.upstream.url, Path::new("/m/step-1"), "step-1", None)
+            .unwrap_err()
+            .to_string();
+    assert!(err.contains("401"), "{err}");
+    graft_trainer::push::push_weights(
+        &s.upstream.url,
+        Path::new("/m/step-1"),
+        "step-1",
+        Some("sk-admin"),
+    )
+    .unwrap();
+    let info = http::get(
+        &format!("{}/model_info", s.upstream.url),
+        &[("authorization", "Bearer sk-backend")],
+    )
+    .await;
+    assert_eq!(info.json()["weight_version"], "step-1", "{}", info.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point9_model_info_is_read_from_the_current_route_else_the_deprecated_one() {
+    use graft::rl::backends::{Keys, model_info};
+    // A current SGLang: `/model_info` (the deprecated `/get_model_info` warns per call).
+    let s = start(SCRIPT, &[], &[]);
+    let keys = Keys::default();
+    let info = model_info(&keys.api(&s.upstream.url))
+        .await
+        .expect("model info");
+    assert_eq!(info["weight_version"], "default", "{info}");
+    // One from before the rename answers 404 there: the old route is read instead, and the
+    // gateway's start-up check reads `/get_server_info` the same way.
+    let old = start(SCRIPT, &["--legacy-info-routes"], &[]);
+    let r = http::get(&format!("{}/model_info", old.upstream.url), &[]).await;
+    assert_eq!(r.status, 404);
+    let info = model_info(&keys.api(&old.upstream.url))
+        .await
+        .expect("model info");
+    assert_eq!(info["weight_version"], "default", "{info}");
+    let (_, base) = common::open_session(&old.gateway.url).await;
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(
+        old.gateway.stderr_contains("backend checked"),
+        "{}",
+        old.gateway.stderr()
+    );
+    // A backend that is not reachable has no model info (the watchdog's "down").
+    assert!(model_info(&keys.api("http://127.0.0.1:9")).await.is_none());
+}
+
+/// `graft rl`'s weight push to an SGLang backend while a call is being generated: nothing is
+/// drained. The backend pauses in place (the scripted one holds the generation after 3
+/// tokens until the new weights land), the push completes while the stream is still open,
+/// the stream goes on whole, a new call right after is answered, and the record labels each
+/// token with the weights that sampled it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
+    use graft::rl::backends::Shared;
+    use graft::rl::config::RlConfig;
+    use graft::rl::rollout::Api;
+    let script = r#"{"rules": [
+      {"match": "weights change", "weight_update_after": 3, "reply": {"content": "Partly old weights, partly new ones: both are recorded."}},
+      {"match": "after the push", "reply": {"content": "Answered with the new weights."}}
+    ]}"#;
+    let s = start(script, &[], &[]);
+    let cfg_path = s.dir.path().join("rl.toml");
+    std::fs::write(s.dir.path().join("t.jsonl"), "{\"prompt\": \"x\"}\n").unwrap();
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "[run]\nout_dir = \"o\"\nsteps = 1\n[tasks]\nfile = \"t.jsonl\"\n[harness]\ncommand = \"true\"\n[backend]\nmodel_dir = \"{}\"\nurls = [\"{}\"]\n",
+            s.qwen3.display(),
+            s.upstream.url
+        ),
+    )
+    .unwrap();
+    let cfg = RlConfig::load(&cfg_path).unwrap();
+    assert!(!cfg.backend.drain_on_push, "pushes do not drain by default");
+    let shared = Shared::default();
+
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let body = json!({"model": "qwen3", "stream": true,
+        "messages": [{"role": "user", "content": "the weights change mid-call"}]});
+    let resp = http::post_stream(&url, &body).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let mut text = String::new();
+    while text.is_empty() {
+        let d = http::next_sse_data(&mut body, &mut buf)
+            .await
+            .expect("stream ended early");
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    // The stream is held by the backend until new weights land. A draining push would wait
+    // for it (and it for the push): this one returns.
+    let gateway = Api::new(&s.gateway.url, None);
+    let pushed = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        shared.push(
+            &cfg,
+            &gateway,
+            std::slice::from_ref(&s.upstream.url),
+            Path::new("/ckpt/step-1"),
+            "step-1",
+        ),
+    )
+    .await
+    .expect("the push waited for the call in flight");
+    pushed.unwrap();
+    let status = http::get(&format!("{}/graft/backend/status", s.gateway.url), &[]).await;
+    assert_eq!(status.json()["paused"], json!(false), "{}", status.text());
+    // A new call goes straight through.
+    let r = http::post_json(
+        &url,
+        &[],
+        &json!({"model": "qwen3", "messages": [{"role": "user", "content": "after the push"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The held stream ends whole.
+    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
+        if d == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(
+        text,
+        "Partly old weights, partly new ones: both are recorded."
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let recs = loop {
+        let recs: Vec<Value> = common::records_show(&s.data)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid)
+            .collect();
+        if recs.len() == 2 || std::time::Instant::now() > deadline {
+            break recs;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    let held = recs
+        .iter()
+        .find(|r| r["stream"] == json!(true))
+        .unwrap_or_else(|| panic!("{recs:#?}"));
+    let n = ids(&held["completion_token_ids"]).len() as u64;
+    assert_eq!(
+        held["weight_version_spans"],
+        json!([{"version": "default", "start": 0, "end": 3}, {"version": "step-1", "start": 3, "end": n}]),
+        "{held:#}"
+    );
+    let after = recs.iter().find(|r| r["stream"] == json!(false)).unwrap();
+    assert_eq!(after["weight_version"], "step-1", "{after:#}");
 }

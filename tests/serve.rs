@@ -407,7 +407,7 @@ fn weight_push_round_trip() -> anyhow::Result<()> {
         .collect();
     let dir = tmp.path().join("step-7");
     weights::write_dir(&dir, base.raw_config(), &params, Kind::Float, usize::MAX)?;
-    push::push_weights(&server.url, &dir, "step-7")?;
+    push::push_weights(&server.url, &dir, "step-7", None)?;
     let (_, info) = post(&server.url, "/get_model_info", json!({}))?;
     let info: Value = serde_json::from_str(&info)?;
     assert_eq!(info["weight_version"], "step-7");

@@ -131,6 +131,16 @@ pub struct ExactSection {
     /// Extra chat-template variables, e.g. `{ enable_thinking = false }`.
     #[serde(default)]
     pub template_kwargs: toml::Table,
+    /// The key of backends started with `--api-key` (`env::NAME` reads it from the
+    /// environment): sent as `Authorization: Bearer` on generations and info probes.
+    pub backend_api_key: Option<SecretRef>,
+    /// The key of backends started with `--admin-api-key`: SGLang then wants it, not the API
+    /// key, on its admin routes (`/abort_request`, pauses, weight updates). Default: the
+    /// backend key.
+    pub admin_api_key: Option<SecretRef>,
+    /// Whether graft reads each backend's `GET /server_info` before its first call and
+    /// refuses an SGLang older than the oldest it supports (default true).
+    pub check_backends: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -409,6 +419,9 @@ pub struct ExactConfig {
     pub history_per_session: usize,
     pub history_max_tokens: usize,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    pub backend_api_key: Option<String>,
+    pub admin_api_key: Option<String>,
+    pub check_backends: bool,
 }
 
 impl ExactConfig {
@@ -750,6 +763,17 @@ fn resolve_exact(
         history_per_session,
         history_max_tokens: e.history_max_tokens.unwrap_or(100_000_000),
         template_kwargs,
+        backend_api_key: e
+            .backend_api_key
+            .as_ref()
+            .map(|k| k.resolve("exact.backend_api_key"))
+            .transpose()?,
+        admin_api_key: e
+            .admin_api_key
+            .as_ref()
+            .map(|k| k.resolve("exact.admin_api_key"))
+            .transpose()?,
+        check_backends: e.check_backends.unwrap_or(true),
     })
 }
 

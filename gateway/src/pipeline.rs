@@ -290,7 +290,15 @@ pub async fn handle(
                 );
                 return Ok(out);
             }
-            let result = whole(&mut call, leg.answering(), conv.as_ref(), resp, t_up, gone).await;
+            let result = if is_sse
+                && !leg.answering().relays()
+                && leg.answering().streams(resp.status(), is_sse)
+            {
+                // Exact mode streams from its backend even for a whole answer.
+                gather(&mut call, leg.answering(), conv.as_ref(), resp, t_up, gone).await
+            } else {
+                whole(&mut call, leg.answering(), conv.as_ref(), resp, t_up, gone).await
+            };
             drop(guard);
             result
         }
@@ -387,20 +395,107 @@ async fn whole(
             let ct = content_type.unwrap_or_else(|| HeaderValue::from_static("application/json"));
             call.answer(&mut o, status, ct, bytes).await
         }
-        Ok(Whole::Answer(answer)) => {
-            let conv = conv.cloned().unwrap_or_default();
-            let rendered = call.dialect.render(&conv, &answer, &call.response_id);
-            let bytes = Bytes::from(rendered.to_string());
-            o.response = Some(rendered);
-            call.answer(
-                &mut o,
-                StatusCode::OK,
-                HeaderValue::from_static("application/json"),
-                bytes,
-            )
-            .await
-        }
+        Ok(Whole::Answer(answer)) => answer_whole(call, o, conv, &answer).await,
         Err(e) => Err(call.fail(o, e).await),
+    }
+}
+
+/// Renders an answer in the client's dialect, commits the record, answers.
+async fn answer_whole(
+    call: &mut Call,
+    mut o: Outcome,
+    conv: Option<&Conversation>,
+    answer: &crate::dialect::Answer,
+) -> Result<Response<GBody>, GatewayError> {
+    let conv = conv.cloned().unwrap_or_default();
+    let rendered = call.dialect.render(&conv, answer, &call.response_id);
+    let bytes = Bytes::from(rendered.to_string());
+    o.response = Some(rendered);
+    call.answer(
+        &mut o,
+        StatusCode::OK,
+        HeaderValue::from_static("application/json"),
+        bytes,
+    )
+    .await
+}
+
+/// A whole answer assembled from the backend's events (exact mode streams from its backend
+/// whatever the client asked): read as the relay reads them, with the same stall timeout
+/// between events instead of one timeout on the whole answer, then answered in one piece.
+async fn gather(
+    call: &mut Call,
+    leg: &mut dyn Answering,
+    conv: Option<&Conversation>,
+    resp: Response<Incoming>,
+    t_up: Instant,
+    mut gone: tokio::sync::oneshot::Receiver<()>,
+) -> Result<Response<GBody>, GatewayError> {
+    // The events are read with a channel's closing as the client's leaving; here the
+    // client is watched through `gone`, so the channel stays open.
+    let (tx, _open) = mpsc::channel::<Bytes>(1);
+    let mut up = UpstreamEvents::new(call, resp.into_body());
+    let mut o = Outcome::ok();
+    let mut error = None;
+    loop {
+        let next = tokio::select! {
+            n = up.next(&tx) => n,
+            _ = &mut gone => return Err(abandoned(call, t_up).await),
+        };
+        let mut ev = match next {
+            Next::Event(ev) => ev,
+            Next::End => {
+                if let Err(e) = leg.end(&mut o, false) {
+                    error = Some(e);
+                }
+                break;
+            }
+            Next::Failed(e) => {
+                error = Some(e);
+                break;
+            }
+            Next::ClientGone => return Err(abandoned(call, t_up).await),
+        };
+        let mut parsed = match ev.data.as_deref() {
+            Some(d) if !ev.is_done() => match up.json(d) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    error = Some(e);
+                    break;
+                }
+            },
+            _ => None,
+        };
+        match leg.event(&mut ev, parsed.as_mut(), &mut o) {
+            Ok(Piece::Deltas { progress, .. }) => {
+                if progress && o.ttft.is_none() {
+                    o.ttft = Some(call.t0.elapsed());
+                }
+            }
+            Ok(Piece::Skip) => {}
+            Ok(Piece::Relay { .. }) => {
+                error = Some(GatewayError::Internal(
+                    "a backend answered in another form than its relay reads".into(),
+                ));
+                break;
+            }
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
+        }
+    }
+    o.upstream_time = t_up.elapsed();
+    let finished = leg.finish(&mut o, error.is_none());
+    match (error, finished) {
+        (Some(e), _) => Err(call.fail(o, e).await),
+        (None, Some(Finished { answer, .. })) => answer_whole(call, o, conv, &answer).await,
+        (None, None) => Err(call
+            .fail(
+                o,
+                GatewayError::Internal("the backend's events made no answer".into()),
+            )
+            .await),
     }
 }
 

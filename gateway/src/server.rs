@@ -98,6 +98,7 @@ impl Gateway {
         );
         let backend = Backend::new(&cfg)?;
         if let Some(exact) = backend.exact() {
+            exact.check_backends();
             exact.restore(rs.data_dir.clone(), sessions.open_ids());
             for (id, url) in sessions.open_backends() {
                 if let Err(e) = exact.pin(&id, &url) {

@@ -1,9 +1,11 @@
 //! The inference backends during a run: weight pushes, and a watchdog for backends that go
 //! away (restarted, crashed, rescheduled).
 //!
-//! Every `backend.health_interval_secs` each backend is asked `GET /health` and, once the
-//! run has pushed weights, `GET /get_model_info` (a restart quicker than the interval shows
-//! as the wrong `weight_version`). One that does not answer is waited for (up to
+//! Every `backend.health_interval_secs` each backend is asked `GET /model_info`
+//! (`/get_model_info` on servers older than the rename): it answers at once, also while a
+//! push pauses generation, where SGLang's `GET /health` generates a token each time and
+//! fails while paused; and its `weight_version` shows a restart quicker than the interval
+//! (the wrong weights). One that does not answer is waited for (up to
 //! `backend.restart_wait_secs`) while the gateway holds the new calls pinned to it
 //! (`/graft/backend/pause {"backend": URL}`; calls to the other backends go on), so
 //! rollouts that had not yet called it lose nothing but time. When it answers again, its
@@ -27,9 +29,37 @@ use serde_json::{Value, json};
 
 use super::config::RlConfig;
 use super::rollout::Api;
+use graft_wire::sglang::path;
+
+/// The backends' keys (`backend.api_key`, `backend.admin_api_key`).
+#[derive(Debug, Clone, Default)]
+pub struct Keys {
+    pub api: Option<String>,
+    pub admin: Option<String>,
+}
+
+impl Keys {
+    /// The key for SGLang's admin routes (pauses, weight updates): the admin key where the
+    /// server has one, else its API key.
+    pub fn admin(&self) -> Option<&str> {
+        self.admin.as_deref().or(self.api.as_deref())
+    }
+
+    /// An API client of `backend` with the API key.
+    pub fn api(&self, backend: &str) -> Api {
+        Api::new(
+            backend,
+            self.api
+                .as_ref()
+                .map(|k| ("authorization", format!("Bearer {k}"))),
+        )
+    }
+}
 
 #[derive(Default)]
 pub struct Shared {
+    /// How the backends are asked.
+    pub keys: Keys,
     /// Held while the gateway is paused for a push or a backend's recovery.
     lock: tokio::sync::Mutex<()>,
     /// The checkpoint and `weight_version` the backends should serve (None: their own
@@ -43,6 +73,13 @@ fn guard<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    pub fn new(keys: Keys) -> Shared {
+        Shared {
+            keys,
+            ..Shared::default()
+        }
+    }
+
     pub fn set_expected(&self, policy: Option<PathBuf>, version: Option<String>) {
         *guard(&self.expected) = (policy, version);
     }
@@ -57,9 +94,14 @@ impl Shared {
         guard(&self.events).push(v);
     }
 
-    /// Pushes `ckpt` as `version` to every backend, one at a time, while the gateway holds
-    /// the calls pinned to that one. A backend that fails the push is waited for (it may be
-    /// restarting) and pushed again once.
+    /// Pushes `ckpt` as `version` to every backend, one at a time. No call is drained: the
+    /// server's own `/pause_generation {mode: "retract"}` puts its running requests back in
+    /// its queue and holds new ones while the weights load, then `/continue_generation` goes
+    /// on with them under the new weights; each answer's `weight_version` spans label every
+    /// token with the weights that sampled it, and the trainer's staleness rules decide.
+    /// With `backend.drain_on_push` the gateway instead holds the calls pinned to the
+    /// backend and waits for those in flight (for servers that cannot pause in place). A
+    /// backend that fails the push is waited for (it may be restarting) and pushed again once.
     pub async fn push(
         &self,
         cfg: &RlConfig,
@@ -72,23 +114,31 @@ impl Shared {
         // One backend at a time: calls pinned to the others go on meanwhile.
         for b in backends {
             let one = json!({"backend": b});
-            gateway
-                .ok(Method::POST, "/graft/backend/pause", Some(&one))
-                .await?;
-            let mut r = push_one(b, ckpt, version).await;
+            let drain = cfg.backend.drain_on_push;
+            if drain {
+                gateway
+                    .ok(Method::POST, "/graft/backend/pause", Some(&one))
+                    .await?;
+            }
+            let mut r = push_one(b, ckpt, version, &self.keys).await;
             if let Err(e) = &r {
                 let first = format!("{e:#}");
                 let t = Instant::now();
                 tracing::warn!(backend = %b, error = %first, "the weight push failed; waiting for the backend");
-                if wait_healthy(b, cfg.backend.restart_wait_secs).await {
-                    r = push_one(b, ckpt, version).await;
+                if wait_healthy(b, cfg.backend.restart_wait_secs, &self.keys).await {
+                    r = push_one(b, ckpt, version, &self.keys).await;
                     self.event(json!({"backend": b, "event": "push retried after the backend came back",
                         "first_error": first, "waited_secs": t.elapsed().as_secs_f64(), "ok": r.is_ok()}));
                 }
             }
-            let resumed = gateway
-                .ok(Method::POST, "/graft/backend/resume", Some(&one))
-                .await;
+            let resumed = if drain {
+                gateway
+                    .ok(Method::POST, "/graft/backend/resume", Some(&one))
+                    .await
+                    .map(|_| ())
+            } else {
+                Ok(())
+            };
             r?;
             resumed?;
         }
@@ -98,47 +148,53 @@ impl Shared {
 }
 
 #[cfg(feature = "trainer")]
-async fn push_one(backend: &str, ckpt: &Path, version: &str) -> anyhow::Result<()> {
+async fn push_one(backend: &str, ckpt: &Path, version: &str, keys: &Keys) -> anyhow::Result<()> {
     let (b, p, v) = (backend.to_string(), ckpt.to_path_buf(), version.to_string());
-    tokio::task::spawn_blocking(move || graft_trainer::push::push_weights(&b, &p, &v))
-        .await
-        .context("the weight push task failed")?
-        .with_context(|| format!("pushing {} to {backend}", ckpt.display()))
+    let key = keys.admin().map(str::to_string);
+    tokio::task::spawn_blocking(move || {
+        graft_trainer::push::push_weights(&b, &p, &v, key.as_deref())
+    })
+    .await
+    .context("the weight push task failed")?
+    .with_context(|| format!("pushing {} to {backend}", ckpt.display()))
 }
 
 #[cfg(not(feature = "trainer"))]
-async fn push_one(backend: &str, _ckpt: &Path, _version: &str) -> anyhow::Result<()> {
+async fn push_one(backend: &str, _ckpt: &Path, _version: &str, _keys: &Keys) -> anyhow::Result<()> {
     anyhow::bail!(
         "cannot push weights to {backend}: this graft was built without the 'trainer' feature"
     )
 }
 
-async fn healthy(backend: &str) -> bool {
-    let api = Api::new(backend, None);
-    matches!(
-        tokio::time::timeout(Duration::from_secs(5), api.call(Method::GET, "/health", None)).await,
-        Ok(Ok((s, _))) if (200..300).contains(&s)
-    )
-}
-
-/// The `weight_version` a backend reports (`GET /get_model_info`), if it says.
-async fn serving_version(backend: &str) -> Option<String> {
-    let api = Api::new(backend, None);
-    match tokio::time::timeout(
-        Duration::from_secs(5),
-        api.ok(Method::GET, "/get_model_info", None),
-    )
-    .await
-    {
-        Ok(Ok(v)) => v["weight_version"].as_str().map(str::to_string),
-        _ => None,
+/// The backend's model info (`GET /model_info`, else the older `GET /get_model_info`);
+/// None when it does not answer with 200 within 5 s.
+pub async fn model_info(api: &Api) -> Option<Value> {
+    for route in [path::MODEL_INFO, path::GET_MODEL_INFO] {
+        match tokio::time::timeout(Duration::from_secs(5), api.call(Method::GET, route, None)).await
+        {
+            Ok(Ok((404, _))) => continue,
+            Ok(Ok((s, v))) if (200..300).contains(&s) => return Some(v),
+            _ => return None,
+        }
     }
+    None
 }
 
-async fn wait_healthy(backend: &str, within_secs: f64) -> bool {
+async fn healthy(backend: &str, keys: &Keys) -> bool {
+    model_info(&keys.api(backend)).await.is_some()
+}
+
+/// The `weight_version` a backend reports, if it says.
+async fn serving_version(backend: &str, keys: &Keys) -> Option<String> {
+    model_info(&keys.api(backend)).await?["weight_version"]
+        .as_str()
+        .map(str::to_string)
+}
+
+async fn wait_healthy(backend: &str, within_secs: f64, keys: &Keys) -> bool {
     let deadline = Instant::now() + Duration::from_secs_f64(within_secs);
     loop {
-        if healthy(backend).await {
+        if healthy(backend, keys).await {
             return true;
         }
         if Instant::now() > deadline {
@@ -155,7 +211,7 @@ pub async fn watch(cfg: RlConfig, gateway: Api, backends: Vec<String>, shared: A
     loop {
         tokio::time::sleep(interval).await;
         for b in &backends {
-            if !healthy(b).await {
+            if !healthy(b, &shared.keys).await {
                 if !gave_up.contains(b)
                     && !recover(&cfg, &gateway, b, &shared, Instant::now()).await
                 {
@@ -165,7 +221,7 @@ pub async fn watch(cfg: RlConfig, gateway: Api, backends: Vec<String>, shared: A
             }
             // Up. A restart quicker than the interval shows as weights it should not have.
             let want = guard(&shared.expected).1.clone();
-            let stale = match (want, serving_version(b).await) {
+            let stale = match (want, serving_version(b, &shared.keys).await) {
                 (Some(w), Some(v)) => w != v,
                 _ => false,
             };
@@ -186,7 +242,7 @@ async fn recover(
     since: Instant,
 ) -> bool {
     let _g = shared.lock.lock().await;
-    let was_down = !healthy(backend).await;
+    let was_down = !healthy(backend, &shared.keys).await;
     // New calls wait at the gateway rather than fail against a backend that is away. The
     // pause returns once the calls in flight are done; those to a dead backend end quickly,
     // a hung one at the gateway's upstream timeout, so this does not wait for it forever.
@@ -204,20 +260,20 @@ async fn recover(
             tracing::warn!(backend, "the gateway did not confirm the pause in time");
         }
     }
-    if was_down && !wait_healthy(backend, cfg.backend.restart_wait_secs).await {
+    if was_down && !wait_healthy(backend, cfg.backend.restart_wait_secs, &shared.keys).await {
         shared.event(json!({"backend": backend, "event": "did not come back",
             "gave_up_after_secs": since.elapsed().as_secs_f64()}));
         resume(gateway, backend).await;
         return false;
     }
     let (ckpt, want) = guard(&shared.expected).clone();
-    let serving = serving_version(backend).await;
+    let serving = serving_version(backend, &shared.keys).await;
     let mut ev = json!({"backend": backend, "event": if was_down { "restarted" } else { "checked" },
         "down_secs": since.elapsed().as_secs_f64(), "serving": serving});
     if let (Some(ckpt), Some(want)) = (ckpt, want)
         && serving.as_deref() != Some(want.as_str())
     {
-        let r = push_one(backend, &ckpt, &want).await;
+        let r = push_one(backend, &ckpt, &want, &shared.keys).await;
         ev["repushed"] = json!(want);
         ev["repush_error"] = json!(r.as_ref().err().map(|e| format!("{e:#}")));
     }

@@ -144,6 +144,42 @@ pub struct BackendSection {
     /// their rollouts are excluded).
     #[serde(default = "default_restart_wait")]
     pub restart_wait_secs: f64,
+    /// The key of servers started with `--api-key` (`env::NAME` reads it from the
+    /// environment): sent on generations and info probes.
+    #[serde(default)]
+    pub api_key: Option<String>,
+    /// The key of servers started with `--admin-api-key`: SGLang wants it, not the API key,
+    /// on pauses, aborts and weight updates. Default: `api_key`.
+    #[serde(default)]
+    pub admin_api_key: Option<String>,
+    /// Drain a backend before each weight push (the gateway holds its new calls and waits
+    /// for those in flight) instead of letting the server pause in place. Off by default:
+    /// SGLang (>= 0.5.6) and `graft serve` keep their calls across an update.
+    #[serde(default)]
+    pub drain_on_push: bool,
+}
+
+impl BackendSection {
+    /// `api_key` and `admin_api_key`, read (an `env::NAME` from the environment).
+    pub fn keys(&self) -> anyhow::Result<super::backends::Keys> {
+        let read = |key: &str, v: &Option<String>| -> anyhow::Result<Option<String>> {
+            match v.as_deref() {
+                None => Ok(None),
+                Some(v) => match v.strip_prefix("env::") {
+                    Some(var) => std::env::var(var).map(Some).map_err(|_| {
+                        anyhow::anyhow!(
+                            "backend.{key} names the environment variable {var}, which is not set"
+                        )
+                    }),
+                    None => Ok(Some(v.to_string())),
+                },
+            }
+        };
+        Ok(super::backends::Keys {
+            api: read("api_key", &self.api_key)?,
+            admin: read("admin_api_key", &self.admin_api_key)?,
+        })
+    }
 }
 
 fn default_health_interval() -> f64 {

@@ -19,7 +19,7 @@
 //! version from the trainer as a tensor copy. Up to `rollout.max_staleness` steps train
 //! while the next step's rollouts run.
 
-mod backends;
+pub mod backends;
 pub mod config;
 mod progress;
 pub mod rollout;
@@ -148,10 +148,15 @@ async fn start_scripted(
     script: &Path,
     aborts: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<Vec<String>> {
+    // It wants the keys the config gives, as an SGLang started with them would.
+    let keys = cfg.backend.keys()?;
     let args = graft_testkit::ScriptedArgs {
         listen: ([127, 0, 0, 1], 0).into(),
         script: Some(script.to_path_buf()),
-        expect_key: None,
+        expect_key: keys.api,
+        admin_key: keys.admin,
+        sglang_version: "0.5.23".into(),
+        legacy_info_routes: false,
         chunk_delay_ms: 0,
         models: vec!["scripted".into()],
         tokenizer: Some(cfg.backend.model_dir.clone()),
@@ -191,18 +196,19 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         engine = e;
         urls
     };
+    let keys = cfg.backend.keys()?;
     for b in &backends {
-        rollout::wait_ready(&Api::new(b, None), "/health", Duration::from_secs(30))
+        rollout::wait_ready(&keys.api(b), "/health", Duration::from_secs(30))
             .await
             .with_context(|| format!("the backend {b} does not answer GET /health"))?;
     }
     // The gateway, exact mode, in this process.
     let admin = format!("gk-admin-{}", uuid::Uuid::new_v4().simple());
     let data_dir = cfg.run.out_dir.join("data");
-    let mut gcfg = GatewayConfig::new(BackendConfig::Sglang(ExactConfig::new(
-        cfg.backend.model_dir.clone(),
-        backends.clone(),
-    )?))?;
+    let mut exact = ExactConfig::new(cfg.backend.model_dir.clone(), backends.clone())?;
+    exact.backend_api_key = keys.api.clone();
+    exact.admin_api_key = keys.admin.clone();
+    let mut gcfg = GatewayConfig::new(BackendConfig::Sglang(exact))?;
     gcfg.server.listen = ([127, 0, 0, 1], 0).into();
     gcfg.recorder.data_dir = data_dir;
     // Closed: the admin API behind a generated key, model calls behind each session's key.
@@ -289,7 +295,7 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     rollout::wait_ready(&envd, "/healthz", Duration::from_secs(30))
         .await
         .context("envd does not answer GET /healthz")?;
-    let shared = Arc::new(Shared::default());
+    let shared = Arc::new(Shared::new(keys));
     aborts.push(tokio::spawn(backends::watch(
         cfg.clone(),
         gateway.clone(),

@@ -62,6 +62,18 @@ pub struct ScriptedArgs {
     /// Require `Authorization: Bearer KEY` on every request (401 otherwise).
     #[arg(long)]
     pub expect_key: Option<String>,
+    /// SGLang's `--admin-api-key`: its admin routes (pauses, weight updates, aborts, cache
+    /// flushes) then want this key, and `--expect-key` is SGLang's `--api-key` for the
+    /// other routes, as SGLang decides (`sglang/srt/utils/auth.py`).
+    #[arg(long)]
+    pub admin_key: Option<String>,
+    /// The SGLang version `GET /server_info` reports (graft checks it).
+    #[arg(long, default_value = "0.5.23")]
+    pub sglang_version: String,
+    /// Serve the info routes only under their old names (`/get_model_info`,
+    /// `/get_server_info`), as SGLang did before `/model_info` and `/server_info`.
+    #[arg(long)]
+    pub legacy_info_routes: bool,
     /// Delay between SSE chunks, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub chunk_delay_ms: u64,
@@ -113,6 +125,9 @@ pub async fn start(
         model,
         script,
         expect_key: args.expect_key.clone(),
+        admin_key: args.admin_key.clone(),
+        sglang_version: args.sglang_version.clone(),
+        legacy_info_routes: args.legacy_info_routes,
         chunk_delay: Duration::from_millis(args.chunk_delay_ms),
         models: args.models.clone(),
         next_id: AtomicU64::new(1),

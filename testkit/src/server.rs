@@ -43,6 +43,9 @@ pub(crate) struct State {
     pub(crate) model: Option<TokenModel>,
     pub(crate) script: Script,
     pub(crate) expect_key: Option<String>,
+    pub(crate) admin_key: Option<String>,
+    pub(crate) sglang_version: String,
+    pub(crate) legacy_info_routes: bool,
     pub(crate) chunk_delay: Duration,
     pub(crate) models: Vec<String>,
     pub(crate) next_id: AtomicU64,
@@ -79,7 +82,17 @@ pub(crate) async fn handle(
     state: Arc<State>,
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, Abort> {
-    if let Some(key) = &state.expect_key {
+    let path = req.uri().path().to_owned();
+    if sglang::is_route(&path) {
+        let bearer = req
+            .headers()
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "));
+        if let Some(refused) = sglang_auth(&state, &path, bearer) {
+            return Ok(refused);
+        }
+    } else if let Some(key) = &state.expect_key {
         let ok = req
             .headers()
             .get(header::AUTHORIZATION)
@@ -95,7 +108,13 @@ pub(crate) async fn handle(
             ));
         }
     }
-    let path = req.uri().path().to_owned();
+    if state.legacy_info_routes && ["/model_info", "/server_info"].contains(&path.as_str()) {
+        // FastAPI's answer for a route it does not have.
+        return Ok(json_response(
+            StatusCode::NOT_FOUND,
+            &serde_json::json!({"detail": "Not Found"}),
+        ));
+    }
     if sglang::is_route(&path) {
         let method = req.method().clone();
         let routing_key = req
@@ -422,5 +441,39 @@ impl Body for SseBody {
     fn size_hint(&self) -> SizeHint {
         // Unknown on purpose: SSE goes out chunked.
         SizeHint::default()
+    }
+}
+
+/// SGLang's own decision on a native route (`decide_request_auth` in
+/// `sglang/srt/utils/auth.py`, `--expect-key` as its `--api-key`, `--admin-key` as its
+/// `--admin-api-key`): health routes are open; admin routes want the admin key when there
+/// is one, else the API key; the others want the API key when there is one. A refusal is
+/// SGLang's `{"error": "Unauthorized"}` with 401.
+fn sglang_auth(state: &State, path: &str, bearer: Option<&str>) -> Option<Response<RespBody>> {
+    const ADMIN: [&str; 8] = [
+        "/pause_generation",
+        "/continue_generation",
+        "/flush_cache",
+        "/update_weights_from_disk",
+        "/update_weights_from_tensor",
+        "/begin_weight_update",
+        "/end_weight_update",
+        "/abort_request",
+    ];
+    if path.starts_with("/health") || path == sglang::REQUESTS {
+        return None;
+    }
+    let (api, admin) = (state.expect_key.as_deref(), state.admin_key.as_deref());
+    let want = if ADMIN.contains(&path) {
+        admin.or(api)
+    } else {
+        api
+    };
+    match want {
+        Some(k) if bearer != Some(k) => Some(json_response(
+            StatusCode::UNAUTHORIZED,
+            &serde_json::json!({"error": "Unauthorized"}),
+        )),
+        _ => None,
     }
 }

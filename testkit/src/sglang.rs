@@ -11,7 +11,9 @@
 //! Also served, for weight pushes: `/pause_generation` (new generations wait),
 //! `/continue_generation`, `/flush_cache`, `/update_weights_from_tensor` (takes
 //! `weight_version`; the tensors are not looked at), `/update_weights_from_disk` (takes
-//! `weight_version`), `/get_model_info`, `/health`; `/abort_request` (takes `rid`).
+//! `weight_version`), `/model_info` (and the older `/get_model_info`), `/server_info` (and `/get_server_info`: the
+//! `version` of `--sglang-version`, cumulative streaming), `/health`; `/abort_request` (takes
+//! `rid`). With `--expect-key` / `--admin-key` the routes want the keys as SGLang decides.
 //!
 //! For tests, `GET /testkit/requests` answers what this side was asked:
 //! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...]}`
@@ -26,8 +28,9 @@ use serde::Deserialize as _;
 
 use graft_wire::sglang::{
     self as wire, AbortRequest, ErrorResponse, FinishReason, GenerateRequest, GenerateResponse,
-    Matched, MessageResponse, MetaInfo, ModelInfo, TokenLogprob, UpdateWeightsFromDiskRequest,
-    UpdateWeightsFromDiskResponse, UpdateWeightsFromTensorRequest, UpdateWeightsFromTensorResponse,
+    Matched, MessageResponse, MetaInfo, ModelInfo, ServerInfo, TokenLogprob,
+    UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse, UpdateWeightsFromTensorRequest,
+    UpdateWeightsFromTensorResponse,
 };
 use http::{Response, StatusCode};
 use serde::Serialize;
@@ -188,6 +191,9 @@ pub(crate) fn is_route(path: &str) -> bool {
     [
         wire::path::HEALTH,
         wire::path::GET_MODEL_INFO,
+        wire::path::MODEL_INFO,
+        wire::path::SERVER_INFO,
+        wire::path::GET_SERVER_INFO,
         wire::path::PAUSE_GENERATION,
         wire::path::CONTINUE_GENERATION,
         wire::path::FLUSH_CACHE,
@@ -211,7 +217,18 @@ pub(crate) async fn route(
     let b = &state.sglang;
     let resp = match (method.as_str(), path) {
         ("GET", wire::path::HEALTH) => json_response(StatusCode::OK, &json!({})),
-        ("GET", wire::path::GET_MODEL_INFO) => typed(
+        ("GET", wire::path::SERVER_INFO | wire::path::GET_SERVER_INFO) => typed(
+            StatusCode::OK,
+            &ServerInfo {
+                version: Some(state.sglang_version.clone()),
+                // It streams as SGLang does by default: every event holds everything so far.
+                incremental_streaming_output: Some(false),
+                load_format: Some("auto".into()),
+                model_path: Some("scripted".into()),
+                graft: None,
+            },
+        ),
+        ("GET", wire::path::GET_MODEL_INFO | wire::path::MODEL_INFO) => typed(
             StatusCode::OK,
             &ModelInfo {
                 model_path: "scripted".into(),
@@ -509,6 +526,8 @@ async fn generate(
         .and_then(|r| r.weight_update_after)
         .filter(|&h| h < len);
     if !stream {
+        // SGLang sends a whole answer once it is generated: as late as its stream's end.
+        tokio::time::sleep(state.chunk_delay.saturating_mul(len as u32)).await;
         let mut versions = vec![(first.clone(), 0)];
         if let Some(h) = hold {
             versions.push((next_version(rx, first).await, h));

@@ -29,6 +29,9 @@ pub struct ServerUrl {
     /// Path prefix without a trailing slash ("" for none).
     pub prefix: String,
     raw: String,
+    /// Sent as `Authorization: Bearer` (a server started with `--api-key` or
+    /// `--admin-api-key`: its admin routes want the admin key when it has one).
+    key: Option<String>,
 }
 
 impl ServerUrl {
@@ -64,7 +67,14 @@ impl ServerUrl {
             port,
             prefix: path.trim_end_matches('/').to_owned(),
             raw: url.to_owned(),
+            key: None,
         })
+    }
+
+    /// The same server, asked with `key`.
+    pub fn with_key(mut self, key: Option<&str>) -> ServerUrl {
+        self.key = key.map(str::to_owned);
+        self
     }
 }
 
@@ -105,8 +115,13 @@ pub fn post_json(
     } else {
         url.host.clone()
     };
+    let auth = url
+        .key
+        .as_deref()
+        .map(|k| format!("Authorization: Bearer {k}\r\n"))
+        .unwrap_or_default();
     let req = format!(
-        "POST {}{} HTTP/1.1\r\nHost: {}:{}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        "POST {}{} HTTP/1.1\r\nHost: {}:{}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
         url.prefix,
         path,
         host,
@@ -194,9 +209,15 @@ fn expect_ok(url: &ServerUrl, path: &str, r: Response) -> Result<Response> {
 }
 
 /// Tells the server at `url` to load the HF directory `model_path` (a path the server
-/// can read) as `weight_version`, pausing generation around the swap.
-pub fn push_weights(url: &str, model_path: &Path, weight_version: &str) -> Result<()> {
-    let url = ServerUrl::parse(url)?;
+/// can read) as `weight_version`, pausing generation around the swap. `key`: the server's
+/// admin key (else its API key) when it was started with one.
+pub fn push_weights(
+    url: &str,
+    model_path: &Path,
+    weight_version: &str,
+    key: Option<&str>,
+) -> Result<()> {
+    let url = ServerUrl::parse(url)?.with_key(key);
     let short = Duration::from_secs(60);
     let pause = post_json(
         &url,

@@ -39,6 +39,8 @@ pub struct PushTarget {
     pub url: String,
     /// The weight_version the pushed weights are served as; `None`: the out dir's name.
     pub weight_version: Option<String>,
+    /// The server's admin key (else its API key), when it was started with one.
+    pub api_key: Option<String>,
 }
 
 /// Everything one training run is given.
@@ -464,7 +466,7 @@ pub fn run_step(
         });
         let path = std::fs::canonicalize(&req.out).unwrap_or_else(|_| req.out.clone());
         ctx(
-            crate::push::push_weights(&target.url, &path, &version),
+            crate::push::push_weights(&target.url, &path, &version, target.api_key.as_deref()),
             || format!("pushing the weights to {}", target.url),
         )?;
         report.pushed = Some((target.url.clone(), version));

@@ -84,7 +84,7 @@ fn serve_with(
 #[test]
 fn push_pauses_flushes_updates_and_continues_in_order() -> anyhow::Result<()> {
     let (url, log, h) = serve(4, false)?;
-    push::push_weights(&url, std::path::Path::new("/models/step-3"), "step-3")?;
+    push::push_weights(&url, std::path::Path::new("/models/step-3"), "step-3", None)?;
     h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
     let log = log.lock().unwrap();
     let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
@@ -111,7 +111,7 @@ fn push_pauses_flushes_updates_and_continues_in_order() -> anyhow::Result<()> {
 #[test]
 fn sglang_push_names_load_format_auto() -> anyhow::Result<()> {
     let (url, log, h) = serve(4, false)?;
-    push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4")?;
+    push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4", None)?;
     h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
     let log = log.lock().unwrap();
     let update = log
@@ -126,7 +126,7 @@ fn sglang_push_names_load_format_auto() -> anyhow::Result<()> {
 #[test]
 fn a_flush_refused_while_requests_are_pending_is_asked_again() -> anyhow::Result<()> {
     let (url, log, h) = serve_with(6, false, 2)?;
-    push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4")?;
+    push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4", None)?;
     h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
     let log = log.lock().unwrap();
     let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
@@ -147,7 +147,7 @@ fn a_flush_refused_while_requests_are_pending_is_asked_again() -> anyhow::Result
 #[test]
 fn a_refused_update_still_continues_generation_and_reports_why() -> anyhow::Result<()> {
     let (url, log, h) = serve(4, true)?;
-    let err = push::push_weights(&url, std::path::Path::new("/nope"), "v2")
+    let err = push::push_weights(&url, std::path::Path::new("/nope"), "v2", None)
         .unwrap_err()
         .to_string();
     h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
@@ -162,7 +162,7 @@ fn a_refused_update_still_continues_generation_and_reports_why() -> anyhow::Resu
 
 #[test]
 fn an_unreachable_server_is_named() {
-    let err = push::push_weights("http://127.0.0.1:1", std::path::Path::new("/m"), "v")
+    let err = push::push_weights("http://127.0.0.1:1", std::path::Path::new("/m"), "v", None)
         .unwrap_err()
         .to_string();
     assert!(

@@ -18,7 +18,9 @@
 //! - `python/sglang/srt/utils/weight_versions.py`: `add_weight_versions_to_meta_info`
 //!   (`meta_info.weight_versions`, spans of `{version, start, end}`);
 //! - `python/sglang/srt/entrypoints/http_server.py`: the routes and the answers of
-//!   `/pause_generation`, `/continue_generation`, `/get_model_info`, `/health`.
+//!   `/pause_generation`, `/continue_generation`, `/model_info` (`/get_model_info` before),
+//!   `/server_info` (`/get_server_info` before: the resolved server arguments, from
+//!   `python/sglang/srt/arg_groups/fields/*.py`, plus `version`), `/health`.
 //!
 //! Only the single-prompt form is modelled (`text` one string, `input_ids` one list): graft
 //! sends one prompt per request. SGLang adds fields release by release, so unknown fields are
@@ -33,7 +35,13 @@ pub mod path {
     pub const GENERATE: &str = "/generate";
     pub const HEALTH: &str = "/health";
     pub const HEALTH_GENERATE: &str = "/health_generate";
+    /// Deprecated by SGLang (a warning per call) in favour of [`MODEL_INFO`]; older servers
+    /// have only this one.
     pub const GET_MODEL_INFO: &str = "/get_model_info";
+    pub const MODEL_INFO: &str = "/model_info";
+    /// The server's resolved arguments and `version` (`/get_server_info` before the rename).
+    pub const SERVER_INFO: &str = "/server_info";
+    pub const GET_SERVER_INFO: &str = "/get_server_info";
     pub const PAUSE_GENERATION: &str = "/pause_generation";
     pub const CONTINUE_GENERATION: &str = "/continue_generation";
     pub const FLUSH_CACHE: &str = "/flush_cache";
@@ -488,6 +496,45 @@ pub struct ModelInfo {
     pub paused: Option<bool>,
 }
 
+/// `GET /server_info`: what graft reads of it (the server's resolved arguments and its
+/// `version`; everything else is ignored). `graft` is `graft serve`'s own: it marks a
+/// server that is not SGLang, whose `version` is graft's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ServerInfo {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    /// `--incremental-streaming-output`: streamed events hold only what is new. Without it
+    /// every event re-sends every id and logprob so far.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incremental_streaming_output: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load_format: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model_path: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub graft: Option<bool>,
+}
+
+/// The oldest SGLang release graft works with: the first with sglang#10071 (merged
+/// 2025-11-26), before which `/pause_generation` ignored its `mode` and aborted every
+/// request in flight, so each weight push lost the calls it was meant to keep.
+pub const MIN_VERSION: (u32, u32, u32) = (0, 5, 6);
+
+/// `major.minor.patch` of a version string (`0.5.23`, `0.5.6.post1`, `v0.5.10rc0`); None when
+/// it does not start so.
+pub fn parse_version(v: &str) -> Option<(u32, u32, u32)> {
+    let v = v.trim().trim_start_matches('v');
+    let mut parts = v.splitn(3, '.');
+    let num = |s: &str| -> Option<u32> {
+        let digits: String = s.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse().ok()
+    };
+    let major = num(parts.next()?)?;
+    let minor = num(parts.next()?)?;
+    let patch = parts.next().map_or(Some(0), num)?;
+    Some((major, minor, patch))
+}
+
 /// An error body in the shape of SGLang's `ErrorResponse` (its OpenAI-compatible protocol
 /// module): `{"object": "error", "message", "type", "param", "code"}`. `graft serve` and the
 /// scripted upstream answer their errors so.
@@ -834,5 +881,28 @@ mod tests {
         let e: ErrorResponse = serde_json::from_value(c["error"].clone()).unwrap();
         assert_eq!(e.code, 400);
         assert_eq!(serde_json::to_value(&e).unwrap(), c["error"]);
+    }
+
+    #[test]
+    fn versions_read_as_sglang_writes_them() {
+        assert_eq!(parse_version("0.5.23"), Some((0, 5, 23)));
+        assert_eq!(parse_version("0.5.6.post1"), Some((0, 5, 6)));
+        assert_eq!(parse_version("v0.5.10rc0"), Some((0, 5, 10)));
+        assert_eq!(parse_version("0.6"), Some((0, 6, 0)));
+        assert_eq!(parse_version("graft"), None);
+        assert!(parse_version("0.5.5.post3").unwrap() < MIN_VERSION);
+        assert!(parse_version("0.5.10").unwrap() > MIN_VERSION);
+    }
+
+    #[test]
+    fn server_info_reads_the_resolved_arguments() {
+        // The keys as `/server_info` sends them (`server_args.resolved_dict()` + `version`).
+        let v = json!({"model_path": "Qwen/Qwen3-8B", "incremental_streaming_output": false,
+            "load_format": "dummy", "version": "0.5.23", "internal_states": [{}], "tp_size": 1});
+        let info: ServerInfo = serde_json::from_value(v).unwrap();
+        assert_eq!(info.version.as_deref(), Some("0.5.23"));
+        assert_eq!(info.incremental_streaming_output, Some(false));
+        assert_eq!(info.load_format.as_deref(), Some("dummy"));
+        assert_eq!(info.graft, None);
     }
 }

@@ -12,6 +12,7 @@
 //! `pipeline.rs` (whole answers and event streams alike).
 
 pub mod openai;
+mod probe;
 mod restore;
 pub mod sglang;
 pub mod translate;

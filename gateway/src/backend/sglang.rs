@@ -30,6 +30,7 @@ use serde_json::Value;
 use tokio::sync::{OwnedRwLockWriteGuard, RwLock};
 use tracing::{info, warn};
 
+use super::probe::{self, Verdict};
 use super::restore::Restored;
 use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
 use crate::config::{BackendHttp, ExactConfig};
@@ -42,6 +43,9 @@ use crate::sglang::{self, FinishReason, Progress};
 use crate::sse::Event;
 use crate::token_ids::Recorded;
 use crate::upstream::{HttpClient, error_chain, http_client, snippet, upstream_message};
+
+/// How long a backend's server info may take to answer.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The upstream wire label exact-mode records carry.
 pub const WIRE: &str = "sglang_generate";
@@ -127,6 +131,8 @@ struct Slot {
     url: String,
     gate: Arc<RwLock<()>>,
     sessions: usize,
+    /// What its `/server_info` said, once it answered (see `probe.rs`).
+    checked: Arc<tokio::sync::OnceCell<Verdict>>,
 }
 
 impl Slot {
@@ -135,6 +141,7 @@ impl Slot {
             url: url.trim_end_matches('/').to_string(),
             gate: Arc::new(RwLock::new(())),
             sessions: 0,
+            checked: Arc::new(tokio::sync::OnceCell::new()),
         }
     }
 }
@@ -155,6 +162,10 @@ pub struct Sglang {
     named: Mutex<HashMap<String, usize>>,
     client: HttpClient,
     timeout: Duration,
+    /// `exact.backend_api_key` and `exact.admin_api_key`.
+    backend_key: Option<String>,
+    admin_key: Option<String>,
+    check_backends: bool,
     max_new_tokens: u64,
     memory: Arc<Memory>,
     /// The paused backends (by index) and the write half of their gates.
@@ -181,6 +192,9 @@ impl Sglang {
             named: Mutex::new(HashMap::new()),
             client: http_client(http.connect_timeout, http.ca_file.as_deref())?,
             timeout: http.timeout,
+            backend_key: cfg.backend_api_key.clone(),
+            admin_key: cfg.admin_api_key.clone(),
+            check_backends: cfg.check_backends,
             max_new_tokens: cfg.max_new_tokens,
             memory: Arc::new(Memory {
                 histories: Mutex::new(Histories::default()),
@@ -225,6 +239,69 @@ impl Sglang {
             }
             ready.send_replace(true);
         });
+    }
+
+    /// Checks every configured backend's server info now, in the background (a backend
+    /// that cannot be reached yet is checked again before its first call).
+    pub fn check_backends(&self) {
+        if !self.check_backends {
+            return;
+        }
+        let slots: Vec<(String, Arc<tokio::sync::OnceCell<Verdict>>)> = self
+            .slots
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .map(|b| (b.url.clone(), b.checked.clone()))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let (client, key) = (self.client.clone(), self.backend_key.clone());
+        tokio::spawn(async move {
+            let ask = probe::Asker {
+                client: &client,
+                key: key.as_deref(),
+                timeout: PROBE_TIMEOUT,
+            };
+            for (url, cell) in slots {
+                if let Err(e) = cell.get_or_try_init(|| probe::check(&ask, &url)).await {
+                    warn!(backend = %url, error = %e, "exact mode: the backend's server info cannot be read yet; it is checked again before its first call");
+                }
+            }
+        });
+    }
+
+    /// The backend's verdict (reading its server info the first time): Err when calls to
+    /// it are refused. A backend that cannot be reached is let through (the call then
+    /// fails on its own) and checked again next time.
+    async fn checked(&self, i: usize, url: &str) -> Result<(), GatewayError> {
+        if !self.check_backends {
+            return Ok(());
+        }
+        let Some(cell) = self
+            .slots
+            .lock()
+            .ok()
+            .and_then(|s| s.get(i).map(|b| b.checked.clone()))
+        else {
+            return Ok(());
+        };
+        let ask = probe::Asker {
+            client: &self.client,
+            key: self.backend_key.as_deref(),
+            timeout: PROBE_TIMEOUT,
+        };
+        match cell.get_or_try_init(|| probe::check(&ask, url)).await {
+            Ok(Verdict::Refused(why)) => Err(GatewayError::UpstreamInvalid {
+                upstream: url.to_string(),
+                detail: why.clone(),
+            }),
+            Ok(Verdict::Fine) => Ok(()),
+            Err(e) => {
+                warn!(backend = %url, error = %e, "exact mode: the backend's server info cannot be read; the call goes on unchecked");
+                Ok(())
+            }
+        }
     }
 
     /// Every backend's URL: the configured ones, then those sessions named.
@@ -447,6 +524,7 @@ impl Sglang {
         let (backend, gate) = self
             .slot(backend_index)
             .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
+        self.checked(backend_index, &backend).await?;
 
         // Rendering and tokenizing is CPU work: off the reactor.
         let builder = self.builder.clone();
@@ -528,7 +606,11 @@ impl Sglang {
                 params.clone(),
             )
         });
-        let mut body = sglang::generate_body(&prompt.ids, params, conv.stream);
+        // Always streamed from the backend, whatever the client asked: SGLang sends a whole
+        // answer's head only when it is done, so a long generation would outlast any head
+        // timeout; a stream instead shows progress, and a stall is timed between events.
+        // A client that asked for a whole answer gets it assembled from the events.
+        let mut body = sglang::generate_body(&prompt.ids, params, true);
         if let Some(o) = body.as_object_mut() {
             // The call id is SGLang's request id: `/abort_request` stops it by that name.
             o.insert("rid".into(), Value::String(call_id.to_string()));
@@ -603,6 +685,7 @@ impl Sglang {
             &g.backend,
             g.body.clone(),
             HeaderValue::from_str(&g.session).ok(),
+            self.backend_key.as_deref(),
         )
         .await
     }
@@ -612,8 +695,10 @@ impl Sglang {
     pub(crate) async fn abort(&self, backend: &str, call_id: &str) {
         let body = serde_json::json!({"rid": call_id}).to_string();
         let url = format!("{backend}{}", graft_wire::sglang::path::ABORT_REQUEST);
+        // An admin route: SGLang wants the admin key there when it has one.
+        let key = self.admin_key.as_deref().or(self.backend_key.as_deref());
         match self
-            .request(Method::POST, &url, backend, Bytes::from(body))
+            .request_with(Method::POST, &url, backend, Bytes::from(body), None, key)
             .await
         {
             Ok(r) if r.status().is_success() => {
@@ -639,19 +724,16 @@ impl Sglang {
             .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
         let url = format!("{backend}/v1/models");
         let r = self
-            .request(Method::GET, &url, &backend, Bytes::new())
+            .request_with(
+                Method::GET,
+                &url,
+                &backend,
+                Bytes::new(),
+                None,
+                self.backend_key.as_deref(),
+            )
             .await?;
         Ok((backend, r))
-    }
-
-    async fn request(
-        &self,
-        method: Method,
-        url: &str,
-        backend: &str,
-        body: Bytes,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        self.request_with(method, url, backend, body, None).await
     }
 
     async fn request_with(
@@ -661,8 +743,12 @@ impl Sglang {
         backend: &str,
         body: Bytes,
         routing_key: Option<HeaderValue>,
+        key: Option<&str>,
     ) -> Result<Response<Incoming>, GatewayError> {
         let mut req = Request::builder().method(method).uri(url);
+        if let Some(k) = key {
+            req = req.header(header::AUTHORIZATION, format!("Bearer {k}"));
+        }
         if !body.is_empty() {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
