@@ -23,6 +23,13 @@
 #                           (tests/harnesses.rs and scripts/harness-matrix.sh run them in envd
 #                           sandboxes; ZeroClaw, a 20-minute source build, is the heavier tier:
 #                           scripts/setup-zeroclaw.sh)
+#   .graft-test-env/servers Python venv: msgspec; and under servers/src the request models of the
+#                           inference servers graft speaks to, extracted from their pinned wheels
+#                           (`pip download --no-deps`: ~280 MB fetched, a few .py files kept, no
+#                           torch, nothing installed): SGLang's generated `api_types.py` (its HTTP
+#                           JSON contract), `io_struct.py` and `http_server.py`; vLLM's OpenAI
+#                           protocol modules. tests/conformance.rs checks every body graft sends
+#                           against them (tests/conformance/check_bodies.py)
 #   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
 # Not in the default set (the heavier tier, `bash scripts/setup-test-env.sh rlfw`):
 #   .graft-test-env/rlfw    Python 3.12 venv: verl, trl, skyrl, openrlhf, tinker and torch from PyPI
@@ -88,6 +95,25 @@ OPENCLAW="2026.9.6"
 OPENHANDS_PKGS=("openhands-sdk==1.58.2" "openhands-tools==1.58.2")
 HERMES_PKGS=("hermes-agent==0.19.0")
 PIP_VERSION="26.3"
+SERVERS_PKGS=("msgspec==0.22.0")
+# The servers whose request models tests/conformance.rs checks graft's bodies against: the
+# wheels by version and hash, and the files kept from them (paths inside the wheels).
+SERVER_WHEELS=(
+  "sglang==0.5.23 --hash=sha256:00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
+  "vllm==0.34.0 --hash=sha256:79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
+)
+SERVER_FILES=(
+  sglang/api/v1/api_types.py
+  sglang/srt/entrypoints/http_server.py
+  sglang/srt/managers/io_struct.py
+  sglang/srt/managers/scheduler_components/weight_updater.py
+  vllm/entrypoints/openai/completion/api_router.py
+  vllm/entrypoints/openai/completion/protocol.py
+  vllm/entrypoints/openai/chat_completion/api_router.py
+  vllm/entrypoints/openai/chat_completion/protocol.py
+  vllm/entrypoints/serve/engine/protocol.py
+  vllm/entrypoints/generate/base/protocol.py
+)
 
 mkdir -p "$env_dir"
 start=$(date +%s)
@@ -206,6 +232,42 @@ if [[ "${1:-}" == "sandbox" ]]; then
   exit 0
 fi
 
+# server_sources: SERVER_FILES out of the SERVER_WHEELS into $env_dir/servers/src, unless its
+# stamp matches. The wheels are fetched for SGLang's platform tags whatever this machine is
+# (only their Python sources are read) and deleted once the files are out.
+server_sources() {
+  local dir="$env_dir/servers/src"
+  local want="${SERVER_WHEELS[*]} ${SERVER_FILES[*]}"
+  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" ]]; then
+    echo "setup-test-env: servers/src up to date"
+    return 0
+  fi
+  echo "setup-test-env: extracting the servers' request models: ${SERVER_WHEELS[*]%% *}"
+  rm -rf "$dir"
+  local tmp
+  tmp="$(mktemp -d)"
+  printf '%s\n' "${SERVER_WHEELS[@]}" > "$tmp/requirements.txt"
+  "$env_dir/servers/bin/python" -m pip download --quiet --disable-pip-version-check \
+    --no-deps --require-hashes --only-binary=:all: --implementation cp --python-version 3.11 \
+    --platform manylinux_2_34_x86_64 --platform manylinux_2_28_x86_64 --dest "$tmp/wheels" -r "$tmp/requirements.txt"
+  "$env_dir/servers/bin/python" - "$tmp/wheels" "$dir" "${SERVER_FILES[@]}" <<'PY'
+import pathlib, sys, zipfile
+wheels, out, files = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2]), sys.argv[3:]
+found = set()
+for whl in sorted(wheels.glob("*.whl")):
+    with zipfile.ZipFile(whl) as z:
+        for name in set(z.namelist()) & set(files):
+            (out / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / name).write_bytes(z.read(name))
+            found.add(name)
+missing = sorted(set(files) - found)
+if missing:
+    sys.exit(f"setup-test-env: not in the wheels: {', '.join(missing)}")
+PY
+  rm -rf "$tmp"
+  printf '%s' "$want" > "$dir/.graft-stamp"
+}
+
 # The parts are independent: run them side by side, then report each failure.
 # Codex ships its native binary as an optional dependency (@openai/codex-linux-x64 etc.),
 # so the check is its launcher; `codex --version` below proves the binary is there.
@@ -232,9 +294,11 @@ else
   VENV_PYTHON="$python312" venv hermes "${HERMES_PKGS[@]}" > "$env_dir/hermes.log" 2>&1 & p13=$!
 fi
 venv interop "${INTEROP_PKGS[@]}" > "$env_dir/interop.log" 2>&1 & p14=$!
+{ venv servers "${SERVERS_PKGS[@]}" && server_sources; } > "$env_dir/servers.log" 2>&1 & p15=$!
 fail=0
 for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7" \
-            "claude:$p8" "pi:$p9" "opencode:$p10" "openclaw:$p11" "openhands:$p12" "hermes:$p13" "interop:$p14"; do
+            "claude:$p8" "pi:$p9" "opencode:$p10" "openclaw:$p11" "openhands:$p12" "hermes:$p13" "interop:$p14" \
+            "servers:$p15"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

@@ -4,7 +4,8 @@
 //! Routes (SGLang's names and shapes): `POST /generate` (`input_ids` or `text`,
 //! `sampling_params` with temperature / top_p / top_k / min_p / logit_bias / penalties /
 //! sampling_seed / max_new_tokens / stop / stop_token_ids / ignore_eos — other parameters that would change
-//! the sampling are refused by name —, `return_logprob`, `stream`: SSE events holding
+//! the sampling are refused by name, and a key SGLang 0.5.23 does not read with SGLang's own
+//! 400 `{"error": "unknown field ..."}` —, `return_logprob`, `stream`: SSE events holding
 //! everything so far, then `data: [DONE]`, `rid`: the answer's `meta_info.id`),
 //! `/abort_request {rid | abort_all}`, `/pause_generation {mode}`, `/continue_generation`,
 //! `/flush_cache`, `/update_weights_from_disk {model_path, weight_version}`,
@@ -615,6 +616,14 @@ impl Answer {
 }
 
 async fn generate(state: Arc<State>, body: &Value) -> Response<RespBody> {
+    // SGLang checks the body against its JSON contract first and refuses a sampling key it
+    // does not read with a 400 in the contract's words; so does this server.
+    if let Some(e) = wire::sampling_params_contract_error(body) {
+        return json_response(
+            StatusCode::BAD_REQUEST,
+            &to_value(&wire::ContractError { error: e }),
+        );
+    }
     let g = match parse_generate(&state, body) {
         Ok(g) => g,
         Err(e) => return error(StatusCode::BAD_REQUEST, &e),

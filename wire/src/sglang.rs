@@ -47,6 +47,8 @@ pub mod path {
     pub const FLUSH_CACHE: &str = "/flush_cache";
     pub const UPDATE_WEIGHTS_FROM_DISK: &str = "/update_weights_from_disk";
     pub const UPDATE_WEIGHTS_FROM_TENSOR: &str = "/update_weights_from_tensor";
+    pub const BEGIN_WEIGHT_UPDATE: &str = "/begin_weight_update";
+    pub const END_WEIGHT_UPDATE: &str = "/end_weight_update";
     pub const ABORT_REQUEST: &str = "/abort_request";
 }
 
@@ -154,6 +156,68 @@ pub struct SamplingParams {
     /// Free-form parameters for a custom logit processor.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub custom_params: Option<Map<String, Value>>,
+}
+
+/// Every key SGLang 0.5.23 reads in `sampling_params`, in its declaration order
+/// (`SamplingParams` of `sglang/api/v1/api_types.py`, the generated HTTP JSON contract that
+/// the server checks each `/generate` body against). SGLang refuses any other key with a 400;
+/// [`sampling_params_contract_error`] words the refusal as it does. `tests/conformance.rs`
+/// checks this list against the installed package.
+pub const SAMPLING_PARAMS_FIELDS: &[&str] = &[
+    "max_new_tokens",
+    "stop",
+    "stop_token_ids",
+    "stop_regex",
+    "temperature",
+    "top_p",
+    "top_k",
+    "min_p",
+    "frequency_penalty",
+    "presence_penalty",
+    "repetition_penalty",
+    "min_new_tokens",
+    "n",
+    "json_schema",
+    "regex",
+    "ebnf",
+    "structural_tag",
+    "ignore_eos",
+    "skip_special_tokens",
+    "spaces_between_special_tokens",
+    "no_stop_trim",
+    "stream_interval",
+    "logit_bias",
+    "sampling_seed",
+    "custom_params",
+    "beam_width",
+    "watermark",
+    "choice",
+];
+
+/// Why SGLang refuses the `sampling_params` of a `/generate` body for its keys: the first
+/// key it does not read, in serde's words (`unknown field `x`, expected one of `a`, ...`),
+/// which is the text of SGLang's 400 ([`ContractError`]). `None` when every key is known
+/// or `sampling_params` is absent or not an object (the types are checked elsewhere).
+pub fn sampling_params_contract_error(body: &Value) -> Option<String> {
+    let keys = body.get("sampling_params")?.as_object()?;
+    let unknown = keys
+        .keys()
+        .find(|k| !SAMPLING_PARAMS_FIELDS.contains(&k.as_str()))?;
+    let listed = SAMPLING_PARAMS_FIELDS
+        .iter()
+        .map(|f| format!("`{f}`"))
+        .collect::<Vec<_>>()
+        .join(", ");
+    Some(format!(
+        "unknown field `{unknown}`, expected one of {listed}"
+    ))
+}
+
+/// The body of SGLang's 400 for a `/generate` body that breaks its JSON contract
+/// (`http_server.py`: `{"error": <the contract's message>}`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContractError {
+    pub error: String,
 }
 
 /// `stop`: SGLang takes one string or a list of them.
@@ -418,6 +482,28 @@ pub struct UpdateWeightsFromTensorResponse {
     pub message: String,
 }
 
+/// `POST /begin_weight_update` (`BeginWeightUpdateReqInput`): opens the weight-update
+/// session that SGLang 0.5.23 requires around `/update_weights_from_tensor` (and
+/// `/update_weights_from_distributed`); `/end_weight_update` (`EndWeightUpdateReqInput`,
+/// no fields) closes it. Both answer `{success, message}` (the shape of
+/// [`UpdateWeightsFromTensorResponse`]), 400 when refused.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BeginWeightUpdateRequest {
+    /// Which runners: `target`, `draft` or `all` (SGLang's default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selector: Option<String>,
+}
+
+/// SGLang's refusals around the weight-update session
+/// (`managers/scheduler_components/weight_updater.py`).
+pub mod weight_session {
+    pub const TENSOR_OUTSIDE: &str =
+        "update_weights_from_tensor must run between begin_weight_update() and end_weight_update()";
+    pub const ALREADY_OPEN: &str =
+        "a weight-update session is already open; call end_weight_update() first";
+    pub const NOT_OPEN: &str = "no weight-update session is open; call begin_weight_update() first";
+}
+
 /// `POST /pause_generation` (`PauseGenerationReqInput`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PauseGenerationRequest {
@@ -642,6 +728,34 @@ mod tests {
         assert_eq!(back, known_only(&f, &back));
         assert!(f.get("lora_path").is_some() && back.get("lora_path").is_none());
         assert!(back["sampling_params"].get("custom_future_knob").is_none());
+    }
+
+    #[test]
+    fn unknown_sampling_keys_are_refused_in_serdes_words() {
+        let body =
+            json!({"input_ids": [1], "sampling_params": {"temperature": 0.5, "graft_bogus": 1}});
+        let e = sampling_params_contract_error(&body).unwrap();
+        assert!(
+            e.starts_with("unknown field `graft_bogus`, expected one of `max_new_tokens`, `stop`,"),
+            "{e}"
+        );
+        assert!(e.ends_with("`watermark`, `choice`"), "{e}");
+        // Every key graft's own SamplingParams writes is one SGLang reads.
+        let all = json!({"sampling_params": {
+            "temperature": 1.0, "top_p": 1.0, "top_k": -1, "min_p": 0.0, "max_new_tokens": 1,
+            "min_new_tokens": 0, "stop": "x", "stop_token_ids": [1], "sampling_seed": 1,
+            "presence_penalty": 0.0, "frequency_penalty": 0.0, "repetition_penalty": 1.0,
+            "ignore_eos": false, "no_stop_trim": false, "skip_special_tokens": true,
+            "spaces_between_special_tokens": true, "n": 1, "json_schema": "{}", "regex": "a",
+            "ebnf": "a", "logit_bias": {"1": 0.5}, "custom_params": {}}});
+        let sp: SamplingParams = serde_json::from_value(all["sampling_params"].clone()).unwrap();
+        let written = json!({"sampling_params": serde_json::to_value(&sp).unwrap()});
+        assert_eq!(written["sampling_params"].as_object().unwrap().len(), 22);
+        assert_eq!(sampling_params_contract_error(&written), None);
+        assert_eq!(
+            sampling_params_contract_error(&json!({"input_ids": [1]})),
+            None
+        );
     }
 
     #[test]
