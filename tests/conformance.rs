@@ -183,7 +183,7 @@ async fn point10_every_body_graft_sends_to_sglang_fits_sglangs_own_models() {
     // The trainer's weight push to an SGLang server.
     let up = s.upstream.url.clone();
     tokio::task::spawn_blocking(move || {
-        graft_trainer::push::push_weights(&up, std::path::Path::new("/ckpt/step-1"), "step-1")
+        graft_trainer::push::push_weights(&up, std::path::Path::new("/ckpt/step-1"), "step-1", None)
     })
     .await
     .unwrap()

@@ -1358,15 +1358,15 @@ async fn point4_an_sglang_older_than_the_minimum_is_refused_by_name() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn point5_a_whole_exact_answer_longer_than_the_backend_timeout_is_not_cut() {
-    // A 2 s backend timeout and ~40 tokens at 100 ms each: a whole answer that takes about
-    // 4 s. It used to wait for SGLang's whole answer under the head timeout; now it is
+    // A 2 s backend timeout and an answer streamed in ~18 events 250 ms apart: a whole
+    // answer that takes about 4.5 s. It used to wait for SGLang's whole answer under the head timeout; now it is
     // streamed from the backend and only a 2 s stall between events would fail it.
     let dir = tempfile::tempdir().unwrap();
     let config = dir.path().join("graft.toml");
     std::fs::write(&config, "[upstream]\ntimeout_secs = 2\n").unwrap();
     let s = start(
         SCRIPT,
-        &["--chunk-delay-ms", "100"],
+        &["--chunk-delay-ms", "250"],
         &["--config", config.to_str().unwrap()],
     );
     let (sid, base) = common::open_session(&s.gateway.url).await;
