@@ -131,6 +131,45 @@ pub struct ExactSection {
     /// Extra chat-template variables, e.g. `{ enable_thinking = false }`.
     #[serde(default)]
     pub template_kwargs: toml::Table,
+    /// The backends' wire: `sglang` (default: `POST /generate`) or `vllm` (`POST
+    /// /v1/completions` with a token-id prompt).
+    pub wire: Option<ExactWire>,
+    /// vLLM only: the `--logprobs-mode` the backends run with, `raw_logprobs` (vLLM's
+    /// default: before temperature) or `processed_logprobs` (after it). Recorded with each
+    /// call so the trainer compares like with like.
+    pub logprobs_mode: Option<LogprobsMode>,
+}
+
+/// Which backend wire exact mode speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExactWire {
+    /// SGLang's native `POST /generate` (also `graft serve`'s).
+    #[default]
+    Sglang,
+    /// vLLM's `POST /v1/completions` with a token-id prompt and `return_token_ids`.
+    Vllm,
+}
+
+impl ExactWire {
+    pub fn label(self) -> &'static str {
+        match self {
+            ExactWire::Sglang => "sglang",
+            ExactWire::Vllm => "vllm",
+        }
+    }
+}
+
+/// vLLM's `--logprobs-mode` values that return logprobs (the `*_logits` modes return logits,
+/// which graft cannot record as logprobs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogprobsMode {
+    /// `log_softmax(logits)` of the model's raw output: before temperature, penalties, bias.
+    #[default]
+    RawLogprobs,
+    /// After temperature, penalties and bias, before top-k/top-p truncation.
+    ProcessedLogprobs,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -409,6 +448,10 @@ pub struct ExactConfig {
     pub history_per_session: usize,
     pub history_max_tokens: usize,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    pub wire: ExactWire,
+    /// What the backends' logprobs are: `post_temperature` (SGLang's, and vLLM's with
+    /// `processed_logprobs`) or `pre_temperature` (vLLM's default `raw_logprobs`).
+    pub logprobs: crate::backend::LogprobKind,
 }
 
 impl ExactConfig {
@@ -707,7 +750,7 @@ fn resolve_exact(
             None => {
                 return Err(ConfigError::Invalid {
                     key: "exact.backends".into(),
-                    message: "exact mode needs its SGLang backends: set exact.backends = [\"http://host:30000\"] or pass --upstream URL".into(),
+                    message: "exact mode needs its SGLang or vLLM backends: set exact.backends = [\"http://host:30000\"] or pass --upstream URL".into(),
                 });
             }
         }
@@ -730,6 +773,19 @@ fn resolve_exact(
         .ok()
         .and_then(|v| v.as_object().cloned())
         .unwrap_or_default();
+    let wire = e.wire.unwrap_or_default();
+    let logprobs = match (wire, e.logprobs_mode) {
+        (ExactWire::Sglang, Some(_)) => {
+            return Err(ConfigError::Invalid {
+                key: "exact.logprobs_mode".into(),
+                message: "is vLLM's --logprobs-mode and needs exact.wire = \"vllm\"; SGLang's logprobs are after temperature: remove it".into(),
+            });
+        }
+        (ExactWire::Sglang, None) | (ExactWire::Vllm, Some(LogprobsMode::ProcessedLogprobs)) => {
+            crate::backend::LogprobKind::PostTemperature
+        }
+        (ExactWire::Vllm, _) => crate::backend::LogprobKind::PreTemperature,
+    };
     let history_per_session = e.history_per_session.unwrap_or(4);
     if history_per_session == 0 {
         return Err(ConfigError::Invalid {
@@ -750,6 +806,8 @@ fn resolve_exact(
         history_per_session,
         history_max_tokens: e.history_max_tokens.unwrap_or(100_000_000),
         template_kwargs,
+        wire,
+        logprobs,
     })
 }
 
