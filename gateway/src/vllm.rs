@@ -68,7 +68,7 @@ pub fn completions_body(
         return_weight_versions: Some(true),
         stream: Some(stream),
         // `stream_options` without `stream: true` is a 400 on vLLM.
-        stream_options: stream.then(|| wire::StreamOptions {
+        stream_options: stream.then_some(wire::StreamOptions {
             include_usage: Some(true),
             continuous_usage_stats: None,
         }),

@@ -90,14 +90,14 @@ pub(crate) fn requests(state: &State) -> Response<RespBody> {
     )
 }
 
-/// What vLLM refuses before generating (`CompletionRequest`'s validators, `SamplingParams`,
+/// What vLLM refuses before generating, as its answer (`CompletionRequest`'s validators, `SamplingParams`,
 /// `get_max_tokens` and the renderer's length checks).
-fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), Response<RespBody>> {
+fn refusal(state: &State, req: &CompletionRequest, raw: &Value) -> Option<Response<RespBody>> {
     if let Some(m) = &req.model
         && !state.models.iter().any(|s| s == m)
         && m != "scripted"
     {
-        return Err(error(
+        return Some(error(
             StatusCode::NOT_FOUND,
             "NotFoundError",
             &format!("The model `{m}` does not exist."),
@@ -105,15 +105,15 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
         ));
     }
     if raw.get("stream_options").is_some_and(|v| !v.is_null()) && req.stream != Some(true) {
-        return Err(bad(
+        return Some(bad(
             "Stream options can only be defined when `stream=True`.",
             Some("stream_options"),
         ));
     }
     if let Some(n) = req.logprobs
-        && (n < -1 || n > wire::DEFAULT_MAX_LOGPROBS)
+        && !(-1..=wire::DEFAULT_MAX_LOGPROBS).contains(&n)
     {
-        return Err(bad(
+        return Some(bad(
             &format!(
                 "Requested sample logprobs of {n}, which is greater than max allowed: {}",
                 wire::DEFAULT_MAX_LOGPROBS
@@ -122,7 +122,7 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
         ));
     }
     if req.n.is_some_and(|n| n != 1) {
-        return Err(bad(
+        return Some(bad(
             "the scripted vLLM plays one choice per request ('n' must be 1)",
             Some("n"),
         ));
@@ -130,7 +130,7 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
     if let Some(k) = req.top_k
         && k < -1
     {
-        return Err(bad(
+        return Some(bad(
             &format!("top_k must be 0 (disable), or at least 1, got {k}."),
             Some("top_k"),
         ));
@@ -138,7 +138,7 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
     if let Some(t) = req.temperature
         && t < 0.0
     {
-        return Err(bad(
+        return Some(bad(
             &format!("temperature must be non-negative, got {t}."),
             Some("temperature"),
         ));
@@ -146,20 +146,20 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
     if let Some(p) = req.top_p
         && !(p > 0.0 && p <= 1.0)
     {
-        return Err(bad(
+        return Some(bad(
             &format!("top_p must be in (0, 1], got {p}."),
             Some("top_p"),
         ));
     }
     if req.max_tokens == Some(0) {
-        return Err(bad(
+        return Some(bad(
             "max_tokens must be at least 1, got 0.",
             Some("max_tokens"),
         ));
     }
     let input = req.prompt.len();
     if input > MAX_MODEL_LEN {
-        return Err(bad(
+        return Some(bad(
             &format!(
                 "This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your request has {input} input tokens. Please reduce the length of the input messages."
             ),
@@ -168,7 +168,7 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
     }
     let max = max_tokens(req) as usize;
     if input + max > MAX_MODEL_LEN {
-        return Err(bad(
+        return Some(bad(
             &format!(
                 "This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested {max} output tokens and your prompt contains {input} input tokens, for a total of {} tokens. Please reduce the length of the input prompt or the number of requested output tokens.",
                 input + max
@@ -176,7 +176,7 @@ fn validate(state: &State, req: &CompletionRequest, raw: &Value) -> Result<(), R
             Some("max_tokens"),
         ));
     }
-    Ok(())
+    None
 }
 
 /// vLLM's `max_tokens` default (`CompletionRequest.max_tokens = 16`).
@@ -269,7 +269,7 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         }
         seen.push(json!({"request_id": request_id, "body": b, "prompt_tokens": req.prompt.len()}));
     }
-    if let Err(resp) = validate(state, &req, body) {
+    if let Some(resp) = refusal(state, &req, body) {
         return Ok(resp);
     }
     let prompt_text = match model.tokenizer.decode(&req.prompt) {
