@@ -1083,6 +1083,47 @@ mod tests {
     }
 
     #[test]
+    fn exact_wire_defaults_to_sglang_and_logprobs_mode_needs_vllm() {
+        let resolve = |extra: &str| {
+            let f = FileConfig::from_toml(
+                &format!("[upstream]\nmode = \"exact\"\n[exact]\nmodel_dir = \"m\"\nbackends = [\"http://a:1\"]\n{extra}"),
+                Path::new("g.toml"),
+            )
+            .unwrap();
+            GatewayConfig::resolve(f, Overrides::default())
+        };
+        let BackendConfig::Sglang(e) = resolve("").unwrap().backend else {
+            panic!("exact")
+        };
+        assert_eq!(e.wire, ExactWire::Sglang);
+        assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        let BackendConfig::Sglang(e) = resolve("wire = \"vllm\"").unwrap().backend else {
+            panic!("exact")
+        };
+        assert_eq!(e.wire, ExactWire::Vllm);
+        assert_eq!(e.logprobs, crate::backend::LogprobKind::PreTemperature);
+        let BackendConfig::Sglang(e) =
+            resolve("wire = \"vllm\"\nlogprobs_mode = \"processed_logprobs\"")
+                .unwrap()
+                .backend
+        else {
+            panic!("exact")
+        };
+        assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        let err = resolve("logprobs_mode = \"raw_logprobs\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("exact.logprobs_mode") && err.contains("vllm"),
+            "{err}"
+        );
+        let err = FileConfig::from_toml("[exact]\nwire = \"trtllm\"\n", Path::new("g.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("trtllm"), "{err}");
+    }
+
+    #[test]
     fn exact_mode_needs_no_openai_upstream_and_refuses_passthrough_settings() {
         // Backends named in [exact]: no upstream.url anywhere.
         let f = FileConfig::from_toml(
