@@ -14,10 +14,12 @@
 //! - `point10_scripted_upstream_takes_tensor_updates_only_inside_a_weight_update_session`:
 //!   `/update_weights_from_tensor` outside `/begin_weight_update` … `/end_weight_update` is
 //!   refused as SGLang 0.5.23 refuses it (its message read from its source).
-//! - `point10_the_vllm_checker_reads_vllms_own_fields`: the vLLM half of the checker on
-//!   `/v1/completions` bodies of the shape the vLLM exact-mode wire sends (built here by
-//!   [`vllm_completion_body`], a stand-in until that wire feeds its own bodies through
-//!   [`common::conformance::check`]).
+//! - `point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields`: exact mode over the
+//!   vLLM wire (`exact.wire = "vllm"`) driven the same way; every `/v1/completions` body the
+//!   scripted vLLM side received must hold only fields vLLM 0.34.0's `CompletionRequest`
+//!   reads, of their types (vLLM ignores unknown fields silently, so an unknown one is a
+//!   key graft thinks it sends and vLLM never reads); planted faults in one of those bodies
+//!   are reported.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -331,39 +333,112 @@ async fn point10_scripted_upstream_takes_tensor_updates_only_inside_a_weight_upd
     }
 }
 
-/// A `/v1/completions` body of the shape the vLLM exact-mode wire sends (token-id prompt,
-/// token ids and weight versions back, logprobs of the sampled tokens). Built here, by this
-/// test, until that wire's own bodies are fed through [`conformance::check`].
-fn vllm_completion_body(prompt: &[u32], stream: bool) -> Value {
-    json!({"model": "qwen3", "prompt": prompt, "max_tokens": 64, "temperature": 1.0,
-        "top_p": 1.0, "top_k": -1, "min_p": 0.0, "seed": 7, "stop": ["</answer>"],
-        "stop_token_ids": [151645], "logprobs": 0, "return_token_ids": true,
-        "return_weight_versions": true, "skip_special_tokens": false,
-        "include_stop_str_in_output": true, "logit_bias": {"40": 1.5},
-        "stream": stream, "stream_options": {"include_usage": true}})
+/// Every body the scripted vLLM side was sent (`GET /testkit/vllm/requests`).
+async fn vllm_bodies_sent(upstream: &str) -> Vec<Sent> {
+    let log = http::get(&format!("{upstream}/testkit/vllm/requests"), &[])
+        .await
+        .json();
+    log["completions"]
+        .as_array()
+        .unwrap_or_else(|| panic!("the scripted vLLM side keeps no requests: {log}"))
+        .iter()
+        .map(|b| Sent::vllm("/v1/completions", b["body"].clone()))
+        .collect()
 }
 
-#[test]
-fn point10_the_vllm_checker_reads_vllms_own_fields() {
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
     let servers = conformance::Servers::get();
-    let good = [
-        Sent::vllm("/v1/completions", vllm_completion_body(&[1, 2, 3], false)),
-        Sent::vllm("/v1/completions", vllm_completion_body(&[1, 2, 3], true)),
-        Sent::vllm(
-            "/v1/chat/completions",
-            json!({"model": "qwen3", "messages": [{"role": "user", "content": "hi"}],
-                "max_completion_tokens": 8, "logprobs": true, "top_logprobs": 0}),
-        ),
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let q = qwen3.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, SCRIPT).unwrap();
+    let cfg = dir.path().join("graft.toml");
+    std::fs::write(&cfg, "[exact]\nwire = \"vllm\"\n").unwrap();
+    let upstream =
+        Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", q]);
+    let gateway = Proc::gateway_with(
+        &upstream.url,
+        &dir.path().join("data"),
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (_sid, base) = common::open_session(&gateway.url).await;
+    let sampling = [
+        json!({}),
+        json!({"temperature": 0.7, "top_p": 0.9, "max_tokens": 64}),
+        json!({"top_k": 20, "min_p": 0.05, "seed": 7}),
+        json!({"top_k": 0, "temperature": 0}),
+        json!({"presence_penalty": 0.5, "frequency_penalty": 0.25, "repetition_penalty": 1.1}),
+        json!({"logit_bias": {"40": 2.5, "1079": -1}}),
+        json!({"stop": ["gateway"], "max_tokens": 200}),
+        json!({"stop": "END"}),
     ];
-    for v in conformance::check(&servers, &good) {
-        assert!(v.ok, "{v}");
+    for dialect in ["chat", "completions"] {
+        for stream in [false, true] {
+            for extra in &sampling {
+                call(&base, dialect, stream, extra.clone()).await;
+            }
+        }
     }
-    // What vLLM would silently ignore, or refuse, is reported.
-    let mut planted = vllm_completion_body(&[1, 2, 3], false);
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &json!({"model": "qwen3", "tools": tools(),
+            "messages": [{"role": "user", "content": "list the files please"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    let sent = vllm_bodies_sent(&upstream.url).await;
+    assert!(sent.len() >= 33, "{}", sent.len());
+    for key in [
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "max_tokens",
+        "stop",
+        "seed",
+        "presence_penalty",
+        "frequency_penalty",
+        "repetition_penalty",
+        "logit_bias",
+        "return_token_ids",
+        "logprobs",
+    ] {
+        assert!(
+            sent.iter().any(|b| b.body.get(key).is_some()),
+            "no /v1/completions carried {key}"
+        );
+    }
+    let bad: Vec<String> = conformance::check(&servers, &sent)
+        .iter()
+        .filter(|v| !v.ok)
+        .map(|v| format!("{v}"))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "bodies vLLM 0.34.0 would refuse or silently ignore:\n{}",
+        bad.join("\n")
+    );
+
+    // What vLLM would silently ignore, or refuse, in one of graft's own bodies, is reported.
+    let real = sent[0].body.clone();
+    let mut planted = real.clone();
     planted["graft_bogus"] = json!(1);
-    let mut negative = vllm_completion_body(&[1, 2, 3], false);
+    let mut negative = real.clone();
     negative["prompt"] = json!([1, -2]);
-    let mut typed = vllm_completion_body(&[1, 2, 3], false);
+    let mut typed = real.clone();
     typed["return_token_ids"] = json!("yes");
     let v = conformance::check(
         &servers,

@@ -141,7 +141,10 @@ impl Call {
     /// Tells an exact-mode backend to stop this call's generation (its client went away);
     /// in the background, so the client's side is not held up.
     pub(crate) fn abort_generation(&self) {
-        if self.upstream_dialect != Some(crate::backend::sglang::WIRE) {
+        if !matches!(
+            self.upstream_dialect,
+            Some(crate::backend::sglang::WIRE | crate::backend::sglang::VLLM_WIRE)
+        ) {
             return;
         }
         let state = self.state.clone();

@@ -141,6 +141,45 @@ pub struct ExactSection {
     /// Whether graft reads each backend's `GET /server_info` before its first call and
     /// refuses an SGLang older than the oldest it supports (default true).
     pub check_backends: Option<bool>,
+    /// The backends' wire: `sglang` (default: `POST /generate`) or `vllm` (`POST
+    /// /v1/completions` with a token-id prompt).
+    pub wire: Option<ExactWire>,
+    /// vLLM only: the `--logprobs-mode` the backends run with, `raw_logprobs` (vLLM's
+    /// default: before temperature) or `processed_logprobs` (after it). Recorded with each
+    /// call so the trainer compares like with like.
+    pub logprobs_mode: Option<LogprobsMode>,
+}
+
+/// Which backend wire exact mode speaks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ExactWire {
+    /// SGLang's native `POST /generate` (also `graft serve`'s).
+    #[default]
+    Sglang,
+    /// vLLM's `POST /v1/completions` with a token-id prompt and `return_token_ids`.
+    Vllm,
+}
+
+impl ExactWire {
+    pub fn label(self) -> &'static str {
+        match self {
+            ExactWire::Sglang => "sglang",
+            ExactWire::Vllm => "vllm",
+        }
+    }
+}
+
+/// vLLM's `--logprobs-mode` values that return logprobs (the `*_logits` modes return logits,
+/// which graft cannot record as logprobs).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogprobsMode {
+    /// `log_softmax(logits)` of the model's raw output: before temperature, penalties, bias.
+    #[default]
+    RawLogprobs,
+    /// After temperature, penalties and bias, before top-k/top-p truncation.
+    ProcessedLogprobs,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -422,6 +461,10 @@ pub struct ExactConfig {
     pub backend_api_key: Option<String>,
     pub admin_api_key: Option<String>,
     pub check_backends: bool,
+    pub wire: ExactWire,
+    /// What the backends' logprobs are: `post_temperature` (SGLang's, and vLLM's with
+    /// `processed_logprobs`) or `pre_temperature` (vLLM's default `raw_logprobs`).
+    pub logprobs: crate::backend::LogprobKind,
 }
 
 impl ExactConfig {
@@ -720,7 +763,7 @@ fn resolve_exact(
             None => {
                 return Err(ConfigError::Invalid {
                     key: "exact.backends".into(),
-                    message: "exact mode needs its SGLang backends: set exact.backends = [\"http://host:30000\"] or pass --upstream URL".into(),
+                    message: "exact mode needs its SGLang or vLLM backends: set exact.backends = [\"http://host:30000\"] or pass --upstream URL".into(),
                 });
             }
         }
@@ -743,6 +786,19 @@ fn resolve_exact(
         .ok()
         .and_then(|v| v.as_object().cloned())
         .unwrap_or_default();
+    let wire = e.wire.unwrap_or_default();
+    let logprobs = match (wire, e.logprobs_mode) {
+        (ExactWire::Sglang, Some(_)) => {
+            return Err(ConfigError::Invalid {
+                key: "exact.logprobs_mode".into(),
+                message: "is vLLM's --logprobs-mode and needs exact.wire = \"vllm\"; SGLang's logprobs are after temperature: remove it".into(),
+            });
+        }
+        (ExactWire::Sglang, None) | (ExactWire::Vllm, Some(LogprobsMode::ProcessedLogprobs)) => {
+            crate::backend::LogprobKind::PostTemperature
+        }
+        (ExactWire::Vllm, _) => crate::backend::LogprobKind::PreTemperature,
+    };
     let history_per_session = e.history_per_session.unwrap_or(4);
     if history_per_session == 0 {
         return Err(ConfigError::Invalid {
@@ -774,6 +830,8 @@ fn resolve_exact(
             .map(|k| k.resolve("exact.admin_api_key"))
             .transpose()?,
         check_backends: e.check_backends.unwrap_or(true),
+        wire,
+        logprobs,
     })
 }
 
@@ -1046,6 +1104,47 @@ mod tests {
         assert!(
             FileConfig::from_toml("[upstream]\ntoken_ids = true\n", Path::new("g.toml")).is_err()
         );
+    }
+
+    #[test]
+    fn exact_wire_defaults_to_sglang_and_logprobs_mode_needs_vllm() {
+        let resolve = |extra: &str| {
+            let f = FileConfig::from_toml(
+                &format!("[upstream]\nmode = \"exact\"\n[exact]\nmodel_dir = \"m\"\nbackends = [\"http://a:1\"]\n{extra}"),
+                Path::new("g.toml"),
+            )
+            .unwrap();
+            GatewayConfig::resolve(f, Overrides::default())
+        };
+        let BackendConfig::Sglang(e) = resolve("").unwrap().backend else {
+            panic!("exact")
+        };
+        assert_eq!(e.wire, ExactWire::Sglang);
+        assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        let BackendConfig::Sglang(e) = resolve("wire = \"vllm\"").unwrap().backend else {
+            panic!("exact")
+        };
+        assert_eq!(e.wire, ExactWire::Vllm);
+        assert_eq!(e.logprobs, crate::backend::LogprobKind::PreTemperature);
+        let BackendConfig::Sglang(e) =
+            resolve("wire = \"vllm\"\nlogprobs_mode = \"processed_logprobs\"")
+                .unwrap()
+                .backend
+        else {
+            panic!("exact")
+        };
+        assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        let err = resolve("logprobs_mode = \"raw_logprobs\"")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("exact.logprobs_mode") && err.contains("vllm"),
+            "{err}"
+        );
+        let err = FileConfig::from_toml("[exact]\nwire = \"trtllm\"\n", Path::new("g.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("trtllm"), "{err}");
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub mod sse;
 pub mod state;
 pub mod token_ids;
 pub mod upstream;
+pub mod vllm;
 
 pub use config::{
     BackendConfig, ConfigError, DurabilityMode, ExactConfig, FileConfig, GatewayConfig,

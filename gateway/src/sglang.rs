@@ -116,6 +116,8 @@ pub struct Progress {
     pub cached_tokens: Option<u64>,
     pub weight_version: Option<String>,
     pub id: Option<String>,
+    /// vLLM's `stop_reason`: the stop token id or stop string that ended it (null for EOS).
+    pub stop_reason: Option<Value>,
     /// `meta_info.weight_versions` as reported (spans over the output tokens).
     reported_spans: Vec<WeightSpan>,
     /// The output tokens labelled by the `weight_version` of the event that brought them.
@@ -215,22 +217,37 @@ impl Progress {
             );
             self.weight_version = Some(w);
         }
-        // Spans are over the whole output: a later event's spans replace what they cover.
-        if let Some(spans) = meta.weight_versions
-            && let Some(from) = spans.first().map(|s| s.start)
-        {
-            self.reported_spans.retain(|s| s.start < from);
-            if let Some(last) = self.reported_spans.last_mut() {
-                last.end = last.end.min(from);
-            }
-            for s in spans {
-                push_span(&mut self.reported_spans, &s.version, s.start, s.end);
-            }
+        if let Some(spans) = meta.weight_versions {
+            self.report_spans(
+                spans
+                    .into_iter()
+                    .map(|s| WeightSpan {
+                        version: s.version,
+                        start: s.start,
+                        end: s.end,
+                    })
+                    .collect(),
+            );
         }
         if let Some(id) = meta.id {
             self.id = Some(id);
         }
         Ok(new)
+    }
+
+    /// Weight-version spans the backend reported. Spans are over the whole output: a later
+    /// report replaces what it covers.
+    pub(crate) fn report_spans(&mut self, spans: Vec<WeightSpan>) {
+        let Some(from) = spans.first().map(|s| s.start) else {
+            return;
+        };
+        self.reported_spans.retain(|s| s.start < from);
+        if let Some(last) = self.reported_spans.last_mut() {
+            last.end = last.end.min(from);
+        }
+        for s in spans {
+            push_span(&mut self.reported_spans, &s.version, s.start, s.end);
+        }
     }
 
     /// Logprobs aligned to the output ids, or `None` when the backend sent another count.

@@ -44,6 +44,7 @@ mod sglang;
 #[cfg(test)]
 mod tests;
 pub mod tokens;
+mod vllm;
 
 pub use script::{Reply, Rule, Script, ScriptToolCall};
 pub use tokens::{TokenModel, scripted_logprob};
@@ -132,6 +133,7 @@ pub async fn start(
         models: args.models.clone(),
         next_id: AtomicU64::new(1),
         sglang: sglang::Backend::default(),
+        vllm: vllm::Backend::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -18,7 +18,7 @@ use crate::faults::{Fault, garbage};
 use crate::openai::{Meta, chat_events, chat_json, completion_events, completion_json, usage_for};
 use crate::script::{Prompt, Script};
 use crate::tokens::TokenModel;
-use crate::{MAX_REQUEST_BYTES, RESET_FLUSH_PAUSE, sglang};
+use crate::{MAX_REQUEST_BYTES, RESET_FLUSH_PAUSE, sglang, vllm};
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
@@ -51,6 +51,8 @@ pub(crate) struct State {
     pub(crate) next_id: AtomicU64,
     /// The SGLang-native side's state (weight version, pause).
     pub(crate) sglang: sglang::Backend,
+    /// The vLLM-native side's log (requests, aborts).
+    pub(crate) vllm: vllm::Backend,
 }
 
 impl State {
@@ -139,6 +141,14 @@ pub(crate) async fn handle(
     }
     let dialect = match (req.method(), path.as_str()) {
         (&Method::GET, "/v1/models") => return Ok(models(&state)),
+        (&Method::GET, vllm::REQUESTS) => return Ok(vllm::requests(&state)),
+        // vLLM's `GET /version`: the release whose wire `src/vllm.rs` plays.
+        (&Method::GET, "/version") => {
+            return Ok(json_response(
+                StatusCode::OK,
+                &serde_json::json!({"version": vllm::VERSION}),
+            ));
+        }
         (&Method::POST, "/v1/chat/completions") => Dialect::Chat,
         (&Method::POST, "/v1/completions") => Dialect::Completions,
         (_, "/v1/models" | "/v1/chat/completions" | "/v1/completions") => {
@@ -165,6 +175,10 @@ pub(crate) async fn handle(
         Ok(v) => v,
         Err(resp) => return Ok(resp),
     };
+    // A token-id prompt is vLLM's token-in/token-out use of the route.
+    if dialect == Dialect::Completions && vllm::is_token_prompt(&body) {
+        return vllm::completions(&state, &body).await;
+    }
     let parsed = match dialect {
         Dialect::Chat => Prompt::from_chat(&body),
         Dialect::Completions => Prompt::from_completions(&body),

@@ -389,7 +389,7 @@ pub(crate) async fn route(
 }
 
 /// The prompt decoded into ChatML turns, as the script sees it.
-fn prompt_of(text: &str) -> Prompt {
+pub(crate) fn prompt_of(text: &str) -> Prompt {
     let mut turns: Vec<(String, String)> = vec![];
     for block in text.split("<|im_start|>").skip(1) {
         let block = block.split("<|im_end|>").next().unwrap_or_default();
@@ -438,7 +438,7 @@ fn prompt_of(text: &str) -> Prompt {
 
 /// The model's raw output for a reply: reasoning in `<think>`, then what the chat stream's
 /// pieces stand for (content, Hermes tool calls, the end-of-turn token).
-fn raw_output(reply: &Reply, eos: &str) -> String {
+pub(crate) fn raw_output(reply: &Reply, eos: &str) -> String {
     let meta = Meta {
         id: 0,
         created: 0,

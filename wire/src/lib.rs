@@ -2,7 +2,9 @@
 //! the gateway (exact mode's client), `graft serve` (a server), the scripted upstream in
 //! `graft-testkit` (a server) and the trainer's weight push (a client).
 //!
-//! Today that is one wire, SGLang's native HTTP API ([`sglang`]). This crate is a leaf: serde
-//! and serde_json only, no I/O.
+//! Two wires: SGLang's native HTTP API ([`sglang`]) and vLLM's token-in/token-out
+//! `/v1/completions` ([`vllm`], exact mode's other backend). This crate is a leaf: serde and
+//! serde_json only, no I/O.
 
 pub mod sglang;
+pub mod vllm;

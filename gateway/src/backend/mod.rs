@@ -6,7 +6,8 @@
 //!   token-id augment/strip of `upstream.token_ids`), its events relayed as they are;
 //! - `translate::Translate`: a Responses or Messages call served by a Chat upstream, the
 //!   Chat chunks re-emitted in the client's dialect;
-//! - `sglang::Generate`: exact mode, SGLang-native `/generate` with token ids.
+//! - `sglang::Generate`: exact mode, token ids to SGLang's native `/generate` or vLLM's
+//!   `/v1/completions` (`exact.wire`, one [`sglang::Wire`] per gateway).
 //!
 //! Every leg answers through the same [`Answering`] contract, read by the one relay in
 //! `pipeline.rs` (whole answers and event streams alike).
@@ -97,6 +98,28 @@ impl Backend {
                 s.plan(dialect, request, ctx.session, ctx.call_id, ctx.policy)
                     .await
             }
+        }
+    }
+}
+
+/// Which distribution an exact-mode backend's logprobs come from; each record says it
+/// (`upstream_request.graft_logprobs`), so the trainer compares like with like.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogprobKind {
+    /// `log_softmax(logits / T)` after penalties and bias (SGLang; vLLM with
+    /// `--logprobs-mode processed_logprobs`): the distribution sampled from.
+    #[default]
+    PostTemperature,
+    /// `log_softmax(logits)` of the raw model output (vLLM's default `raw_logprobs`): the
+    /// sampling distribution only at temperature 1 with no penalties or bias.
+    PreTemperature,
+}
+
+impl LogprobKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            LogprobKind::PostTemperature => "post_temperature",
+            LogprobKind::PreTemperature => "pre_temperature",
         }
     }
 }

@@ -1,4 +1,6 @@
-//! What exact mode checks of an SGLang backend before its first call: `GET /server_info`
+//! What exact mode checks of a backend before its first call. vLLM (`exact.wire = "vllm"`):
+//! `GET /version`, a warning when it is older than 0.34 (no per-request weight versions).
+//! SGLang: `GET /server_info`
 //! (`/get_server_info` on servers older than the rename) tells its `version` and how it
 //! streams. An SGLang older than [`MIN_VERSION`] is refused (each call to it answers 502
 //! naming the version); one that streams cumulatively (started without
@@ -34,6 +36,58 @@ pub(crate) struct Asker<'a> {
     pub(crate) client: &'a HttpClient,
     pub(crate) key: Option<&'a str>,
     pub(crate) timeout: Duration,
+}
+
+/// Checks a backend of the given wire.
+pub(crate) async fn check_wire(
+    ask: &Asker<'_>,
+    backend: &str,
+    vllm: bool,
+) -> Result<Verdict, String> {
+    if vllm {
+        check_vllm(ask, backend).await
+    } else {
+        check(ask, backend).await
+    }
+}
+
+/// The vLLM release that first reports per-request weight versions
+/// (`return_weight_versions` on `/v1/completions`).
+const VLLM_WEIGHT_VERSIONS: (u32, u32, u32) = (0, 34, 0);
+
+/// A vLLM backend: `GET /version`. Nothing is refused (vLLM ignores fields it does not
+/// know); an older vLLM is used with a warning that its records' `weight_version` is null.
+async fn check_vllm(ask: &Asker<'_>, backend: &str) -> Result<Verdict, String> {
+    let (status, body) = get(ask, &format!("{backend}/version")).await?;
+    if status == StatusCode::NOT_FOUND {
+        warn!(
+            backend,
+            "exact mode: the backend has no GET /version: it is not vLLM (or not one graft knows); its version is not checked"
+        );
+        return Ok(Verdict::Fine);
+    }
+    if !status.is_success() {
+        return Err(format!(
+            "GET /version answered {status}: {}",
+            snippet(&body)
+        ));
+    }
+    let v = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v.get("version")?.as_str().map(str::to_string));
+    match v.as_deref().map(|s| (s, parse_version(s))) {
+        Some((s, Some(have))) if have < VLLM_WEIGHT_VERSIONS => warn!(
+            backend,
+            version = s,
+            "exact mode: vLLM before 0.34 does not report which weights sampled each token (return_weight_versions): this backend's records carry no weight_version"
+        ),
+        Some((s, _)) => info!(backend, version = s, "exact mode: backend checked"),
+        None => warn!(
+            backend,
+            "exact mode: the backend's GET /version says no version; it is used unchecked"
+        ),
+    }
+    Ok(Verdict::Fine)
 }
 
 /// Reads the backend's server info and judges it (logging one line where there is

@@ -47,8 +47,77 @@ use crate::upstream::{HttpClient, error_chain, http_client, snippet, upstream_me
 /// How long a backend's server info may take to answer.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The upstream wire label exact-mode records carry.
+/// The upstream wire label exact-mode records carry (SGLang's `/generate`).
 pub const WIRE: &str = "sglang_generate";
+/// The label of vLLM's `/v1/completions` with token ids.
+pub const VLLM_WIRE: &str = "vllm_completions";
+
+/// The backend wire a gateway's exact mode speaks (`exact.wire`): how a call's body is
+/// built, where it goes, how its answer is read and how a generation is aborted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Wire {
+    /// SGLang's native `POST /generate` (`crate::sglang`); aborted by `POST /abort_request`.
+    Sglang,
+    /// vLLM's `POST /v1/completions` with a token-id prompt (`crate::vllm`); aborted by
+    /// closing the connection (vLLM cancels a request whose client went away).
+    Vllm,
+}
+
+impl Wire {
+    fn new(w: crate::config::ExactWire) -> Wire {
+        match w {
+            crate::config::ExactWire::Sglang => Wire::Sglang,
+            crate::config::ExactWire::Vllm => Wire::Vllm,
+        }
+    }
+
+    /// The record's `upstream_dialect`.
+    pub fn label(self) -> &'static str {
+        match self {
+            Wire::Sglang => WIRE,
+            Wire::Vllm => VLLM_WIRE,
+        }
+    }
+
+    /// The generation route.
+    fn path(self) -> &'static str {
+        match self {
+            Wire::Sglang => graft_wire::sglang::path::GENERATE,
+            Wire::Vllm => graft_wire::vllm::path::COMPLETIONS,
+        }
+    }
+
+    /// The request body: the prompt ids, the sampling keys, the call id as the request id.
+    fn body(self, ids: &[u32], params: Value, stream: bool, call_id: &str) -> Value {
+        match self {
+            Wire::Sglang => {
+                let mut body = sglang::generate_body(ids, params, stream);
+                if let Some(o) = body.as_object_mut() {
+                    // The call id is SGLang's request id: `/abort_request` stops it by that name.
+                    o.insert("rid".into(), Value::String(call_id.to_string()));
+                }
+                body
+            }
+            Wire::Vllm => crate::vllm::completions_body(ids, params, stream, call_id),
+        }
+    }
+
+    /// The sampling keys in the wire's names.
+    fn sampling(self, s: &crate::dialect::Sampling, default_max: u64) -> Value {
+        match self {
+            Wire::Sglang => sglang::sampling_params(s, default_max),
+            Wire::Vllm => crate::vllm::sampling(s, default_max),
+        }
+    }
+
+    /// Reads one answer or streamed event into `p`; the new ids.
+    fn read(self, p: &mut Progress, v: &Value) -> Result<Vec<u32>, String> {
+        match self {
+            Wire::Sglang => p.push(v),
+            Wire::Vllm => p.push_vllm(v),
+        }
+    }
+}
 
 #[derive(Default)]
 struct SessionTokens {
@@ -150,6 +219,8 @@ impl Slot {
 /// recent calls, and the pause gates.
 pub struct Sglang {
     builder: Arc<PromptBuilder>,
+    wire: Wire,
+    logprobs: super::LogprobKind,
     tool_format: ToolCallFormat,
     reasoning_format: ReasoningFormat,
     /// The configured backends first, then those sessions named for themselves. Only ever
@@ -185,6 +256,8 @@ impl Sglang {
         model.extra = cfg.template_kwargs.clone();
         Ok(Sglang {
             builder: Arc::new(PromptBuilder::new(model)),
+            wire: Wire::new(cfg.wire),
+            logprobs: cfg.logprobs,
             tool_format: cfg.tool_call_format,
             reasoning_format: cfg.reasoning_format,
             slots: Mutex::new(cfg.backends.iter().map(|b| Slot::new(b)).collect()),
@@ -257,6 +330,7 @@ impl Sglang {
             })
             .unwrap_or_default();
         let (client, key) = (self.client.clone(), self.backend_key.clone());
+        let vllm = self.wire == Wire::Vllm;
         tokio::spawn(async move {
             let ask = probe::Asker {
                 client: &client,
@@ -264,7 +338,10 @@ impl Sglang {
                 timeout: PROBE_TIMEOUT,
             };
             for (url, cell) in slots {
-                if let Err(e) = cell.get_or_try_init(|| probe::check(&ask, &url)).await {
+                if let Err(e) = cell
+                    .get_or_try_init(|| probe::check_wire(&ask, &url, vllm))
+                    .await
+                {
                     warn!(backend = %url, error = %e, "exact mode: the backend's server info cannot be read yet; it is checked again before its first call");
                 }
             }
@@ -291,7 +368,11 @@ impl Sglang {
             key: self.backend_key.as_deref(),
             timeout: PROBE_TIMEOUT,
         };
-        match cell.get_or_try_init(|| probe::check(&ask, url)).await {
+        let vllm = self.wire == Wire::Vllm;
+        match cell
+            .get_or_try_init(|| probe::check_wire(&ask, url, vllm))
+            .await
+        {
             Ok(Verdict::Refused(why)) => Err(GatewayError::UpstreamInvalid {
                 upstream: url.to_string(),
                 detail: why.clone(),
@@ -597,8 +678,9 @@ impl Sglang {
         // A sampling policy decides what is sent; the normalized request keeps what the
         // client asked for.
         let sent = policy.map(|p| p.apply(&conv.sampling));
-        let params =
-            sglang::sampling_params(sent.as_ref().unwrap_or(&conv.sampling), self.max_new_tokens);
+        let params = self
+            .wire
+            .sampling(sent.as_ref().unwrap_or(&conv.sampling), self.max_new_tokens);
         let sampling = policy.map(|p| {
             crate::policy::record_value(
                 p,
@@ -606,19 +688,20 @@ impl Sglang {
                 params.clone(),
             )
         });
-        // Always streamed from the backend, whatever the client asked: SGLang sends a whole
-        // answer's head only when it is done, so a long generation would outlast any head
-        // timeout; a stream instead shows progress, and a stall is timed between events.
-        // A client that asked for a whole answer gets it assembled from the events.
-        let mut body = sglang::generate_body(&prompt.ids, params, true);
-        if let Some(o) = body.as_object_mut() {
-            // The call id is SGLang's request id: `/abort_request` stops it by that name.
-            o.insert("rid".into(), Value::String(call_id.to_string()));
-        }
+        // Always streamed from the backend, whatever the client asked: SGLang and vLLM send a
+        // whole answer's head only when it is done, so a long generation would outlast any
+        // head timeout; a stream instead shows progress, and a stall is timed between
+        // events. A client that asked for a whole answer gets it assembled from the events.
+        let body = self.wire.body(&prompt.ids, params, true, call_id);
         let mut recorded_body = body.clone();
         if let Some(o) = recorded_body.as_object_mut() {
             // The ids are the record's prompt_token_ids; the body keeps what else was sent.
             o.remove("input_ids");
+            o.remove("prompt");
+            o.insert(
+                "graft_logprobs".into(),
+                Value::String(self.logprobs.label().into()),
+            );
             o.insert(
                 "graft_prompt".into(),
                 serde_json::json!({
@@ -641,6 +724,7 @@ impl Sglang {
         let model = conv.model.clone();
         let generate = Generate {
             body: Bytes::from(body.to_string()),
+            wire: self.wire,
             backend: backend.clone(),
             gate,
             session: session.to_string(),
@@ -667,7 +751,7 @@ impl Sglang {
             normalized_request: serde_json::to_value(&conv).ok(),
             conv: Some(conv),
             upstream_request: Some(recorded_body),
-            upstream_dialect: Some(WIRE),
+            upstream_dialect: Some(self.wire.label()),
             upstream: backend,
             model: Some(model),
             stream,
@@ -675,13 +759,14 @@ impl Sglang {
         })
     }
 
-    /// `POST {backend}/generate`; returns once the answer's head has arrived. The session is
-    /// the routing key of SGLang's router (`X-SMG-Routing-Key`: its `consistent_hashing` and
-    /// `manual` policies keep a key on one worker, so the prefix cache keeps serving it).
+    /// `POST {backend}/generate` (or vLLM's `/v1/completions`); returns once the answer's
+    /// head has arrived. The session is the routing key of SGLang's router
+    /// (`X-SMG-Routing-Key`: its `consistent_hashing` and `manual` policies keep a key on one
+    /// worker, so the prefix cache keeps serving it).
     pub(crate) async fn send(&self, g: &Generate) -> Result<Response<Incoming>, GatewayError> {
         self.request_with(
             Method::POST,
-            &format!("{}/generate", g.backend),
+            &format!("{}{}", g.backend, g.wire.path()),
             &g.backend,
             g.body.clone(),
             HeaderValue::from_str(&g.session).ok(),
@@ -693,6 +778,16 @@ impl Sglang {
     /// `POST {backend}/abort_request {"rid": call_id}`: stops a generation whose client went
     /// away (best effort: a generation that already finished is not an error).
     pub(crate) async fn abort(&self, backend: &str, call_id: &str) {
+        if self.wire == Wire::Vllm {
+            // vLLM has no abort-by-id route: it cancels a request when its connection
+            // closes, which dropping the call's upstream answer does.
+            info!(
+                call_id,
+                backend,
+                "exact mode: the client went away; the connection to vLLM is closed, which aborts its generation"
+            );
+            return;
+        }
         let body = serde_json::json!({"rid": call_id}).to_string();
         let url = format!("{backend}{}", graft_wire::sglang::path::ABORT_REQUEST);
         // An admin route: SGLang wants the admin key there when it has one.
@@ -775,6 +870,7 @@ impl Sglang {
 /// One exact-mode call: its prompt, its `/generate` body, and what came back so far.
 pub(crate) struct Generate {
     body: Bytes,
+    wire: Wire,
     backend: String,
     pub(crate) gate: Arc<RwLock<()>>,
     session: String,
@@ -964,10 +1060,9 @@ impl Answering for Generate {
         let Some(v) = content_event(ev, parsed, &self.backend)? else {
             return Ok(Piece::Skip);
         };
-        let new = self
-            .progress
-            .push(v)
-            .map_err(|d| self.invalid(format!("a /generate event cannot be read: {d}")))?;
+        let new = self.wire.read(&mut self.progress, v).map_err(|d| {
+            self.invalid(format!("a {} event cannot be read: {d}", self.wire.path()))
+        })?;
         let deltas = self.decoder.push(&new).map_err(|m| self.invalid(m))?;
         Ok(Piece::Deltas {
             deltas,
@@ -1027,14 +1122,17 @@ impl Answering for Generate {
         }
         let v: Value = serde_json::from_slice(&bytes).map_err(|e| {
             self.invalid(format!(
-                "the /generate answer is not JSON ({e}): {}",
+                "the {} answer is not JSON ({e}): {}",
+                self.wire.path(),
                 snippet(&bytes)
             ))
         })?;
-        let ids = self
-            .progress
-            .push(&v)
-            .map_err(|d| self.invalid(format!("the /generate answer cannot be read: {d}")))?;
+        let ids = self.wire.read(&mut self.progress, &v).map_err(|d| {
+            self.invalid(format!(
+                "the {} answer cannot be read: {d}",
+                self.wire.path()
+            ))
+        })?;
         self.decoder.push(&ids).map_err(|m| self.invalid(m))?;
         self.decoder.finish().map_err(|m| self.invalid(m))?;
         let a = self.answer();

@@ -1,6 +1,6 @@
 """Drives graft with the real openai Python SDK and prints one JSON line with what it got.
 
-usage: python openai_sdk.py MODE      MODE: chat | chat-stream-tools | completions | chat-drift
+usage: python openai_sdk.py MODE      MODE: chat | chat-stream-tools | completions | chat-drift | tool-session
 env:   GRAFT_BASE_URL  base URL including /v1 (e.g. http://127.0.0.1:8080/s/sess-1/v1)
        GRAFT_API_KEY   API key (default sk-graft-test)
        GRAFT_SESSION   if set, sent as the x-graft-session header
@@ -152,12 +152,81 @@ def chat_drift(c: openai.OpenAI, model: str) -> dict:
     }
 
 
+WEATHER_TOOL = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+
+
+def tool_session(c: openai.OpenAI, model: str) -> dict:
+    """One agent session of two calls: a streamed call that answers with a tool call, then
+    (the call and its result echoed back as the SDK's users do) a whole one."""
+    messages = [
+        {"role": "system", "content": "You answer weather questions."},
+        {"role": "user", "content": "graft-weather-ask: how is Paris today?"},
+    ]
+    stream = c.chat.completions.create(
+        model=model,
+        messages=messages,
+        tools=[WEATHER_TOOL],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    content, calls, finish, usage = "", {}, None, None
+    for chunk in stream:
+        if chunk.usage:
+            usage = chunk.usage.model_dump()
+        for ch in chunk.choices:
+            content += ch.delta.content or ""
+            for tc in ch.delta.tool_calls or []:
+                slot = calls.setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                slot["id"] = tc.id or slot["id"]
+                if tc.function and tc.function.name:
+                    slot["name"] += tc.function.name
+                if tc.function and tc.function.arguments:
+                    slot["arguments"] += tc.function.arguments
+            finish = ch.finish_reason or finish
+    call = calls[0]
+    messages.append(
+        {
+            "role": "assistant",
+            "content": content,
+            "tool_calls": [
+                {
+                    "id": call["id"],
+                    "type": "function",
+                    "function": {"name": call["name"], "arguments": call["arguments"]},
+                }
+            ],
+        }
+    )
+    messages.append(
+        {"role": "tool", "tool_call_id": call["id"], "content": "graft-weather-result: sunny, 21 C"}
+    )
+    r = c.chat.completions.create(model=model, messages=messages, tools=[WEATHER_TOOL])
+    return {
+        "first": {"content": content, "tool_calls": [call], "finish_reason": finish, "usage": usage},
+        "content": r.choices[0].message.content,
+        "finish_reason": r.choices[0].finish_reason,
+        "usage": r.usage.model_dump() if r.usage else None,
+    }
+
+
 def main() -> None:
     modes = {
         "chat": chat,
         "chat-stream-tools": chat_stream_tools,
         "completions": completions,
         "chat-drift": chat_drift,
+        "tool-session": tool_session,
     }
     if len(sys.argv) != 2 or sys.argv[1] not in modes:
         raise SystemExit(f"usage: openai_sdk.py {{{'|'.join(modes)}}}")

@@ -1,0 +1,511 @@
+//! The scripted upstream's vLLM-native side (with `--tokenizer`): `POST /v1/completions`
+//! whose `prompt` is a list of token ids answers as vLLM 0.34 does with `return_token_ids`,
+//! `logprobs` and `return_weight_versions` (`graft-wire`'s [`graft_wire::vllm`] types, which
+//! cite vLLM's source): whole, or streamed as deltas (the first chunk with
+//! `prompt_token_ids`, each with its new `token_ids` and logprobs, the last with
+//! `finish_reason`, `stop_reason` and the weight-version spans, then a usage chunk when
+//! `stream_options.include_usage`, then `data: [DONE]`). The reply is the model's raw output
+//! for the script's answer, as on the SGLang side, tokenized with the real tokenizer; each
+//! token's logprob is [`scripted_logprob`].
+//!
+//! It refuses what vLLM refuses, in vLLM's error shape (`{"error": {"message", "type",
+//! "param", "code"}}`): a prompt longer than the context ([`MAX_MODEL_LEN`], Qwen3's), a
+//! `max_tokens` that does not fit beside the prompt, `logprobs` above vLLM's default
+//! `--max-logprobs` (20), `stream_options` without `stream`, `top_k` below -1, a negative
+//! temperature, `top_p` outside (0, 1], an unknown model name (404), an out-of-vocabulary id.
+//! No `max_tokens` means 16, as on vLLM. `stop_token_ids` and `stop` strings end the output
+//! with `stop_reason` naming them (the stop id is kept in `token_ids`); the end-of-turn
+//! token ends it with `stop_reason: null`. Script faults: `500` (before a stream: a 500 JSON
+//! error; in a stream: HTTP 200, then `data: {"error": ...}` and `[DONE]`, as vLLM sends a
+//! generation error), `abort` (`finish_reason: "abort"`), `hang`, `garbage`, `reset`.
+//!
+//! vLLM aborts a request when its client closes the connection; this side notes it the same
+//! way: a streamed answer whose body is dropped before its end counts its `request_id` as
+//! aborted. `GET /testkit/vllm/requests` answers `{"completions": [{"request_id", "body"
+//! (without the prompt), "prompt_tokens"}, ...], "aborted": [request_id, ...]}`.
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use graft_wire::vllm::{
+    self as wire, Choice, CompletionRequest, CompletionResponse, ErrorResponse, Logprobs,
+    StopReason, Usage, WeightVersionSpan,
+};
+use http::{Response, StatusCode};
+use http_body_util::BodyExt as _;
+use hyper::body::{Body, Frame, SizeHint};
+use serde::Deserialize as _;
+use serde_json::{Value, json};
+
+use crate::faults::garbage;
+use crate::openai::{DONE, sse};
+use crate::server::{Abort, RespBody, SseBody, State, json_response};
+use crate::sglang::{prompt_of, raw_output};
+use crate::tokens::scripted_logprob;
+
+/// The context length the scripted vLLM serves (Qwen3's `max_position_embeddings`).
+pub const MAX_MODEL_LEN: usize = 40960;
+
+/// Tokens per streamed chunk.
+const TOKENS_PER_CHUNK: usize = 2;
+
+/// The path of the test log of what the vLLM side was asked.
+pub(crate) const REQUESTS: &str = "/testkit/vllm/requests";
+
+/// The vLLM release this side plays (`GET /version`).
+pub(crate) const VERSION: &str = "0.34.0";
+
+/// What the vLLM side keeps between requests.
+#[derive(Default)]
+pub(crate) struct Backend {
+    seen: Mutex<Vec<Value>>,
+    /// Request ids whose streamed answer was dropped before its end (the client went away).
+    aborted: Arc<Mutex<Vec<String>>>,
+}
+
+/// Whether a `/v1/completions` body is for this side: its prompt is a list of token ids.
+pub(crate) fn is_token_prompt(body: &Value) -> bool {
+    body.get("prompt")
+        .and_then(Value::as_array)
+        .is_some_and(|a| !a.is_empty() && a.iter().all(Value::is_number))
+}
+
+/// vLLM's error answer.
+fn error(status: StatusCode, kind: &str, message: &str, param: Option<&str>) -> Response<RespBody> {
+    let e = ErrorResponse::new(status.as_u16(), kind, message, param);
+    json_response(status, &serde_json::to_value(&e).unwrap_or(Value::Null))
+}
+
+fn bad(message: &str, param: Option<&str>) -> Response<RespBody> {
+    error(StatusCode::BAD_REQUEST, "BadRequestError", message, param)
+}
+
+/// `GET /testkit/vllm/requests`.
+pub(crate) fn requests(state: &State) -> Response<RespBody> {
+    let b = &state.vllm;
+    let seen = b.seen.lock().map(|v| v.clone()).unwrap_or_default();
+    let aborted = b.aborted.lock().map(|v| v.clone()).unwrap_or_default();
+    json_response(
+        StatusCode::OK,
+        &json!({"completions": seen, "aborted": aborted}),
+    )
+}
+
+/// What vLLM refuses before generating, as its answer (`CompletionRequest`'s validators, `SamplingParams`,
+/// `get_max_tokens` and the renderer's length checks).
+fn refusal(state: &State, req: &CompletionRequest, raw: &Value) -> Option<Response<RespBody>> {
+    if let Some(m) = &req.model
+        && !state.models.iter().any(|s| s == m)
+        && m != "scripted"
+    {
+        return Some(error(
+            StatusCode::NOT_FOUND,
+            "NotFoundError",
+            &format!("The model `{m}` does not exist."),
+            Some("model"),
+        ));
+    }
+    if raw.get("stream_options").is_some_and(|v| !v.is_null()) && req.stream != Some(true) {
+        return Some(bad(
+            "Stream options can only be defined when `stream=True`.",
+            Some("stream_options"),
+        ));
+    }
+    if let Some(n) = req.logprobs
+        && !(-1..=wire::DEFAULT_MAX_LOGPROBS).contains(&n)
+    {
+        return Some(bad(
+            &format!(
+                "Requested sample logprobs of {n}, which is greater than max allowed: {}",
+                wire::DEFAULT_MAX_LOGPROBS
+            ),
+            Some("logprobs"),
+        ));
+    }
+    if req.n.is_some_and(|n| n != 1) {
+        return Some(bad(
+            "the scripted vLLM plays one choice per request ('n' must be 1)",
+            Some("n"),
+        ));
+    }
+    if let Some(k) = req.top_k
+        && k < -1
+    {
+        return Some(bad(
+            &format!("top_k must be 0 (disable), or at least 1, got {k}."),
+            Some("top_k"),
+        ));
+    }
+    if let Some(t) = req.temperature
+        && t < 0.0
+    {
+        return Some(bad(
+            &format!("temperature must be non-negative, got {t}."),
+            Some("temperature"),
+        ));
+    }
+    if let Some(p) = req.top_p
+        && !(p > 0.0 && p <= 1.0)
+    {
+        return Some(bad(
+            &format!("top_p must be in (0, 1], got {p}."),
+            Some("top_p"),
+        ));
+    }
+    if req.max_tokens == Some(0) {
+        return Some(bad(
+            "max_tokens must be at least 1, got 0.",
+            Some("max_tokens"),
+        ));
+    }
+    let input = req.prompt.len();
+    if input > MAX_MODEL_LEN {
+        return Some(bad(
+            &format!(
+                "This model's maximum context length is {MAX_MODEL_LEN} tokens. However, your request has {input} input tokens. Please reduce the length of the input messages."
+            ),
+            Some("prompt"),
+        ));
+    }
+    let max = max_tokens(req) as usize;
+    if input + max > MAX_MODEL_LEN {
+        return Some(bad(
+            &format!(
+                "This model's maximum context length is {MAX_MODEL_LEN} tokens. However, you requested {max} output tokens and your prompt contains {input} input tokens, for a total of {} tokens. Please reduce the length of the input prompt or the number of requested output tokens.",
+                input + max
+            ),
+            Some("max_tokens"),
+        ));
+    }
+    None
+}
+
+/// vLLM's `max_tokens` default (`CompletionRequest.max_tokens = 16`).
+fn max_tokens(req: &CompletionRequest) -> u64 {
+    req.max_tokens.unwrap_or(16)
+}
+
+/// One generation: the output ids, the visible text after each prefix, how it ended.
+struct Generation {
+    id: String,
+    created: i64,
+    model: String,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    texts: Vec<String>,
+    finish: &'static str,
+    stop_reason: Option<StopReason>,
+    weight_versions: bool,
+}
+
+impl Generation {
+    fn choice(&self, from: usize, to: usize, last: bool, first: bool, logprobs: bool) -> Choice {
+        let ids = &self.output[from..to];
+        let text = |n: usize| self.texts.get(n).cloned().unwrap_or_default();
+        let (before, after) = (text(from), text(to));
+        Choice {
+            index: 0,
+            text: after.get(before.len()..).unwrap_or_default().to_string(),
+            logprobs: logprobs.then(|| Logprobs {
+                text_offset: (from..to).map(|n| text(n).len() as i64).collect(),
+                token_logprobs: ids.iter().map(|&i| Some(scripted_logprob(i))).collect(),
+                tokens: ids.iter().map(|&i| format!("token_id:{i}")).collect(),
+                top_logprobs: ids.iter().map(|_| Some(serde_json::Map::new())).collect(),
+            }),
+            finish_reason: last.then(|| self.finish.to_string()),
+            stop_reason: if last { self.stop_reason.clone() } else { None },
+            prompt_token_ids: first.then(|| self.prompt.clone()),
+            token_ids: Some(ids.to_vec()),
+            weight_versions: (last && self.weight_versions).then(|| {
+                vec![WeightVersionSpan {
+                    version: "default".into(),
+                    start: 0,
+                    end: self.output.len() as u64,
+                }]
+            }),
+        }
+    }
+
+    fn answer(&self, choices: Vec<Choice>, usage: Option<Usage>) -> Value {
+        let r = CompletionResponse {
+            id: self.id.clone(),
+            object: "text_completion".into(),
+            created: self.created,
+            model: self.model.clone(),
+            choices,
+            usage,
+        };
+        serde_json::to_value(&r).unwrap_or(Value::Null)
+    }
+
+    fn usage(&self) -> Usage {
+        Usage {
+            prompt_tokens: self.prompt.len() as u64,
+            completion_tokens: self.output.len() as u64,
+            total_tokens: (self.prompt.len() + self.output.len()) as u64,
+            prompt_tokens_details: None,
+        }
+    }
+}
+
+pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<RespBody>, Abort> {
+    let Some(model) = &state.model else {
+        return Ok(bad(
+            "a token-id prompt needs the scripted upstream started with --tokenizer DIR",
+            Some("prompt"),
+        ));
+    };
+    let req = match CompletionRequest::deserialize(body) {
+        Ok(r) => r,
+        Err(e) => return Ok(bad(&format!("invalid request: {e}"), None)),
+    };
+    let request_id = req
+        .request_id
+        .clone()
+        .unwrap_or_else(|| format!("{:032x}", state.next_id()));
+    if let Ok(mut seen) = state.vllm.seen.lock() {
+        let mut b = body.clone();
+        if let Some(o) = b.as_object_mut() {
+            o.remove("prompt");
+        }
+        seen.push(json!({"request_id": request_id, "body": b, "prompt_tokens": req.prompt.len()}));
+    }
+    if let Some(resp) = refusal(state, &req, body) {
+        return Ok(resp);
+    }
+    let prompt_text = match model.tokenizer.decode(&req.prompt) {
+        Ok(t) => t,
+        Err(e) => {
+            return Ok(bad(
+                &format!("Token id out of vocabulary or undecodable prompt: {e}"),
+                Some("prompt"),
+            ));
+        }
+    };
+    let prompt = prompt_of(&prompt_text);
+    let stream = req.stream == Some(true);
+    let rule = state.script.rule_for(&prompt);
+    let fault = rule.and_then(|r| r.fault.clone());
+    let error_event = || {
+        let e = ErrorResponse::new(
+            500,
+            "InternalServerError",
+            "scripted fault 500: the engine failed while generating",
+            None,
+        );
+        sse(&serde_json::to_value(&e).unwrap_or(Value::Null))
+    };
+    match fault.as_deref() {
+        Some("500") if !stream => {
+            return Ok(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                "scripted fault 500: the engine failed while generating",
+                None,
+            ));
+        }
+        Some("500") => {
+            // vLLM's stream has begun (HTTP 200) when a generation error comes.
+            return Ok(crate::server::sse_response(SseBody::new(
+                vec![error_event(), Bytes::from_static(DONE)],
+                state.chunk_delay,
+                None,
+            )));
+        }
+        Some("garbage") => return Ok(garbage(stream)),
+        Some("hang") => tokio::time::sleep(std::time::Duration::from_secs(3600)).await,
+        Some("reset") if !stream => return Err(Abort),
+        _ => {}
+    }
+    let reply = state.script.reply_or_echo(&prompt);
+    let text = raw_output(reply.as_ref(), &model.eos);
+    let mut output = match model.tokenizer.encode(&text) {
+        Ok(ids) => ids,
+        Err(e) => {
+            return Ok(error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalServerError",
+                &format!("cannot tokenize the reply: {e}"),
+                None,
+            ));
+        }
+    };
+    let texts_of = |ids: &[u32]| -> Vec<String> {
+        (0..=ids.len())
+            .map(|n| {
+                model
+                    .tokenizer
+                    .decode_visible(&ids[..n])
+                    .unwrap_or_default()
+            })
+            .collect()
+    };
+    let eos = model.tokenizer.token_id(&model.eos);
+    let stop_ids = req.stop_token_ids.clone().unwrap_or_default();
+    let texts = texts_of(&output);
+    // Where the output stops: the first stop id (kept), the token completing a stop string
+    // (kept: the text is what vLLM trims), or the end-of-turn token; else max_tokens.
+    let mut end: Option<(usize, &'static str, Option<StopReason>)> = None;
+    for (i, id) in output.iter().enumerate() {
+        if stop_ids.contains(id) {
+            end = Some((i + 1, "stop", Some(StopReason::Token(i64::from(*id)))));
+            break;
+        }
+        if let Some(s) = req
+            .stop
+            .iter()
+            .find(|s| !s.is_empty() && texts[i + 1].contains(s.as_str()))
+        {
+            end = Some((i + 1, "stop", Some(StopReason::Text(s.clone()))));
+            break;
+        }
+        if Some(*id) == eos && req.ignore_eos != Some(true) {
+            end = Some((i + 1, "stop", None));
+            break;
+        }
+    }
+    let (mut n, mut finish, mut stop_reason) = end.unwrap_or((output.len(), "length", None));
+    let max = max_tokens(&req) as usize;
+    if n > max {
+        (n, finish, stop_reason) = (max, "length", None);
+    }
+    if fault.as_deref() == Some("abort") {
+        finish = "abort";
+        stop_reason = None;
+    }
+    output.truncate(n);
+    let texts = texts_of(&output);
+    let g = Generation {
+        id: format!("cmpl-{request_id}"),
+        created: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs() as i64),
+        model: req.model.clone().unwrap_or_else(|| "scripted".into()),
+        prompt: req.prompt.clone(),
+        output,
+        texts,
+        finish,
+        stop_reason,
+        weight_versions: req.return_weight_versions == Some(true),
+    };
+    let logprobs = req.logprobs.is_some();
+    let with_ids = req.return_token_ids == Some(true);
+    let strip = |mut c: Choice| {
+        if !with_ids {
+            c.token_ids = None;
+            c.prompt_token_ids = None;
+        }
+        c
+    };
+    let len = g.output.len();
+    if !stream {
+        let mut c = strip(g.choice(0, len, true, true, logprobs));
+        if with_ids {
+            c.prompt_token_ids = Some(g.prompt.clone());
+        }
+        return Ok(json_response(
+            StatusCode::OK,
+            &g.answer(vec![c], Some(g.usage())),
+        ));
+    }
+    let mut events = vec![];
+    let mut from = 0;
+    loop {
+        let to = (from + TOKENS_PER_CHUNK).min(len);
+        let last = to == len;
+        let c = strip(g.choice(from, to, last, from == 0, logprobs));
+        events.push(sse(&g.answer(vec![c], None)));
+        from = to;
+        if last {
+            break;
+        }
+    }
+    if req
+        .stream_options
+        .as_ref()
+        .and_then(|o| o.include_usage)
+        .unwrap_or(false)
+    {
+        events.push(sse(&g.answer(vec![], Some(g.usage()))));
+    }
+    events.push(Bytes::from_static(DONE));
+    let abort_after = (fault.as_deref() == Some("reset")).then_some(2);
+    let body = Watched {
+        inner: SseBody::new(events, state.chunk_delay, abort_after),
+        ended: false,
+        request_id,
+        aborted: state.vllm.aborted.clone(),
+    };
+    let mut resp = Response::new(body.boxed_unsync());
+    resp.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/event-stream; charset=utf-8"),
+    );
+    Ok(resp)
+}
+
+/// A streamed answer that notes its request as aborted when it is dropped before its end
+/// (hyper drops the body when the client closes the connection), as vLLM aborts it then.
+struct Watched {
+    inner: SseBody,
+    ended: bool,
+    request_id: String,
+    aborted: Arc<Mutex<Vec<String>>>,
+}
+
+impl Body for Watched {
+    type Data = Bytes;
+    type Error = std::io::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+        let this = &mut *self;
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        // hyper stops polling once the body says it has ended.
+        if matches!(r, Poll::Ready(None)) || this.inner.is_end_stream() {
+            this.ended = true;
+        }
+        r
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::default()
+    }
+}
+
+impl Drop for Watched {
+    fn drop(&mut self) {
+        if !self.ended
+            && let Ok(mut a) = self.aborted.lock()
+        {
+            a.push(std::mem::take(&mut self.request_id));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn only_token_id_prompts_are_this_sides() {
+        assert!(is_token_prompt(&json!({"prompt": [1, 2]})));
+        assert!(!is_token_prompt(&json!({"prompt": "hi"})));
+        assert!(!is_token_prompt(&json!({"prompt": ["hi"]})));
+        assert!(!is_token_prompt(&json!({"prompt": []})));
+    }
+
+    #[test]
+    fn no_max_tokens_is_sixteen_as_on_vllm() {
+        assert_eq!(max_tokens(&CompletionRequest::default()), 16);
+    }
+}

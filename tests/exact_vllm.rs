@@ -1,0 +1,403 @@
+//! Exact mode against a vLLM-wire backend (`exact.wire = "vllm"`): graft renders and
+//! tokenizes with the real Qwen3 template and tokenizer, calls the scripted upstream's
+//! vLLM-native side (`/v1/completions` with a token-id prompt, `return_token_ids`,
+//! `logprobs`, vLLM 0.34's chunk shapes and refusals) and answers each client in its own
+//! dialect. Real clients: the openai Python SDK, Codex (in its own network namespace) and
+//! mini-swe-agent. Each session must merge into one sample with no drift, its trained
+//! tokens equal to the sampled ids with their logprobs; a stream the client abandons must be
+//! aborted at the backend (vLLM aborts on the closed connection).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::{Proc, Stack, TestEnv, http};
+use graft_reconstruct::sample::read_samples_parquet;
+use serde_json::{Value, json};
+
+/// The scripted model's logprob for a token (`testkit/src/tokens.rs`).
+fn logprob(id: u32) -> f32 {
+    (-f64::from(id % 97) / 100.0) as f32
+}
+
+fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of logprobs: {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
+/// A gateway in exact mode over the vLLM wire in front of the scripted upstream.
+fn stack(upstream_args: &[&str]) -> Stack {
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let q = q.to_str().unwrap();
+    let cfg = std::env::temp_dir().join(format!("graft-vllm-{}.toml", std::process::id()));
+    std::fs::write(&cfg, "[exact]\nwire = \"vllm\"\n").unwrap();
+    let mut up = vec!["--tokenizer", q];
+    up.extend_from_slice(upstream_args);
+    Stack::start_with(
+        &up,
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+    )
+}
+
+/// A gateway over the vLLM wire in front of a scripted upstream playing `script`.
+struct Own {
+    gateway: Proc,
+    upstream: Proc,
+    data_dir: std::path::PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+fn own(script: &Value, upstream_args: &[&str]) -> Own {
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let q = q.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let cfg = dir.path().join("graft.toml");
+    std::fs::write(&cfg, "[exact]\nwire = \"vllm\"\n").unwrap();
+    let mut up = vec!["--script", script_path.to_str().unwrap(), "--tokenizer", q];
+    up.extend_from_slice(upstream_args);
+    let upstream = Proc::scripted_upstream(&up);
+    let gateway = Proc::gateway_with(
+        &upstream.url,
+        &data_dir,
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    Own {
+        gateway,
+        upstream,
+        data_dir,
+        _dir: dir,
+    }
+}
+
+/// What the scripted vLLM was asked (`GET /testkit/vllm/requests`).
+async fn vllm_log(upstream: &str) -> Value {
+    http::get(&format!("{upstream}/testkit/vllm/requests"), &[])
+        .await
+        .json()
+}
+
+/// Checks a session's records against what the backend sampled and that each prompt holds
+/// the previous prompt and completion verbatim. Returns them in seq order.
+fn check_records(records: &[Value], sid: &str) -> Vec<Value> {
+    let mut recs: Vec<Value> = records
+        .iter()
+        .filter(|r| r["session_id"] == sid)
+        .cloned()
+        .collect();
+    recs.sort_by_key(|r| r["seq"].as_u64().unwrap());
+    assert!(!recs.is_empty(), "no records of {sid}");
+    for r in &recs {
+        assert_eq!(r["outcome"], "ok", "{r:#}");
+        assert_eq!(r["upstream_dialect"], "vllm_completions", "{r:#}");
+        assert_eq!(r["finish_reason"], "stop", "{r:#}");
+        assert_eq!(r["weight_version"], "default", "{r:#}");
+        let up = &r["upstream_request"];
+        assert!(
+            up.get("prompt").is_none(),
+            "ids live in prompt_token_ids: {up}"
+        );
+        assert_eq!(up["return_token_ids"], true, "{up}");
+        assert_eq!(up["logprobs"], 0, "{up}");
+        assert!(
+            up["max_tokens"].as_u64().is_some(),
+            "vLLM's default is 16: {up}"
+        );
+        assert_eq!(up["graft_logprobs"], "pre_temperature", "{up}");
+        let completion = ids(&r["completion_token_ids"]);
+        assert!(!completion.is_empty(), "{r:#}");
+        let lps = f32s(&r["completion_logprobs"]);
+        assert_eq!(
+            lps,
+            completion.iter().map(|&i| logprob(i)).collect::<Vec<_>>()
+        );
+    }
+    for w in recs.windows(2) {
+        let mut sampled = ids(&w[0]["prompt_token_ids"]);
+        sampled.extend(ids(&w[0]["completion_token_ids"]));
+        assert!(
+            ids(&w[1]["prompt_token_ids"]).starts_with(&sampled),
+            "call {} does not start with call {}'s prompt + completion",
+            w[1]["seq"],
+            w[0]["seq"]
+        );
+    }
+    recs
+}
+
+/// Reconstructs the data dir: one sample per session, no drift, the trained tokens exactly
+/// the sampled ones with their logprobs.
+fn check_one_sample_per_session(stack: &Stack, sessions: &[&str]) {
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let out = stack.dir.path().join("samples.parquet");
+    let text = common::graft(&[
+        "reconstruct",
+        "--data-dir",
+        stack.data_dir.to_str().unwrap(),
+        "--tokenizer",
+        q.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--json",
+    ]);
+    let summary: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert_eq!(summary["samples"], sessions.len(), "{summary}");
+    assert_eq!(summary["drift_events"], 0, "{summary}");
+    assert_eq!(summary["retokenized_calls"], 0, "{summary}");
+    let records = common::records_show(&stack.data_dir);
+    let samples = read_samples_parquet(&out).unwrap();
+    for sid in sessions {
+        let x = samples
+            .iter()
+            .find(|x| x.session_id == *sid)
+            .unwrap_or_else(|| panic!("no sample of {sid}"));
+        let recs = check_records(&records, sid);
+        let mut want_ids = vec![];
+        let mut want_lps = vec![];
+        for r in &recs {
+            want_ids.extend(ids(&r["completion_token_ids"]));
+            want_lps.extend(f32s(&r["completion_logprobs"]).into_iter().map(Some));
+        }
+        let (got_ids, got_lps): (Vec<u32>, Vec<Option<f32>>) = x
+            .tokens
+            .iter()
+            .zip(&x.loss_mask)
+            .zip(&x.logprobs)
+            .filter(|((_, m), _)| **m == 1)
+            .map(|((t, _), l)| (*t, *l))
+            .unzip();
+        assert_eq!(got_ids, want_ids, "session {sid}");
+        assert_eq!(got_lps, want_lps, "session {sid}");
+        assert_eq!(x.fork_reason, None, "session {sid}");
+    }
+}
+
+#[test]
+fn vllm_wire_sessions_of_the_openai_sdk_codex_and_mini_swe_agent_merge_with_no_drift() {
+    let env = TestEnv::get();
+    let stack = stack(&[]);
+
+    // The openai SDK: a streamed tool call, then the answer to its result.
+    stack.open_session("vllm-sdk");
+    let out = env.py_client(
+        "openai_sdk.py",
+        &["tool-session"],
+        &stack.target(Some("vllm-sdk"), None),
+    );
+    assert_eq!(out["first"]["finish_reason"], "tool_calls", "{out:#}");
+    assert_eq!(
+        out["first"]["tool_calls"][0]["name"], "get_weather",
+        "{out:#}"
+    );
+    assert_eq!(
+        out["content"], "It is sunny in Paris (graft-weather-done).",
+        "{out:#}"
+    );
+    stack.wait_records("vllm-sdk", 2);
+
+    // Codex (Responses over SSE), in a network namespace of its own.
+    let session = stack.open_session("vllm-codex");
+    let target = stack.target(Some("vllm-codex"), None);
+    let config_text = common::graft(&[
+        "harness",
+        "config",
+        "codex",
+        "--session",
+        session["base_url"].as_str().unwrap(),
+        "--api-key",
+        &target.api_key,
+        "--model",
+        &target.model,
+    ]);
+    let config = stack.dir.path().join("codex-config.toml");
+    std::fs::write(&config, &config_text).unwrap();
+    let out = env.codex_client(&config, &target);
+    assert_eq!(out["result_txt"], "graft-codex-step-done\n", "{out:#}");
+    let recs = stack.wait_records("vllm-codex", 2);
+    assert!(
+        recs.iter()
+            .all(|r| r["dialect"] == "responses" && r["stream"] == true)
+    );
+
+    // mini-swe-agent (litellm underneath), a second harness.
+    stack.open_session("vllm-mini");
+    let out = env.py_client(
+        "mini_swe_agent.py",
+        &[],
+        &stack.target(Some("vllm-mini"), None),
+    );
+    assert_eq!(out["result_txt"], "graft-mini-step-one-done\n", "{out:#}");
+    stack.wait_records("vllm-mini", 2);
+
+    check_one_sample_per_session(&stack, &["vllm-sdk", "vllm-codex", "vllm-mini"]);
+
+    // Every request was vLLM's: a token-id prompt, max_tokens set, no model name.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let log = rt.block_on(vllm_log(&stack.upstream.url));
+    let asked = log["completions"].as_array().unwrap();
+    assert!(asked.len() >= 6, "{log:#}");
+    for a in asked {
+        assert!(a["prompt_tokens"].as_u64().unwrap() > 0, "{a}");
+        assert!(a["body"]["max_tokens"].as_u64().is_some(), "{a}");
+        assert!(a["body"].get("model").is_none(), "{a}");
+    }
+    assert_eq!(log["aborted"], json!([]), "{log:#}");
+}
+
+const LONG: &str = "tell a long story";
+
+/// A streamed call the client abandons after its first event: the gateway records it as
+/// `client_disconnected` and closes its connection to vLLM, which vLLM takes as the abort.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_stream_abandoned_mid_way_is_aborted_at_the_backend() {
+    // 300 ms between the backend's chunks: the answer takes several seconds.
+    let s = own(
+        &json!({"rules": [{"match": LONG, "reply": {"content": "Once upon a time there was a gateway that recorded every single token the policy sampled, and the researchers who trained on them never again wondered what the model had really seen."}}]}),
+        &["--chunk-delay-ms", "300"],
+    );
+    let (sid, _) = common::open_session(&s.gateway.url).await;
+    let body = json!({"model": "qwen3", "stream": true,
+        "messages": [{"role": "user", "content": LONG}]})
+    .to_string();
+    let addr = s.gateway.url.trim_start_matches("http://").to_string();
+    let sid2 = sid.clone();
+    tokio::task::spawn_blocking(move || {
+        let mut c = std::net::TcpStream::connect(&addr).unwrap();
+        write!(
+            c,
+            "POST /s/{sid2}/v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        c.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        while !String::from_utf8_lossy(&got).contains("data: ") {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "the gateway closed before the first event");
+            got.extend_from_slice(&buf[..n]);
+        }
+        assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"));
+        // Gone mid-way: the socket is dropped here.
+    })
+    .await
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (record, log) = loop {
+        let recs: Vec<Value> = common::records_show(&s.data_dir)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid.as_str())
+            .collect();
+        let log = vllm_log(&s.upstream.url).await;
+        if let Some(r) = recs.first()
+            && log["aborted"].as_array().is_some_and(|a| !a.is_empty())
+        {
+            break (r.clone(), log);
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no abort seen: {recs:#?} {log:#}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(record["outcome"], "client_disconnected", "{record:#}");
+    assert_eq!(record["upstream_dialect"], "vllm_completions");
+    // The request vLLM ran under is the call's id; that one was aborted, and only it.
+    assert_eq!(log["aborted"], json!([record["call_id"]]), "{log:#}");
+    let asked = log["completions"].as_array().unwrap();
+    assert_eq!(asked.len(), 1, "{log:#}");
+    assert_eq!(asked[0]["request_id"], record["call_id"]);
+    // Fewer ids were sampled than the whole answer: it was stopped, not finished.
+    let sampled = record["completion_token_ids"]
+        .as_array()
+        .map_or(0, Vec::len);
+    assert!(sampled < 30, "{record:#}");
+}
+
+/// What vLLM refuses, and an error inside a stream (HTTP 200, then an error event), reach
+/// the client as errors in its own dialect naming the backend's words.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_refusals_and_stream_errors_reach_the_client_in_its_dialect() {
+    let s = own(
+        &json!({"rules": [{"match": "graft-fault-500", "fault": "500"},
+            {"match": "graft-fault-abort", "fault": "abort", "reply": {"content": "cut short"}}]}),
+        &[],
+    );
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let chat = |text: &str, stream: bool| json!({"model": "qwen3", "stream": stream, "messages": [{"role": "user", "content": text}]});
+
+    // A max_tokens that does not fit beside the prompt: vLLM's 400, relayed.
+    let mut too_long = chat("hello", false);
+    too_long["max_tokens"] = json!(50_000);
+    let r = http::post_json(&url, &[], &too_long).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    let msg = r.json()["error"]["message"].as_str().unwrap().to_string();
+    assert!(msg.contains("maximum context length"), "{msg}");
+
+    // A streamed generation error: 200, then an error event the client sees as an error.
+    let r = http::post_json(&url, &[], &chat("graft-fault-500", true)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let data = r.sse_data();
+    assert!(
+        data.iter()
+            .any(|d| d.contains("\"error\"") && d.contains("scripted fault 500")),
+        "{data:#?}"
+    );
+
+    // The same on Anthropic's wire: its own error shape.
+    let r = http::post_json(
+        &format!("{base}/messages"),
+        &[],
+        &json!({"model": "qwen3", "max_tokens": 50_000, "messages": [{"role": "user", "content": "hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["type"], "error", "{}", r.text());
+
+    // finish_reason "abort" from vLLM is an error, not an answer.
+    let r = http::post_json(&url, &[], &chat("graft-fault-abort", false)).await;
+    assert!(r.status >= 500, "{}", r.text());
+    assert!(r.text().contains("abort"), "{}", r.text());
+
+    let recs = common::records_show(&s.data_dir);
+    assert!(
+        recs.iter()
+            .all(|r| r["upstream_dialect"] == "vllm_completions"),
+        "{recs:#?}"
+    );
+}

@@ -1,0 +1,273 @@
+//! vLLM's token-in/token-out surface as graft uses it: `POST /v1/completions` with a prompt
+//! of token ids, `return_token_ids`, `logprobs` and `return_weight_versions`. Read from vLLM
+//! 0.34.0's source (`vllm/entrypoints/openai/completion/{protocol,serving,api_router}.py`,
+//! `vllm/entrypoints/serve/engine/protocol.py`, `vllm/outputs.py`,
+//! `vllm/v1/engine/__init__.py`).
+//!
+//! Why this route and not `/inference/v1/generate` (`vllm/entrypoints/scale_out/
+//! token_in_token_out/`): that one answers 403 `PermissionDeniedError` unless the server runs
+//! with `--enable-scale-out` (`scale_out/factories.py`), while `/v1/completions` takes a
+//! token-id prompt on every vLLM server and has returned `token_ids` since
+//! `return_token_ids` was added; `return_weight_versions` is new in 0.34 and older servers
+//! ignore it (vLLM's request models accept unknown fields with a warning).
+//!
+//! Semantics that differ from SGLang's `/generate` (each in vLLM 0.34.0's source):
+//! - `max_tokens` absent means **16** (`CompletionRequest.max_tokens = 16`, and
+//!   `normalize_null_max_tokens` turns `null` into 16): graft always sends it.
+//! - `stream_options` without `stream: true` is refused (`validate_stream_options`).
+//! - A streamed request's errors after the head arrive as HTTP 200 and then
+//!   `data: {"error": {...}}` before `data: [DONE]` (`completion_stream_generator`); errors
+//!   before the stream are a JSON [`ErrorResponse`] with its status (400 for a bad request).
+//! - A stop token's text is dropped from `text`, its id kept in `token_ids`
+//!   (`stop_reason` names the id from `stop_token_ids`; `null` for the model's EOS); the
+//!   streamed text trails the ids by up to a stop string's length. graft decodes the ids
+//!   itself and reads no text.
+//! - `ignore_eos` does not switch `stop_token_ids` off.
+//! - A client that goes away aborts the request: `with_cancellation` for a whole answer,
+//!   the cancelled `StreamingResponse` for a stream. Closing the connection is the abort;
+//!   there is no abort-by-id route.
+//! - Logprobs are the model's raw ones (`--logprobs-mode raw_logprobs`, the default in
+//!   `vllm/config/model.py`): before temperature, penalties and truncation.
+
+use serde::{Deserialize, Serialize};
+
+pub use crate::sglang::WeightVersionSpan;
+
+/// Routes.
+pub mod path {
+    pub const COMPLETIONS: &str = "/v1/completions";
+    pub const MODELS: &str = "/v1/models";
+    pub const HEALTH: &str = "/health";
+}
+
+/// `finish_reason` values (`FINISH_REASON_STRINGS` in `vllm/v1/engine/__init__.py`); `error`
+/// is turned into an error answer by the server and never sent as a finish reason.
+pub const FINISH_REASONS: [&str; 5] = ["stop", "length", "abort", "error", "repetition"];
+
+/// vLLM's default `--max-logprobs`: a request asking for more is refused.
+pub const DEFAULT_MAX_LOGPROBS: i64 = 20;
+
+/// The part of `CompletionRequest` graft sends (single token-id prompt, one choice).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub model: Option<String>,
+    /// One prompt as token ids (vLLM also takes text and lists of prompts; graft sends this).
+    pub prompt: Vec<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f64>,
+    /// `0` or `-1`: no top-k (`SamplingParams`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i64>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stop: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_token_ids: Option<Vec<u32>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f64>,
+    /// Token id (as a string) → bias.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<serde_json::Map<String, serde_json::Value>>,
+    /// How many top logprobs per token besides the sampled one's (`0`: the sampled one only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_token_ids: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_weight_versions: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_stop_str_in_output: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub skip_special_tokens: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spaces_between_special_tokens: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ignore_eos: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    /// The id vLLM runs the request under (`cmpl-{request_id}` in its answer and logs).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StreamOptions {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub include_usage: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// A whole answer (`CompletionResponse`) or one streamed chunk (`CompletionStreamResponse`):
+/// the same fields, a chunk's choice carrying the new part only.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CompletionResponse {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: i64,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub choices: Vec<Choice>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    #[serde(default)]
+    pub index: u32,
+    #[serde(default)]
+    pub text: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<Logprobs>,
+    /// `stop`, `length`, `abort`, `repetition` (see [`FINISH_REASONS`]); `null` until the end.
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+    /// The stop string or stop token id that ended it; `null` for EOS or another reason.
+    #[serde(default)]
+    pub stop_reason: Option<StopReason>,
+    /// Streamed: the first chunk only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_token_ids: Option<Vec<u32>>,
+    /// The output ids (streamed: the new ones), with `return_token_ids`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_ids: Option<Vec<u32>>,
+    /// With `return_weight_versions` (vLLM 0.34+); streamed: the last chunk only, covering the
+    /// whole output.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_versions: Option<Vec<WeightVersionSpan>>,
+}
+
+/// `CompletionLogProbs`: one entry per token of the choice (streamed: of the chunk).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Logprobs {
+    #[serde(default)]
+    pub text_offset: Vec<i64>,
+    #[serde(default)]
+    pub token_logprobs: Vec<Option<f64>>,
+    #[serde(default)]
+    pub tokens: Vec<String>,
+    #[serde(default)]
+    pub top_logprobs: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum StopReason {
+    Token(i64),
+    Text(String),
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Usage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub total_tokens: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_tokens_details: Option<PromptTokensDetails>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: u64,
+}
+
+/// vLLM's `ErrorResponse`: `{"error": {"message", "type", "param", "code"}}`, with `code` the
+/// HTTP status (before a stream, as the answer's body; in a stream, as a `data:` event).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: ErrorInfo,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorInfo {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    #[serde(default)]
+    pub param: Option<String>,
+    pub code: u16,
+}
+
+impl ErrorResponse {
+    pub fn new(code: u16, kind: &str, message: impl Into<String>, param: Option<&str>) -> Self {
+        ErrorResponse {
+            error: ErrorInfo {
+                message: message.into(),
+                kind: kind.to_owned(),
+                param: param.map(str::to_owned),
+                code,
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use serde_json::json;
+
+    /// A streamed chunk as `completion_stream_generator` writes it with `return_token_ids`,
+    /// `logprobs: 0` and `return_weight_versions` (the last chunk of a choice).
+    #[test]
+    fn a_last_stream_chunk_reads_with_its_ids_logprobs_stop_reason_and_spans() {
+        let v = json!({"id": "cmpl-c1-0", "object": "text_completion", "created": 1, "model": "m",
+            "choices": [{"index": 0, "text": "", "logprobs": {"text_offset": [3], "token_logprobs": [-0.5],
+                "tokens": ["<|im_end|>"], "top_logprobs": [{}]}, "finish_reason": "stop", "stop_reason": 151645,
+                "token_ids": [151645], "weight_versions": [{"version": "v1", "start": 0, "end": 4}]}]});
+        let r: CompletionResponse = serde_json::from_value(v).unwrap();
+        let c = &r.choices[0];
+        assert_eq!(c.token_ids.as_deref(), Some(&[151645][..]));
+        assert_eq!(c.stop_reason, Some(StopReason::Token(151645)));
+        assert_eq!(
+            c.logprobs.as_ref().unwrap().token_logprobs,
+            vec![Some(-0.5)]
+        );
+        assert_eq!(c.weight_versions.as_ref().unwrap()[0].end, 4);
+        let s: StopReason = serde_json::from_value(json!("END")).unwrap();
+        assert_eq!(s, StopReason::Text("END".into()));
+    }
+
+    #[test]
+    fn a_request_leaves_out_what_is_not_set() {
+        let r = CompletionRequest {
+            prompt: vec![1, 2],
+            max_tokens: Some(8),
+            ..Default::default()
+        };
+        assert_eq!(
+            serde_json::to_value(&r).unwrap(),
+            json!({"prompt": [1, 2], "max_tokens": 8})
+        );
+        let e = ErrorResponse::new(400, "BadRequestError", "bad", Some("logprobs"));
+        assert_eq!(
+            serde_json::to_value(&e).unwrap(),
+            json!({"error": {"message": "bad", "type": "BadRequestError", "param": "logprobs", "code": 400}})
+        );
+    }
+}
