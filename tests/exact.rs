@@ -1417,7 +1417,15 @@ async fn point5_a_whole_exact_answer_longer_than_the_backend_timeout_is_not_cut(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn point6_backend_and_admin_keys_reach_the_backend() {
     // The scripted upstream decides as SGLang started with --api-key and --admin-api-key.
-    let keys = ["--expect-key", "sk-backend", "--admin-key", "sk-admin"];
+    // Events 50 ms apart: the abandoned stream below is still running when its client goes.
+    let keys = [
+        "--expect-key",
+        "sk-backend",
+        "--admin-key",
+        "sk-admin",
+        "--chunk-delay-ms",
+        "50",
+    ];
     let dir = tempfile::tempdir().unwrap();
     let with_keys = dir.path().join("keys.toml");
     std::fs::write(
