@@ -11,33 +11,12 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Proc, Stack, TestEnv, http};
+use common::{Proc, Stack, TestEnv, f32s, http, ids, logprob};
 use graft_reconstruct::exact::PromptBuilder;
 use graft_reconstruct::retokenize::Model;
 use graft_reconstruct::sample::read_samples_parquet;
 use graft_reconstruct::template::Tokenizer;
 use serde_json::{Value, json};
-
-/// The scripted model's logprob for a token (`testkit/src/tokens.rs`).
-fn logprob(id: u32) -> f32 {
-    (-f64::from(id % 97) / 100.0) as f32
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn f32s(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of logprobs: {v}"))
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
 
 fn tools() -> Value {
     json!([{"type": "function", "function": {"name": "bash", "description": "Run a shell command",
@@ -325,17 +304,7 @@ async fn exact_streaming_sends_tokens_while_the_backend_is_still_generating() {
     let mut buf = String::new();
     let mut text = String::new();
     // Read until the first piece of content.
-    while text.is_empty() {
-        let d = http::next_sse_data(&mut body, &mut buf)
-            .await
-            .expect("stream ended early");
-        let c: Value = serde_json::from_str(&d).unwrap();
-        text.push_str(
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default(),
-        );
-    }
+    chat_content(&mut body, &mut buf, &mut text, true).await;
     // The backend has not finished: the gateway's call to it is still open and nothing is
     // recorded yet.
     let metrics = http::get(&format!("{}/metrics", s.gateway.url), &[])
@@ -346,17 +315,7 @@ async fn exact_streaming_sends_tokens_while_the_backend_is_still_generating() {
         "the backend call should still be in flight:\n{metrics}"
     );
     assert!(common::records_show(&s.data).is_empty());
-    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
-        if d == "[DONE]" {
-            break;
-        }
-        let c: Value = serde_json::from_str(&d).unwrap();
-        text.push_str(
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default(),
-        );
-    }
+    chat_content(&mut body, &mut buf, &mut text, false).await;
     assert!(
         text.starts_with("Once upon a time") && text.ends_with("really seen."),
         "{text}"
@@ -886,6 +845,31 @@ async fn completions_in_exact_mode_send_the_raw_prompt_ids_through_the_openai_sd
     }
 }
 
+/// Reads a Chat stream's content deltas into `text`: until some text has come (`first`),
+/// else to its end.
+async fn chat_content(
+    body: &mut hyper::body::Incoming,
+    buf: &mut String,
+    text: &mut String,
+    first: bool,
+) {
+    while !first || text.is_empty() {
+        let Some(d) = http::next_sse_data(body, buf).await else {
+            assert!(!first, "the stream ended before any content");
+            return;
+        };
+        if d == "[DONE]" {
+            return;
+        }
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+}
+
 /// An outside controller pushes new weights while a call is being generated (SGLang keeps
 /// generating; the scripted backend holds the generation after 3 tokens until the update
 /// lands): the record keeps both spans, and the sample labels each sampled token with the
@@ -905,17 +889,7 @@ async fn a_call_straddling_an_outside_weight_update_is_labelled_per_span() {
     let mut buf = String::new();
     let mut text = String::new();
     // The first tokens arrived, sampled by the weights being served ("default").
-    while text.is_empty() {
-        let d = http::next_sse_data(&mut body, &mut buf)
-            .await
-            .expect("stream ended early");
-        let c: Value = serde_json::from_str(&d).unwrap();
-        text.push_str(
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default(),
-        );
-    }
+    chat_content(&mut body, &mut buf, &mut text, true).await;
     // The outside controller updates the weights, straight at the backend.
     let up = http::post_json(
         &format!("{}/update_weights_from_disk", s.upstream.url),
@@ -924,17 +898,7 @@ async fn a_call_straddling_an_outside_weight_update_is_labelled_per_span() {
     )
     .await;
     assert_eq!(up.status, 200, "{}", up.text());
-    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
-        if d == "[DONE]" {
-            break;
-        }
-        let c: Value = serde_json::from_str(&d).unwrap();
-        text.push_str(
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default(),
-        );
-    }
+    chat_content(&mut body, &mut buf, &mut text, false).await;
     assert_eq!(
         text,
         "Partly old weights, partly new ones: both are recorded."
@@ -1579,17 +1543,7 @@ async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     let mut body = resp.into_body();
     let mut buf = String::new();
     let mut text = String::new();
-    while text.is_empty() {
-        let d = http::next_sse_data(&mut body, &mut buf)
-            .await
-            .expect("stream ended early");
-        let c: Value = serde_json::from_str(&d).unwrap();
-        text.push_str(
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default(),
-        );
-    }
+    chat_content(&mut body, &mut buf, &mut text, true).await;
     // The stream is held by the backend until new weights land. A draining push would wait
     // for it (and it for the push): this one returns.
     let gateway = Api::new(&s.gateway.url, None);
@@ -1617,17 +1571,7 @@ async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
     // The held stream ends whole.
-    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
-        if d == "[DONE]" {
-            break;
-        }
-        let c: Value = serde_json::from_str(&d).unwrap();
-        text.push_str(
-            c["choices"][0]["delta"]["content"]
-                .as_str()
-                .unwrap_or_default(),
-        );
-    }
+    chat_content(&mut body, &mut buf, &mut text, false).await;
     assert_eq!(
         text,
         "Partly old weights, partly new ones: both are recorded."

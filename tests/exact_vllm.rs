@@ -13,30 +13,9 @@ mod common;
 use std::io::{Read, Write};
 use std::time::{Duration, Instant};
 
-use common::{Proc, Stack, TestEnv, http};
+use common::{Proc, Stack, TestEnv, f32s, http, ids, logprob};
 use graft_reconstruct::sample::read_samples_parquet;
 use serde_json::{Value, json};
-
-/// The scripted model's logprob for a token (`testkit/src/tokens.rs`).
-fn logprob(id: u32) -> f32 {
-    (-f64::from(id % 97) / 100.0) as f32
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
-}
-
-fn f32s(v: &Value) -> Vec<f32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of logprobs: {v}"))
-        .iter()
-        .map(|x| x.as_f64().unwrap() as f32)
-        .collect()
-}
 
 /// A gateway in exact mode over the vLLM wire in front of the scripted upstream.
 fn stack(upstream_args: &[&str]) -> Stack {

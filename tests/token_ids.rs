@@ -8,7 +8,7 @@ mod common;
 
 use std::path::Path;
 
-use common::{Proc, TestEnv, http};
+use common::{Proc, TestEnv, http, ids, logprob};
 use graft_reconstruct::sample::read_samples_parquet;
 use graft_reconstruct::template::{ChatTemplate, Tokenizer};
 use serde_json::{Map, Value, json};
@@ -22,11 +22,6 @@ const SCRIPT: &str = r#"{"rules": [
   {"match": "list the files", "reply": {"content": "Let me look.", "tool_calls": [{"name": "bash", "arguments": {"command": "ls -la"}}]}},
   {"match": "just run it", "reply": {"tool_calls": [{"name": "bash", "arguments": {"command": "cat a.txt | wc -l"}}]}}
 ]}"#;
-
-/// The scripted model's logprob for a token (`testkit/src/tokens.rs`), as a record stores it.
-fn logprob(id: u32) -> f32 {
-    (-f64::from(id % 97) / 100.0) as f32
-}
 
 /// The fields the client must not see (it never asked for them).
 fn assert_no_id_fields(v: &Value, what: &str) {
@@ -177,14 +172,6 @@ fn prompt_ids(qwen3: &Path, req: &Value) -> Vec<u32> {
     let tools = req["tools"].as_array().unwrap();
     let text = t.render(&messages, Some(tools), true, &Map::new()).unwrap();
     tok.encode(&text).unwrap()
-}
-
-fn ids(v: &Value) -> Vec<u32> {
-    v.as_array()
-        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
-        .iter()
-        .map(|x| x.as_u64().unwrap() as u32)
-        .collect()
 }
 
 fn assert_record_has_ids(rec: &Value, qwen3: &Path, client_logprobs: bool) {

@@ -456,15 +456,12 @@ async fn gather(
             }
             Next::ClientGone => return Err(abandoned(call, t_up).await),
         };
-        let mut parsed = match ev.data.as_deref() {
-            Some(d) if !ev.is_done() => match up.json(d) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    error = Some(e);
-                    break;
-                }
-            },
-            _ => None,
+        let mut parsed = match up.parsed(&ev) {
+            Ok(p) => p,
+            Err(e) => {
+                error = Some(e);
+                break;
+            }
         };
         match leg.event(&mut ev, parsed.as_mut(), &mut o) {
             Ok(Piece::Deltas { progress, .. }) => {
@@ -561,15 +558,12 @@ async fn relay(
                 break;
             }
         };
-        let mut parsed = match ev.data.as_deref() {
-            Some(d) if !ev.is_done() => match up.json(d) {
-                Ok(v) => Some(v),
-                Err(e) => {
-                    o.error = Some(e);
-                    break;
-                }
-            },
-            _ => None,
+        let mut parsed = match up.parsed(&ev) {
+            Ok(p) => p,
+            Err(e) => {
+                o.error = Some(e);
+                break;
+            }
         };
         let piece = match leg.event(&mut ev, parsed.as_mut(), &mut o) {
             Ok(p) => p,
@@ -832,6 +826,14 @@ impl UpstreamEvents {
     }
 
     /// Parses an event's data as JSON, or says the upstream sent something else.
+    /// An event's data as JSON; None for `[DONE]` and events without data.
+    fn parsed(&self, ev: &Event) -> Result<Option<Value>, GatewayError> {
+        match ev.data.as_deref() {
+            Some(d) if !ev.is_done() => self.json(d).map(Some),
+            _ => Ok(None),
+        }
+    }
+
     fn json(&self, data: &str) -> Result<Value, GatewayError> {
         serde_json::from_str(data).map_err(|_| GatewayError::UpstreamInvalid {
             upstream: self.upstream.clone(),

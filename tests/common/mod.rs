@@ -736,6 +736,29 @@ pub fn assert_usage(rec: &Value, client_usage: &Value) {
 // -------------------------------------------------------------------------------------
 // A small HTTP client for tests that speak to graft directly.
 
+/// The scripted model's logprob for a token (`testkit/src/tokens.rs`), as a record stores it.
+pub fn logprob(id: u32) -> f32 {
+    (-f64::from(id % 97) / 100.0) as f32
+}
+
+/// A JSON list of token ids.
+pub fn ids(v: &Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of ids: {v}"))
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// A JSON list of logprobs.
+pub fn f32s(v: &Value) -> Vec<f32> {
+    v.as_array()
+        .unwrap_or_else(|| panic!("not a list of logprobs: {v}"))
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect()
+}
+
 pub mod conformance;
 pub mod http;
 
