@@ -89,15 +89,15 @@ pub struct ParseRule {
 impl ParseRule {
     /// `format` / `reasoning`: the server's parsers (graft's `exact.tool_call_format` and
     /// `exact.reasoning_format`). `tools`: the request's tool definitions (Chat form);
-    /// `tool_choice`: its Chat `tool_choice`. Reasoning starts unforced; see
+    /// `tool_choice`: its choice ([`ToolChoice::from_chat`] reads the Chat form). Reasoning
+    /// starts unforced; see
     /// [`ParseRule::with_thinking`].
     pub fn new(
         format: ToolCallFormat,
         reasoning: ReasoningFormat,
         tools: &[Value],
-        tool_choice: Option<&Value>,
+        tool_choice: ToolChoice,
     ) -> Self {
-        let tool_choice = ToolChoice::from_chat(tool_choice);
         let parses =
             format != ToolCallFormat::None && !tools.is_empty() && tool_choice != ToolChoice::None;
         Self {
@@ -172,18 +172,21 @@ mod tests {
         let tools = [json!({"type": "function", "function": {"name": "f"}})];
         let h = ToolCallFormat::Hermes;
         let t = ReasoningFormat::Think;
-        assert!(!ParseRule::new(h, t, &[], None).parses_tool_calls());
-        assert!(!ParseRule::new(h, t, &[], Some(&json!("required"))).parses_tool_calls());
-        assert!(!ParseRule::new(h, t, &tools, Some(&json!("none"))).parses_tool_calls());
-        assert!(!ParseRule::new(ToolCallFormat::None, t, &tools, None).parses_tool_calls());
+        assert!(!ParseRule::new(h, t, &[], ToolChoice::Auto).parses_tool_calls());
+        assert!(!ParseRule::new(h, t, &[], ToolChoice::Required).parses_tool_calls());
+        assert!(!ParseRule::new(h, t, &tools, ToolChoice::None).parses_tool_calls());
+        assert!(
+            !ParseRule::new(ToolCallFormat::None, t, &tools, ToolChoice::Auto).parses_tool_calls()
+        );
         for choice in [None, Some(json!("auto")), Some(json!("required"))] {
-            assert!(ParseRule::new(h, t, &tools, choice.as_ref()).parses_tool_calls());
+            let choice = ToolChoice::from_chat(choice.as_ref());
+            assert!(ParseRule::new(h, t, &tools, choice).parses_tool_calls());
         }
         assert!(thinking_enabled(None));
         let off = json!({"enable_thinking": false});
         assert!(!thinking_enabled(off.as_object()));
         assert!(
-            !ParseRule::new(h, ReasoningFormat::None, &tools, None)
+            !ParseRule::new(h, ReasoningFormat::None, &tools, ToolChoice::Auto)
                 .with_thinking(true)
                 .force_reasoning
         );

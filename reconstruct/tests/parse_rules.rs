@@ -307,7 +307,8 @@ fn check_family(family: Family) {
         for (label, with_tools, choice) in requests() {
             let tools = if with_tools { &all_tools[..] } else { &[] };
             for thinking in [true, false] {
-                let rule = ParseRule::new(family.tools, family.reasoning, tools, choice.as_ref())
+                let choice = ToolChoice::from_chat(choice.as_ref());
+                let rule = ParseRule::new(family.tools, family.reasoning, tools, choice)
                     .with_thinking(thinking);
                 let want = trimmed(sglang(text, family, tools, &rule.tool_choice, thinking));
                 with_calls += usize::from(!want.calls.is_empty());
@@ -373,7 +374,7 @@ fn tool_call_text_is_content_without_tools_or_with_tool_choice_none() {
             ToolCallFormat::Hermes,
             ReasoningFormat::Think,
             tools,
-            choice.as_ref(),
+            ToolChoice::from_chat(choice.as_ref()),
         );
         let mut parser = rule.parser();
         parser.push(text);
