@@ -90,8 +90,7 @@ impl ParseRule {
     /// `format` / `reasoning`: the server's parsers (graft's `exact.tool_call_format` and
     /// `exact.reasoning_format`). `tools`: the request's tool definitions (Chat form);
     /// `tool_choice`: its choice ([`ToolChoice::from_chat`] reads the Chat form). Reasoning
-    /// starts unforced; see
-    /// [`ParseRule::with_thinking`].
+    /// starts unforced; see [`ParseRule::with_thinking`].
     pub fn new(
         format: ToolCallFormat,
         reasoning: ReasoningFormat,
