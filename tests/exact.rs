@@ -1600,3 +1600,78 @@ async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     let after = recs.iter().find(|r| r["stream"] == json!(false)).unwrap();
     assert_eq!(after["weight_version"], "step-1", "{after:#}");
 }
+
+const WEATHER: &str = r#"{"rules": [
+  {"match": "weather", "reply": {"reasoning": "A tool answers this.", "content": "Checking.", "tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}}
+]}"#;
+
+/// One weather request in `dialect` (chat, responses, messages) with the tool offered or not
+/// and the dialect's own `tool_choice` (`none` / `auto`, Chat form named).
+fn weather_request(dialect: &str, tools: bool, choice: Option<&str>, stream: bool) -> Value {
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let mut body = match dialect {
+        "chat" => {
+            json!({"model": "qwen3", "messages": [{"role": "user", "content": "the weather in Paris?"}]})
+        }
+        "responses" => json!({"model": "qwen3", "input": "the weather in Paris?"}),
+        _ => json!({"model": "qwen3", "max_tokens": 200,
+                    "messages": [{"role": "user", "content": "the weather in Paris?"}]}),
+    };
+    if tools {
+        body["tools"] = match dialect {
+            "chat" => {
+                json!([{"type": "function", "function": {"name": "get_weather", "parameters": schema}}])
+            }
+            "responses" => {
+                json!([{"type": "function", "name": "get_weather", "parameters": schema}])
+            }
+            _ => json!([{"name": "get_weather", "input_schema": schema}]),
+        };
+    }
+    if let Some(c) = choice {
+        body["tool_choice"] = if dialect == "messages" {
+            json!({"type": c})
+        } else {
+            json!(c)
+        };
+    }
+    body["stream"] = json!(stream);
+    body
+}
+
+/// SGLang's rule (`reconstruct/src/parse_rule.rs`), through every dialect, whole and streamed:
+/// without tools or with `tool_choice: none` the model's `<tool_call>` text is content; with
+/// `auto` it is a call in the dialect's own shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_call_text_is_parsed_only_when_the_request_lets_the_server_parse_it() {
+    let s = start(WEATHER, &[], &[]);
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    for (dialect, path, call_marker) in [
+        ("chat", "chat/completions", "\"tool_calls\""),
+        ("responses", "responses", "\"function_call\""),
+        ("messages", "messages", "\"tool_use\""),
+    ] {
+        for (tools, choice, parsed) in [
+            (false, None, false),
+            (true, Some("none"), false),
+            (true, Some("auto"), true),
+        ] {
+            for stream in [false, true] {
+                let body = weather_request(dialect, tools, choice, stream);
+                let r = http::post_json(
+                    &format!("{base}/{path}"),
+                    &[("anthropic-version", "2023-06-01")],
+                    &body,
+                )
+                .await;
+                let text = r.text();
+                let ctx =
+                    format!("{dialect} tools={tools} choice={choice:?} stream={stream}: {text}");
+                assert_eq!(r.status, 200, "{ctx}");
+                assert_eq!(text.contains(call_marker), parsed, "{ctx}");
+                assert_eq!(text.contains("<tool_call>"), !parsed, "{ctx}");
+                assert!(text.contains("Checking"), "{ctx}");
+            }
+        }
+    }
+}

@@ -7,6 +7,7 @@ pub mod attempts;
 pub mod error;
 pub mod exact;
 pub mod merge;
+pub mod parse_rule;
 pub mod parser;
 pub mod records;
 pub mod retokenize;

@@ -9,13 +9,18 @@
 //!
 //! # Formats
 //! - Reasoning [`ReasoningFormat::Think`]: `<think>…</think>`. `<think>` opens reasoning only
-//!   when nothing but whitespace came before it and no reasoning block was seen yet; Qwen3
-//!   prompts ending in `<think>\n` start inside reasoning (`starts_in_reasoning`), then only
-//!   `</think>` is looked for. Only one reasoning block per output; a later `<think>` is text.
-//!   A stray `</think>` outside reasoning is text too (the output is not reclassified after
-//!   the fact, which streaming cannot do). `<tool_call>` inside reasoning is reasoning text:
-//!   the Qwen3.5 "implicit end of reasoning at `<tool_call>`" that SGLang and vLLM accept is
-//!   not supported.
+//!   when nothing but whitespace came before it and no reasoning block was seen yet. A parser
+//!   that starts inside reasoning (`starts_in_reasoning`: the prompt opened the block, or the
+//!   request's [`crate::parse_rule::ParseRule`] forces reasoning as SGLang's `force_reasoning`
+//!   does) drops a leading `<think>` the model writes anyway, then looks only for the end.
+//!   Reasoning ends at `</think>` or at `<tool_call>`, whichever comes first: SGLang's
+//!   `Qwen3Detector` (`srt/parser/reasoning_parser.py`, `tool_start_token`) treats a
+//!   `<tool_call>` before `</think>` as the implicit end of reasoning, and the call (or, when
+//!   the request parses no calls, its text) is the answer. SGLang's whole-text path does this
+//!   only when no `</think>` follows anywhere; its streaming path, like graft, cannot look
+//!   ahead. Only one reasoning block per output; a later `<think>` is text. A stray
+//!   `</think>` outside reasoning is text too (the output is not reclassified after the fact,
+//!   which streaming cannot do).
 //! - Tool calls [`ToolCallFormat::Hermes`] (Qwen2.5/Qwen3):
 //!   `<tool_call>\n{"name": …, "arguments": {…}}\n</tool_call>`; `arguments` may be an object,
 //!   a string holding a JSON object, or absent (`{}`); `parameters` is accepted as a synonym.
@@ -225,6 +230,11 @@ pub struct OutputParser {
     seen_content: bool,
     /// A reasoning block was opened.
     reasoning_seen: bool,
+    /// Started inside reasoning and nothing but whitespace came yet: a `<think>` here is
+    /// dropped (the model opened the block the prompt already opened).
+    think_open_pending: bool,
+    /// Hermes calls must name a function of [`OutputParser::with_schemas`].
+    declared_only: bool,
     parsed: Parsed,
     reasoning_text: String,
 }
@@ -251,13 +261,27 @@ impl OutputParser {
             call_scan: 0,
             seen_content: false,
             reasoning_seen: false,
+            think_open_pending: false,
+            declared_only: false,
             parsed: Parsed::default(),
             reasoning_text: String::new(),
         };
         if starts_in_reasoning && reasoning == ReasoningFormat::Think {
             parser.enter_reasoning();
+            parser.think_open_pending = true;
         }
         parser
+    }
+
+    /// A Hermes (JSON) call whose `name` is not among the functions given to
+    /// [`OutputParser::with_schemas`] is not a call: it is kept as text, with a note. SGLang's
+    /// `BaseFormatDetector.parse_base_json` (used by its `hermes`, `qwen25` and `llama3`
+    /// detectors) skips such calls unless `SGLANG_FORWARD_UNKNOWN_TOOLS` is set; its
+    /// `qwen3_coder` detector keeps them, and so does graft for that body syntax.
+    #[must_use]
+    pub fn declared_only(mut self) -> Self {
+        self.declared_only = true;
+        self
     }
 
     /// Tool definitions (as in a request's `tools`: OpenAI `{"type": "function", "function":
@@ -397,28 +421,54 @@ impl OutputParser {
                         }
                     }
                 }
-                Mode::Reasoning => match self.buf.find(THINK_CLOSE) {
-                    Some(i) => {
-                        let rest = self.buf.split_off(i + THINK_CLOSE.len());
-                        self.buf.truncate(i);
-                        let before = std::mem::replace(&mut self.buf, rest);
-                        self.emit_reasoning(&before, out);
-                        self.reasoning.pending.clear();
-                        self.mode = Mode::Text;
-                        self.text.lead = Trim::Newlines;
+                Mode::Reasoning => {
+                    if self.think_open_pending {
+                        let rest = self.buf.trim_start();
+                        let lead = self.buf.len() - rest.len();
+                        if rest.starts_with(THINK_OPEN) {
+                            self.buf.drain(lead..lead + THINK_OPEN.len());
+                            self.think_open_pending = false;
+                            continue;
+                        }
+                        if !at_end && THINK_OPEN.starts_with(rest) {
+                            return;
+                        }
+                        self.think_open_pending = false;
                     }
-                    None => {
-                        let hold = if at_end {
-                            0
-                        } else {
-                            partial_suffix(&self.buf, &[THINK_CLOSE])
-                        };
-                        let rest = self.buf.split_off(self.buf.len() - hold);
-                        let seg = std::mem::replace(&mut self.buf, rest);
-                        self.emit_reasoning(&seg, out);
-                        return;
+                    // `</think>` ends reasoning; so does `<tool_call>` (SGLang's Qwen3Detector
+                    // `tool_start_token`: "Qwen3.5 sometimes opens <tool_call> without closing
+                    // </think>"), which then starts the text.
+                    let close = self.buf.find(THINK_CLOSE);
+                    let tool = self.buf.find(TOOL_OPEN);
+                    let end = match (close, tool) {
+                        (Some(c), Some(t)) if t < c => Some((t, 0)),
+                        (Some(c), _) => Some((c, THINK_CLOSE.len())),
+                        (None, Some(t)) => Some((t, 0)),
+                        (None, None) => None,
+                    };
+                    match end {
+                        Some((i, tag_len)) => {
+                            let rest = self.buf.split_off(i + tag_len);
+                            self.buf.truncate(i);
+                            let before = std::mem::replace(&mut self.buf, rest);
+                            self.emit_reasoning(&before, out);
+                            self.reasoning.pending.clear();
+                            self.mode = Mode::Text;
+                            self.text.lead = Trim::Newlines;
+                        }
+                        None => {
+                            let hold = if at_end {
+                                0
+                            } else {
+                                partial_suffix(&self.buf, &[THINK_CLOSE, TOOL_OPEN])
+                            };
+                            let rest = self.buf.split_off(self.buf.len() - hold);
+                            let seg = std::mem::replace(&mut self.buf, rest);
+                            self.emit_reasoning(&seg, out);
+                            return;
+                        }
                     }
-                },
+                }
                 Mode::ToolCall => {
                     self.call_body.push_str(&self.buf);
                     self.buf.clear();
@@ -538,14 +588,18 @@ impl OutputParser {
     /// Parses a tool call body: the configured format first, then the other as a fallback.
     fn parse_call(&self, body: &str) -> Result<(String, String), String> {
         let xml_like = body.trim_start().starts_with(FUNCTION_OPEN);
-        match self.tools {
-            ToolCallFormat::Qwen3Coder if !xml_like && body.trim_start().starts_with('{') => {
-                parse_hermes(body)
-            }
-            ToolCallFormat::Qwen3Coder => parse_qwen3_coder(body, &self.schemas),
-            _ if xml_like => parse_qwen3_coder(body, &self.schemas),
-            _ => parse_hermes(body),
+        let json = match self.tools {
+            ToolCallFormat::Qwen3Coder => !xml_like && body.trim_start().starts_with('{'),
+            _ => !xml_like,
+        };
+        if !json {
+            return parse_qwen3_coder(body, &self.schemas);
         }
+        let (name, arguments) = parse_hermes(body)?;
+        if self.declared_only && !self.schemas.contains_key(&name) {
+            return Err(format!("{name:?} is not among the request's tools"));
+        }
+        Ok((name, arguments))
     }
 }
 
@@ -978,14 +1032,25 @@ mod tests {
         let parsed = parse_whole("\n\n</think>\n\nHi", H, T, true);
         assert_eq!(parsed.reasoning, None);
         assert_eq!(parsed.text, "Hi");
-        // <think> inside reasoning is literal; <tool_call> in reasoning is not a call.
+        // <think> inside reasoning is literal; <tool_call> ends reasoning (SGLang's
+        // Qwen3Detector tool_start_token) and is the answer's start.
         let parsed = parse_whole("a <think> <tool_call>{}</tool_call></think>b", H, T, true);
-        assert_eq!(
-            parsed.reasoning.as_deref(),
-            Some("a <think> <tool_call>{}</tool_call>")
-        );
-        assert_eq!(parsed.text, "b");
+        assert_eq!(parsed.reasoning.as_deref(), Some("a <think> "));
+        assert_eq!(parsed.text, "<tool_call>{}</tool_call></think>b");
         assert!(parsed.tool_calls.is_empty());
+        let out = "plan\n<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+        let parsed = parse_whole(out, H, T, true);
+        assert_eq!(parsed.reasoning.as_deref(), Some("plan"));
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", "{}")]);
+        // Forced reasoning drops the <think> the model writes itself, in any chunking.
+        let out = "\n<think>\nwhy\n</think>\n\nHi";
+        let whole = parse_whole(out, H, T, true);
+        assert_eq!(whole.reasoning.as_deref(), Some("why"));
+        assert_eq!(whole.text, "Hi");
+        for cut in 0..out.len() {
+            let (_, parsed) = stream(&[&out[..cut], &out[cut..]], H, T, true);
+            assert_eq!(parsed, whole, "cut at {cut}");
+        }
     }
 
     #[test]

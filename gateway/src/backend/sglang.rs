@@ -21,6 +21,7 @@ use bytes::Bytes;
 use graft_reconstruct::exact::{
     Detokenizer, Prompt, PromptBuilder, PromptKind, Turn, answer_message, template_messages,
 };
+use graft_reconstruct::parse_rule::{self, ParseRule};
 use graft_reconstruct::parser::{OutputParser, Piece as Parsed, ReasoningFormat, ToolCallFormat};
 use graft_reconstruct::retokenize::Model;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
@@ -34,7 +35,7 @@ use super::probe::{self, Verdict};
 use super::restore::Restored;
 use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
 use crate::config::{BackendHttp, ExactConfig};
-use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall};
+use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall, ToolChoice};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
 use crate::policy::SamplingPolicy;
@@ -565,15 +566,32 @@ impl Sglang {
             .collect()
     }
 
-    fn parser(&self, call_id: &str, starts_in_reasoning: bool, tools: &[Value]) -> OutputParser {
+    /// The call's output parser, decided from its request as SGLang's chat server decides it
+    /// (`graft_reconstruct::parse_rule`): no tool-call parsing without tools or with
+    /// `tool_choice: none`; `required` / a named function parse like `auto` (no decode
+    /// constraint is sent). Reasoning is forced only where the prompt opened the think block.
+    fn parser(
+        &self,
+        call_id: &str,
+        starts_in_reasoning: bool,
+        tools: &[Value],
+        tool_choice: Option<&ToolChoice>,
+    ) -> OutputParser {
         let short: String = call_id
             .chars()
             .filter(char::is_ascii_hexdigit)
             .rev()
             .take(12)
             .collect();
-        OutputParser::new(self.tool_format, self.reasoning_format, starts_in_reasoning)
-            .with_schemas(tools)
+        let choice = match tool_choice {
+            None | Some(ToolChoice::Auto) => parse_rule::ToolChoice::Auto,
+            Some(ToolChoice::None) => parse_rule::ToolChoice::None,
+            Some(ToolChoice::Required) => parse_rule::ToolChoice::Required,
+            Some(ToolChoice::Function { name }) => parse_rule::ToolChoice::Function(name.clone()),
+        };
+        ParseRule::new(self.tool_format, self.reasoning_format, tools, choice)
+            .with_thinking(starts_in_reasoning)
+            .parser()
             .with_id_prefix(format!("call_{short}_"))
     }
 
@@ -716,6 +734,7 @@ impl Sglang {
                 call_id,
                 prompt.starts_in_reasoning,
                 tools.as_deref().unwrap_or(&[]),
+                conv.tool_choice.as_ref(),
             )
         } else {
             OutputParser::new(ToolCallFormat::None, ReasoningFormat::None, false)

@@ -1,0 +1,193 @@
+//! Which parsing one call's output gets, decided from its request the way SGLang's chat
+//! server decides it (graft's exact backend is SGLang; where vLLM differs it is said below).
+//!
+//! # The rule (SGLang 0.5.23, `srt/entrypoints/openai/serving_chat.py`)
+//! - **Tool calls are parsed** only when the server has a tool-call parser, the request
+//!   declares tools, and `tool_choice` is not `"none"` (`_tool_call_parsing_active`; with no
+//!   tools "tool_choice only holds its default and limits nothing", and no hermes / qwen25 /
+//!   qwen3_coder / llama3 detector `parses_without_tools`). Otherwise the model's
+//!   `<tool_call>` text is left in the content as it is (`FunctionCallParser.has_tool_call`
+//!   and `parse_non_stream` return the text untouched without tools).
+//! - **`"auto"`** (and a request with tools but no `tool_choice`): the family's detector.
+//! - **`"required"` and a named function**: SGLang constrains the decode (for these formats
+//!   a structural tag in the model's own `<tool_call>` syntax with `at_least_one`,
+//!   `FunctionCallParser.get_structure_constraint` → `get_legacy_structural_tag`, or the
+//!   xgrammar `qwen_3_coder` tag) and then parses the output with the same detector
+//!   (`_process_tool_calls`: `owns_tool_format()` is true because the detector
+//!   `supports_structural_tag`); when no call parses, the text stays content. Only formats
+//!   without a structural tag (e.g. `pythonic`) fall back to a JSON-schema constraint whose
+//!   output is read as a JSON list of `{"name", "parameters"}`. So the parse side of
+//!   `required` / named equals `auto` here. graft sends no constraint to `/generate` yet:
+//!   the model is free to answer without a call, which SGLang's grammar would not allow.
+//! - **Calls to undeclared functions** (Hermes JSON bodies) are not calls
+//!   (`BaseFormatDetector.parse_base_json` skips them); graft keeps their text, with a note,
+//!   where SGLang drops it from the message.
+//! - **Reasoning** (`--reasoning-parser qwen3`, `Qwen3Detector`): `force_reasoning` is on
+//!   when the template opens the think block itself or thinking is on for the request
+//!   (`_get_reasoning_from_request`: `chat_template_kwargs.enable_thinking` is not `false`,
+//!   the Qwen3 templates' default). Forced, the output is reasoning from its first character
+//!   (a leading `<think>` is dropped) until `</think>` or `<tool_call>`; with no end at all it
+//!   is all reasoning ("assume reasoning was truncated"). Not forced, only a `<think>` opens
+//!   reasoning; an output without one is all content.
+//!
+//! # vLLM (0.34, `vllm/parser/abstract_parser.py` `_extract_tool_calls`)
+//! - `"none"`: no calls; its engine-based parsers (Qwen3) still run and strip the tool-call
+//!   markup from the content, where SGLang leaves it.
+//! - `"required"`: guided JSON; the output is read as a JSON list of `{"name",
+//!   "parameters"}` (`TypeAdapter(list[FunctionDefinition])`), content `None`.
+//! - named function: guided JSON of that function's parameters; the whole output is its
+//!   `arguments`, content `None`.
+//! - `"auto"` requires `--enable-auto-tool-choice`; without tools no parsing.
+
+use serde_json::Value;
+
+use crate::parser::{OutputParser, ReasoningFormat, ToolCallFormat};
+
+/// A request's `tool_choice`, in Chat Completions form.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoice {
+    /// `"auto"`, or absent.
+    Auto,
+    /// `"none"`.
+    None,
+    /// `"required"`.
+    Required,
+    /// `{"type": "function", "function": {"name": ...}}`.
+    Function(String),
+}
+
+impl ToolChoice {
+    /// Reads a Chat Completions `tool_choice` (absent or unknown shapes are `Auto`, the
+    /// servers' default when tools are given).
+    pub fn from_chat(value: Option<&Value>) -> Self {
+        match value {
+            Some(Value::String(s)) if s == "none" => Self::None,
+            Some(Value::String(s)) if s == "required" => Self::Required,
+            Some(Value::Object(o)) => o
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .or_else(|| o.get("name"))
+                .and_then(Value::as_str)
+                .map_or(Self::Auto, |n| Self::Function(n.to_owned())),
+            _ => Self::Auto,
+        }
+    }
+}
+
+/// How one call's output is parsed: the configured formats narrowed by its request.
+#[derive(Debug, Clone)]
+pub struct ParseRule {
+    /// The format calls are parsed in; [`ToolCallFormat::None`] when this request parses none.
+    pub tool_format: ToolCallFormat,
+    pub reasoning_format: ReasoningFormat,
+    /// The output starts inside reasoning (SGLang's `force_reasoning`).
+    pub force_reasoning: bool,
+    pub tool_choice: ToolChoice,
+    tools: Vec<Value>,
+}
+
+impl ParseRule {
+    /// `format` / `reasoning`: the server's parsers (graft's `exact.tool_call_format` and
+    /// `exact.reasoning_format`). `tools`: the request's tool definitions (Chat form);
+    /// `tool_choice`: its choice ([`ToolChoice::from_chat`] reads the Chat form). Reasoning
+    /// starts unforced; see [`ParseRule::with_thinking`].
+    pub fn new(
+        format: ToolCallFormat,
+        reasoning: ReasoningFormat,
+        tools: &[Value],
+        tool_choice: ToolChoice,
+    ) -> Self {
+        let parses =
+            format != ToolCallFormat::None && !tools.is_empty() && tool_choice != ToolChoice::None;
+        Self {
+            tool_format: if parses { format } else { ToolCallFormat::None },
+            reasoning_format: reasoning,
+            force_reasoning: false,
+            tool_choice,
+            tools: tools.to_vec(),
+        }
+    }
+
+    /// `thinking`: the request thinks (`enable_thinking` not `false`) or the prompt opened the
+    /// think block; with a `think` reasoning parser the output then starts in reasoning.
+    #[must_use]
+    pub fn with_thinking(mut self, thinking: bool) -> Self {
+        self.force_reasoning = thinking && self.reasoning_format == ReasoningFormat::Think;
+        self
+    }
+
+    /// Whether this request's output is parsed for tool calls at all.
+    pub fn parses_tool_calls(&self) -> bool {
+        self.tool_format != ToolCallFormat::None
+    }
+
+    /// The streaming parser for this call (tool schemas known, undeclared Hermes calls text).
+    pub fn parser(&self) -> OutputParser {
+        OutputParser::new(
+            self.tool_format,
+            self.reasoning_format,
+            self.force_reasoning,
+        )
+        .with_schemas(&self.tools)
+        .declared_only()
+    }
+}
+
+/// Whether a request thinks, as SGLang reads it for templates with an `enable_thinking`
+/// toggle that defaults to on (Qwen3): anything but an explicit `false`.
+pub fn thinking_enabled(template_kwargs: Option<&serde_json::Map<String, Value>>) -> bool {
+    template_kwargs
+        .and_then(|k| k.get("enable_thinking"))
+        .and_then(Value::as_bool)
+        != Some(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn tool_choice_shapes() {
+        assert_eq!(ToolChoice::from_chat(None), ToolChoice::Auto);
+        assert_eq!(
+            ToolChoice::from_chat(Some(&json!("none"))),
+            ToolChoice::None
+        );
+        assert_eq!(
+            ToolChoice::from_chat(Some(&json!("required"))),
+            ToolChoice::Required
+        );
+        assert_eq!(
+            ToolChoice::from_chat(Some(
+                &json!({"type": "function", "function": {"name": "f"}})
+            )),
+            ToolChoice::Function("f".into())
+        );
+    }
+
+    #[test]
+    fn parsing_needs_tools_a_parser_and_a_choice_other_than_none() {
+        let tools = [json!({"type": "function", "function": {"name": "f"}})];
+        let h = ToolCallFormat::Hermes;
+        let t = ReasoningFormat::Think;
+        assert!(!ParseRule::new(h, t, &[], ToolChoice::Auto).parses_tool_calls());
+        assert!(!ParseRule::new(h, t, &[], ToolChoice::Required).parses_tool_calls());
+        assert!(!ParseRule::new(h, t, &tools, ToolChoice::None).parses_tool_calls());
+        assert!(
+            !ParseRule::new(ToolCallFormat::None, t, &tools, ToolChoice::Auto).parses_tool_calls()
+        );
+        for choice in [None, Some(json!("auto")), Some(json!("required"))] {
+            let choice = ToolChoice::from_chat(choice.as_ref());
+            assert!(ParseRule::new(h, t, &tools, choice).parses_tool_calls());
+        }
+        assert!(thinking_enabled(None));
+        let off = json!({"enable_thinking": false});
+        assert!(!thinking_enabled(off.as_object()));
+        assert!(
+            !ParseRule::new(h, ReasoningFormat::None, &tools, ToolChoice::Auto)
+                .with_thinking(true)
+                .force_reasoning
+        );
+    }
+}
