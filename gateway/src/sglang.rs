@@ -383,7 +383,7 @@ mod tests {
     /// ids only but every logprob so far; each is judged by its own length, so no logprob
     /// of the call is lost (before: all were dropped, the counts disagreeing).
     #[test]
-    fn sglang_incremental_ids_with_cumulative_logprobs_keep_every_logprob() {
+    fn point2_incremental_ids_with_cumulative_logprobs_keep_every_logprob() {
         let ev = |ids: &[u32], lps: &[f32], total: usize| {
             json!({"output_ids": ids, "meta_info": {"completion_tokens": total,
                 "output_token_logprobs": lps.iter().map(|l| json!([l, 0, null])).collect::<Vec<_>>()}})
@@ -408,7 +408,7 @@ mod tests {
     /// SGLang point 7: a client's `top_k: 0` ("off" for OpenAI-style clients and vLLM)
     /// would be refused by SGLang; it goes as absent, and a real k goes as it is.
     #[test]
-    fn sglang_top_k_zero_is_sent_as_absent() {
+    fn point7_top_k_zero_is_sent_as_absent() {
         let p = sampling_params(
             &Sampling {
                 top_k: Some(0),
@@ -431,7 +431,7 @@ mod tests {
     /// one for every answer since sglang#35926) is stored as null, as the records doc says
     /// for one version; two spans, or one that covers part of the output, stay.
     #[test]
-    fn sglang_lone_full_weight_span_is_stored_as_null() {
+    fn point8_lone_full_weight_span_is_stored_as_null() {
         let answer = |spans: Value| {
             json!({"output_ids": [1, 2, 3], "meta_info": {
                 "completion_tokens": 3, "weight_version": "v1",

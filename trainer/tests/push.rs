@@ -109,7 +109,7 @@ fn push_pauses_flushes_updates_and_continues_in_order() -> anyhow::Result<()> {
 /// SGLang point 3: a server started with `--load-format dummy` refuses an update that names
 /// no load format (it inherits the dummy one); the push says `auto`.
 #[test]
-fn sglang_push_names_load_format_auto() -> anyhow::Result<()> {
+fn point3_push_names_load_format_auto() -> anyhow::Result<()> {
     let (url, log, h) = serve(4, false)?;
     push::push_weights(&url, std::path::Path::new("/models/step-4"), "step-4", None)?;
     h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
