@@ -736,6 +736,7 @@ fn sample_json(s: &Sample) -> Value {
         "tokenizer_fingerprint": s.tokenizer_fingerprint,
         "template_fingerprint": s.template_fingerprint,
         "schema_version": s.schema_version,
+        "logprob_kind": s.logprob_kind.as_str(),
     })
 }
 

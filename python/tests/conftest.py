@@ -53,13 +53,15 @@ GRAFT_SCHEMA = pa.schema(
             ),
             nullable=False,
         ),
+        pa.field("logprob_kind", pa.utf8(), nullable=False),
     ]
 )
 
 
 def write_graft_samples(rows: list[dict], path: Path, schema: pa.Schema = GRAFT_SCHEMA) -> Path:
     """Rows (dicts by column name) as graft writes them, or in an older ``schema`` (a subset
-    of the columns). Left out of a row: ``events`` (none), ``token_calls`` (unknown) and ``call_rewards`` (none)."""
+    of the columns). Left out of a row: ``events`` (none), ``token_calls`` (unknown), ``call_rewards`` (none)
+and ``logprob_kind`` (``post_temperature``)."""
 
     def value(r: dict, name: str):
         if name in r:
@@ -70,6 +72,8 @@ def write_graft_samples(rows: list[dict], path: Path, schema: pa.Schema = GRAFT_
             return [None] * len(r["call_ids"])
         if name == "token_calls":
             return [None] * len(r["tokens"])
+        if name == "logprob_kind":
+            return "post_temperature"
         raise KeyError(name)
 
     cols = {f.name: [value(r, f.name) for r in rows] for f in schema}

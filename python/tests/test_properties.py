@@ -3,7 +3,8 @@ schema (hypothesis) and on the samples real graft made (``GRAFT_SAMPLES``):
 
 - the response tokens with mask 1 are exactly the sampled (loss-mask-1) tokens, in order;
 - logprobs stay aligned to them (and a batch with an unknown sampled logprob carries none,
-  or null per token where the format has a per-token null);
+  or null per token where the format has a per-token null); a ``pre_temperature`` sample's
+  logprobs count as unknown (no framework compares raw logprobs with tempered ones);
 - the reward sits on the last response token where the format wants token-level scores;
 - GRPO groups follow ``group_id``.
 
@@ -79,6 +80,7 @@ def sample_row(draw, idx: int, groups: list):
         "template_fingerprint": "tpl",
         "schema_version": 2,
         "token_weight_versions": tv,
+        "logprob_kind": draw(st.sampled_from(["post_temperature", "post_temperature", "pre_temperature"])),
     }
 
 
@@ -97,7 +99,12 @@ def sampled(row):
 
 
 def sampled_lps(row):
-    return [lp for lp, m in zip(row["logprobs"], row["loss_mask"]) if m == 1]
+    """The sampled tokens' logprobs as the exporters hand them over: unknown (None) for a
+    ``pre_temperature`` sample."""
+    lps = [lp for lp, m in zip(row["logprobs"], row["loss_mask"]) if m == 1]
+    if row.get("logprob_kind", "post_temperature") != "post_temperature":
+        return [None] * len(lps)
+    return lps
 
 
 def all_known(rows):
@@ -271,9 +278,10 @@ def test_events_read_back_and_files_before_v3_have_none(tmp_path):
     ev = {"kind": "fork", "at": 1, "len": 0, "reason": "template_drift", "call_id": "c", "other_sample": "x/0"}
     [s] = read_samples(write_graft_samples([_one_turn_row(events=[ev])], tmp_path / "v3.parquet"))
     assert s.events == [ev]
-    v2 = pa.schema([f for f in GRAFT_SCHEMA if f.name not in ("events", "token_calls", "call_rewards")])
+    v2 = pa.schema([f for f in GRAFT_SCHEMA if f.name not in ("events", "token_calls", "call_rewards", "logprob_kind")])
     [old] = read_samples(write_graft_samples([_one_turn_row(schema_version=2)], tmp_path / "v2.parquet", v2))
     assert old.events == [] and old.schema_version == 2
+    assert old.logprob_kind == "post_temperature", "a file without the column: post-temperature"
     # One run of sampled tokens, one call: the call of each sampled token is known.
     assert old.token_calls == [None, 0, 0] and old.call_rewards == [None]
 

@@ -329,6 +329,7 @@ impl Gen {
                     prompt_ids: prompt,
                     completion_ids: completion,
                     completion_logprobs: Some(logprobs),
+                    logprob_kind: Default::default(),
                     weight_version: Some(format!("step-{}", 100 + s / 2000)),
                     weight_version_spans: None,
                     finish_reason: Some("stop".to_owned()),
@@ -417,6 +418,7 @@ fn baseline_pass(sessions: &[GenSession]) -> Vec<Sample> {
                 tokenizer_fingerprint: FINGERPRINTS.0.to_owned(),
                 template_fingerprint: FINGERPRINTS.1.to_owned(),
                 schema_version: SAMPLE_SCHEMA_VERSION,
+                logprob_kind: Default::default(),
             }
         })
         .collect()

@@ -11,6 +11,15 @@
 //! and the weight version that sampled each token (its span's, else the call's). So interleaved parallel branches each keep
 //! growing their own sample.
 //!
+//! A sample's logprobs are of one convention ([`LogprobKind`]: post- or pre-temperature,
+//! the record's `upstream_request.graft_logprobs`): its first call with a known logprob
+//! decides the sample's `logprob_kind`. A later call of the other convention (a session
+//! whose calls reached backends that report differently) still merges, its tokens mask 1,
+//! but its logprobs are dropped (unknown) and counted
+//! ([`MergeResult::logprob_kind_dropped`], the summary's `logprobs dropped`): a per-token
+//! convention would make every consumer of samples handle two distributions in one row,
+//! and an unknown logprob is already trained correctly (against a recomputed π_old).
+//!
 //! Otherwise the call **forks**: a new sample starts with the whole prompt (mask 0) and
 //! the completion (mask 1), and the reason is classified by the first rule that holds:
 //!
@@ -63,7 +72,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use crate::sample::{EventKind, SAMPLE_SCHEMA_VERSION, Sample, SampleEvent};
+use crate::sample::{EventKind, LogprobKind, SAMPLE_SCHEMA_VERSION, Sample, SampleEvent};
 
 /// Anchor length (tokens) the drift alignment resynchronises on between differing regions.
 pub const DRIFT_ANCHOR: usize = 8;
@@ -101,6 +110,9 @@ pub struct CallTokens {
     /// One per completion token (`None` items: unknown); `None` for text-only records that
     /// were re-tokenized. A list of the wrong length is treated as unknown.
     pub completion_logprobs: Option<Vec<Option<f32>>>,
+    /// Which distribution `completion_logprobs` come from (the record's
+    /// `upstream_request.graft_logprobs`; post-temperature without it).
+    pub logprob_kind: LogprobKind,
     pub weight_version: Option<String>,
     /// Which weights sampled which completion tokens, when they changed during the call.
     pub weight_version_spans: Option<Vec<graft_recorder::WeightSpan>>,
@@ -128,20 +140,38 @@ impl CallTokens {
 
 impl CallTokens {
     /// The tokens of a record that carries ids (`prompt_token_ids` must be the full
-    /// prompt); `None` for a text-only record.
+    /// prompt); `None` for a text-only record. A `graft_logprobs` this version does not
+    /// know makes the call's logprobs unknown (never trained against a distribution it
+    /// cannot name).
     pub fn from_record(rec: &graft_recorder::CallRecord) -> Option<CallTokens> {
+        let kind = record_logprob_kind(rec);
         Some(CallTokens {
             call_id: rec.call_id.clone(),
             seq: rec.seq,
             prompt_ids: rec.prompt_token_ids.clone()?,
             completion_ids: rec.completion_token_ids.clone()?,
-            completion_logprobs: rec.completion_logprobs.clone(),
+            completion_logprobs: rec.completion_logprobs.clone().filter(|_| kind.is_some()),
+            logprob_kind: kind.unwrap_or_default(),
             weight_version: rec.weight_version.clone(),
             weight_version_spans: rec.weight_version_spans.clone(),
             finish_reason: rec.finish_reason.clone(),
             root: conversation_root(rec),
             reward: None,
         })
+    }
+}
+
+/// The logprob convention a record names in `upstream_request.graft_logprobs`:
+/// post-temperature when the key is absent (every record before it), `None` for a value
+/// this version does not know.
+pub fn record_logprob_kind(rec: &graft_recorder::CallRecord) -> Option<LogprobKind> {
+    match rec
+        .upstream_request
+        .as_ref()
+        .and_then(|r| r.get("graft_logprobs"))
+    {
+        None | Some(serde_json::Value::Null) => Some(LogprobKind::PostTemperature),
+        Some(v) => v.as_str().and_then(LogprobKind::parse),
     }
 }
 
@@ -287,6 +317,9 @@ pub struct MergeResult {
     /// Under [`OnDrift::Realign`]: (call_id, sampled tokens that lost their mask) of every
     /// drifted call that continued its sample instead of forking.
     pub realigned: Vec<(String, usize)>,
+    /// (call_id, sampled tokens) of every call whose logprobs were dropped (made unknown)
+    /// because their convention ([`LogprobKind`]) is not their sample's.
+    pub logprob_kind_dropped: Vec<(String, usize)>,
 }
 
 struct Open {
@@ -297,6 +330,8 @@ struct Open {
     bounds: Vec<(usize, usize)>,
     /// Index (in merge order) of the last call merged into it.
     last_touched: usize,
+    /// The logprob convention of its first call with a known logprob; `None` until then.
+    logprob_kind: Option<LogprobKind>,
 }
 
 /// What to do with a call whose prompt drifted from a sample (rule 1).
@@ -479,17 +514,21 @@ pub fn merge_session_with(
                                 tokenizer_fingerprint: fingerprints.0.to_owned(),
                                 template_fingerprint: fingerprints.1.to_owned(),
                                 schema_version: SAMPLE_SCHEMA_VERSION,
+                                logprob_kind: LogprobKind::default(),
                             },
                             root: call.root.clone(),
                             bounds: Vec::new(),
                             last_touched: k,
+                            logprob_kind: None,
                         });
                         opens.len() - 1
                     }
                 }
             }
         };
-        push_completion(&mut opens[index], call, k);
+        if let Some(n) = push_completion(&mut opens[index], call, k) {
+            result.logprob_kind_dropped.push((call.call_id.clone(), n));
+        }
     }
     result.samples = opens.into_iter().map(|o| o.sample).collect();
     result
@@ -538,13 +577,35 @@ fn realign(open: &mut Open, prompt: &[u32], runs: &[(usize, usize, usize)]) -> u
     lost
 }
 
-fn push_completion(open: &mut Open, call: &CallTokens, k: usize) {
+/// Appends `call`'s completion to `open`'s sample. Returns the number of its sampled
+/// tokens when their logprobs were dropped for another convention than the sample's.
+fn push_completion(open: &mut Open, call: &CallTokens, k: usize) -> Option<usize> {
     let s = &mut open.sample;
     let prompt_end = s.tokens.len();
     let n = call.completion_ids.len();
     s.tokens.extend_from_slice(&call.completion_ids);
     s.loss_mask.resize(s.tokens.len(), 1);
-    match call.completion_logprobs.as_deref().filter(|l| l.len() == n) {
+    let mut dropped = None;
+    let known = call
+        .completion_logprobs
+        .as_deref()
+        .filter(|l| l.len() == n && l.iter().any(Option::is_some));
+    // A sample's logprobs are of one convention: its first call with a known logprob
+    // decides it; a later call of the other one keeps its tokens (mask 1) but not its
+    // logprobs (unknown: trained against a recomputed π_old, see docs/records.md).
+    let known = match (known, open.logprob_kind) {
+        (Some(_), Some(kind)) if kind != call.logprob_kind => {
+            dropped = Some(n);
+            None
+        }
+        (Some(l), None) => {
+            open.logprob_kind = Some(call.logprob_kind);
+            s.logprob_kind = call.logprob_kind;
+            Some(l)
+        }
+        (l, _) => l,
+    };
+    match known {
         Some(l) => s.logprobs.extend_from_slice(l),
         None => s.logprobs.resize(s.tokens.len(), None),
     }
@@ -582,6 +643,7 @@ fn push_completion(open: &mut Open, call: &CallTokens, k: usize) {
     s.token_weight_versions.extend(versions);
     open.bounds.push((prompt_end, s.tokens.len()));
     open.last_touched = k;
+    dropped
 }
 
 struct Classified {
@@ -909,6 +971,10 @@ pub struct Summary {
     pub realigned: u64,
     /// Sampled tokens that realignment left untrained (their re-rendered text is mask 0).
     pub realigned_untrained_tokens: u64,
+    /// Calls whose logprobs were dropped because their convention is not their sample's
+    /// ([`MergeResult::logprob_kind_dropped`]), and their sampled tokens.
+    pub logprob_kind_dropped: u64,
+    pub logprob_kind_dropped_tokens: u64,
 }
 
 impl Summary {
@@ -935,6 +1001,12 @@ impl Summary {
         self.realigned += result.realigned.len() as u64;
         self.realigned_untrained_tokens +=
             result.realigned.iter().map(|(_, n)| *n as u64).sum::<u64>();
+        self.logprob_kind_dropped += result.logprob_kind_dropped.len() as u64;
+        self.logprob_kind_dropped_tokens += result
+            .logprob_kind_dropped
+            .iter()
+            .map(|(_, n)| *n as u64)
+            .sum::<u64>();
     }
 
     /// The summary of `results`.
@@ -980,6 +1052,13 @@ impl fmt::Display for Summary {
                 f,
                 "\nrealigned:      {} calls ({} sampled tokens left untrained)",
                 self.realigned, self.realigned_untrained_tokens
+            )?;
+        }
+        if self.logprob_kind_dropped > 0 {
+            write!(
+                f,
+                "\nlogprobs dropped: {} calls ({} sampled tokens) whose logprob convention (pre/post temperature) differs from their sample's; they train without rollout logprobs",
+                self.logprob_kind_dropped, self.logprob_kind_dropped_tokens
             )?;
         }
         Ok(())

@@ -19,6 +19,7 @@
 //! | `events` | List<Struct{kind Utf8, at UInt32, len UInt32, reason Utf8, call_id Utf8, other_sample Utf8 null}> | since v3; the forks and drift events at their token positions ([`SampleEvent`]) |
 //! | `tokenizer_fingerprint`, `template_fingerprint` | Utf8 | |
 //! | `schema_version` | UInt32 | [`SAMPLE_SCHEMA_VERSION`] |
+//! | `logprob_kind` | Utf8 | additive (no version of its own): which distribution `logprobs` come from, [`LogprobKind`] (`post_temperature` / `pre_temperature`) |
 //!
 //! Plain Arrow types only (no extension types, no dictionaries), so pyarrow, polars and
 //! DuckDB read the file as it is.
@@ -28,7 +29,9 @@
 //! ones when all of them are 0.0 (v1 wrote that for re-tokenized text); per-token versions
 //! are known only when the sample had a single weight version. Files before version 3 (no
 //! `events` column) read back with no events, no call rewards, and `token_calls` from the
-//! runs of sampled tokens when there are as many runs as calls (else unknown).
+//! runs of sampled tokens when there are as many runs as calls (else unknown). A file
+//! without `logprob_kind` reads back as `post_temperature` (every backend before the
+//! column was one).
 
 use std::fs::File;
 use std::path::Path;
@@ -110,6 +113,44 @@ pub struct SampleEvent {
     pub other_sample: Option<String>,
 }
 
+/// Which distribution a sample's `logprobs` come from (the record's
+/// `upstream_request.graft_logprobs`; records without the key are post-temperature).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum LogprobKind {
+    /// `log_softmax(logits / T)` after penalties and bias: the distribution sampled from
+    /// (SGLang, `graft serve`; vLLM with `--logprobs-mode processed_logprobs`).
+    #[default]
+    PostTemperature,
+    /// `log_softmax(logits)` of the raw model output, before temperature, penalties and
+    /// bias (vLLM's default `raw_logprobs`).
+    PreTemperature,
+}
+
+impl LogprobKind {
+    /// The name in records and samples files.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            LogprobKind::PostTemperature => "post_temperature",
+            LogprobKind::PreTemperature => "pre_temperature",
+        }
+    }
+
+    /// `post_temperature` | `pre_temperature`.
+    pub fn parse(name: &str) -> Option<LogprobKind> {
+        match name {
+            "post_temperature" => Some(LogprobKind::PostTemperature),
+            "pre_temperature" => Some(LogprobKind::PreTemperature),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for LogprobKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One token-masked training sequence: the calls of a session that continue each other,
 /// merged.
 #[derive(Debug, Clone, PartialEq, Default)]
@@ -147,6 +188,10 @@ pub struct Sample {
     pub tokenizer_fingerprint: String,
     pub template_fingerprint: String,
     pub schema_version: u32,
+    /// Which distribution `logprobs` come from: that of the sample's calls with known
+    /// logprobs (a merged call of the other kind has its logprobs dropped, see
+    /// `crate::merge`).
+    pub logprob_kind: LogprobKind,
 }
 
 impl Sample {
@@ -209,6 +254,7 @@ pub fn samples_schema() -> SchemaRef {
             ))),
             false,
         ),
+        Field::new("logprob_kind", DataType::Utf8, false),
     ]))
 }
 
@@ -245,6 +291,7 @@ fn build_batch(
     let mut token_versions = ListBuilder::new(StringBuilder::new());
     let mut token_calls = ListBuilder::new(UInt32Builder::new());
     let mut call_rewards = ListBuilder::new(Float64Builder::new());
+    let mut logprob_kind = StringBuilder::with_capacity(n, n * 16);
     let mut ev_lens = Vec::with_capacity(n);
     let mut ev_kind = StringBuilder::new();
     let mut ev_at = UInt32Builder::new();
@@ -291,6 +338,7 @@ fn build_batch(
             call_rewards.values().append_option(r);
         }
         call_rewards.append(true);
+        logprob_kind.append_value(s.logprob_kind.as_str());
         ev_lens.push(s.events.len());
         for ev in &s.events {
             ev_kind.append_value(ev.kind.as_str());
@@ -342,6 +390,7 @@ fn build_batch(
         Arc::new(token_calls.finish()),
         Arc::new(call_rewards.finish()),
         Arc::new(events),
+        Arc::new(logprob_kind.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
 }
@@ -662,6 +711,10 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
             .column_by_name("events")
             .map(|_| c.list("events"))
             .transpose()?;
+        let logprob_kind = batch
+            .column_by_name("logprob_kind")
+            .map(|_| c.string("logprob_kind"))
+            .transpose()?;
         for row in 0..batch.num_rows() {
             let mut s = Sample {
                 sample_id: sample_id.value(row).to_owned(),
@@ -690,6 +743,19 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
                 tokenizer_fingerprint: tokenizer_fp.value(row).to_owned(),
                 template_fingerprint: template_fp.value(row).to_owned(),
                 schema_version: schema_version.value(row),
+                logprob_kind: match logprob_kind {
+                    Some(col) if !col.is_null(row) => LogprobKind::parse(col.value(row))
+                        .ok_or_else(|| {
+                            c.bad(
+                                "logprob_kind",
+                                format!(
+                                    "row {row} is {:?}, expected \"post_temperature\" or \"pre_temperature\" (a newer graft wrote it?)",
+                                    col.value(row)
+                                ),
+                            )
+                        })?,
+                    _ => LogprobKind::PostTemperature,
+                },
             };
             match token_versions {
                 Some(col) => {

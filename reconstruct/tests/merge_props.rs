@@ -88,6 +88,7 @@ impl Session {
             prompt_ids: prompt,
             completion_ids: completion,
             completion_logprobs: logprobs,
+            logprob_kind: Default::default(),
             weight_version: Some(format!(
                 "w{}{}",
                 seq / 3,

@@ -230,6 +230,7 @@ fn main() -> anyhow::Result<()> {
                     tokens,
                     loss_mask: vec![1; a.seq],
                     rollout_logprobs: Some(vec![Some(-(spec.vocab_size as f32).ln()); a.seq]),
+                    logprob_kind: Default::default(),
                     advantage: if i % 2 == 0 { 1.0 } else { -1.0 },
                     turn_advantages: None,
                     reward: (i % 2) as f64,

@@ -5,6 +5,12 @@
 //! reference, and the token-mean over a whole optimizer step. Logprobs come from a temperature-scaled fp32 log-softmax computed in chunks of
 //! positions.
 //!
+//! Rollout logprobs are compared like with like: a rollout engine that reports
+//! pre-temperature logprobs (vLLM's default `raw_logprobs`) is compared with the trainer's
+//! logprobs at temperature 1 ([`TokenInputs::compare_logp`]); the objective itself (the
+//! PPO ratio's numerator, π_old in recompute mode, the KL term) stays at the run's
+//! temperature.
+//!
 //! Alignment: every per-token tensor here is `[batch, seq]` aligned to the tokens, like a
 //! `Sample`'s `logprobs`: entry `i` is about token `i` (its logprob given tokens `..i`);
 //! entry 0 is never trained (it has no prefix).
@@ -177,6 +183,14 @@ pub struct TokenInputs<'a> {
     pub old_logp: &'a Tensor,
     /// The rollout engine's logprobs.
     pub rollout_logp: &'a Tensor,
+    /// The trainer's logprobs in the rollout logprobs' own convention (detached), the
+    /// side `rollout_logp` is compared with (the truncated importance weight, rejection,
+    /// `abs_gap`, `mismatch_kl`): at temperature 1 where the rollout engine reported
+    /// pre-temperature logprobs (vLLM's `raw_logprobs`), at the run's temperature
+    /// elsewhere. `None`: every rollout logprob is at the run's temperature, so the
+    /// comparison side is π_old in recompute mode, the current policy (detached) in
+    /// bypass mode.
+    pub compare_logp: Option<&'a Tensor>,
     /// 1.0 where the rollout engine's logprob is known, 0.0 where it is not (the sample
     /// carried `None`); `None`: every one is known. The rollout/trainer statistics
     /// (`abs_gap`, `mismatch_kl`) are taken over known tokens only.
@@ -268,10 +282,12 @@ pub fn grpo_loss_pending(
     let mut per_token = s1.f_minimum(&s2)?.f_neg()?;
     let mask = x.mask;
     // The trainer/rollout log-ratio per token: π_old's in recompute mode; in bypass mode the
-    // current policy's (detached), which equals π_old in a single-step update.
-    let trainer_logp = match cfg.mode {
-        PolicyMode::Bypass => x.logp.f_detach()?,
-        PolicyMode::Recompute => old.shallow_clone(),
+    // current policy's (detached), which equals π_old in a single-step update; each in the
+    // rollout logprobs' convention (`compare_logp`).
+    let trainer_logp = match (x.compare_logp, cfg.mode) {
+        (Some(c), _) => c.f_detach()?,
+        (None, PolicyMode::Bypass) => x.logp.f_detach()?,
+        (None, PolicyMode::Recompute) => old.shallow_clone(),
     };
     let diff = trainer_logp
         .f_sub(&x.rollout_logp.f_detach()?)?

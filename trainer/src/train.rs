@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 use std::time::Instant;
 
-use graft_reconstruct::sample::Sample;
+use graft_reconstruct::sample::{LogprobKind, Sample};
 use tch::Tensor;
 
 use crate::bar::{self, BarConfig, BarDecision};
@@ -25,6 +25,10 @@ pub struct TrainSample {
     /// rollout logprob is unknown needs π_old recomputed and gets no importance weight
     /// (its rollout logprob is taken to be π_old's: weight 1), see [`Trainer::step`].
     pub rollout_logprobs: Option<Vec<Option<f32>>>,
+    /// Which distribution `rollout_logprobs` come from: post-temperature ones are compared
+    /// with the trainer's logprobs at the run's temperature, pre-temperature ones (vLLM's
+    /// `raw_logprobs`) with the trainer's at temperature 1 (see [`Trainer::step`]).
+    pub logprob_kind: LogprobKind,
     /// The sequence's advantage (its session reward's), on every token.
     pub advantage: f64,
     /// Aligned to `tokens`: a per-turn term added to `advantage` (from call rewards: the
@@ -262,6 +266,7 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
             tokens: s.tokens.iter().map(|&t| i64::from(t)).collect(),
             loss_mask: s.loss_mask.clone(),
             rollout_logprobs: known.then(|| s.logprobs.clone()),
+            logprob_kind: s.logprob_kind,
             advantage: a,
             turn_advantages,
             reward: s.reward.unwrap_or_else(mean_call),
@@ -316,6 +321,9 @@ struct Micro {
     /// 1 where the rollout logprob is known, per token.
     known: Tensor,
     adv: Tensor,
+    /// `[rows, 1]`: 1 on rows whose rollout logprobs are pre-temperature; `None` when no
+    /// row's are.
+    pre: Option<Tensor>,
 }
 
 impl TrainSample {
@@ -345,6 +353,14 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
     let mut rollout = vec![0f32; n * len];
     let mut known = vec![0f32; n * len];
     let mut adv = vec![0f32; n * len];
+    let pre: Vec<f32> = rows
+        .iter()
+        .map(|&i| {
+            f32::from(u8::from(
+                batch[i].logprob_kind == LogprobKind::PreTemperature,
+            ))
+        })
+        .collect();
     for (r, &i) in rows.iter().enumerate() {
         let s = &batch[i];
         if s.loss_mask.len() != s.tokens.len() {
@@ -388,6 +404,15 @@ fn build_micro(batch: &[TrainSample], rows: &[usize], device: tch::Device) -> Re
         rollout: t(&rollout)?,
         known: t(&known)?,
         adv: t(&adv)?,
+        pre: if pre.contains(&1.0) {
+            Some(
+                Tensor::from_slice(&pre)
+                    .f_reshape([n as i64, 1])?
+                    .f_to_device(device)?,
+            )
+        } else {
+            None
+        },
     })
 }
 
@@ -416,6 +441,13 @@ impl Trainer {
     /// One optimizer step over `batch`: the token mean is over all of its trained tokens
     /// (counted here, before the micro-batches), gradients accumulate over the
     /// micro-batches, then AdamW steps (clipped; skipped when not finite).
+    ///
+    /// Rollout logprobs are compared like with like: a sample's pre-temperature ones
+    /// ([`LogprobKind::PreTemperature`], vLLM's `raw_logprobs`) with the trainer's at
+    /// temperature 1 (the importance weight, the rejection bound, the statistics; in bypass
+    /// mode the PPO ratio's value), post-temperature ones with the trainer's at the run's
+    /// temperature. The objective (the ratio's gradient, π_old in recompute mode, the KL
+    /// term) stays at the run's temperature.
     pub fn step(&mut self, batch: &[TrainSample]) -> Result<StepStats> {
         let start = Instant::now();
         let total: f64 = batch
@@ -441,19 +473,45 @@ impl Trainer {
         self.optimizer.zero_grad()?;
         for rows in &groups {
             let m = build_micro(batch, rows, device)?;
-            let old = match cfg.mode {
-                PolicyMode::Bypass => m.rollout.shallow_clone(),
-                PolicyMode::Recompute => tch::no_grad(|| {
-                    grpo::token_logprobs(&self.model, &m.ids, cfg.temperature, cfg.logprob_chunk)
-                })?,
+            // Rows whose rollout logprobs are pre-temperature are compared with the
+            // trainer's at temperature 1 (the same raw distribution); at temperature 1
+            // both conventions are one.
+            let pre = m.pre.as_ref().filter(|_| cfg.temperature != 1.0);
+            // The trainer's logprobs in each row's rollout convention: `scaled` (the run's
+            // temperature) on post-temperature rows, `raw` on pre-temperature ones.
+            let compare = |scaled: &Tensor, raw: &Tensor, pre: &Tensor| -> Result<Tensor> {
+                Ok(scaled.f_add(&raw.f_sub(scaled)?.f_mul(pre)?)?)
             };
-            // Unknown rollout logprobs, per token: weight 1 (rollout := old), so a token
-            // whose sampler's logprob is unknown is left out of the importance correction
-            // but still trained against the recomputed π_old.
-            let rollout = m
-                .rollout
-                .f_mul(&m.known)?
-                .f_add(&old.f_mul(&m.known.f_neg()?.f_add_scalar(1.0)?)?)?;
+            // Recompute: π_old at the run's temperature, and its comparison side.
+            let recomputed = match cfg.mode {
+                PolicyMode::Bypass => None,
+                PolicyMode::Recompute => {
+                    Some(tch::no_grad(|| -> Result<(Tensor, Option<Tensor>)> {
+                        let hidden = self.model.forward_hidden(&m.ids, None)?;
+                        let old = grpo::hidden_logprobs(
+                            &self.model,
+                            &hidden,
+                            &m.ids,
+                            cfg.temperature,
+                            cfg.logprob_chunk,
+                        )?;
+                        let cmp = match pre {
+                            Some(p) => {
+                                let raw = grpo::hidden_logprobs(
+                                    &self.model,
+                                    &hidden,
+                                    &m.ids,
+                                    1.0,
+                                    cfg.logprob_chunk,
+                                )?;
+                                Some(compare(&old, &raw, p)?)
+                            }
+                            None => None,
+                        };
+                        Ok((old, cmp))
+                    })?)
+                }
+            };
             // With checkpointing the layers ran without autograd; the head and the loss
             // build on the last layer's output, a leaf.
             let layers = if self.config.checkpoint_layers {
@@ -472,6 +530,40 @@ impl Trainer {
                 cfg.temperature,
                 cfg.logprob_chunk,
             )?;
+            let (old, compare_logp) = match recomputed {
+                Some(r) => r,
+                // Bypass: π_old = the rollout logprobs. A pre-temperature row has none at
+                // the run's temperature; its π_old is the current policy's (detached) less
+                // the raw trainer/rollout log-ratio, so its PPO ratio is that raw ratio
+                // (exact when both ran the same weights: then 1), and its gradient the
+                // policy's at the run's temperature.
+                None => match pre {
+                    Some(p) => {
+                        let scaled = logp.f_detach()?;
+                        let raw = tch::no_grad(|| {
+                            grpo::hidden_logprobs(
+                                &self.model,
+                                &hidden,
+                                &m.ids,
+                                1.0,
+                                cfg.logprob_chunk,
+                            )
+                        })?;
+                        let cmp = compare(&scaled, &raw, p)?;
+                        let old = m.rollout.f_add(&scaled.f_sub(&cmp)?)?;
+                        (old, Some(cmp))
+                    }
+                    None => (m.rollout.shallow_clone(), None),
+                },
+            };
+            // Unknown rollout logprobs, per token: weight 1 (rollout := the trainer's side
+            // of the comparison), so a token whose sampler's logprob is unknown is left out
+            // of the importance correction but still trained against the recomputed π_old.
+            let side = compare_logp.as_ref().unwrap_or(&old);
+            let rollout = m
+                .rollout
+                .f_mul(&m.known)?
+                .f_add(&side.f_mul(&m.known.f_neg()?.f_add_scalar(1.0)?)?)?;
             let adv = m.adv.f_expand_as(&m.mask)?;
             let ref_logp = match (&self.reference, cfg.kl_coef != 0.0) {
                 (Some(r), true) => Some(tch::no_grad(|| {
@@ -488,6 +580,7 @@ impl Trainer {
                 logp: &logp,
                 old_logp: &old,
                 rollout_logp: &rollout,
+                compare_logp: compare_logp.as_ref(),
                 known: Some(&m.known),
                 advantages: &adv,
                 mask: &m.mask,
@@ -582,6 +675,7 @@ mod tests {
             tokens: vec![1; len],
             loss_mask: vec![1; len],
             rollout_logprobs: None,
+            logprob_kind: LogprobKind::PostTemperature,
             advantage: 0.0,
             turn_advantages: None,
             reward: 0.0,
@@ -756,6 +850,7 @@ mod tests {
             loss_mask: vec![0, 1, 1, 1],
             // Positions 2 and 3 were trained without a sampler logprob.
             rollout_logprobs: Some(vec![None, Some(sampled), None, None]),
+            logprob_kind: LogprobKind::PostTemperature,
             advantage,
             turn_advantages: None,
             reward: advantage,

@@ -115,6 +115,7 @@ fn a_checkpointed_step_reports_the_plain_steps_loss_and_gradient_norm() -> anyho
             TrainSample {
                 loss_mask: (0..10).map(|j| u8::from(j >= 3)).collect(),
                 rollout_logprobs: Some(vec![Some(-3.5); tokens.len()]),
+                logprob_kind: Default::default(),
                 tokens,
                 advantage: [1.0, -0.5, -0.5][i as usize],
                 turn_advantages: None,

@@ -172,6 +172,7 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
         tokenizer_fingerprint: "t".into(),
         template_fingerprint: "t".into(),
         schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
+        logprob_kind: Default::default(),
     };
     let samples = run.path().join("samples/step-00000.parquet");
     graft_reconstruct::sample::write_samples_parquet(&[sample], &samples).unwrap();

@@ -12,7 +12,14 @@ events at their token positions (``kind`` fork | branch | drift, ``at``, ``len``
 debugging do. ``token_calls`` (aligned to ``tokens``: the index in ``call_ids`` of the call
 that sampled each token, null on mask-0 tokens) and ``call_rewards`` (aligned to
 ``call_ids``: process rewards posted for single calls, null where none) carry per-turn
-rewards.
+rewards. ``logprob_kind`` says which distribution ``logprobs`` come from:
+``post_temperature`` (the one sampled from: SGLang, ``graft serve``, vLLM with
+``--logprobs-mode processed_logprobs``; also every file without the column) or
+``pre_temperature`` (vLLM's default ``raw_logprobs``, before temperature, penalties and
+bias). Every framework here compares rollout logprobs with its own temperature-scaled
+ones, so a ``pre_temperature`` sample's logprobs are handed to none of them: they count as
+unknown (``sampled_logprobs_known`` is false, TRL gets ``None`` per token) and the
+framework recomputes its old policy.
 
 Frameworks that split a sequence into prompt and response get:
 
@@ -66,6 +73,7 @@ class Sample:
     tokenizer_fingerprint: str = ""
     template_fingerprint: str = ""
     schema_version: int = SCHEMA_VERSION
+    logprob_kind: str = "post_temperature"
 
     # -- the response-only view -------------------------------------------------------
 
@@ -100,8 +108,19 @@ class Sample:
         a, b = self.span()
         return self.logprobs[a:b]
 
+    @property
+    def response_sampler_logprobs(self) -> list[Optional[float]]:
+        """``response_logprobs`` as the sampling distribution's: all ``None`` for a
+        ``pre_temperature`` sample (not comparable with a temperature-scaled logprob)."""
+        if self.logprob_kind != "post_temperature":
+            return [None] * len(self.response_logprobs)
+        return self.response_logprobs
+
     def sampled_logprobs_known(self) -> bool:
-        """Every sampled token's logprob was recorded."""
+        """Every sampled token's logprob was recorded, as the sampling distribution's
+        (post-temperature; a ``pre_temperature`` sample's count as unknown)."""
+        if self.logprob_kind != "post_temperature":
+            return False
         return all(lp is not None for lp, m in zip(self.logprobs, self.loss_mask) if m == 1)
 
     def sampled_tokens(self) -> list[int]:
@@ -173,6 +192,11 @@ def _check(s: Sample) -> None:
                 f"sample {s.sample_id!r}: event {e!r} is not a fork, branch or drift at a token "
                 f"position (0..{n}); the file is not graft's sample layout"
             )
+    if s.logprob_kind not in ("post_temperature", "pre_temperature"):
+        raise SampleError(
+            f"sample {s.sample_id!r} has logprob_kind {s.logprob_kind!r}; this package knows "
+            "post_temperature and pre_temperature"
+        )
     if s.schema_version > SCHEMA_VERSION:
         raise SampleError(
             f"sample {s.sample_id!r} has schema_version {s.schema_version}, newer than this package "
@@ -212,6 +236,7 @@ def from_table(table: pa.Table) -> list[Sample]:
             tokenizer_fingerprint=col("tokenizer_fingerprint", str)[i] or "",
             template_fingerprint=col("template_fingerprint", str)[i] or "",
             schema_version=int(col("schema_version", lambda: 1)[i] or 1),
+            logprob_kind=col("logprob_kind", lambda: None)[i] or "post_temperature",
         )
         if not has_tv:
             _upgrade_v1(s)

@@ -117,6 +117,7 @@ def _sample(d: dict) -> Sample:
         tokenizer_fingerprint=d.get("tokenizer_fingerprint") or "",
         template_fingerprint=d.get("template_fingerprint") or "",
         schema_version=int(d.get("schema_version") or 2),
+        logprob_kind=d.get("logprob_kind") or "post_temperature",
     )
     _check(s)
     return s

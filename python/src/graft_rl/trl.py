@@ -40,7 +40,7 @@ def to_trl(
     return {
         "prompt_ids": [s.prompt_ids for s in ss],
         "completion_ids": [s.response_ids for s in ss],
-        "logprobs": [s.response_logprobs for s in ss],
+        "logprobs": [s.response_sampler_logprobs for s in ss],
         "env_mask": [s.response_mask for s in ss],
         "graft_reward": r,
         "graft_sample_id": [s.sample_id for s in ss],
