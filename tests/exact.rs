@@ -1675,3 +1675,123 @@ async fn tool_call_text_is_parsed_only_when_the_request_lets_the_server_parse_it
         }
     }
 }
+
+/// The structured-output request of each client dialect, with the schema it carries.
+fn structured_requests() -> Vec<(&'static str, Value, Value)> {
+    let schema = json!({"type": "object", "properties": {"title": {"type": "string"}},
+        "required": ["title"], "additionalProperties": false});
+    let user = json!([{"role": "user", "content": "hello"}]);
+    vec![
+        (
+            "chat/completions",
+            json!({"model": "qwen3", "messages": user, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "title", "schema": schema, "strict": true}}}),
+            schema.clone(),
+        ),
+        (
+            "chat/completions",
+            json!({"model": "qwen3", "messages": user, "stream": true,
+                "response_format": {"type": "json_object"}}),
+            json!({"type": "object"}),
+        ),
+        (
+            "responses",
+            json!({"model": "qwen3", "input": "hello", "text": {"format": {"type": "json_schema",
+                "name": "title", "schema": schema, "strict": true}}}),
+            schema.clone(),
+        ),
+        (
+            "messages",
+            json!({"model": "qwen3", "max_tokens": 100, "messages": user,
+                "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+            schema.clone(),
+        ),
+        (
+            "completions",
+            json!({"model": "qwen3", "prompt": "hello", "response_format": {"type": "json_schema",
+                "json_schema": {"name": "title", "schema": schema}}}),
+            schema,
+        ),
+    ]
+}
+
+/// Structured output in exact mode: the schema each dialect carries reaches the backend as
+/// SGLang's `json_schema` sampling parameter (a JSON string, as SGLang's own chat server
+/// sends it), a plain call carries none, and a malformed format is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn structured_output_reaches_the_backend_in_every_dialect() {
+    let s = start(SCRIPT, &[], &[]);
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    let cases = structured_requests();
+    for (path, body, _) in &cases {
+        let r = http::post_json(
+            &format!("{base}/{path}"),
+            &[("anthropic-version", "2023-06-01")],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = asked(&s.upstream.url).await;
+    let sent: Vec<&Value> = log["generate"].as_array().unwrap().iter().collect();
+    assert_eq!(sent.len(), cases.len() + 1, "{log}");
+    for ((path, _, schema), got) in cases.iter().zip(&sent) {
+        let js = got["sampling_params"]["json_schema"]
+            .as_str()
+            .unwrap_or_else(|| panic!("{path}: no json_schema reached SGLang: {got}"));
+        assert_eq!(
+            serde_json::from_str::<Value>(js).unwrap(),
+            *schema,
+            "{path}: {got}"
+        );
+    }
+    assert!(
+        sent[cases.len()]["sampling_params"]
+            .get("json_schema")
+            .is_none()
+    );
+    // Malformed formats: 400 naming the field, in the client's dialect.
+    for (path, body, field) in [
+        (
+            "chat/completions",
+            json!({"model": "qwen3", "messages": [{"role": "user", "content": "x"}],
+                "response_format": {"type": "json_schema"}}),
+            "response_format",
+        ),
+        (
+            "responses",
+            json!({"model": "qwen3", "input": "x", "text": {"format": {"type": "xml"}}}),
+            "text.format",
+        ),
+        (
+            "messages",
+            json!({"model": "qwen3", "max_tokens": 10, "messages": [{"role": "user", "content": "x"}],
+                "output_config": {"format": {"type": "json_schema"}}}),
+            "output_config.format.schema",
+        ),
+    ] {
+        let r = http::post_json(
+            &format!("{base}/{path}"),
+            &[("anthropic-version", "2023-06-01")],
+            &body,
+        )
+        .await;
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert!(r.text().contains(field), "{path}: {}", r.text());
+    }
+    assert_eq!(
+        asked(&s.upstream.url).await["generate"]
+            .as_array()
+            .unwrap()
+            .len(),
+        cases.len() + 1,
+        "a refused format reached the backend"
+    );
+}

@@ -380,3 +380,55 @@ async fn vllm_wire_refusals_and_stream_errors_reach_the_client_in_its_dialect() 
         "{recs:#?}"
     );
 }
+
+/// Structured output over the vLLM wire: each dialect's schema reaches vLLM as
+/// `structured_outputs` (`json`, or `json_object` for any object), as vLLM's own chat server
+/// turns `response_format` into it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_structured_output_reaches_the_backend_in_every_dialect() {
+    let schema = json!({"type": "object", "properties": {"title": {"type": "string"}},
+        "required": ["title"]});
+    let user = json!([{"role": "user", "content": "hello"}]);
+    let cases = [
+        (
+            "chat/completions",
+            json!({"model": "qwen3", "messages": user, "response_format": {"type": "json_schema",
+                "json_schema": {"name": "title", "schema": schema}}}),
+            json!({"json": schema}),
+        ),
+        (
+            "chat/completions",
+            json!({"model": "qwen3", "messages": user, "response_format": {"type": "json_object"}}),
+            json!({"json_object": true}),
+        ),
+        (
+            "responses",
+            json!({"model": "qwen3", "input": "hello", "text": {"format": {"type": "json_schema",
+                "name": "title", "schema": schema}}}),
+            json!({"json": schema}),
+        ),
+        (
+            "messages",
+            json!({"model": "qwen3", "max_tokens": 100, "messages": user,
+                "output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+            json!({"json": schema}),
+        ),
+    ];
+    let s = stack(&[]);
+    let base = s.base_url(None);
+    for (path, body, _) in &cases {
+        let r = http::post_json(
+            &format!("{base}/{path}"),
+            &[("anthropic-version", "2023-06-01")],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let log = vllm_log(&s.upstream.url).await;
+    let sent = log["completions"].as_array().unwrap();
+    assert_eq!(sent.len(), cases.len(), "{log}");
+    for ((path, _, want), got) in cases.iter().zip(sent) {
+        assert_eq!(got["body"]["structured_outputs"], *want, "{path}: {got}");
+    }
+}

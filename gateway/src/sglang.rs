@@ -39,6 +39,9 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
         min_p: s.min_p,
         repetition_penalty: s.repetition_penalty,
         logit_bias: s.logit_bias.clone(),
+        // Structured output as SGLang's chat server passes it: the schema as a JSON string
+        // (`{"type": "object"}` for any object).
+        json_schema: s.format.as_ref().map(|f| f.schema().to_string()),
         // Output ids must hold everything sampled, the stop string included.
         no_stop_trim: Some(true),
         skip_special_tokens: Some(false),

@@ -16,7 +16,7 @@ use graft_wire::vllm::{self as wire, CompletionRequest, CompletionResponse, Stop
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use crate::dialect::Sampling;
+use crate::dialect::{OutputFormat, Sampling};
 use crate::sglang::{FinishReason, Progress};
 
 /// The sampling keys of a `/v1/completions` body. `max_tokens` is always set: vLLM's own
@@ -42,6 +42,18 @@ pub fn sampling(s: &Sampling, default_max_tokens: u64) -> Value {
         // special tokens shown) so a record's body says what the ids decode to.
         include_stop_str_in_output: Some(true),
         skip_special_tokens: Some(false),
+        // What vLLM's own chat server makes of `response_format`
+        // (`structured_outputs_from_response_format`).
+        structured_outputs: s.format.as_ref().map(|f| match f {
+            OutputFormat::JsonObject => graft_wire::vllm::StructuredOutputs {
+                json_object: Some(true),
+                ..Default::default()
+            },
+            OutputFormat::JsonSchema { schema, .. } => graft_wire::vllm::StructuredOutputs {
+                json: Some(schema.clone()),
+                ..Default::default()
+            },
+        }),
         ..CompletionRequest::default()
     };
     let mut v = serde_json::to_value(&r).unwrap_or(Value::Null);

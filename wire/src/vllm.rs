@@ -104,6 +104,19 @@ pub struct CompletionRequest {
     /// The id vLLM runs the request under (`cmpl-{request_id}` in its answer and logs).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub request_id: Option<String>,
+    /// Constrained decoding (`StructuredOutputsParams` in `vllm/sampling_params.py`): one of
+    /// `json` (a schema), `json_object`, `regex`, `choice`, `grammar`, `structural_tag`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structured_outputs: Option<StructuredOutputs>,
+}
+
+/// `StructuredOutputsParams`, the constraints graft sends.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StructuredOutputs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json_object: Option<bool>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

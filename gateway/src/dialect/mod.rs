@@ -165,6 +165,125 @@ pub struct Sampling {
     /// OpenAI's `logit_bias`: token id (as a string) → bias.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logit_bias: Option<Map<String, Value>>,
+    /// Structured output: Chat `response_format`, Responses `text.format`, Anthropic
+    /// `output_config.format`; the backend constrains the decode to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<OutputFormat>,
+}
+
+/// A structured-output constraint: the answer is any JSON object, or JSON that matches a
+/// schema. SGLang's chat server turns both into its `json_schema` sampling parameter
+/// (`{"type": "object"}` for the first; `ChatCompletionRequest.to_sampling_params` in
+/// `sglang/srt/entrypoints/openai/protocol.py`), vLLM's into `structured_outputs`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum OutputFormat {
+    JsonObject,
+    JsonSchema {
+        schema: Value,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        strict: Option<bool>,
+    },
+}
+
+impl OutputFormat {
+    /// An OpenAI format object at `field`: `{"type": "text"}` (or absent, null) is none;
+    /// `{"type": "json_object"}`; `{"type": "json_schema", ...}` with the schema, name and
+    /// strict under `json_schema` (Chat, `nested`) or beside `type` (Responses).
+    pub(crate) fn from_openai(
+        v: Option<&Value>,
+        field: &str,
+        nested: bool,
+    ) -> Result<Option<OutputFormat>, GatewayError> {
+        let obj = match v {
+            None | Some(Value::Null) => return Ok(None),
+            Some(Value::Object(o)) => o,
+            Some(other) => {
+                return Err(GatewayError::field(
+                    field,
+                    format!("'{field}' must be an object, got {}", kind(other)),
+                ));
+            }
+        };
+        match obj.get("type").and_then(Value::as_str) {
+            Some("text") => Ok(None),
+            Some("json_object") => Ok(Some(OutputFormat::JsonObject)),
+            Some("json_schema") => {
+                let (inner, at) = if nested {
+                    match obj.get("json_schema") {
+                        Some(Value::Object(o)) => (o, format!("{field}.json_schema")),
+                        _ => {
+                            return Err(GatewayError::field(
+                                field,
+                                format!(
+                                    "'{field}.json_schema' must be an object holding the schema when '{field}.type' is \"json_schema\""
+                                ),
+                            ));
+                        }
+                    }
+                } else {
+                    (obj, field.to_string())
+                };
+                let schema = match inner.get("schema") {
+                    Some(s @ (Value::Object(_) | Value::Bool(_))) => s.clone(),
+                    _ => {
+                        return Err(GatewayError::field(
+                            field,
+                            format!(
+                                "'{at}.schema' must be a JSON schema (an object) when '{field}.type' is \"json_schema\""
+                            ),
+                        ));
+                    }
+                };
+                Ok(Some(OutputFormat::JsonSchema {
+                    schema,
+                    name: inner
+                        .get("name")
+                        .and_then(Value::as_str)
+                        .map(str::to_string),
+                    strict: inner.get("strict").and_then(Value::as_bool),
+                }))
+            }
+            other => Err(GatewayError::field(
+                field,
+                format!(
+                    "'{field}.type' must be \"text\", \"json_object\" or \"json_schema\", got {}",
+                    other.map_or_else(|| "nothing".to_string(), |t| format!("{t:?}"))
+                ),
+            )),
+        }
+    }
+
+    /// The schema the decode is constrained to (`{"type": "object"}` for any object).
+    pub fn schema(&self) -> Value {
+        match self {
+            OutputFormat::JsonObject => serde_json::json!({"type": "object"}),
+            OutputFormat::JsonSchema { schema, .. } => schema.clone(),
+        }
+    }
+
+    /// As Chat's `response_format`.
+    pub fn to_chat(&self) -> Value {
+        match self {
+            OutputFormat::JsonObject => serde_json::json!({"type": "json_object"}),
+            OutputFormat::JsonSchema {
+                schema,
+                name,
+                strict,
+            } => {
+                let mut js = serde_json::json!({
+                    "name": name.clone().unwrap_or_else(|| "response".into()),
+                    "schema": schema,
+                });
+                if let Some(s) = strict {
+                    js["strict"] = Value::Bool(*s);
+                }
+                serde_json::json!({"type": "json_schema", "json_schema": js})
+            }
+        }
+    }
 }
 
 /// `obj[key]` as a non-negative integer: absent or null is `None`; anything else (a

@@ -21,6 +21,7 @@ const MAPPED_KEYS: &[&str] = &[
     "stop_sequences",
     "thinking",
     "stream",
+    "output_config",
 ];
 
 /// An invalid-field error whose message starts with the field's path.
@@ -157,6 +158,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     }
 
     parse_thinking(obj, &mut conv)?;
+    parse_output_config(obj, &mut conv)?;
     conv.stream = opt_bool(obj, "stream", "stream")?.unwrap_or(false);
 
     let mut kept = Vec::new();
@@ -176,6 +178,62 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         ));
     }
     Ok(conv)
+}
+
+/// `output_config`: its `format` (`{"type": "json_schema", "schema": {...}}`, structured
+/// output, e.g. Claude Code's title call) is the conversation's; anything else in it is
+/// kept for the record.
+fn parse_output_config(
+    obj: &Map<String, Value>,
+    conv: &mut Conversation,
+) -> Result<(), GatewayError> {
+    let Some(cfg) = given(obj, "output_config") else {
+        return Ok(());
+    };
+    let cfg = as_obj(cfg, "output_config")?;
+    if let Some(format) = given(cfg, "format") {
+        let f = as_obj(format, "output_config.format")?;
+        match f.get("type").and_then(Value::as_str) {
+            Some("json_schema") => match f.get("schema") {
+                Some(s @ (Value::Object(_) | Value::Bool(_))) => {
+                    conv.sampling.format = Some(crate::dialect::OutputFormat::JsonSchema {
+                        schema: s.clone(),
+                        name: None,
+                        strict: None,
+                    });
+                }
+                _ => {
+                    return Err(bad(
+                        "output_config.format.schema",
+                        "must be a JSON schema (an object)",
+                    ));
+                }
+            },
+            other => {
+                return Err(bad(
+                    "output_config.format.type",
+                    format!(
+                        "must be \"json_schema\", got {}",
+                        other.map_or_else(|| "nothing".to_string(), |t| format!("{t:?}"))
+                    ),
+                ));
+            }
+        }
+    }
+    let rest: Map<String, Value> = cfg
+        .iter()
+        .filter(|(k, _)| k.as_str() != "format")
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    if !rest.is_empty() {
+        conv.notes.push(format!(
+            "output_config fields kept for the record but not forwarded upstream: {}",
+            rest.keys().cloned().collect::<Vec<_>>().join(", ")
+        ));
+        conv.extra
+            .insert("output_config".into(), Value::Object(rest));
+    }
+    Ok(())
 }
 
 fn parse_system(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(), GatewayError> {

@@ -247,8 +247,14 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         min_p: f64_of("min_p"),
         repetition_penalty: f64_of("repetition_penalty"),
         logit_bias: crate::dialect::logit_bias_of(obj.get("logit_bias"))?,
+        format: crate::dialect::OutputFormat::from_openai(
+            obj.get("response_format"),
+            "response_format",
+            true,
+        )?,
     };
-    const KNOWN: [&str; 21] = [
+    const KNOWN: [&str; 22] = [
+        "response_format",
         "model",
         "messages",
         "tools",
@@ -470,6 +476,7 @@ pub fn to_request(conv: &Conversation) -> (Value, Vec<String>) {
     put("min_p", s.min_p.map(|v| json!(v)));
     put("repetition_penalty", s.repetition_penalty.map(|v| json!(v)));
     put("logit_bias", s.logit_bias.clone().map(Value::Object));
+    put("response_format", s.format.as_ref().map(|f| f.to_chat()));
     if conv.reasoning.is_some() {
         notes.push("reasoning settings are not forwarded to a Chat Completions upstream".into());
     }

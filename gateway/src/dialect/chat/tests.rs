@@ -166,3 +166,30 @@ fn assembles_text_completions() {
     assert_eq!(v["choices"][0]["text"], "foo bar");
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 }
+
+#[test]
+fn response_format_survives_the_round_trip_to_a_chat_upstream() {
+    let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+    let body = json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "json_schema", "json_schema": {"name": "n", "schema": schema, "strict": true}}});
+    let conv = parse_request(&body).unwrap();
+    assert!(
+        !conv.extra.contains_key("response_format"),
+        "mapped, not kept as extra"
+    );
+    let (req, _) = to_request(&conv);
+    assert_eq!(req["response_format"], body["response_format"]);
+    let plain = parse_request(
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "text"}}),
+    )
+    .unwrap();
+    assert!(to_request(&plain).0.get("response_format").is_none());
+    let err = parse_request(
+        &json!({"model": "m", "messages": [{"role": "user", "content": "x"}],
+        "response_format": {"type": "yaml"}}),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("response_format.type"), "{err}");
+}

@@ -11,6 +11,7 @@ use crate::error::GatewayError;
 const MAPPED_KEYS: &[&str] = &[
     "model",
     "prompt",
+    "response_format",
     "stream",
     "stream_options",
     "temperature",
@@ -235,6 +236,12 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         min_p: opt_f64(obj, "min_p")?,
         repetition_penalty: opt_f64(obj, "repetition_penalty")?,
         logit_bias: crate::dialect::logit_bias_of(get(obj, "logit_bias"))?,
+        // SGLang's and vLLM's Completions take Chat's `response_format` too.
+        format: crate::dialect::OutputFormat::from_openai(
+            get(obj, "response_format"),
+            "response_format",
+            true,
+        )?,
     };
     let extra: Map<String, Value> = obj
         .iter()

@@ -189,15 +189,16 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         Some(v) => return Err(wrong("reasoning", "an object", v)),
     }
 
-    if let Some(Value::Object(text)) = get(obj, "text")
-        && let Some(format) = text.get("format")
-        && !format.is_null()
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        conv.notes.push(
-            "text.format (structured output) is kept in extra.text; graft does not enforce it"
-                .into(),
-        );
+    match get(obj, "text") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(text)) => {
+            conv.sampling.format = crate::dialect::OutputFormat::from_openai(
+                text.get("format"),
+                "text.format",
+                false,
+            )?;
+        }
+        Some(v) => return Err(wrong("text", "an object", v)),
     }
     if get(obj, "background") == Some(&Value::Bool(true)) {
         conv.notes
