@@ -141,6 +141,7 @@ impl Generation {
             text: self.texts.get(n).cloned().unwrap_or_default(),
             output_ids: ids.to_vec(),
             meta_info: MetaInfo {
+                output_top_logprobs: None,
                 id: Some(self.rid.clone()),
                 finish_reason: last.then(|| self.finish.clone()),
                 prompt_tokens: Some(self.prompt_tokens),
