@@ -112,6 +112,9 @@ impl FinishReason {
     }
 }
 
+/// One position's most likely tokens, `(id, logprob)`, most likely first.
+pub type TopLogprobs = Vec<(u32, Option<f32>)>;
+
 /// Everything a generation brought so far.
 #[derive(Debug, Default, Clone)]
 pub struct Progress {
@@ -126,8 +129,8 @@ pub struct Progress {
     /// What a `stop` finish matched: SGLang's `finish_reason.matched`, vLLM's `stop_reason`
     /// (a stop token id, several, or a stop string; vLLM says null for EOS).
     pub stop_reason: Option<Value>,
-    /// Per output token (when asked for): the most likely tokens there, `(id, logprob)`.
-    pub top_logprobs: Vec<Vec<(u32, Option<f32>)>>,
+    /// Per output token (when asked for): the most likely tokens there.
+    pub top_logprobs: Vec<TopLogprobs>,
     /// `meta_info.weight_versions` as reported (spans over the output tokens).
     reported_spans: Vec<WeightSpan>,
     /// The output tokens labelled by the `weight_version` of the event that brought them.
@@ -176,7 +179,7 @@ impl Progress {
             .output_token_logprobs
             .map(|a| a.iter().map(|e| e.logprob().map(|x| x as f32)).collect())
             .unwrap_or_default();
-        let top: Option<Vec<Vec<(u32, Option<f32>)>>> = meta.output_top_logprobs.map(|a| {
+        let top: Option<Vec<TopLogprobs>> = meta.output_top_logprobs.map(|a| {
             a.iter()
                 .map(|pos| {
                     pos.iter()
