@@ -588,6 +588,7 @@ impl Answer {
             text: self.text.clone(),
             output_ids: self.ids.iter().map(|&i| wire_id(i)).collect(),
             meta_info: MetaInfo {
+                output_top_logprobs: None,
                 id: Some(self.id.clone()),
                 finish_reason: self.finish.clone(),
                 prompt_tokens: Some(self.prompt_tokens as u64),

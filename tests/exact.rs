@@ -1795,3 +1795,274 @@ async fn structured_output_reaches_the_backend_in_every_dialect() {
         "a refused format reached the backend"
     );
 }
+
+/// Chunks of a streamed Chat or Completions answer (the `[DONE]` left out).
+fn chunks_of(r: &http::Resp) -> Vec<Value> {
+    let data = r.sse_data();
+    assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect()
+}
+
+/// Issue 31, part 1: the model's context (`exact.context_length`) bounds each call. A
+/// prompt that leaves no room for one token is refused by name in the client's own error
+/// shape (Chat, Responses, Messages) before anything reaches the backend, and recorded; a
+/// token limit past what is left is clamped to it in the body the backend gets.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_past_the_context_is_refused_by_name_before_the_backend_and_a_long_limit_is_clamped()
+ {
+    let context = 120u64;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("graft.toml");
+    std::fs::write(&config, format!("[exact]\ncontext_length = {context}\n")).unwrap();
+    let s = start(SCRIPT, &[], &["--config", config.to_str().unwrap()]);
+    let (_, base) = common::open_session(&s.gateway.url).await;
+
+    let ok = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat("hello", false),
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.text());
+    let records = common::records_show(&s.data);
+    let prompt = ids(&records[0]["prompt_token_ids"]).len() as u64;
+    let log = asked(&s.upstream.url).await;
+    assert_eq!(
+        log["generate"][0]["sampling_params"]["max_new_tokens"],
+        json!(context - prompt),
+        "the default limit is clamped to what the context leaves: {log}"
+    );
+
+    let long = "word ".repeat(200);
+    let chat_r = http::post_json(
+        &format!("{base}/chat/completions"),
+        &[],
+        &chat(&long, false),
+    )
+    .await;
+    let resp_r = http::post_json(
+        &format!("{base}/responses"),
+        &[],
+        &json!({"model": "qwen3", "input": long}),
+    )
+    .await;
+    let msgs_r = http::post_json(
+        &format!("{base}/messages"),
+        &[],
+        &json!({"model": "qwen3", "max_tokens": 50, "messages": [{"role": "user", "content": long}]}),
+    )
+    .await;
+    for (name, r) in [("chat", &chat_r), ("responses", &resp_r)] {
+        assert_eq!(r.status, 400, "{name}: {}", r.text());
+        let e = &r.json()["error"];
+        assert_eq!(e["code"], "context_length_exceeded", "{name}: {e}");
+        assert_eq!(e["type"], "invalid_request_error", "{name}: {e}");
+        assert_eq!(e["param"], "messages", "{name}: {e}");
+        assert_eq!(e["retryable"], false, "{name}: {e}");
+        let m = e["message"].as_str().unwrap();
+        assert!(
+            m.starts_with(&format!("This model's maximum context length is {context} tokens. However, your messages resulted in ")),
+            "{name}: {m}"
+        );
+    }
+    assert_eq!(msgs_r.status, 400, "{}", msgs_r.text());
+    let v = msgs_r.json();
+    assert_eq!(v["type"], "error", "{v}");
+    assert_eq!(v["error"]["type"], "invalid_request_error", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("maximum context length is {context} tokens")),
+        "{v}"
+    );
+    // Nothing of the refused calls reached the backend.
+    let log = asked(&s.upstream.url).await;
+    assert_eq!(log["generate"].as_array().unwrap().len(), 1, "{log}");
+    // Each is recorded as the client's error, with the prompt that did not fit.
+    let records = common::records_show(&s.data);
+    assert_eq!(records.len(), 4);
+    for r in &records[1..] {
+        assert_eq!(r["status"], 400, "{r}");
+        assert_eq!(r["outcome"], "client_error", "{r}");
+        assert!(ids(&r["prompt_token_ids"]).len() as u64 >= context, "{r}");
+        assert!(r["completion_token_ids"].is_null(), "{r}");
+    }
+}
+
+/// Issue 31, part 5: graft asks the backend to keep a matched stop string (`no_stop_trim`)
+/// so the record holds every sampled id; the client's text ends before it, whole and
+/// streamed, as SGLang's own endpoint shows it, and the record names what matched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_string_ends_the_clients_text_before_it_while_the_record_keeps_it() {
+    const STOPS: &str = r#"{"rules": [
+      {"match": "run the code", "reply": {"content": "Thought: I print it.\nCode:\n```py\nprint(2)\n```<end_code>\nObservation: 2 was printed, and more follows."}}
+    ]}"#;
+    let s = start(STOPS, &["--chunk-delay-ms", "5"], &[]);
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    // What smolagents sends.
+    let stop = json!(["Observation:", "Calling tools:", "</code>"]);
+    let expected = "Thought: I print it.\nCode:\n```py\nprint(2)\n```<end_code>";
+    let mut whole = chat("run the code", false);
+    whole["stop"] = stop.clone();
+    let r = http::post_json(&url, &[], &whole).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    assert_eq!(
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .trim_end(),
+        expected,
+        "{v}"
+    );
+    let mut streamed = chat("run the code", true);
+    streamed["stop"] = stop.clone();
+    let r = http::post_json(&url, &[], &streamed).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let msg = common::assemble_chat(&chunks_of(&r));
+    assert_eq!(
+        msg["content"].as_str().unwrap().trim_end(),
+        expected,
+        "{msg}"
+    );
+
+    let log = asked(&s.upstream.url).await;
+    assert_eq!(
+        log["generate"][0]["sampling_params"]["no_stop_trim"], true,
+        "{log}"
+    );
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let records: Vec<Value> = common::records_show(&s.data)
+        .into_iter()
+        .filter(|r| r["session_id"] == sid)
+        .collect();
+    assert_eq!(records.len(), 2);
+    for r in &records {
+        let text = tok.decode(&ids(&r["completion_token_ids"])).unwrap();
+        assert!(text.starts_with(expected), "{text}");
+        assert!(
+            text.contains("Observation:"),
+            "the ids keep the stop string: {text}"
+        );
+        assert!(
+            !text.contains("more follows"),
+            "the backend stopped at it: {text}"
+        );
+        assert_eq!(r["finish_reason"], "stop", "{r}");
+        assert_eq!(r["backend_finish_reason"], "stop", "{r}");
+        assert_eq!(r["stop_matched"], "Observation:", "{r}");
+    }
+}
+
+/// Issue 31, parts 2-4: a Chat client with `logprobs: true, top_logprobs: 2` gets the
+/// sampled tokens' logprobs (whole and streamed), equal to the recorded ones; a Completions
+/// client with `logprobs: 2` gets them in its own shape; `reasoning_tokens` counts the
+/// reasoning part's tokens as SGLang counts them; the record says `tool_calls` where the
+/// client was told so, with the backend's `stop` beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logprobs_reasoning_tokens_and_finish_reasons_are_answered_as_the_server_would() {
+    let s = start(SCRIPT, &[], &[]);
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let body = |stream: bool| {
+        json!({"model": "qwen3", "stream": stream, "tools": tools(), "logprobs": true, "top_logprobs": 2,
+            "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null },
+            "messages": [{"role": "user", "content": "list the files please"}]})
+    };
+    let whole = http::post_json(&url, &[], &body(false)).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    let streamed = http::post_json(&url, &[], &body(true)).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    let chunks = chunks_of(&streamed);
+    let done = http::post_json(
+        &format!("{base}/completions"),
+        &[],
+        &json!({"model": "qwen3", "prompt": "tell a long story", "logprobs": 2, "max_tokens": 12}),
+    )
+    .await;
+    assert_eq!(done.status, 200, "{}", done.text());
+    let done = done.json();
+
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let records: Vec<Value> = common::records_show(&s.data)
+        .into_iter()
+        .filter(|r| r["session_id"] == sid)
+        .collect();
+    assert_eq!(records.len(), 3);
+    let think_end = tok.token_id("</think>").unwrap();
+    let streamed_lps: Vec<Value> = chunks
+        .iter()
+        .flat_map(|c| {
+            c["choices"]
+                .as_array()
+                .and_then(|a| a.first())
+                .and_then(|ch| ch["logprobs"]["content"].as_array().cloned())
+                .unwrap_or_default()
+        })
+        .collect();
+    let usage_streamed = &chunks.last().unwrap()["usage"];
+    for (r, content, usage, finish) in [
+        (
+            &records[0],
+            whole["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .unwrap()
+                .clone(),
+            &whole["usage"],
+            &whole["choices"][0]["finish_reason"],
+        ),
+        (
+            &records[1],
+            streamed_lps,
+            usage_streamed,
+            &chunks[chunks.len() - 2]["choices"][0]["finish_reason"],
+        ),
+    ] {
+        assert_eq!(*finish, "tool_calls");
+        assert_eq!(r["finish_reason"], "tool_calls", "{r}");
+        assert_eq!(r["backend_finish_reason"], "stop", "{r}");
+        let ids = ids(&r["completion_token_ids"]);
+        let lps = f32s(&r["completion_logprobs"]);
+        assert_eq!(content.len(), ids.len(), "one entry per sampled token");
+        for ((e, id), lp) in content.iter().zip(&ids).zip(&lps) {
+            assert_eq!(e["logprob"].as_f64().unwrap() as f32, *lp, "{e}");
+            assert_eq!(e["token"], tok.decode(&[*id]).unwrap(), "{e}");
+            assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
+            let top = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 2, "{e}");
+            assert_eq!(
+                top[0]["token"], e["token"],
+                "the sampled token is the likeliest here"
+            );
+        }
+        let reasoning = ids.iter().position(|&i| i == think_end).unwrap() as u64 + 1;
+        assert_eq!(
+            usage["completion_tokens_details"]["reasoning_tokens"],
+            json!(reasoning),
+            "{usage}"
+        );
+    }
+    // Completions: `logprobs.{tokens, token_logprobs, top_logprobs, text_offset}`.
+    let r = &records[2];
+    let ids = ids(&r["completion_token_ids"]);
+    let lp = &done["choices"][0]["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len(), "{lp}");
+    let got: Vec<f32> = lp["token_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_f64().unwrap() as f32)
+        .collect();
+    assert_eq!(got, f32s(&r["completion_logprobs"]));
+    assert_eq!(lp["top_logprobs"][0].as_object().unwrap().len(), 2, "{lp}");
+    assert_eq!(lp["text_offset"][0], 0, "{lp}");
+    assert_eq!(r["finish_reason"], "length", "{r}");
+    assert_eq!(r["backend_finish_reason"], "length", "{r}");
+}

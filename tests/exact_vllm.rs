@@ -432,3 +432,119 @@ async fn vllm_wire_structured_output_reaches_the_backend_in_every_dialect() {
         assert_eq!(got["body"]["structured_outputs"], *want, "{path}: {got}");
     }
 }
+
+/// Issue 31 over the vLLM wire: a stop string ends the client's text before it while the
+/// record keeps it (vLLM's `include_stop_str_in_output`) and names it (`stop_reason`); the
+/// sampled tokens' logprobs are answered and equal the recorded ones; `top_logprobs` is
+/// refused by name (vLLM keys its alternatives by text, not id); a prompt past
+/// `exact.context_length` never reaches vLLM, and a long limit is clamped in `max_tokens`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_trims_stop_strings_answers_logprobs_and_keeps_the_context_budget() {
+    let script = json!({"rules": [
+        {"match": "run the code", "reply": {"content": "Code:\nprint(2)<end_code>\nObservation: 2, and more follows."}}
+    ]});
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let q = q.to_str().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("data");
+    let script_path = dir.path().join("script.json");
+    std::fs::write(&script_path, script.to_string()).unwrap();
+    let cfg = dir.path().join("graft.toml");
+    std::fs::write(&cfg, "[exact]\nwire = \"vllm\"\ncontext_length = 200\n").unwrap();
+    let upstream =
+        Proc::scripted_upstream(&["--script", script_path.to_str().unwrap(), "--tokenizer", q]);
+    let gateway = Proc::gateway_with(
+        &upstream.url,
+        &data_dir,
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (sid, base) = common::open_session(&gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let body = |stream: bool| {
+        json!({"model": "qwen3", "stream": stream, "logprobs": true, "stop": ["Observation:", "Calling tools:", "</code>"],
+            "messages": [{"role": "user", "content": "run the code"}]})
+    };
+    let whole = http::post_json(&url, &[], &body(false)).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole = whole.json();
+    assert_eq!(
+        whole["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .trim_end(),
+        "Code:\nprint(2)<end_code>",
+        "{whole}"
+    );
+    let streamed = http::post_json(&url, &[], &body(true)).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    let data = streamed.sse_data();
+    let chunks: Vec<Value> = data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let msg = common::assemble_chat(&chunks);
+    assert_eq!(
+        msg["content"].as_str().unwrap().trim_end(),
+        "Code:\nprint(2)<end_code>"
+    );
+    let streamed_lps: Vec<f32> = chunks
+        .iter()
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|e| e["logprob"].as_f64().unwrap() as f32)
+        .collect();
+
+    let mut top = body(false);
+    top["top_logprobs"] = json!(2);
+    let r = http::post_json(&url, &[], &top).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["param"], "top_logprobs");
+    let long = "word ".repeat(300);
+    let r = http::post_json(
+        &url,
+        &[],
+        &json!({"model": "qwen3", "messages": [{"role": "user", "content": long}]}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(r.json()["error"]["code"], "context_length_exceeded");
+
+    let log = vllm_log(&upstream.url).await;
+    let sent = log["completions"].as_array().unwrap();
+    assert_eq!(sent.len(), 2, "the refused calls never reached vLLM: {log}");
+    let records = common::records_show(&data_dir);
+    let recs: Vec<&Value> = records.iter().filter(|r| r["session_id"] == sid).collect();
+    // The top_logprobs refusal is a bad request, refused while parsing (not recorded, as
+    // every such 400); the context refusal is recorded.
+    assert_eq!(recs.len(), 3);
+    let prompt = ids(&recs[0]["prompt_token_ids"]).len() as u64;
+    assert_eq!(sent[0]["body"]["max_tokens"], json!(200 - prompt), "{log}");
+    assert_eq!(sent[0]["body"]["include_stop_str_in_output"], true);
+    let content_lps: Vec<f32> = whole["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["logprob"].as_f64().unwrap() as f32)
+        .collect();
+    for (r, lps) in [(recs[0], content_lps), (recs[1], streamed_lps)] {
+        assert_eq!(f32s(&r["completion_logprobs"]), lps, "{r}");
+        assert_eq!(r["finish_reason"], "stop", "{r}");
+        assert_eq!(r["backend_finish_reason"], "stop", "{r}");
+        assert_eq!(r["stop_matched"], "Observation:", "{r}");
+    }
+    assert_eq!(recs[2]["outcome"], "client_error");
+    assert_eq!(recs[2]["status"], 400);
+}

@@ -108,6 +108,8 @@ impl Call {
             sampling: self.sampling.clone(),
             attempt: Some(self.link.attempt),
             retry_of: self.link.retry_of.clone(),
+            backend_finish_reason: o.backend_finish_reason.take(),
+            stop_matched: o.stop_matched.take(),
             headers: self.headers.clone(),
         }
     }

@@ -123,6 +123,10 @@ pub struct ExactSection {
     pub reasoning_format: Option<graft_reconstruct::parser::ReasoningFormat>,
     /// `max_new_tokens` when the request sets no limit (default 8192).
     pub max_new_tokens: Option<u64>,
+    /// The model's context length in tokens (default: `max_position_embeddings` of the model
+    /// dir's `config.json`). A prompt that leaves no room for one token is refused (400
+    /// `context_length_exceeded`); the token limit sent is clamped to what is left.
+    pub context_length: Option<u64>,
     /// Earlier calls kept per session for prefix reuse (default 4).
     pub history_per_session: Option<usize>,
     /// Token ids kept over all sessions' histories (default 100 M, ≈ 400 MB); past it the
@@ -455,6 +459,8 @@ pub struct ExactConfig {
     pub tool_call_format: graft_reconstruct::parser::ToolCallFormat,
     pub reasoning_format: graft_reconstruct::parser::ReasoningFormat,
     pub max_new_tokens: u64,
+    /// `exact.context_length` as configured (`None`: read from the model's `config.json`).
+    pub context_length: Option<u64>,
     pub history_per_session: usize,
     pub history_max_tokens: usize,
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
@@ -816,6 +822,7 @@ fn resolve_exact(
             .reasoning_format
             .unwrap_or(graft_reconstruct::parser::ReasoningFormat::Think),
         max_new_tokens: e.max_new_tokens.unwrap_or(8192),
+        context_length: e.context_length,
         history_per_session,
         history_max_tokens: e.history_max_tokens.unwrap_or(100_000_000),
         template_kwargs,

@@ -42,6 +42,17 @@ pub enum GatewayError {
     InvalidJson(String),
     #[error("invalid request: {message}")]
     InvalidField { param: String, message: String },
+    /// Exact mode: the rendered prompt leaves the model no room for one token (worded as
+    /// OpenAI's API words `context_length_exceeded`). `param`: `messages`, or `prompt` for
+    /// a Completions call.
+    #[error(
+        "This model's maximum context length is {context} tokens. However, your {param} resulted in {prompt} tokens, which leaves no room for the completion. Please reduce the length of the {param}."
+    )]
+    ContextLength {
+        context: u64,
+        prompt: u64,
+        param: &'static str,
+    },
     #[error(
         "request body is larger than the limit of {limit} bytes; raise limits.max_body_bytes or send less"
     )]
@@ -110,9 +121,11 @@ impl GatewayError {
     pub fn status(&self) -> StatusCode {
         use GatewayError::*;
         match self {
-            InvalidUtf8 { .. } | InvalidJson(_) | InvalidField { .. } | BodyRead(_) => {
-                StatusCode::BAD_REQUEST
-            }
+            InvalidUtf8 { .. }
+            | InvalidJson(_)
+            | InvalidField { .. }
+            | ContextLength { .. }
+            | BodyRead(_) => StatusCode::BAD_REQUEST,
             BodyTooLarge { .. } => StatusCode::PAYLOAD_TOO_LARGE,
             BodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             NotFound { .. } | UnknownSession(_) => StatusCode::NOT_FOUND,
@@ -186,6 +199,7 @@ impl GatewayError {
             InvalidUtf8 { .. } => "invalid_utf8",
             InvalidJson(_) => "invalid_json",
             InvalidField { .. } => "invalid_value",
+            ContextLength { .. } => "context_length_exceeded",
             BodyTooLarge { .. } => "body_too_large",
             BodyTimeout { .. } => "body_timeout",
             BodyRead(_) => "body_read_error",
@@ -212,6 +226,7 @@ impl GatewayError {
     pub fn body(&self) -> serde_json::Value {
         let param = match self {
             GatewayError::InvalidField { param, .. } => json!(param),
+            GatewayError::ContextLength { param, .. } => json!(param),
             _ => serde_json::Value::Null,
         };
         json!({

@@ -20,6 +20,9 @@ pub(crate) struct Outcome {
     /// The answer in graft's internal form (translation, exact mode).
     pub(crate) normalized_response: Option<Value>,
     pub(crate) finish_reason: Option<String>,
+    /// Exact mode: the backend's own finish reason and what a stop matched.
+    pub(crate) backend_finish_reason: Option<String>,
+    pub(crate) stop_matched: Option<Value>,
     pub(crate) ttft: Option<Duration>,
     pub(crate) upstream_time: Duration,
     /// Token ids and logprobs the upstream returned (passthrough ids, exact mode).

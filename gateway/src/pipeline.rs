@@ -237,6 +237,17 @@ pub async fn handle(
         sampling,
         link,
     };
+    // Exact mode refuses a prompt that does not fit the model's context before anything is
+    // sent; the refusal is recorded like any other.
+    if let Leg::Generate(g) = &mut leg
+        && let Some((e, tokens)) = g.refused()
+    {
+        let o = Outcome {
+            tokens,
+            ..Default::default()
+        };
+        return Err(call.fail(o, e).await);
+    }
     let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, mode = state.cfg.backend.mode().label());
     // The call runs in a task of its own: when the client goes away before its answer has
     // begun (an SDK's timeout), hyper drops this future and `gone`'s sender with it; the task

@@ -51,10 +51,17 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
 }
 
 /// The `/generate` body.
-pub fn generate_body(input_ids: &[u32], sampling_params: Value, stream: bool) -> Value {
+pub fn generate_body(
+    input_ids: &[u32],
+    sampling_params: Value,
+    stream: bool,
+    top_logprobs: u32,
+) -> Value {
     let req = GenerateRequest {
         input_ids: Some(input_ids.to_vec()),
         return_logprob: Some(true),
+        // Asked only when the client wants them (`meta_info.output_top_logprobs`).
+        top_logprobs_num: (top_logprobs > 0).then_some(top_logprobs),
         logprob_start_len: Some(-1),
         stream: Some(stream),
         ..GenerateRequest::default()
@@ -108,6 +115,9 @@ impl FinishReason {
     }
 }
 
+/// One position's most likely tokens, `(id, logprob)`, most likely first.
+pub type TopLogprobs = Vec<(u32, Option<f32>)>;
+
 /// Everything a generation brought so far.
 #[derive(Debug, Default, Clone)]
 pub struct Progress {
@@ -119,8 +129,11 @@ pub struct Progress {
     pub cached_tokens: Option<u64>,
     pub weight_version: Option<String>,
     pub id: Option<String>,
-    /// vLLM's `stop_reason`: the stop token id or stop string that ended it (null for EOS).
+    /// What a `stop` finish matched: SGLang's `finish_reason.matched`, vLLM's `stop_reason`
+    /// (a stop token id, several, or a stop string; vLLM says null for EOS).
     pub stop_reason: Option<Value>,
+    /// Per output token (when asked for): the most likely tokens there.
+    pub top_logprobs: Vec<TopLogprobs>,
     /// `meta_info.weight_versions` as reported (spans over the output tokens).
     reported_spans: Vec<WeightSpan>,
     /// The output tokens labelled by the `weight_version` of the event that brought them.
@@ -169,6 +182,16 @@ impl Progress {
             .output_token_logprobs
             .map(|a| a.iter().map(|e| e.logprob().map(|x| x as f32)).collect())
             .unwrap_or_default();
+        let top: Option<Vec<TopLogprobs>> = meta.output_top_logprobs.map(|a| {
+            a.iter()
+                .map(|pos| {
+                    pos.iter()
+                        .flatten()
+                        .map(|e| (e.token_id(), e.logprob().map(|x| x as f32)))
+                        .collect()
+                })
+                .collect()
+        });
         let before = self.output_ids.len() as u64;
         let cumulative = match total {
             Some(t) => ids.len() as u64 == t && ids.starts_with(&self.output_ids),
@@ -187,6 +210,16 @@ impl Progress {
         } else {
             self.logprobs.extend(logprobs);
         }
+        if let Some(top) = top {
+            let cumulative_top = total.is_some_and(|t| top.len() as u64 == t);
+            if cumulative_top {
+                if top.len() >= self.top_logprobs.len() {
+                    self.top_logprobs = top;
+                }
+            } else {
+                self.top_logprobs.extend(top);
+            }
+        }
         let new = if cumulative {
             let new = ids[self.output_ids.len()..].to_vec();
             self.output_ids = ids;
@@ -196,6 +229,11 @@ impl Progress {
             ids
         };
         if let Some(f) = &meta.finish_reason {
+            self.stop_reason = f.matched.as_ref().map(|m| match m {
+                wire::Matched::Token(id) => Value::from(*id),
+                wire::Matched::Tokens(ids) => Value::from(ids.clone()),
+                wire::Matched::Text(t) => Value::from(t.clone()),
+            });
             self.finish = Some(FinishReason::from_wire(f).ok_or_else(|| {
                 format!(
                     "unknown finish_reason {}",

@@ -42,6 +42,7 @@ fn answers() -> Vec<Answer> {
             output_tokens: 5,
             ..Default::default()
         }),
+        logprobs: None,
     };
     vec![
         base.clone(),

@@ -108,6 +108,9 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         Field::new("attempt", DataType::UInt32, true),
         Field::new("retry_of", DataType::Utf8, true),
         Field::new("headers", DataType::Utf8, true),
+        // Additive: exact mode's backend finish reason and what a stop matched (JSON).
+        Field::new("backend_finish_reason", DataType::Utf8, true),
+        Field::new("stop_matched", DataType::Utf8, true),
     ]))
 }
 
@@ -170,6 +173,8 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut attempt = UInt32Builder::with_capacity(n);
     let mut retry_of = StringBuilder::new();
     let mut headers = StringBuilder::new();
+    let mut backend_finish = StringBuilder::new();
+    let mut stop_matched = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -242,6 +247,8 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
                 .as_ref()
                 .and_then(|h| serde_json::to_string(h).ok()),
         );
+        backend_finish.append_option(r.backend_finish_reason.as_deref());
+        stop_matched.append_option(r.stop_matched.as_ref().map(|v| v.to_string()));
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -283,6 +290,8 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(attempt.finish()),
         Arc::new(retry_of.finish()),
         Arc::new(headers.finish()),
+        Arc::new(backend_finish.finish()),
+        Arc::new(stop_matched.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -610,6 +619,8 @@ pub(crate) fn read_parquet_where(
         let attempt = c.prim::<UInt32Type>("attempt")?;
         let retry_of = c.string("retry_of")?;
         let headers = c.string("headers")?;
+        let backend_finish = c.string("backend_finish_reason")?;
+        let stop_matched = c.string("stop_matched")?;
 
         for row in 0..batch.num_rows() {
             let response = json_cell(response, row, path, "response")?;
@@ -619,6 +630,7 @@ pub(crate) fn read_parquet_where(
             let prompt_token_ids_delta =
                 json_cell(prompt_ids_delta, row, path, "prompt_token_ids_delta")?;
             let headers = json_cell(headers, row, path, "headers")?;
+            let stop_matched = json_cell(stop_matched, row, path, "stop_matched")?;
             let weight_version_spans = json_cell(spans, row, path, "weight_version_spans")?;
             let usage = Usage {
                 prompt_tokens: opt_prim(usage_prompt, row),
@@ -665,6 +677,8 @@ pub(crate) fn read_parquet_where(
                 sampling,
                 attempt: opt_prim(attempt, row),
                 retry_of: opt_str(retry_of, row),
+                backend_finish_reason: opt_str(backend_finish, row),
+                stop_matched,
                 headers,
             };
             out.push(ReadRow {

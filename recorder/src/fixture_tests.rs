@@ -55,6 +55,8 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         sampling: None,
         attempt: None,
         retry_of: None,
+        backend_finish_reason: None,
+        stop_matched: None,
         headers: None,
     }
 }

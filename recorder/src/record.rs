@@ -122,6 +122,17 @@ pub struct CallRecord {
     /// Additive. For a retry (`attempt` > 1): the call id of the turn's first attempt.
     #[serde(default)]
     pub retry_of: Option<String>,
+    /// Additive. Exact mode: how the backend said generation ended (`stop`, `length`,
+    /// `abort`) where `finish_reason` says what the client was told (e.g. `tool_calls`,
+    /// `tool_use`); `None` for other calls and older data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_finish_reason: Option<String>,
+    /// Additive. Exact mode: what a `stop` finish matched, as the backend said it: a stop
+    /// string (`"Observation:"`), a stop token id, or several ids (SGLang's
+    /// `finish_reason.matched`, vLLM's `stop_reason`); `None` for an end-of-sequence
+    /// finish on vLLM, other finishes, other calls and older data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_matched: Option<serde_json::Value>,
     /// Additive. The request headers the gateway was configured to record
     /// (`recorder.record_headers`: names lower-cased, never credentials), name → value;
     /// `None` when none were configured or present.
@@ -246,6 +257,12 @@ pub(crate) struct StoredRecord {
     pub retry_of: Option<String>,
     /// Additive; absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backend_finish_reason: Option<String>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_matched: Option<serde_json::Value>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<std::collections::BTreeMap<String, String>>,
 }
 
@@ -288,6 +305,8 @@ impl StoredRecord {
             sampling,
             attempt,
             retry_of,
+            backend_finish_reason,
+            stop_matched,
             headers,
         } = rec;
         let token_ids =
@@ -333,6 +352,8 @@ impl StoredRecord {
             sampling,
             attempt,
             retry_of,
+            backend_finish_reason,
+            stop_matched,
             headers,
         };
         let requests = Requests {
@@ -382,6 +403,8 @@ impl StoredRecord {
             sampling: self.sampling,
             attempt: self.attempt,
             retry_of: self.retry_of,
+            backend_finish_reason: self.backend_finish_reason,
+            stop_matched: self.stop_matched,
             headers: self.headers,
         }
     }

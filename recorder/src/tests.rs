@@ -95,6 +95,8 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
         }),
         attempt: (!turn.is_multiple_of(3)).then_some(1 + (turn % 2) as u32),
         retry_of: (turn % 2 == 1).then(|| format!("{session}-first-{turn}")),
+        backend_finish_reason: turn.is_multiple_of(2).then(|| "stop".to_owned()),
+        stop_matched: turn.is_multiple_of(4).then(|| json!("Observation:")),
         headers: turn.is_multiple_of(3).then(|| {
             [(
                 "x-codex-turn-metadata".to_owned(),
@@ -604,6 +606,8 @@ async fn export_redacts_and_parquet_export_reads_back() {
         "attempt",
         "retry_of",
         "headers",
+        "backend_finish_reason",
+        "stop_matched",
     ] {
         assert!(cols.iter().any(|x| x == c), "export column {c}: {cols:?}");
     }

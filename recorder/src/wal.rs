@@ -395,6 +395,8 @@ mod tests {
             sampling: None,
             attempt: None,
             retry_of: None,
+            backend_finish_reason: None,
+            stop_matched: None,
             headers: None,
         };
         let mut bytes = Vec::new();

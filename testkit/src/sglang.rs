@@ -112,6 +112,8 @@ struct Generation {
     /// The visible text of `output[..n]`, per `n`.
     texts: Vec<String>,
     finish: FinishReason,
+    /// `top_logprobs_num`: how many most likely tokens each position reports.
+    top: u32,
 }
 
 impl Generation {
@@ -141,6 +143,22 @@ impl Generation {
             text: self.texts.get(n).cloned().unwrap_or_default(),
             output_ids: ids.to_vec(),
             meta_info: MetaInfo {
+                // The sampled token first, then the next ids, each less likely.
+                output_top_logprobs: (self.top > 0).then(|| {
+                    ids.iter()
+                        .map(|&id| {
+                            Some(
+                                (0..self.top)
+                                    .map(|k| {
+                                        let alt = id.wrapping_add(k);
+                                        let l = scripted_logprob(id) - k as f64;
+                                        TokenLogprob(Some(l), alt, None)
+                                    })
+                                    .collect(),
+                            )
+                        })
+                        .collect()
+                }),
                 id: Some(self.rid.clone()),
                 finish_reason: last.then(|| self.finish.clone()),
                 prompt_tokens: Some(self.prompt_tokens),
@@ -566,8 +584,30 @@ async fn generate(
         .and_then(|p| p.max_new_tokens)
         .unwrap_or(128) as usize;
     let eos_id = model.tokenizer.token_id(&model.eos);
+    // Stop strings end the output at the token that completes the first one met in the
+    // decoded text, as SGLang checks them (`Req.check_finished`); the token stays (graft
+    // sends `no_stop_trim`) and `matched` names the string.
+    let stops: Vec<String> = match req.sampling_params.as_ref().and_then(|p| p.stop.clone()) {
+        Some(wire::Stop::One(s)) => vec![s],
+        Some(wire::Stop::Many(v)) => v,
+        None => vec![],
+    };
+    let stopped = (!stops.is_empty())
+        .then(|| {
+            (1..=output.len()).find_map(|n| {
+                let text = model.tokenizer.decode_visible(&output[..n]).ok()?;
+                stops
+                    .iter()
+                    .find(|s| !s.is_empty() && text.contains(s.as_str()))
+                    .map(|s| (n, s.clone()))
+            })
+        })
+        .flatten();
     let finish = if fault.as_deref() == Some("abort") {
         FinishReason::abort("scripted abort: the request was aborted by the server")
+    } else if let Some((n, s)) = stopped.filter(|(n, _)| *n <= max_new) {
+        output.truncate(n);
+        FinishReason::stop(Some(Matched::Text(s)))
     } else if output.len() > max_new {
         output.truncate(max_new);
         FinishReason::length(max_new as u64)
@@ -591,6 +631,7 @@ async fn generate(
         output,
         texts,
         finish,
+        top: req.top_logprobs_num.unwrap_or(0),
     };
     let len = generation.output.len();
     let first = state.sglang.weight_version();

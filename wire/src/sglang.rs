@@ -272,6 +272,10 @@ pub struct MetaInfo {
     /// One `[logprob, token_id, text|null]` per output token (with `return_logprob`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output_token_logprobs: Option<Vec<TokenLogprob>>,
+    /// With `top_logprobs_num`: per output token, the most likely tokens at that position as
+    /// `[logprob, token_id, text|null]` (`null` where SGLang has none for a position).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_top_logprobs: Option<Vec<Option<Vec<TokenLogprob>>>>,
     /// The weights that produced the last token. SGLang sends a string; a number is read as
     /// its decimal text.
     #[serde(

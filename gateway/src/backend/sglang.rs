@@ -89,10 +89,10 @@ impl Wire {
     }
 
     /// The request body: the prompt ids, the sampling keys, the call id as the request id.
-    fn body(self, ids: &[u32], params: Value, stream: bool, call_id: &str) -> Value {
+    fn body(self, ids: &[u32], params: Value, stream: bool, call_id: &str, top: u32) -> Value {
         match self {
             Wire::Sglang => {
-                let mut body = sglang::generate_body(ids, params, stream);
+                let mut body = sglang::generate_body(ids, params, stream, top);
                 if let Some(o) = body.as_object_mut() {
                     // The call id is SGLang's request id: `/abort_request` stops it by that name.
                     o.insert("rid".into(), Value::String(call_id.to_string()));
@@ -239,6 +239,9 @@ pub struct Sglang {
     admin_key: Option<String>,
     check_backends: bool,
     max_new_tokens: u64,
+    /// The model's context length (`exact.context_length`, else the model's
+    /// `config.json`); `None` when neither says (then nothing is clamped or refused).
+    context_length: Option<u64>,
     memory: Arc<Memory>,
     /// The paused backends (by index) and the write half of their gates.
     paused: tokio::sync::Mutex<HashMap<usize, OwnedRwLockWriteGuard<()>>>,
@@ -255,6 +258,13 @@ impl Sglang {
             message: e.to_string(),
         })?;
         model.extra = cfg.template_kwargs.clone();
+        let context_length = cfg.context_length.or_else(|| context_of(&cfg.model_dir));
+        if context_length.is_none() {
+            warn!(
+                dir = %cfg.model_dir.display(),
+                "exact mode: the model's config.json names no max_position_embeddings and exact.context_length is not set; token limits are sent unclamped"
+            );
+        }
         Ok(Sglang {
             builder: Arc::new(PromptBuilder::new(model)),
             wire: Wire::new(cfg.wire),
@@ -270,6 +280,7 @@ impl Sglang {
             admin_key: cfg.admin_api_key.clone(),
             check_backends: cfg.check_backends,
             max_new_tokens: cfg.max_new_tokens,
+            context_length,
             memory: Arc::new(Memory {
                 histories: Mutex::new(Histories::default()),
                 per_session: cfg.history_per_session,
@@ -695,10 +706,38 @@ impl Sglang {
         };
         // A sampling policy decides what is sent; the normalized request keeps what the
         // client asked for.
-        let sent = policy.map(|p| p.apply(&conv.sampling));
-        let params = self
-            .wire
-            .sampling(sent.as_ref().unwrap_or(&conv.sampling), self.max_new_tokens);
+        let mut sent = policy.map_or_else(|| conv.sampling.clone(), |p| p.apply(&conv.sampling));
+        // The context budget: a prompt that leaves no room for one token is refused before
+        // anything is sent (as OpenAI's API refuses it: `context_length_exceeded`); a token
+        // limit past what is left is clamped to it (SGLang would refuse it, vLLM too).
+        let mut refusal = None;
+        if let Some(context) = self.context_length {
+            let n = prompt.ids.len() as u64;
+            if n >= context {
+                refusal = Some(GatewayError::ContextLength {
+                    context,
+                    prompt: n,
+                    param: if chat { "messages" } else { "prompt" },
+                });
+            } else {
+                let room = context - n;
+                if sent.max_tokens.unwrap_or(self.max_new_tokens) > room {
+                    sent.max_tokens = Some(room);
+                }
+            }
+        }
+        let top = conv.logprobs.unwrap_or(0);
+        if top > 0 && self.wire == Wire::Vllm {
+            let key = if chat { "top_logprobs" } else { "logprobs" };
+            return Err(GatewayError::field(
+                key,
+                format!(
+                    "exact mode over vLLM answers the sampled tokens' logprobs but not the most likely alternatives ('{key}' is {top}); send 0, or use an SGLang backend"
+                ),
+            ));
+        }
+        let params = self.wire.sampling(&sent, self.max_new_tokens);
+        let stops = sent.stop.clone();
         let sampling = policy.map(|p| {
             crate::policy::record_value(
                 p,
@@ -710,7 +749,7 @@ impl Sglang {
         // whole answer's head only when it is done, so a long generation would outlast any
         // head timeout; a stream instead shows progress, and a stall is timed between
         // events. A client that asked for a whole answer gets it assembled from the events.
-        let body = self.wire.body(&prompt.ids, params, true, call_id);
+        let body = self.wire.body(&prompt.ids, params, true, call_id, top);
         let mut recorded_body = body.clone();
         if let Some(o) = recorded_body.as_object_mut() {
             // The ids are the record's prompt_token_ids; the body keeps what else was sent.
@@ -741,7 +780,25 @@ impl Sglang {
         };
         let stream = conv.stream;
         let model = conv.model.clone();
+        let tokenizer = &self.builder.model().tokenizer;
+        // SGLang counts the reasoning part's tokens (`meta_info.reasoning_tokens`: from the
+        // output's start, or its own `<think>`, through `</think>`): only where reasoning is
+        // separated.
+        let reasoning_ids = (chat && self.reasoning_format == ReasoningFormat::Think)
+            .then(|| tokenizer.token_id("</think>"))
+            .flatten()
+            .map(|end| ThinkIds {
+                start: tokenizer.token_id("<think>"),
+                end,
+                opened: prompt.starts_in_reasoning,
+            });
         let generate = Generate {
+            dialect,
+            refusal,
+            want_logprobs: conv.logprobs.is_some(),
+            logprobs_sent: 0,
+            offset: 0,
+            reasoning_ids,
             body: Bytes::from(body.to_string()),
             wire: self.wire,
             backend: backend.clone(),
@@ -757,6 +814,9 @@ impl Sglang {
                 builder: self.builder.clone(),
                 detok: Detokenizer::new(),
                 parser,
+                stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
+                pending: String::new(),
+                stopped: false,
             },
             progress: Progress::default(),
             events: 0,
@@ -888,6 +948,17 @@ impl Sglang {
 
 /// One exact-mode call: its prompt, its `/generate` body, and what came back so far.
 pub(crate) struct Generate {
+    /// The client's dialect (its words for how the answer ended go in the record).
+    dialect: &'static dyn Dialect,
+    /// Why the call is refused before anything is sent (the context budget), if it is.
+    refusal: Option<GatewayError>,
+    /// Whether the client asked for logprobs; how many tokens' were answered so far, and
+    /// where the next one starts in the answer's text (characters).
+    want_logprobs: bool,
+    logprobs_sent: usize,
+    offset: usize,
+    /// The think tags' ids, to count reasoning tokens as SGLang does.
+    reasoning_ids: Option<ThinkIds>,
     body: Bytes,
     wire: Wire,
     backend: String,
@@ -911,11 +982,41 @@ pub(crate) struct Generate {
     remember: bool,
 }
 
+/// The think tags' ids and whether the prompt opened the block.
+#[derive(Debug, Clone, Copy)]
+struct ThinkIds {
+    start: Option<u32>,
+    end: u32,
+    opened: bool,
+}
+
+impl ThinkIds {
+    /// The reasoning part's tokens as SGLang counts them (`Req.update_reasoning_tokens`,
+    /// `update_self_opened_reasoning_tokens` in `managers/schedule_batch.py`): from the
+    /// output's start when the prompt opened the block, or when the output opens it itself,
+    /// through the first `</think>` (all of them when it never closes).
+    fn count(&self, ids: &[u32]) -> u64 {
+        if !self.opened && (self.start.is_none() || ids.first() != self.start.as_ref()) {
+            return 0;
+        }
+        ids.iter()
+            .position(|&i| i == self.end)
+            .map_or(ids.len(), |p| p + 1) as u64
+    }
+}
+
 /// Output ids → text → parsed pieces, as they arrive.
 struct Decoder {
     builder: Arc<PromptBuilder>,
     detok: Detokenizer,
     parser: OutputParser,
+    /// The request's stop strings. The backend keeps a matched one in its output (graft asks
+    /// it not to trim, so the recorded ids hold everything sampled); the client's text ends
+    /// before it, as the servers show it. Text that may begin one is held back.
+    stops: Vec<String>,
+    pending: String,
+    /// A stop string was met: nothing after it is the client's.
+    stopped: bool,
 }
 
 impl Decoder {
@@ -924,6 +1025,7 @@ impl Decoder {
             .detok
             .push(&self.builder.model().tokenizer, ids)
             .map_err(|e| e.to_string())?;
+        let text = self.cut(&text, false);
         Ok(deltas(self.parser.push(&text)))
     }
 
@@ -932,9 +1034,48 @@ impl Decoder {
             .detok
             .finish(&self.builder.model().tokenizer)
             .map_err(|e| e.to_string())?;
+        let text = self.cut(&text, true);
         let mut out = deltas(self.parser.push(&text));
         out.extend(deltas(self.parser.finish()));
         Ok(out)
+    }
+
+    /// The part of `text` the client sees now: everything before the first stop string,
+    /// less a tail that may be the start of one (unless `end`).
+    fn cut(&mut self, text: &str, end: bool) -> String {
+        if self.stops.is_empty() {
+            return text.to_string();
+        }
+        if self.stopped {
+            return String::new();
+        }
+        self.pending.push_str(text);
+        let first = self
+            .stops
+            .iter()
+            .filter_map(|s| self.pending.find(s.as_str()))
+            .min();
+        if let Some(at) = first {
+            self.stopped = true;
+            let out = self.pending[..at].to_string();
+            self.pending.clear();
+            return out;
+        }
+        let keep = if end {
+            0
+        } else {
+            self.stops
+                .iter()
+                .filter_map(|s| {
+                    (1..s.len())
+                        .rev()
+                        .find(|&k| s.is_char_boundary(k) && self.pending.ends_with(&s[..k]))
+                })
+                .max()
+                .unwrap_or(0)
+        };
+        let rest = self.pending.split_off(self.pending.len() - keep);
+        std::mem::replace(&mut self.pending, rest)
     }
 }
 
@@ -978,8 +1119,48 @@ impl Generate {
         }
     }
 
+    /// Why the call is refused before it reaches the backend (its prompt does not fit the
+    /// context), with the prompt ids for its record.
+    pub(crate) fn refused(&mut self) -> Option<(GatewayError, Recorded)> {
+        let e = self.refusal.take()?;
+        Some((
+            e,
+            Recorded {
+                prompt_token_ids: Some(self.prompt.ids.clone()),
+                completion_token_ids: None,
+                completion_logprobs: None,
+            },
+        ))
+    }
+
+    /// The logprobs of output tokens `from..to`, as the client gets them: each id decoded
+    /// alone, its most likely alternatives when asked for.
+    fn token_logprobs(&mut self, from: usize, to: usize) -> Vec<crate::dialect::TokenLogprob> {
+        let tok = &self.decoder.builder.model().tokenizer;
+        let text = |id: u32| tok.decode(&[id]).unwrap_or_default();
+        let p = &self.progress;
+        let mut out = Vec::new();
+        for (i, &id) in p.output_ids.iter().enumerate().take(to).skip(from) {
+            let token = text(id);
+            let top = p
+                .top_logprobs
+                .get(i)
+                .map(|t| t.iter().map(|&(id, l)| (text(id), l)).collect())
+                .unwrap_or_default();
+            let len = token.chars().count();
+            out.push(crate::dialect::TokenLogprob {
+                token,
+                logprob: p.logprobs.get(i).copied().flatten(),
+                top,
+                offset: self.offset,
+            });
+            self.offset += len;
+        }
+        out
+    }
+
     /// The answer from what was parsed and what the backend reported.
-    fn answer(&self) -> Answer {
+    fn answer(&mut self) -> Answer {
         let parsed = self.decoder.parser.parsed();
         for n in &parsed.notes {
             warn!("exact mode: the model's output: {n}");
@@ -1013,7 +1194,11 @@ impl Generate {
                 input_tokens: self.prompt.ids.len() as u64,
                 output_tokens: p.output_ids.len() as u64,
                 cached_tokens: p.cached_tokens.unwrap_or(0),
-                reasoning_tokens: 0,
+                reasoning_tokens: self.reasoning_ids.map_or(0, |t| t.count(&p.output_ids)),
+            }),
+            logprobs: self.want_logprobs.then(|| {
+                self.offset = 0;
+                self.token_logprobs(0, self.progress.output_ids.len())
             }),
         }
     }
@@ -1036,7 +1221,19 @@ impl Generate {
         }
         o.weight_version = p.weight_version.clone();
         o.weight_version_spans = p.weight_version_spans();
-        o.finish_reason = finish_label(p);
+        // The record says how the answer ended as the client was told (its dialect's words,
+        // as a passthrough record says it); the backend's own reason goes beside it.
+        o.backend_finish_reason = finish_label(p);
+        o.finish_reason = match p.finish {
+            Some(FinishReason::Stop | FinishReason::Length) => {
+                Some(self.dialect.finish_reason(a).to_string())
+            }
+            _ => finish_label(p),
+        };
+        o.stop_matched = match p.finish {
+            Some(FinishReason::Stop) => p.stop_reason.clone(),
+            _ => None,
+        };
         o.normalized_response = serde_json::to_value(a).ok();
         if !ok || !self.remember {
             return;
@@ -1082,7 +1279,19 @@ impl Answering for Generate {
         let new = self.wire.read(&mut self.progress, v).map_err(|d| {
             self.invalid(format!("a {} event cannot be read: {d}", self.wire.path()))
         })?;
-        let deltas = self.decoder.push(&new).map_err(|m| self.invalid(m))?;
+        let mut deltas = self.decoder.push(&new).map_err(|m| self.invalid(m))?;
+        // The new tokens' logprobs, once the backend sent them (SGLang sends each token's
+        // with it; an incremental stream before sglang#21583 could trail).
+        let ready = self
+            .progress
+            .logprobs
+            .len()
+            .min(self.progress.output_ids.len());
+        if self.want_logprobs && ready > self.logprobs_sent {
+            let lps = self.token_logprobs(self.logprobs_sent, ready);
+            self.logprobs_sent = ready;
+            deltas.push(Delta::Logprobs(lps));
+        }
         Ok(Piece::Deltas {
             deltas,
             progress: !new.is_empty(),
@@ -1163,6 +1372,16 @@ impl Answering for Generate {
         self.settle(&a, o, true);
         Ok(Whole::Answer(a))
     }
+}
+
+/// The model's context length from its `config.json` (`max_position_embeddings`, or a
+/// multimodal model's `text_config.max_position_embeddings`); `None` when it names none.
+fn context_of(dir: &std::path::Path) -> Option<u64> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v.get("max_position_embeddings")
+        .or_else(|| v.pointer("/text_config/max_position_embeddings"))
+        .and_then(Value::as_u64)
 }
 
 /// A backend URL a session may name: absolute http(s) with a host; without a trailing `/`.

@@ -375,6 +375,11 @@ pub struct Conversation {
     /// A Completions request's raw prompt (such a conversation has no messages).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt: Option<RawPrompt>,
+    /// The sampled tokens' logprobs were asked for (Chat `logprobs: true`, Completions
+    /// `logprobs: n`), with this many most likely alternatives per token (Chat
+    /// `top_logprobs`, Completions' `n`). Exact mode answers them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u32>,
 }
 
 /// The prompt of a Completions request, as the client sent it: text (a string or a one-element
@@ -426,6 +431,25 @@ pub struct Answer {
     pub finish: Finish,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub usage: Option<TokenUsage>,
+    /// The sampled tokens' logprobs, when the client asked for them (exact mode). Not part
+    /// of the normalized answer a record keeps: the record has them as
+    /// `completion_logprobs`.
+    #[serde(skip)]
+    pub logprobs: Option<Vec<TokenLogprob>>,
+}
+
+/// One sampled token as a client that asked for logprobs gets it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    /// The token's text (the id decoded alone).
+    pub token: String,
+    /// `None` where the backend sent none (answered as null).
+    pub logprob: Option<f32>,
+    /// The most likely tokens at this position, `(text, logprob)`, most likely first.
+    pub top: Vec<(String, Option<f32>)>,
+    /// Where the token starts in the answer's text, in characters (Completions'
+    /// `text_offset`).
+    pub offset: usize,
 }
 
 /// One streamed piece of an answer, in arrival order. Tool calls are numbered by `index`
@@ -443,6 +467,51 @@ pub enum Delta {
         index: usize,
         arguments: String,
     },
+    /// The logprobs of the tokens sampled since the last one (only when the client asked:
+    /// Chat and Completions answer them, the other dialects have no place for them).
+    Logprobs(Vec<TokenLogprob>),
+}
+
+/// OpenAI's logprob value: a number, or JSON null where unknown (never a made-up 0).
+pub(crate) fn logprob_value(l: Option<f32>) -> Value {
+    l.map_or(Value::Null, |x| Value::from(f64::from(x)))
+}
+
+/// Chat's `logprobs` object: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
+pub(crate) fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    let entry = |t: &str, l: Option<f32>| serde_json::json!({"token": t, "logprob": logprob_value(l), "bytes": t.as_bytes()});
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut e = entry(&t.token, t.logprob);
+            e["top_logprobs"] = t.top.iter().map(|(s, l)| entry(s, *l)).collect();
+            e
+        })
+        .collect();
+    serde_json::json!({"content": content, "refusal": null})
+}
+
+/// Completions' `logprobs` object: `{tokens, token_logprobs, top_logprobs, text_offset}`.
+pub(crate) fn completions_logprobs(tokens: &[TokenLogprob], top: bool) -> Value {
+    serde_json::json!({
+        "tokens": tokens.iter().map(|t| t.token.clone()).collect::<Vec<_>>(),
+        "token_logprobs": tokens.iter().map(|t| logprob_value(t.logprob)).collect::<Vec<_>>(),
+        "top_logprobs": if top {
+            tokens
+                .iter()
+                .map(|t| {
+                    t.top
+                        .iter()
+                        .map(|(s, l)| (s.clone(), logprob_value(*l)))
+                        .collect::<Map<String, Value>>()
+                        .into()
+                })
+                .collect::<Vec<Value>>()
+        } else {
+            tokens.iter().map(|_| Value::Null).collect()
+        },
+        "text_offset": tokens.iter().map(|t| t.offset).collect::<Vec<_>>(),
+    })
 }
 
 /// Turns deltas into one dialect's SSE events. `start` is called once before the first
@@ -542,6 +611,10 @@ pub trait Dialect: Send + Sync {
     }
     /// Prefix of the response ids graft makes (`chatcmpl-`, `resp_`, `msg_`, `cmpl-`).
     fn id_prefix(&self) -> &'static str;
+    /// How the answer's end reads to this dialect's client, the words a passthrough record
+    /// keeps (what [`StreamAssembler::finish_reason`] reads from the relayed answer): Chat's
+    /// `finish_reason`, Anthropic's `stop_reason`, Responses' `status`.
+    fn finish_reason(&self, answer: &Answer) -> &'static str;
 }
 
 /// Rebuilds one dialect's whole response from the events of a stream relayed in that dialect.

@@ -30,6 +30,7 @@ fn answer() -> Answer {
             cached_tokens: 0,
             reasoning_tokens: 0,
         }),
+        logprobs: None,
     }
 }
 

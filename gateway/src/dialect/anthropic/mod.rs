@@ -65,6 +65,10 @@ impl Dialect for Anthropic {
         error_event(e)
     }
 
+    fn finish_reason(&self, answer: &Answer) -> &'static str {
+        render::stop_reason(answer.finish, !answer.tool_calls.is_empty())
+    }
+
     fn id_prefix(&self) -> &'static str {
         "msg_"
     }

@@ -178,6 +178,8 @@ impl EventStream for AnthropicStream {
 
     fn delta(&mut self, delta: &Delta, out: &mut Vec<Bytes>) {
         match delta {
+            // Messages has no place for logprobs.
+            Delta::Logprobs(_) => {}
             Delta::Text(t) => self.piece(BlockKind::Text, t, out),
             Delta::Reasoning(t) => self.piece(BlockKind::Thinking, t, out),
             Delta::ToolCallStart { index, id, name } => {

@@ -98,6 +98,7 @@ fn answer(text: &str, tool_calls: Vec<ToolCall>, finish: Finish) -> Answer {
             cached_tokens: 100,
             reasoning_tokens: 0,
         }),
+        logprobs: None,
     }
 }
 
@@ -812,6 +813,7 @@ fn arb_answer() -> impl Strategy<Value = Answer> {
                 cached_tokens: cached.min(input),
                 reasoning_tokens: 0,
             }),
+            logprobs: None,
         })
 }
 

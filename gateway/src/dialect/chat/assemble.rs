@@ -369,6 +369,7 @@ impl ChunkReader {
             tool_calls: vec![],
             finish: Finish::Error,
             usage: None,
+            logprobs: None,
         });
         // Tool calls in start order (the chat indexes may be sparse).
         let mut ordered = Vec::with_capacity(self.started.len());

@@ -44,6 +44,10 @@ impl Dialect for Chat {
         Box::new(Assembler::chat())
     }
 
+    fn finish_reason(&self, answer: &Answer) -> &'static str {
+        render::finish_str(answer.finish)
+    }
+
     fn id_prefix(&self) -> &'static str {
         "chatcmpl-"
     }

@@ -96,6 +96,7 @@ pub fn parse_answer(v: &Value) -> Result<Answer, String> {
         tool_calls,
         finish,
         usage,
+        logprobs: None,
     })
 }
 
@@ -151,7 +152,7 @@ pub fn render_answer(answer: &Answer, id: &str) -> Value {
         "object": "chat.completion",
         "created": answer.created,
         "model": answer.model,
-        "choices": [{"index": 0, "message": msg, "logprobs": null, "finish_reason": finish_str(answer.finish)}],
+        "choices": [{"index": 0, "message": msg, "logprobs": answer.logprobs.as_deref().map_or(Value::Null, crate::dialect::chat_logprobs), "finish_reason": finish_str(answer.finish)}],
     });
     if let Some(u) = &answer.usage {
         v["usage"] = usage_value(u);

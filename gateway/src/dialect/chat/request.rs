@@ -277,6 +277,25 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         "repetition_penalty",
         "logit_bias",
     ];
+    // `logprobs: true` asks for the sampled tokens' logprobs, `top_logprobs: n` for the n
+    // most likely tokens at each position too (kept in `extra` for the record and a Chat
+    // upstream).
+    let top_logprobs = crate::dialect::non_negative_int(obj, "top_logprobs")?;
+    let logprobs = match obj.get("logprobs") {
+        None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+        Some(Value::Bool(true)) => {
+            Some(u32::try_from(top_logprobs.unwrap_or(0)).unwrap_or(u32::MAX))
+        }
+        Some(v) => {
+            return Err(GatewayError::field(
+                "logprobs",
+                format!(
+                    "'logprobs' must be a boolean, got {}",
+                    crate::dialect::kind(v)
+                ),
+            ));
+        }
+    };
     let extra: Map<String, Value> = obj
         .iter()
         .filter(|(k, _)| !KNOWN.contains(&k.as_str()))
@@ -305,6 +324,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
             .and_then(Value::as_bool)
             .unwrap_or(false),
         prompt: None,
+        logprobs,
     })
 }
 

@@ -27,12 +27,16 @@ pub fn stream(model: &str, id: &str, created: i64, include_usage: bool) -> ChatS
 
 impl ChatStream {
     fn chunk(&self, delta: Value, finish: Option<&str>) -> bytes::Bytes {
+        self.chunk_with(delta, Value::Null, finish)
+    }
+
+    fn chunk_with(&self, delta: Value, logprobs: Value, finish: Option<&str>) -> bytes::Bytes {
         let mut c = json!({
             "id": self.id,
             "object": "chat.completion.chunk",
             "created": self.created,
             "model": self.model,
-            "choices": [{"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}],
         });
         if self.include_usage {
             c["usage"] = Value::Null;
@@ -48,6 +52,15 @@ impl crate::dialect::StreamEmitter for ChatStream {
 
     fn push(&mut self, delta: &Delta) -> Vec<bytes::Bytes> {
         let d = match delta {
+            Delta::Logprobs(tokens) => {
+                // The tokens' logprobs in a chunk of their own (an empty delta): a client
+                // joins every chunk's `logprobs.content`.
+                return vec![self.chunk_with(
+                    json!({}),
+                    crate::dialect::chat_logprobs(tokens),
+                    None,
+                )];
+            }
             Delta::Text(t) => json!({"content": t}),
             Delta::Reasoning(r) => json!({"reasoning_content": r}),
             Delta::ToolCallStart { index, id, name } => json!({"tool_calls": [

@@ -59,6 +59,10 @@ impl Dialect for Completions {
         Box::new(assembler())
     }
 
+    fn finish_reason(&self, answer: &Answer) -> &'static str {
+        render::finish_str(answer.finish)
+    }
+
     fn id_prefix(&self) -> &'static str {
         "cmpl-"
     }

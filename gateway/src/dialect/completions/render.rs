@@ -33,7 +33,9 @@ pub fn render_answer(answer: &Answer, id: &str) -> Value {
         "choices": [{
             "index": 0,
             "text": answer.text,
-            "logprobs": null,
+            "logprobs": answer.logprobs.as_deref().map_or(Value::Null, |t| {
+                crate::dialect::completions_logprobs(t, t.iter().any(|x| !x.top.is_empty()))
+            }),
             "finish_reason": finish_str(answer.finish),
         }],
     });

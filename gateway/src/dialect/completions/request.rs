@@ -256,6 +256,10 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         extra,
         include_usage,
         prompt: Some(prompt),
+        // `logprobs: n`: the sampled tokens' logprobs and the n most likely at each position.
+        logprobs: get(obj, "logprobs")
+            .and_then(Value::as_u64)
+            .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         ..Conversation::default()
     })
 }

@@ -59,6 +59,14 @@ impl StreamEmitter for CompletionsStream {
     fn push(&mut self, delta: &Delta) -> Vec<Bytes> {
         match delta {
             Delta::Text(t) => vec![self.chunk(Self::choice(t, None), None)],
+            Delta::Logprobs(tokens) => {
+                let mut choice = Self::choice("", None);
+                choice[0]["logprobs"] = crate::dialect::completions_logprobs(
+                    tokens,
+                    tokens.iter().any(|t| !t.top.is_empty()),
+                );
+                vec![self.chunk(choice, None)]
+            }
             Delta::Reasoning(_) | Delta::ToolCallStart { .. } | Delta::ToolCallArgs { .. } => {
                 self.dropped += 1;
                 vec![]

@@ -25,6 +25,7 @@ fn answer(finish: Finish, usage: Option<TokenUsage>) -> Answer {
         tool_calls: vec![],
         finish,
         usage,
+        logprobs: None,
     }
 }
 

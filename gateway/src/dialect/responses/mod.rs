@@ -63,6 +63,10 @@ impl Dialect for Responses {
         error_event(e, response_id)
     }
 
+    fn finish_reason(&self, answer: &Answer) -> &'static str {
+        render::status(answer.finish)
+    }
+
     fn id_prefix(&self) -> &'static str {
         "resp_"
     }

@@ -178,6 +178,15 @@ pub(super) fn response_skeleton(
     }
 }
 
+/// The response's `status` for an answer's finish.
+pub(super) fn status(f: Finish) -> &'static str {
+    match f {
+        Finish::Stop | Finish::ToolCalls => "completed",
+        Finish::Length | Finish::ContentFilter => "incomplete",
+        Finish::Error => "failed",
+    }
+}
+
 /// Fills in the terminal fields of a response object from the answer.
 pub(super) fn finalize(resp: &mut Map<String, Value>, answer: &Answer, output: Vec<Value>) {
     let (status, incomplete, error) = match answer.finish {

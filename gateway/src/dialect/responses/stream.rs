@@ -315,6 +315,8 @@ impl EventStream for ResponsesStream {
 
     fn delta(&mut self, delta: &Delta, out: &mut Vec<Bytes>) {
         match delta {
+            // graft answers Responses without per-token logprobs.
+            Delta::Logprobs(_) => {}
             Delta::Text(t) => self.text_delta(TextKind::Message, t, out),
             Delta::Reasoning(t) => self.text_delta(TextKind::Reasoning, t, out),
             Delta::ToolCallStart { index, id, name } => self.call_start(*index, id, name, out),

@@ -45,6 +45,7 @@ fn answer(text: &str, reasoning: Option<&str>, calls: Vec<ToolCall>, finish: Fin
             cached_tokens: 2,
             reasoning_tokens: 1,
         }),
+        logprobs: None,
     }
 }
 
