@@ -404,6 +404,8 @@ fn vllm_step(url: &ServerUrl, step: &str, path: &str, r: Response) -> Result<Res
     let message = vwire::error_message(&r.body);
     let hint = if r.status == 404 {
         format!("; {}", vwire::DEV_MODE_HINT)
+    } else if message.contains("`dummy` format") {
+        format!("; {}", vwire::DUMMY_LOAD_FORMAT_HINT)
     } else {
         String::new()
     };

@@ -292,3 +292,24 @@ fn vllm_without_dev_mode_is_told_to_start_with_it() -> anyhow::Result<()> {
     assert_eq!(log.lock().unwrap().len(), 1);
     Ok(())
 }
+
+/// vLLM reloads with its own `--load-format`: a server started with `dummy` refuses every
+/// reload, and the push says to start it without.
+#[test]
+fn vllm_reload_refused_for_a_dummy_load_format_says_to_start_without_it() -> anyhow::Result<()> {
+    let (url, _log, h) = serve_by(4, |path| {
+        if path == "/collective_rpc" {
+            return (
+                "500 Internal Server Error",
+                r#"{"error": {"message": "Model reloading with `dummy` format", "type": "InternalServerError", "param": null, "code": 500}}"#.into(),
+            );
+        }
+        vllm_answer(path)
+    })?;
+    let err = push::push_weights_vllm(&url, std::path::Path::new("/w"), "v2", None)
+        .unwrap_err()
+        .to_string();
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    assert!(err.contains("without --load-format dummy"), "{err}");
+    Ok(())
+}

@@ -77,6 +77,11 @@ pub mod path {
 /// What to tell someone whose vLLM answers 404 on a development route.
 pub const DEV_MODE_HINT: &str = "vLLM serves its weight-update routes only in development mode: start vLLM with VLLM_SERVER_DEV_MODE=1 (and keep it where only the trainer can reach it: --api-key does not guard these routes)";
 
+/// What to tell someone whose vLLM refuses `reload_weights` ("Model reloading with `dummy`
+/// format"): the reload reads the directory with the server's own `--load-format`
+/// (`vllm/model_executor/model_loader/reload/inplace.py`), and the dummy loader cannot.
+pub const DUMMY_LOAD_FORMAT_HINT: &str = "vLLM reloads weights with the --load-format it was started with, and `dummy` cannot read a checkpoint: start vLLM without --load-format dummy (e.g. on the starting checkpoint)";
+
 /// `POST /pause?mode=...` (`PauseMode` in `vllm/v1/engine/__init__.py`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
