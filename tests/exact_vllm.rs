@@ -498,8 +498,9 @@ async fn vllm_wire_push_from_graft_rl_keeps_the_calls_in_flight_running() {
         json!({"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-1"}})
     );
     assert_eq!(control[3]["body"], json!({"new_version": "step-1"}));
-    let info = http::get(&format!("{}/weight_info", s.upstream.url), &[]).await;
-    assert_eq!(info.json()["weight_version"], "step-1", "{}", info.text());
+    // The watchdog reads the served version from /weight_info.
+    let info = graft::rl::backends::vllm_weight_info(&Api::new(&s.upstream.url, None)).await;
+    assert_eq!(info, Some(json!({"weight_version": "step-1"})));
     // A new call goes straight through.
     let r = http::post_json(
         &url,
@@ -549,6 +550,35 @@ async fn vllm_wire_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     let after = recs.iter().find(|r| r["stream"] == json!(false)).unwrap();
     assert_eq!(after["weight_version"], "step-1", "{after:#}");
     assert_eq!(log["aborted"], json!([]), "{log:#}");
+
+    // Between /pause?mode=keep and /resume a new call waits in vLLM's queue, then is
+    // answered: nothing is refused or aborted.
+    let up = Api::new(&s.upstream.url, None);
+    up.ok(::http::Method::POST, "/pause?mode=keep", None)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let url = url.clone();
+        async move {
+            http::post_json(
+                &url,
+                &[],
+                &json!({"model": "qwen3", "messages": [{"role": "user", "content": "after the push"}]}),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a call was answered while vLLM was paused"
+    );
+    up.ok(::http::Method::POST, "/resume", None).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the call was not answered after /resume")
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
 }
 
 /// A vLLM started without `VLLM_SERVER_DEV_MODE=1` has no weight-update routes (404): the
@@ -584,4 +614,7 @@ async fn vllm_wire_push_without_dev_mode_says_to_start_vllm_with_it() {
     );
     let log = vllm_log(&upstream.url).await;
     assert_eq!(log["control"], json!([]), "{log:#}");
+    // The watchdog still sees it up (GET /health), its weights unknown.
+    let info = graft::rl::backends::vllm_weight_info(&Api::new(&upstream.url, None)).await;
+    assert_eq!(info, Some(json!({})));
 }
