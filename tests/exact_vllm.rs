@@ -548,3 +548,220 @@ async fn vllm_wire_trims_stop_strings_answers_logprobs_and_keeps_the_context_bud
     assert_eq!(recs[2]["outcome"], "client_error");
     assert_eq!(recs[2]["status"], 400);
 }
+
+/// The calls of one weight push to vLLM, in order (`graft_trainer::push::push_weights_vllm`).
+const VLLM_PUSH: [&str; 5] = [
+    "/pause?mode=keep",
+    "/reset_prefix_cache?reset_running_requests=true",
+    "/collective_rpc",
+    "/update_weight_version",
+    "/resume",
+];
+
+/// An `rl.toml` whose one backend is `upstream`, over the vLLM wire.
+fn rl_config(dir: &std::path::Path, upstream: &str) -> graft::rl::config::RlConfig {
+    let q = TestEnv::get().qwen3_dir();
+    std::fs::write(dir.join("t.jsonl"), "{\"prompt\": \"x\"}\n").unwrap();
+    let path = dir.join("rl.toml");
+    std::fs::write(
+        &path,
+        format!(
+            "[run]\nout_dir = \"o\"\nsteps = 1\n[tasks]\nfile = \"t.jsonl\"\n[harness]\ncommand = \"true\"\n[backend]\nmodel_dir = \"{}\"\nurls = [\"{upstream}\"]\nwire = \"vllm\"\nrestart_wait_secs = 2\n",
+            q.display()
+        ),
+    )
+    .unwrap();
+    graft::rl::config::RlConfig::load(&path).unwrap()
+}
+
+/// A weight push from `graft rl` to a vLLM backend while a call streams through the gateway
+/// is not drained: vLLM pauses in place (`/pause?mode=keep`; the scripted one holds the
+/// generation after 3 tokens until the new weights land), the push completes while the
+/// stream is still open, the stream goes on whole, a new call right after is answered with
+/// the new weights, and the record labels each token with the weights that sampled it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_push_from_graft_rl_keeps_the_calls_in_flight_running() {
+    use graft::rl::backends::Shared;
+    use graft::rl::rollout::Api;
+    let s = own(
+        &json!({"rules": [
+            {"match": "weights change", "weight_update_after": 3, "reply": {"content": "Partly old weights, partly new ones: both are recorded."}},
+            {"match": "after the push", "reply": {"content": "Answered with the new weights."}}
+        ]}),
+        &["--vllm-dev-mode"],
+    );
+    let cfg = rl_config(s._dir.path(), &s.upstream.url);
+    assert!(!cfg.backend.drain_on_push, "pushes do not drain by default");
+    let shared = Shared::default();
+
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let body = json!({"model": "qwen3", "stream": true,
+        "messages": [{"role": "user", "content": "the weights change mid-call"}]});
+    let resp = http::post_stream(&url, &body).await;
+    assert_eq!(resp.status(), 200);
+    let mut body = resp.into_body();
+    let mut buf = String::new();
+    let mut text = String::new();
+    while text.is_empty() {
+        let d = http::next_sse_data(&mut body, &mut buf)
+            .await
+            .expect("stream ended early");
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    // The stream is held by the backend until new weights land. A draining push would wait
+    // for it (and it for the push): this one returns.
+    let gateway = Api::new(&s.gateway.url, None);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        shared.push(
+            &cfg,
+            &gateway,
+            std::slice::from_ref(&s.upstream.url),
+            std::path::Path::new("/ckpt/step-1"),
+            "step-1",
+        ),
+    )
+    .await
+    .expect("the push waited for the call in flight")
+    .unwrap();
+    let status = http::get(&format!("{}/graft/backend/status", s.gateway.url), &[]).await;
+    assert_eq!(status.json()["paused"], json!(false), "{}", status.text());
+    // vLLM was asked in order, with vLLM's bodies, and serves the new version.
+    let log = vllm_log(&s.upstream.url).await;
+    let control = log["control"].as_array().unwrap();
+    let paths: Vec<&str> = control
+        .iter()
+        .map(|c| c["path"].as_str().unwrap())
+        .collect();
+    assert_eq!(paths, VLLM_PUSH, "{log:#}");
+    assert_eq!(
+        control[2]["body"],
+        json!({"method": "reload_weights", "kwargs": {"weights_path": "/ckpt/step-1"}})
+    );
+    assert_eq!(control[3]["body"], json!({"new_version": "step-1"}));
+    // The watchdog reads the served version from /weight_info.
+    let info = graft::rl::backends::vllm_weight_info(&Api::new(&s.upstream.url, None)).await;
+    assert_eq!(info, Some(json!({"weight_version": "step-1"})));
+    // A new call goes straight through.
+    let r = http::post_json(
+        &url,
+        &[],
+        &json!({"model": "qwen3", "messages": [{"role": "user", "content": "after the push"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    // The held stream ends whole.
+    while let Some(d) = http::next_sse_data(&mut body, &mut buf).await {
+        if d == "[DONE]" {
+            break;
+        }
+        let c: Value = serde_json::from_str(&d).unwrap();
+        text.push_str(
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .unwrap_or_default(),
+        );
+    }
+    assert_eq!(
+        text,
+        "Partly old weights, partly new ones: both are recorded."
+    );
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let recs = loop {
+        let recs: Vec<Value> = common::records_show(&s.data_dir)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid)
+            .collect();
+        if recs.len() == 2 || Instant::now() > deadline {
+            break recs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let held = recs
+        .iter()
+        .find(|r| r["stream"] == json!(true))
+        .unwrap_or_else(|| panic!("{recs:#?}"));
+    assert_eq!(held["upstream_dialect"], "vllm_completions", "{held:#}");
+    let n = ids(&held["completion_token_ids"]).len() as u64;
+    assert_eq!(
+        held["weight_version_spans"],
+        json!([{"version": "default", "start": 0, "end": 3}, {"version": "step-1", "start": 3, "end": n}]),
+        "{held:#}"
+    );
+    let after = recs.iter().find(|r| r["stream"] == json!(false)).unwrap();
+    assert_eq!(after["weight_version"], "step-1", "{after:#}");
+    assert_eq!(log["aborted"], json!([]), "{log:#}");
+
+    // Between /pause?mode=keep and /resume a new call waits in vLLM's queue, then is
+    // answered: nothing is refused or aborted.
+    let up = Api::new(&s.upstream.url, None);
+    up.ok(::http::Method::POST, "/pause?mode=keep", None)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn({
+        let url = url.clone();
+        async move {
+            http::post_json(
+                &url,
+                &[],
+                &json!({"model": "qwen3", "messages": [{"role": "user", "content": "after the push"}]}),
+            )
+            .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !waiting.is_finished(),
+        "a call was answered while vLLM was paused"
+    );
+    up.ok(::http::Method::POST, "/resume", None).await.unwrap();
+    let r = tokio::time::timeout(Duration::from_secs(20), waiting)
+        .await
+        .expect("the call was not answered after /resume")
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// A vLLM started without `VLLM_SERVER_DEV_MODE=1` has no weight-update routes (404): the
+/// push from `graft rl` fails saying how to start it, and nothing is left paused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_push_without_dev_mode_says_to_start_vllm_with_it() {
+    use graft::rl::backends::{Keys, Shared, check_pushable};
+    use graft::rl::rollout::Api;
+    let q = TestEnv::get().qwen3_dir();
+    let upstream = Proc::scripted_upstream(&["--tokenizer", q.to_str().unwrap()]);
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = rl_config(dir.path(), &upstream.url);
+    let e = check_pushable(cfg.backend.wire, &upstream.url, &Keys::default())
+        .await
+        .unwrap_err();
+    assert!(format!("{e:#}").contains("VLLM_SERVER_DEV_MODE=1"), "{e:#}");
+    // The gateway is not called without drain_on_push.
+    let gateway = Api::new("http://127.0.0.1:9", None);
+    let e = Shared::default()
+        .push(
+            &cfg,
+            &gateway,
+            std::slice::from_ref(&upstream.url),
+            std::path::Path::new("/ckpt/step-1"),
+            "step-1",
+        )
+        .await
+        .unwrap_err();
+    let msg = format!("{e:#}");
+    assert!(
+        msg.contains("VLLM_SERVER_DEV_MODE=1") && msg.contains("pause"),
+        "{msg}"
+    );
+    let log = vllm_log(&upstream.url).await;
+    assert_eq!(log["control"], json!([]), "{log:#}");
+    // The watchdog still sees it up (GET /health), its weights unknown.
+    let info = graft::rl::backends::vllm_weight_info(&Api::new(&upstream.url, None)).await;
+    assert_eq!(info, Some(json!({})));
+}

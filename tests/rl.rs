@@ -498,6 +498,49 @@ fn rl_trains_each_step_and_the_next_step_samples_the_pushed_weights() {
     );
 }
 
+/// `backend.wire = "vllm"` through the whole loop: the scripted backend plays vLLM (its
+/// development routes on, as `VLLM_SERVER_DEV_MODE=1`), the gateway calls
+/// `/v1/completions` with token ids, each step's weights are pushed with vLLM's routes
+/// (pause in place, prefix-cache reset, `reload_weights`, `update_weight_version`, resume),
+/// and the next step's calls are served by the pushed version.
+#[cfg(feature = "trainer")]
+#[test]
+fn rl_over_the_vllm_wire_pushes_with_vllms_routes_and_the_next_step_samples_the_pushed_weights() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = training_config(dir.path(), &env, 2, "", "");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text = text.replace("[rollout]\n", "wire = \"vllm\"\n\n[rollout]\n");
+    assert!(text.contains("wire = \"vllm\""), "{text}");
+    std::fs::write(&cfg, text).unwrap();
+    let (ok, out) = rl(&["--config", cfg.to_str().unwrap()]);
+    assert!(ok, "{out}");
+    let out_dir = dir.path().join("out");
+    let log = steps(&out_dir);
+    assert_eq!(log.len(), 2, "{log:#?}");
+    for (i, s) in log.iter().enumerate() {
+        assert_eq!(s["samples"], 4, "{s:#}");
+        assert_eq!(
+            s["weight_version"],
+            format!("step-{i:05}").as_str(),
+            "{s:#}"
+        );
+        assert!(s["secs"]["push"].as_f64().unwrap() > 0.0, "{s:#}");
+        assert_eq!(s["backend_events"], serde_json::json!([]), "{s:#}");
+    }
+    let recs = common::records_show(&out_dir.join("data"));
+    assert!(!recs.is_empty());
+    for r in &recs {
+        assert_eq!(r["upstream_dialect"], "vllm_completions", "{r:#}");
+        let want = if r["group_id"].as_str().unwrap().starts_with("step0-") {
+            "default"
+        } else {
+            "step-00000"
+        };
+        assert_eq!(r["weight_version"], want, "{r:#}");
+    }
+}
+
 /// The per-step figures (loss, gradient norm) of every step's training.
 #[cfg(feature = "trainer")]
 fn train_figures(log: &[Value]) -> Vec<(f64, f64)> {

@@ -166,6 +166,17 @@ pub enum ExactWire {
 }
 
 impl ExactWire {
+    /// What the backends' logprobs are: SGLang's are after temperature; vLLM's depend on
+    /// its `--logprobs-mode` (`mode`; None: its default, `raw_logprobs`).
+    pub fn logprob_kind(self, mode: Option<LogprobsMode>) -> crate::backend::LogprobKind {
+        match (self, mode) {
+            (ExactWire::Sglang, _) | (ExactWire::Vllm, Some(LogprobsMode::ProcessedLogprobs)) => {
+                crate::backend::LogprobKind::PostTemperature
+            }
+            (ExactWire::Vllm, _) => crate::backend::LogprobKind::PreTemperature,
+        }
+    }
+
     pub fn label(self) -> &'static str {
         match self {
             ExactWire::Sglang => "sglang",
@@ -793,18 +804,13 @@ fn resolve_exact(
         .and_then(|v| v.as_object().cloned())
         .unwrap_or_default();
     let wire = e.wire.unwrap_or_default();
-    let logprobs = match (wire, e.logprobs_mode) {
-        (ExactWire::Sglang, Some(_)) => {
-            return Err(ConfigError::Invalid {
-                key: "exact.logprobs_mode".into(),
-                message: "is vLLM's --logprobs-mode and needs exact.wire = \"vllm\"; SGLang's logprobs are after temperature: remove it".into(),
-            });
-        }
-        (ExactWire::Sglang, None) | (ExactWire::Vllm, Some(LogprobsMode::ProcessedLogprobs)) => {
-            crate::backend::LogprobKind::PostTemperature
-        }
-        (ExactWire::Vllm, _) => crate::backend::LogprobKind::PreTemperature,
-    };
+    if wire == ExactWire::Sglang && e.logprobs_mode.is_some() {
+        return Err(ConfigError::Invalid {
+            key: "exact.logprobs_mode".into(),
+            message: "is vLLM's --logprobs-mode and needs exact.wire = \"vllm\"; SGLang's logprobs are after temperature: remove it".into(),
+        });
+    }
+    let logprobs = wire.logprob_kind(e.logprobs_mode);
     let history_per_session = e.history_per_session.unwrap_or(4);
     if history_per_session == 0 {
         return Err(ConfigError::Invalid {

@@ -1,11 +1,14 @@
 //! The inference backends during a run: weight pushes, and a watchdog for backends that go
 //! away (restarted, crashed, rescheduled).
 //!
-//! Every `backend.health_interval_secs` each backend is asked `GET /model_info`
-//! (`/get_model_info` on servers older than the rename): it answers at once, also while a
-//! push pauses generation, where SGLang's `GET /health` generates a token each time and
-//! fails while paused; and its `weight_version` shows a restart quicker than the interval
-//! (the wrong weights). One that does not answer is waited for (up to
+//! Every `backend.health_interval_secs` each backend is asked which weights it serves: SGLang
+//! (`backend.wire = "sglang"`) `GET /model_info` (`/get_model_info` on servers older than
+//! the rename): it answers at once, also while a push pauses generation, where SGLang's
+//! `GET /health` generates a token each time and fails while paused; vLLM `GET
+//! /weight_info` (a development route, `VLLM_SERVER_DEV_MODE=1`), else, on a vLLM without
+//! it, `GET /health` (cheap in vLLM, also while paused), which says it is up but not which
+//! weights it serves. The `weight_version` shows a restart quicker than the interval (the
+//! wrong weights; a restarted vLLM says `"default"`). One that does not answer is waited for (up to
 //! `backend.restart_wait_secs`) while the gateway holds the new calls pinned to it
 //! (`/graft/backend/pause {"backend": URL}`; calls to the other backends go on), so
 //! rollouts that had not yet called it lose nothing but time. When it answers again, its
@@ -29,7 +32,9 @@ use serde_json::{Value, json};
 
 use super::config::RlConfig;
 use super::rollout::Api;
+use graft_gateway::config::ExactWire;
 use graft_wire::sglang::path;
+use graft_wire::vllm as vllm_wire;
 
 /// The backends' keys (`backend.api_key`, `backend.admin_api_key`).
 #[derive(Debug, Clone, Default)]
@@ -95,9 +100,10 @@ impl Shared {
     }
 
     /// Pushes `ckpt` as `version` to every backend, one at a time. No call is drained: the
-    /// server's own `/pause_generation {mode: "retract"}` puts its running requests back in
-    /// its queue and holds new ones while the weights load, then `/continue_generation` goes
-    /// on with them under the new weights; each answer's `weight_version` spans label every
+    /// server's own pause (SGLang's `/pause_generation {mode: "retract"}`, vLLM's `/pause?mode=keep`
+    /// and `/reset_prefix_cache?reset_running_requests=true`) keeps its running requests and
+    /// holds new ones while the weights load, then the resume goes on with them under the new
+    /// weights; each answer's `weight_version` spans label every
     /// token with the weights that sampled it, and the trainer's staleness rules decide.
     /// With `backend.drain_on_push` the gateway instead holds the calls pinned to the
     /// backend and waits for those in flight (for servers that cannot pause in place). A
@@ -111,6 +117,7 @@ impl Shared {
         version: &str,
     ) -> anyhow::Result<()> {
         let _g = self.lock.lock().await;
+        let wire = cfg.backend.wire;
         // One backend at a time: calls pinned to the others go on meanwhile.
         for b in backends {
             let one = json!({"backend": b});
@@ -120,13 +127,13 @@ impl Shared {
                     .ok(Method::POST, "/graft/backend/pause", Some(&one))
                     .await?;
             }
-            let mut r = push_one(b, ckpt, version, &self.keys).await;
+            let mut r = push_one(wire, b, ckpt, version, &self.keys).await;
             if let Err(e) = &r {
                 let first = format!("{e:#}");
                 let t = Instant::now();
                 tracing::warn!(backend = %b, error = %first, "the weight push failed; waiting for the backend");
-                if wait_healthy(b, cfg.backend.restart_wait_secs, &self.keys).await {
-                    r = push_one(b, ckpt, version, &self.keys).await;
+                if wait_healthy(wire, b, cfg.backend.restart_wait_secs, &self.keys).await {
+                    r = push_one(wire, b, ckpt, version, &self.keys).await;
                     self.event(json!({"backend": b, "event": "push retried after the backend came back",
                         "first_error": first, "waited_secs": t.elapsed().as_secs_f64(), "ok": r.is_ok()}));
                 }
@@ -147,12 +154,22 @@ impl Shared {
     }
 }
 
+/// One backend's push: SGLang's (`graft_trainer::push::push_weights`) or vLLM's
+/// (`push_weights_vllm`), with the admin key (vLLM's dev routes take no key; a proxy in
+/// front may want one).
 #[cfg(feature = "trainer")]
-async fn push_one(backend: &str, ckpt: &Path, version: &str, keys: &Keys) -> anyhow::Result<()> {
+async fn push_one(
+    wire: ExactWire,
+    backend: &str,
+    ckpt: &Path,
+    version: &str,
+    keys: &Keys,
+) -> anyhow::Result<()> {
     let (b, p, v) = (backend.to_string(), ckpt.to_path_buf(), version.to_string());
     let key = keys.admin().map(str::to_string);
-    tokio::task::spawn_blocking(move || {
-        graft_trainer::push::push_weights(&b, &p, &v, key.as_deref())
+    tokio::task::spawn_blocking(move || match wire {
+        ExactWire::Sglang => graft_trainer::push::push_weights(&b, &p, &v, key.as_deref()),
+        ExactWire::Vllm => graft_trainer::push::push_weights_vllm(&b, &p, &v, key.as_deref()),
     })
     .await
     .context("the weight push task failed")?
@@ -160,7 +177,13 @@ async fn push_one(backend: &str, ckpt: &Path, version: &str, keys: &Keys) -> any
 }
 
 #[cfg(not(feature = "trainer"))]
-async fn push_one(backend: &str, _ckpt: &Path, _version: &str, _keys: &Keys) -> anyhow::Result<()> {
+async fn push_one(
+    _wire: ExactWire,
+    backend: &str,
+    _ckpt: &Path,
+    _version: &str,
+    _keys: &Keys,
+) -> anyhow::Result<()> {
     anyhow::bail!(
         "cannot push weights to {backend}: this graft was built without the 'trainer' feature"
     )
@@ -180,21 +203,67 @@ pub async fn model_info(api: &Api) -> Option<Value> {
     None
 }
 
-async fn healthy(backend: &str, keys: &Keys) -> bool {
-    model_info(&keys.api(backend)).await.is_some()
+/// A vLLM backend's weight info (`GET /weight_info`, a development route); `{}` when it
+/// has no such route (not in dev mode) but `GET /health` answers 200: up, its weights
+/// unknown. None when it does not answer with 200 within 5 s.
+pub async fn vllm_weight_info(api: &Api) -> Option<Value> {
+    let ask =
+        |route| tokio::time::timeout(Duration::from_secs(5), api.call(Method::GET, route, None));
+    match ask(vllm_wire::path::WEIGHT_INFO).await {
+        Ok(Ok((s, v))) if (200..300).contains(&s) => Some(v),
+        Ok(Ok((404, _))) => match ask(vllm_wire::path::HEALTH).await {
+            Ok(Ok((s, _))) if (200..300).contains(&s) => Some(json!({})),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
+/// What a backend says about the weights it serves (see the module doc); None when it
+/// does not answer.
+async fn weight_info(wire: ExactWire, backend: &str, keys: &Keys) -> Option<Value> {
+    let api = keys.api(backend);
+    match wire {
+        ExactWire::Sglang => model_info(&api).await,
+        ExactWire::Vllm => vllm_weight_info(&api).await,
+    }
+}
+
+async fn healthy(wire: ExactWire, backend: &str, keys: &Keys) -> bool {
+    weight_info(wire, backend, keys).await.is_some()
 }
 
 /// The `weight_version` a backend reports, if it says.
-async fn serving_version(backend: &str, keys: &Keys) -> Option<String> {
-    model_info(&keys.api(backend)).await?["weight_version"]
+async fn serving_version(wire: ExactWire, backend: &str, keys: &Keys) -> Option<String> {
+    weight_info(wire, backend, keys).await?["weight_version"]
         .as_str()
         .map(str::to_string)
 }
 
-async fn wait_healthy(backend: &str, within_secs: f64, keys: &Keys) -> bool {
+/// Refuses a backend that cannot take weight pushes, before the run spends a step on it:
+/// a vLLM without its development routes (`GET /weight_info` answers 404).
+pub async fn check_pushable(wire: ExactWire, backend: &str, keys: &Keys) -> anyhow::Result<()> {
+    if wire != ExactWire::Vllm {
+        return Ok(());
+    }
+    let (status, _) = keys
+        .api(backend)
+        .call(Method::GET, vllm_wire::path::WEIGHT_INFO, None)
+        .await
+        .with_context(|| format!("asking the vLLM backend {backend} for GET /weight_info"))?;
+    if status == 404 {
+        anyhow::bail!(
+            "the vLLM backend {backend} answers 404 on GET /weight_info, so graft rl could not push the trained weights to it: {}",
+            vllm_wire::DEV_MODE_HINT
+        );
+    }
+    Ok(())
+}
+
+async fn wait_healthy(wire: ExactWire, backend: &str, within_secs: f64, keys: &Keys) -> bool {
     let deadline = Instant::now() + Duration::from_secs_f64(within_secs);
     loop {
-        if healthy(backend, keys).await {
+        if healthy(wire, backend, keys).await {
             return true;
         }
         if Instant::now() > deadline {
@@ -207,11 +276,12 @@ async fn wait_healthy(backend: &str, within_secs: f64, keys: &Keys) -> bool {
 /// The watchdog: runs until the run ends (it is aborted then).
 pub async fn watch(cfg: RlConfig, gateway: Api, backends: Vec<String>, shared: Arc<Shared>) {
     let interval = Duration::from_secs_f64(cfg.backend.health_interval_secs);
+    let wire = cfg.backend.wire;
     let mut gave_up: HashSet<String> = HashSet::new();
     loop {
         tokio::time::sleep(interval).await;
         for b in &backends {
-            if !healthy(b, &shared.keys).await {
+            if !healthy(wire, b, &shared.keys).await {
                 if !gave_up.contains(b)
                     && !recover(&cfg, &gateway, b, &shared, Instant::now()).await
                 {
@@ -221,7 +291,7 @@ pub async fn watch(cfg: RlConfig, gateway: Api, backends: Vec<String>, shared: A
             }
             // Up. A restart quicker than the interval shows as weights it should not have.
             let want = guard(&shared.expected).1.clone();
-            let stale = match (want, serving_version(b, &shared.keys).await) {
+            let stale = match (want, serving_version(wire, b, &shared.keys).await) {
                 (Some(w), Some(v)) => w != v,
                 _ => false,
             };
@@ -242,7 +312,8 @@ async fn recover(
     since: Instant,
 ) -> bool {
     let _g = shared.lock.lock().await;
-    let was_down = !healthy(backend, &shared.keys).await;
+    let wire = cfg.backend.wire;
+    let was_down = !healthy(wire, backend, &shared.keys).await;
     // New calls wait at the gateway rather than fail against a backend that is away. The
     // pause returns once the calls in flight are done; those to a dead backend end quickly,
     // a hung one at the gateway's upstream timeout, so this does not wait for it forever.
@@ -260,20 +331,20 @@ async fn recover(
             tracing::warn!(backend, "the gateway did not confirm the pause in time");
         }
     }
-    if was_down && !wait_healthy(backend, cfg.backend.restart_wait_secs, &shared.keys).await {
+    if was_down && !wait_healthy(wire, backend, cfg.backend.restart_wait_secs, &shared.keys).await {
         shared.event(json!({"backend": backend, "event": "did not come back",
             "gave_up_after_secs": since.elapsed().as_secs_f64()}));
         resume(gateway, backend).await;
         return false;
     }
     let (ckpt, want) = guard(&shared.expected).clone();
-    let serving = serving_version(backend, &shared.keys).await;
+    let serving = serving_version(wire, backend, &shared.keys).await;
     let mut ev = json!({"backend": backend, "event": if was_down { "restarted" } else { "checked" },
         "down_secs": since.elapsed().as_secs_f64(), "serving": serving});
     if let (Some(ckpt), Some(want)) = (ckpt, want)
         && serving.as_deref() != Some(want.as_str())
     {
-        let r = push_one(backend, &ckpt, &want, &shared.keys).await;
+        let r = push_one(wire, backend, &ckpt, &want, &shared.keys).await;
         ev["repushed"] = json!(want);
         ev["repush_error"] = json!(r.as_ref().err().map(|e| format!("{e:#}")));
     }

@@ -4,6 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
+use graft_gateway::config::{ExactWire, LogprobsMode};
 use serde::Deserialize;
 
 /// Why a config naming `backend.scripted` is refused by a graft built without the scripted
@@ -122,11 +123,22 @@ pub struct BackendSection {
     /// The model's HF directory: its tokenizer and chat template (and, with `serve`, its
     /// weights).
     pub model_dir: PathBuf,
-    /// SGLang-compatible servers already running (`http://host:30000`). Empty: graft runs
-    /// one itself, in process (`scripted` for tests, otherwise `graft serve` on the policy's
-    /// weights: `trainer.model`, else `model_dir`).
+    /// Inference servers already running (`http://host:30000`), speaking `wire`. Empty:
+    /// graft runs one itself, in process (`scripted` for tests, otherwise `graft serve` on
+    /// the policy's weights: `trainer.model`, else `model_dir`).
     #[serde(default)]
     pub urls: Vec<String>,
+    /// What the servers are: `"sglang"` (SGLang, `graft serve`; the default) or `"vllm"`
+    /// (vLLM 0.34+: the gateway's `exact.wire`; weight pushes need vLLM started with
+    /// `VLLM_SERVER_DEV_MODE=1`, docs/BACKENDS.md). The embedded `graft serve` speaks
+    /// SGLang's wire, so `"vllm"` needs `urls` (or `scripted`).
+    #[serde(default)]
+    pub wire: ExactWire,
+    /// vLLM only: the `--logprobs-mode` the servers run with (`raw_logprobs`, vLLM's
+    /// default: before temperature; `processed_logprobs`: after it), the gateway's
+    /// `exact.logprobs_mode`.
+    #[serde(default)]
+    pub logprobs_mode: Option<LogprobsMode>,
     /// A scripted upstream's script (tests and demos: the model's text is played, the ids
     /// are real): graft runs the scripted upstream (`graft-testkit`) in process with
     /// `--tokenizer model_dir --script FILE`. Needs a graft built with `--features testkit`.
@@ -580,6 +592,18 @@ impl RlConfig {
         if !positive(b.health_interval_secs) || !positive(b.restart_wait_secs) {
             bail!("backend.health_interval_secs and backend.restart_wait_secs must be positive");
         }
+        // vLLM's raw logprobs (its default) are recorded `pre_temperature`; the trainer
+        // compares them with its own at temperature 1 (docs/trainer.md).
+        if b.wire == ExactWire::Sglang && b.logprobs_mode.is_some() {
+            bail!(
+                "backend.logprobs_mode is vLLM's --logprobs-mode and needs backend.wire = \"vllm\"; SGLang's logprobs are after temperature: remove it"
+            );
+        }
+        if b.wire == ExactWire::Vllm && b.urls.is_empty() && b.scripted.is_none() {
+            bail!(
+                "backend.wire = \"vllm\" needs backend.urls (vLLM servers, started with VLLM_SERVER_DEV_MODE=1 for weight pushes) or backend.scripted: the embedded backend (graft serve) speaks SGLang's wire; remove backend.wire to use it"
+            );
+        }
         Ok(())
     }
 }
@@ -649,6 +673,38 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.contains("two harnesses are labelled 'harness-0'"), "{e}");
+    }
+
+    /// `backend.wire` defaults to SGLang's; `"vllm"` needs servers to call (the embedded
+    /// `graft serve` speaks SGLang's wire), and raw vLLM logprobs need temperature 1.
+    #[test]
+    fn backend_wire_vllm_needs_urls_and_logprobs_that_match_the_trainer() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("rl.toml");
+        let head = "[run]\nout_dir = \"out\"\nsteps = 1\n[tasks]\nfile = \"tasks.jsonl\"\n[harness]\ncommand = \"true\"\n[backend]\nmodel_dir = \"m\"\n";
+        let load = |rest: &str| {
+            std::fs::write(&p, format!("{head}{rest}")).unwrap();
+            RlConfig::load(&p).map_err(|e| format!("{e:#}"))
+        };
+        let urls = "urls = [\"http://127.0.0.1:8000\"]\n";
+        assert_eq!(load(urls).unwrap().backend.wire, ExactWire::Sglang);
+        let v = load(&format!("{urls}wire = \"vllm\"\n")).unwrap();
+        assert_eq!(v.backend.wire, ExactWire::Vllm);
+        let e = load("wire = \"vllm\"\n").unwrap_err();
+        assert!(
+            e.contains("backend.urls") && e.contains("graft serve"),
+            "{e}"
+        );
+        let e = load(&format!("{urls}logprobs_mode = \"raw_logprobs\"\n")).unwrap_err();
+        assert!(e.contains("backend.wire = \"vllm\""), "{e}");
+        // Raw (pre-temperature) logprobs at a temperature other than 1 are the trainer's to
+        // compare like with like, not a refusal.
+        for mode in ["raw_logprobs", "processed_logprobs"] {
+            load(&format!(
+                "{urls}wire = \"vllm\"\nlogprobs_mode = \"{mode}\"\n[trainer]\ntemperature = 0.7\n"
+            ))
+            .unwrap();
+        }
     }
 
     #[test]

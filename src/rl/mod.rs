@@ -157,6 +157,8 @@ async fn start_scripted(
         admin_key: keys.admin,
         sglang_version: "0.5.23".into(),
         legacy_info_routes: false,
+        // It plays the wire the config names; a vLLM one can take pushes.
+        vllm_dev_mode: cfg.backend.wire == graft_gateway::config::ExactWire::Vllm,
         chunk_delay_ms: 0,
         models: vec!["scripted".into()],
         tokenizer: Some(cfg.backend.model_dir.clone()),
@@ -201,6 +203,10 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         rollout::wait_ready(&keys.api(b), "/health", Duration::from_secs(30))
             .await
             .with_context(|| format!("the backend {b} does not answer GET /health"))?;
+        // Pushes to vLLM need its development routes: say so now, not after a step.
+        if cfg.trainer.enabled {
+            backends::check_pushable(cfg.backend.wire, b, &keys).await?;
+        }
     }
     // The gateway, exact mode, in this process.
     let admin = format!("gk-admin-{}", uuid::Uuid::new_v4().simple());
@@ -208,6 +214,8 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let mut exact = ExactConfig::new(cfg.backend.model_dir.clone(), backends.clone())?;
     exact.backend_api_key = keys.api.clone();
     exact.admin_api_key = keys.admin.clone();
+    exact.wire = cfg.backend.wire;
+    exact.logprobs = cfg.backend.wire.logprob_kind(cfg.backend.logprobs_mode);
     let mut gcfg = GatewayConfig::new(BackendConfig::Sglang(exact))?;
     gcfg.server.listen = ([127, 0, 0, 1], 0).into();
     gcfg.recorder.data_dir = data_dir;

@@ -25,6 +25,8 @@
 //!
 //! Layout: [`script`] (the script file and what it looks at in a request), `openai` (Chat
 //! Completions and Completions answers, JSON and SSE), `sglang` (the SGLang-native side),
+//! `vllm` (the vLLM-native side: token-id completions, and with `--vllm-dev-mode` the
+//! development routes of a weight push),
 //! [`tokens`] (token ids with `--tokenizer`), `faults`, `server` (the accept loop, routing,
 //! the SSE body).
 
@@ -75,6 +77,11 @@ pub struct ScriptedArgs {
     /// `/get_server_info`), as SGLang did before `/model_info` and `/server_info`.
     #[arg(long)]
     pub legacy_info_routes: bool,
+    /// vLLM's `VLLM_SERVER_DEV_MODE=1`: serve the development routes a weight push uses
+    /// (`/pause`, `/resume`, `/reset_prefix_cache`, `/collective_rpc`,
+    /// `/update_weight_version`, `/weight_info`, ...); without it they answer 404, as vLLM's do.
+    #[arg(long)]
+    pub vllm_dev_mode: bool,
     /// Delay between SSE chunks, in milliseconds.
     #[arg(long, default_value_t = 0)]
     pub chunk_delay_ms: u64,
@@ -129,6 +136,7 @@ pub async fn start(
         admin_key: args.admin_key.clone(),
         sglang_version: args.sglang_version.clone(),
         legacy_info_routes: args.legacy_info_routes,
+        vllm_dev_mode: args.vllm_dev_mode,
         chunk_delay: Duration::from_millis(args.chunk_delay_ms),
         models: args.models.clone(),
         next_id: AtomicU64::new(1),

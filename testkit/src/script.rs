@@ -51,10 +51,11 @@ pub struct Rule {
     /// abort).
     #[serde(default)]
     pub fault: Option<String>,
-    /// SGLang `/generate` only: after this many output tokens the generation waits (up to
-    /// a minute) until the weights change (`/update_weights_from_disk` from an outside
+    /// SGLang `/generate` and vLLM `/v1/completions` with token ids: after this many output
+    /// tokens the generation waits (up to a minute) until the weights change
+    /// (`/update_weights_from_disk`, or vLLM's `/update_weight_version`, from an outside
     /// controller) and samples the rest with the new ones; the answer reports both spans
-    /// in `meta_info.weight_versions`.
+    /// (`meta_info.weight_versions`; vLLM: the last chunk's `weight_versions`).
     #[serde(default)]
     pub weight_update_after: Option<usize>,
     /// The first request this rule answers waits this long before its answer begins (a

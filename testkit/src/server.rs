@@ -51,7 +51,9 @@ pub(crate) struct State {
     pub(crate) next_id: AtomicU64,
     /// The SGLang-native side's state (weight version, pause).
     pub(crate) sglang: sglang::Backend,
-    /// The vLLM-native side's log (requests, aborts).
+    /// Whether vLLM's development routes are served (`--vllm-dev-mode`).
+    pub(crate) vllm_dev_mode: bool,
+    /// The vLLM-native side's state (weight version, pause) and log (requests, aborts).
     pub(crate) vllm: vllm::Backend,
 }
 
@@ -85,6 +87,22 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
 ) -> Result<Response<RespBody>, Abort> {
     let path = req.uri().path().to_owned();
+    // vLLM's development routes: its `--api-key` does not guard them.
+    if vllm::is_dev_route(&path) {
+        let method = req.method().clone();
+        let query = req.uri().query().map(str::to_owned);
+        let body = match read_json(req.into_body(), true).await {
+            Ok(v) => v,
+            Err(resp) => return Ok(resp),
+        };
+        return Ok(vllm::dev_route(
+            &state,
+            &method,
+            &path,
+            query.as_deref(),
+            &body,
+        ));
+    }
     if sglang::is_route(&path) {
         let bearer = req
             .headers()

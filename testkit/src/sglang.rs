@@ -97,7 +97,7 @@ const WEIGHT_UPDATE_WAIT: std::time::Duration = std::time::Duration::from_secs(6
 
 /// Waits until the weights are no longer `from` (or [`WEIGHT_UPDATE_WAIT`] passed); the
 /// version then.
-async fn next_version(mut rx: watch::Receiver<String>, from: String) -> String {
+pub(crate) async fn next_version(mut rx: watch::Receiver<String>, from: String) -> String {
     let _ = tokio::time::timeout(WEIGHT_UPDATE_WAIT, rx.wait_for(|v| *v != from)).await;
     rx.borrow().clone()
 }

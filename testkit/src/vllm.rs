@@ -22,7 +22,25 @@
 //! vLLM aborts a request when its client closes the connection; this side notes it the same
 //! way: a streamed answer whose body is dropped before its end counts its `request_id` as
 //! aborted. `GET /testkit/vllm/requests` answers `{"completions": [{"request_id", "body"
-//! (without the prompt), "prompt_tokens"}, ...], "aborted": [request_id, ...]}`.
+//! (without the prompt), "prompt_tokens"}, ...], "aborted": [request_id, ...], "control":
+//! [{"path" (with its query), "body"}, ...]}` (`control`: every call of a development route).
+//!
+//! Generations step as vLLM's engine does, [`TOKENS_PER_CHUNK`] tokens a step, each step's
+//! tokens stamped with the weight version current when they were sampled (`"default"` until
+//! `/update_weight_version`); the last chunk's `weight_versions` spans say which version
+//! sampled which tokens. A script rule's `weight_update_after` holds a generation after that
+//! many tokens until the version changes (as on the SGLang side), so a generation straddles
+//! a push deterministically.
+//!
+//! With `--vllm-dev-mode` (vLLM's `VLLM_SERVER_DEV_MODE=1`) it serves the development
+//! routes a weight push uses (`graft-wire`'s `vllm` module cites vLLM's files):
+//! `POST /pause?mode=keep` (no generation steps, new ones wait, until `/resume`; other
+//! modes are refused: graft pauses in place), `POST /resume`, `GET /is_paused`, `POST
+//! /reset_prefix_cache` (`{"success": true}`), `POST /collective_rpc` (`reload_weights`
+//! with a `weights_path`, not looked at; another method is vLLM's 500), `POST
+//! /update_weight_version`, `GET /weight_info`. Without the flag they answer FastAPI's 404
+//! `{"detail": "Not Found"}`, as vLLM does. `--expect-key` does not guard them (vLLM's
+//! `--api-key` guards `/v1` and a few other prefixes only).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -30,19 +48,23 @@ use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use graft_wire::vllm::{
-    self as wire, Choice, CompletionRequest, CompletionResponse, ErrorResponse, Logprobs,
-    StopReason, Usage, WeightVersionSpan,
+    self as wire, Choice, CollectiveRpcRequest, CollectiveRpcResponse, CompletionRequest,
+    CompletionResponse, ErrorResponse, IsPausedResponse, Logprobs, ResetPrefixCacheResponse,
+    StatusResponse, StopReason, UpdateWeightVersionRequest, UpdateWeightVersionResponse, Usage,
+    WeightInfo, WeightVersionSpan,
 };
 use http::{Response, StatusCode};
 use http_body_util::BodyExt as _;
 use hyper::body::{Body, Frame, SizeHint};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
+use tokio::sync::{mpsc, watch};
 
+use crate::RESET_FLUSH_PAUSE;
 use crate::faults::garbage;
 use crate::openai::{DONE, sse};
 use crate::server::{Abort, RespBody, SseBody, State, json_response};
-use crate::sglang::{prompt_of, raw_output};
+use crate::sglang::{next_version, prompt_of, raw_output};
 use crate::tokens::scripted_logprob;
 
 /// The context length the scripted vLLM serves (Qwen3's `max_position_embeddings`).
@@ -58,11 +80,188 @@ pub(crate) const REQUESTS: &str = "/testkit/vllm/requests";
 pub(crate) const VERSION: &str = "0.34.0";
 
 /// What the vLLM side keeps between requests.
-#[derive(Default)]
 pub(crate) struct Backend {
     seen: Mutex<Vec<Value>>,
     /// Request ids whose streamed answer was dropped before its end (the client went away).
     aborted: Arc<Mutex<Vec<String>>>,
+    /// The version stamped on what is sampled (`EngineCore._weight_version`).
+    weight_version: watch::Sender<String>,
+    /// `/pause?mode=keep` until `/resume`: no generation steps.
+    paused: watch::Sender<bool>,
+    /// Every call of a development route: `{path, body}`.
+    control: Mutex<Vec<Value>>,
+}
+
+impl Default for Backend {
+    fn default() -> Self {
+        Backend {
+            seen: Mutex::default(),
+            aborted: Arc::default(),
+            weight_version: watch::Sender::new("default".to_string()),
+            paused: watch::Sender::new(false),
+            control: Mutex::default(),
+        }
+    }
+}
+
+/// Whether `path` is one of vLLM's development routes (see the module doc).
+pub(crate) fn is_dev_route(path: &str) -> bool {
+    [
+        wire::path::PAUSE,
+        wire::path::RESUME,
+        wire::path::IS_PAUSED,
+        wire::path::RESET_PREFIX_CACHE,
+        wire::path::COLLECTIVE_RPC,
+        wire::path::UPDATE_WEIGHT_VERSION,
+        wire::path::WEIGHT_INFO,
+    ]
+    .contains(&path)
+}
+
+/// FastAPI's answer for a route the app does not have.
+pub(crate) fn not_found() -> Response<RespBody> {
+    json_response(StatusCode::NOT_FOUND, &json!({"detail": "Not Found"}))
+}
+
+/// An answer of one of the wire's types.
+fn typed(status: StatusCode, v: &impl serde::Serialize) -> Response<RespBody> {
+    json_response(status, &serde_json::to_value(v).unwrap_or(Value::Null))
+}
+
+/// A development route (`--vllm-dev-mode`); `query` is the URL's query string.
+pub(crate) fn dev_route(
+    state: &State,
+    method: &http::Method,
+    path: &str,
+    query: Option<&str>,
+    body: &Value,
+) -> Response<RespBody> {
+    if !state.vllm_dev_mode {
+        return not_found();
+    }
+    let b = &state.vllm;
+    let full = match query {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_owned(),
+    };
+    if let Ok(mut c) = b.control.lock() {
+        c.push(json!({"path": full, "body": body}));
+    }
+    let param = |name: &str| {
+        query
+            .unwrap_or_default()
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .map(|(_, v)| v.to_owned())
+    };
+    let get = *method == http::Method::GET;
+    let method_not_allowed = || {
+        json_response(
+            StatusCode::METHOD_NOT_ALLOWED,
+            &json!({"detail": "Method Not Allowed"}),
+        )
+    };
+    match path {
+        wire::path::IS_PAUSED | wire::path::WEIGHT_INFO if !get => method_not_allowed(),
+        wire::path::IS_PAUSED => typed(
+            StatusCode::OK,
+            &IsPausedResponse {
+                is_paused: *b.paused.borrow(),
+            },
+        ),
+        wire::path::WEIGHT_INFO => typed(
+            StatusCode::OK,
+            &WeightInfo {
+                weight_version: b.weight_version.borrow().clone(),
+            },
+        ),
+        _ if get => method_not_allowed(),
+        wire::path::PAUSE => match param("mode").as_deref().unwrap_or("abort") {
+            "keep" => {
+                b.paused.send_replace(true);
+                typed(
+                    StatusCode::OK,
+                    &StatusResponse {
+                        status: "paused".into(),
+                    },
+                )
+            }
+            m @ ("abort" | "wait") => json_response(
+                StatusCode::BAD_REQUEST,
+                &json!({"error": format!("the scripted vLLM plays mode=keep only (graft pauses in place), not mode={m}")}),
+            ),
+            m => json_response(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                &json!({"detail": [{"type": "literal_error", "loc": ["query", "mode"],
+                    "msg": "Input should be 'abort', 'wait' or 'keep'", "input": m}]}),
+            ),
+        },
+        wire::path::RESUME => {
+            b.paused.send_replace(false);
+            typed(
+                StatusCode::OK,
+                &StatusResponse {
+                    status: "resumed".into(),
+                },
+            )
+        }
+        wire::path::RESET_PREFIX_CACHE => {
+            typed(StatusCode::OK, &ResetPrefixCacheResponse { success: true })
+        }
+        wire::path::COLLECTIVE_RPC => {
+            let Ok(req) = CollectiveRpcRequest::deserialize(body) else {
+                return error(
+                    StatusCode::BAD_REQUEST,
+                    "Bad Request",
+                    "Missing 'method' in request body",
+                    None,
+                );
+            };
+            if req.method != wire::RELOAD_WEIGHTS {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                    &format!(
+                        "'Worker' object has no attribute '{}' (the scripted vLLM plays reload_weights only)",
+                        req.method
+                    ),
+                    None,
+                );
+            }
+            if !req.kwargs.contains_key(wire::WEIGHTS_PATH) {
+                return error(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "InternalServerError",
+                    "reload_weights needs weights_path (the scripted vLLM has no weights_iterator)",
+                    None,
+                );
+            }
+            typed(
+                StatusCode::OK,
+                &CollectiveRpcResponse {
+                    results: vec![Value::Null],
+                },
+            )
+        }
+        wire::path::UPDATE_WEIGHT_VERSION => {
+            let Ok(req) = UpdateWeightVersionRequest::deserialize(body) else {
+                return json_response(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    &json!({"detail": [{"type": "missing", "loc": ["body", "new_version"], "msg": "Field required"}]}),
+                );
+            };
+            b.weight_version.send_replace(req.new_version.clone());
+            typed(
+                StatusCode::OK,
+                &UpdateWeightVersionResponse {
+                    success: true,
+                    new_version: req.new_version,
+                },
+            )
+        }
+        _ => not_found(),
+    }
 }
 
 /// Whether a `/v1/completions` body is for this side: its prompt is a list of token ids.
@@ -87,9 +286,10 @@ pub(crate) fn requests(state: &State) -> Response<RespBody> {
     let b = &state.vllm;
     let seen = b.seen.lock().map(|v| v.clone()).unwrap_or_default();
     let aborted = b.aborted.lock().map(|v| v.clone()).unwrap_or_default();
+    let control = b.control.lock().map(|v| v.clone()).unwrap_or_default();
     json_response(
         StatusCode::OK,
-        &json!({"completions": seen, "aborted": aborted}),
+        &json!({"completions": seen, "aborted": aborted, "control": control}),
     )
 }
 
@@ -188,6 +388,7 @@ fn max_tokens(req: &CompletionRequest) -> u64 {
 }
 
 /// One generation: the output ids, the visible text after each prefix, how it ended.
+#[derive(Clone)]
 struct Generation {
     id: String,
     created: i64,
@@ -201,7 +402,17 @@ struct Generation {
 }
 
 impl Generation {
-    fn choice(&self, from: usize, to: usize, last: bool, first: bool, logprobs: bool) -> Choice {
+    /// The choice for output tokens `from..to`; `versions`: (version, first token) of each
+    /// weight version that sampled the output, in order (the last choice's spans).
+    fn choice(
+        &self,
+        from: usize,
+        to: usize,
+        last: bool,
+        first: bool,
+        logprobs: bool,
+        versions: &[(String, usize)],
+    ) -> Choice {
         let ids = &self.output[from..to];
         let text = |n: usize| self.texts.get(n).cloned().unwrap_or_default();
         let (before, after) = (text(from), text(to));
@@ -218,13 +429,52 @@ impl Generation {
             stop_reason: if last { self.stop_reason.clone() } else { None },
             prompt_token_ids: first.then(|| self.prompt.clone()),
             token_ids: Some(ids.to_vec()),
-            weight_versions: (last && self.weight_versions).then(|| {
-                vec![WeightVersionSpan {
-                    version: "default".into(),
-                    start: 0,
-                    end: self.output.len() as u64,
-                }]
-            }),
+            weight_versions: (last && self.weight_versions).then(|| spans(versions, to)),
+        }
+    }
+
+    /// Samples the output as vLLM's engine steps: [`TOKENS_PER_CHUNK`] tokens a step (a
+    /// step ends at `hold`, where the generation waits for new weights), none while the
+    /// server is paused, `delay` between steps. `step(from, to, versions)` gets each step's
+    /// tokens and the versions so far; it returns false when nobody wants more (the client
+    /// went away). Returns the versions that sampled the output.
+    async fn sample(
+        &self,
+        engine: Engine,
+        mut step: impl FnMut(usize, usize, &[(String, usize)]) -> bool,
+    ) -> Vec<(String, usize)> {
+        let Engine {
+            mut paused,
+            version,
+            hold,
+            delay,
+        } = engine;
+        let len = self.output.len();
+        let mut versions: Vec<(String, usize)> = vec![];
+        let mut from = 0;
+        loop {
+            if from > 0 && !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            let _ = paused.wait_for(|p| !*p).await;
+            if hold == Some(from)
+                && let Some((first, _)) = versions.first()
+            {
+                next_version(version.clone(), first.clone()).await;
+                let _ = paused.wait_for(|p| !*p).await;
+            }
+            let v = version.borrow().clone();
+            if versions.last().map(|(x, _)| x) != Some(&v) {
+                versions.push((v, from));
+            }
+            let mut to = (from + TOKENS_PER_CHUNK).min(len);
+            if let Some(h) = hold.filter(|&h| from < h && h < to) {
+                to = h;
+            }
+            if !step(from, to, &versions) || to == len {
+                return versions;
+            }
+            from = to;
         }
     }
 
@@ -248,6 +498,28 @@ impl Generation {
             prompt_tokens_details: None,
         }
     }
+}
+
+/// The weight-version spans of an output of `n` tokens sampled by `versions`.
+fn spans(versions: &[(String, usize)], n: usize) -> Vec<WeightVersionSpan> {
+    versions
+        .iter()
+        .enumerate()
+        .map(|(i, (v, at))| WeightVersionSpan {
+            version: v.clone(),
+            start: *at as u64,
+            end: versions.get(i + 1).map_or(n, |(_, e)| *e) as u64,
+        })
+        .collect()
+}
+
+/// What a generation steps by: the server's pause and weight version, the script's hold,
+/// the delay between steps.
+struct Engine {
+    paused: watch::Receiver<bool>,
+    version: watch::Receiver<String>,
+    hold: Option<usize>,
+    delay: std::time::Duration,
 }
 
 pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<RespBody>, Abort> {
@@ -392,7 +664,7 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
     };
     let logprobs = req.logprobs.is_some();
     let with_ids = req.return_token_ids == Some(true);
-    let strip = |mut c: Choice| {
+    let strip = move |mut c: Choice| {
         if !with_ids {
             c.token_ids = None;
             c.prompt_token_ids = None;
@@ -400,8 +672,18 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         c
     };
     let len = g.output.len();
+    let engine = Engine {
+        paused: state.vllm.paused.subscribe(),
+        version: state.vllm.weight_version.subscribe(),
+        hold: rule
+            .and_then(|r| r.weight_update_after)
+            .filter(|&h| h < len),
+        delay: state.chunk_delay,
+    };
     if !stream {
-        let mut c = strip(g.choice(0, len, true, true, logprobs));
+        // A whole answer once it is generated.
+        let versions = g.sample(engine, |_, _, _| true).await;
+        let mut c = strip(g.choice(0, len, true, true, logprobs, &versions));
         if with_ids {
             c.prompt_token_ids = Some(g.prompt.clone());
         }
@@ -410,30 +692,39 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
             &g.answer(vec![c], Some(g.usage())),
         ));
     }
-    let mut events = vec![];
-    let mut from = 0;
-    loop {
-        let to = (from + TOKENS_PER_CHUNK).min(len);
-        let last = to == len;
-        let c = strip(g.choice(from, to, last, from == 0, logprobs));
-        events.push(sse(&g.answer(vec![c], None)));
-        from = to;
-        if last {
-            break;
-        }
-    }
-    if req
+    let include_usage = req
         .stream_options
         .as_ref()
         .and_then(|o| o.include_usage)
-        .unwrap_or(false)
-    {
-        events.push(sse(&g.answer(vec![], Some(g.usage()))));
-    }
-    events.push(Bytes::from_static(DONE));
-    let abort_after = (fault.as_deref() == Some("reset")).then_some(2);
-    let body = Watched {
-        inner: SseBody::new(events, state.chunk_delay, abort_after),
+        .unwrap_or(false);
+    let reset = fault.as_deref() == Some("reset");
+    let (tx, rx) = mpsc::unbounded_channel();
+    let task = tokio::spawn(async move {
+        let mut sent = 0;
+        g.sample(engine, |from, to, versions| {
+            let c = strip(g.choice(from, to, to == len, from == 0, logprobs, versions));
+            sent += 1;
+            // `reset`: the connection dies after two chunks.
+            tx.send(Ok(sse(&g.answer(vec![c], None)))).is_ok() && !(reset && sent == 2)
+        })
+        .await;
+        if reset {
+            // Let the chunks reach the client before the connection dies.
+            tokio::time::sleep(RESET_FLUSH_PAUSE).await;
+            let _ = tx.send(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                Abort,
+            )));
+            return;
+        }
+        if include_usage {
+            let _ = tx.send(Ok(sse(&g.answer(vec![], Some(g.usage())))));
+        }
+        let _ = tx.send(Ok(Bytes::from_static(DONE)));
+    });
+    let body = Streamed {
+        rx,
+        task,
         ended: false,
         request_id,
         aborted: state.vllm.aborted.clone(),
@@ -446,16 +737,18 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
     Ok(resp)
 }
 
-/// A streamed answer that notes its request as aborted when it is dropped before its end
-/// (hyper drops the body when the client closes the connection), as vLLM aborts it then.
-struct Watched {
-    inner: SseBody,
+/// A streamed answer fed by its generation's task; it notes its request as aborted when it
+/// is dropped before its end (hyper drops the body when the client closes the connection),
+/// as vLLM aborts it then, and stops the generation.
+struct Streamed {
+    rx: mpsc::UnboundedReceiver<Result<Bytes, std::io::Error>>,
+    task: tokio::task::JoinHandle<()>,
     ended: bool,
     request_id: String,
     aborted: Arc<Mutex<Vec<String>>>,
 }
 
-impl Body for Watched {
+impl Body for Streamed {
     type Data = Bytes;
     type Error = std::io::Error;
 
@@ -464,16 +757,21 @@ impl Body for Watched {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         let this = &mut *self;
-        let r = Pin::new(&mut this.inner).poll_frame(cx);
-        // hyper stops polling once the body says it has ended.
-        if matches!(r, Poll::Ready(None)) || this.inner.is_end_stream() {
-            this.ended = true;
+        match this.rx.poll_recv(cx) {
+            Poll::Ready(Some(Ok(event))) => {
+                // The end is `[DONE]`: the client may close as soon as it has it.
+                if event.as_ref() == DONE {
+                    this.ended = true;
+                }
+                Poll::Ready(Some(Ok(Frame::data(event))))
+            }
+            Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(e))),
+            Poll::Ready(None) => {
+                this.ended = true;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
         }
-        r
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -481,8 +779,9 @@ impl Body for Watched {
     }
 }
 
-impl Drop for Watched {
+impl Drop for Streamed {
     fn drop(&mut self) {
+        self.task.abort();
         if !self.ended
             && let Ok(mut a) = self.aborted.lock()
         {

@@ -5,9 +5,17 @@
 //! `POST /continue_generation`. If a step fails after the pause, generation is continued
 //! anyway before the error is returned, so a failed push never leaves the server paused.
 //!
+//! To vLLM ([`push_weights_vllm`], a server started with `VLLM_SERVER_DEV_MODE=1`, whose
+//! development routes these are): `POST /pause?mode=keep` (every request is frozen where it
+//! is, new ones are queued) → `POST /reset_prefix_cache?reset_running_requests=true` (the
+//! running requests are preempted and will be recomputed from their tokens so far, under
+//! the new weights; asked again while it answers `success: false`) → `POST /collective_rpc
+//! {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` → `POST
+//! /update_weight_version {"new_version"}` → `POST /resume`; resumed on every path as well.
+//!
 //! A small blocking HTTP/1.1 client (plain `http://` only, one request per connection)
-//! is enough for four control calls and keeps the trainer free of an async runtime. The
-//! bodies and the answer read are `graft-wire`'s SGLang types.
+//! is enough for a few control calls and keeps the trainer free of an async runtime. The
+//! bodies and the answers read are `graft-wire`'s SGLang and vLLM types.
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpStream, ToSocketAddrs};
@@ -17,6 +25,11 @@ use std::time::Duration;
 use graft_wire::sglang::{
     self as wire, ContinueGenerationRequest, FlushCacheRequest, PauseGenerationRequest, PauseMode,
     UpdateWeightsFromDiskRequest, UpdateWeightsFromDiskResponse,
+};
+
+use graft_wire::vllm::{
+    self as vwire, CollectiveRpcRequest, PauseMode as VllmPauseMode, ResetPrefixCacheResponse,
+    UpdateWeightVersionRequest,
 };
 
 use crate::error::{Result, TrainerError};
@@ -319,6 +332,125 @@ fn flush_cache(url: &ServerUrl, timeout: Duration) -> Result<()> {
         std::thread::sleep(wait);
         wait = (wait * 2).min(Duration::from_secs(2));
     }
+}
+
+/// Tells the vLLM server at `url` (started with `VLLM_SERVER_DEV_MODE=1`) to reload its
+/// weights from the HF directory `model_path` (a path the server can read) and to stamp
+/// `weight_version` on what it samples from then on, pausing generation in place around
+/// the swap (see the module doc). No request is aborted: those in flight go on after the
+/// resume under the new weights, and their weight-version spans say which tokens each
+/// version sampled. `key`: sent as `Authorization: Bearer` (vLLM's `--api-key` does not
+/// guard these routes, a proxy in front may). A failed step still resumes the server; the
+/// error names the step and quotes vLLM's message.
+pub fn push_weights_vllm(
+    url: &str,
+    model_path: &Path,
+    weight_version: &str,
+    key: Option<&str>,
+) -> Result<()> {
+    let url = ServerUrl::parse(url)?.with_key(key);
+    let short = Duration::from_secs(60);
+    let empty = serde_json::json!({});
+    let pause = VllmPauseMode::Keep.path();
+    vllm_step(
+        &url,
+        "pause",
+        &pause,
+        post_json(&url, &pause, &empty, short)?,
+    )?;
+    let swapped = (|| -> Result<()> {
+        reset_prefix_cache(&url, short)?;
+        let dir = model_path.to_string_lossy().into_owned();
+        vllm_step(
+            &url,
+            "reload_weights",
+            vwire::path::COLLECTIVE_RPC,
+            post_json(
+                &url,
+                vwire::path::COLLECTIVE_RPC,
+                &body(&CollectiveRpcRequest::reload_weights(&dir)),
+                Duration::from_secs(1800),
+            )?,
+        )?;
+        vllm_step(
+            &url,
+            "update_weight_version",
+            vwire::path::UPDATE_WEIGHT_VERSION,
+            post_json(
+                &url,
+                vwire::path::UPDATE_WEIGHT_VERSION,
+                &body(&UpdateWeightVersionRequest {
+                    new_version: weight_version.to_owned(),
+                }),
+                short,
+            )?,
+        )?;
+        Ok(())
+    })();
+    let resumed = post_json(&url, vwire::path::RESUME, &empty, short)
+        .and_then(|r| vllm_step(&url, "resume", vwire::path::RESUME, r));
+    swapped?;
+    resumed?;
+    tracing::info!(url = %url.raw, version = weight_version, path = %model_path.display(), "weights pushed to vLLM");
+    Ok(())
+}
+
+/// A vLLM push step's answer: Ok for 2xx, else an error naming the step, the status and
+/// vLLM's message (a 404 with [`vwire::DEV_MODE_HINT`]).
+fn vllm_step(url: &ServerUrl, step: &str, path: &str, r: Response) -> Result<Response> {
+    if (200..300).contains(&r.status) {
+        return Ok(r);
+    }
+    let message = vwire::error_message(&r.body);
+    let hint = if r.status == 404 {
+        format!("; {}", vwire::DEV_MODE_HINT)
+    } else if message.contains("`dummy` format") {
+        format!("; {}", vwire::DUMMY_LOAD_FORMAT_HINT)
+    } else {
+        String::new()
+    };
+    Err(TrainerError::Push {
+        url: url.raw.clone(),
+        problem: format!(
+            "the vLLM push's {step} step (POST {path}) answered {}: {message}{hint}",
+            r.status
+        ),
+    })
+}
+
+/// How often a push asks `/reset_prefix_cache` while vLLM answers `success: false`.
+const RESET_TRIES: u32 = 5;
+
+/// `POST /reset_prefix_cache?reset_running_requests=true`, asked again (0.2 s apart, up to
+/// [`RESET_TRIES`] times) while vLLM answers `{"success": false}`: blocks still held, e.g.
+/// by in-flight KV offload transfers. A cache that is never reset would serve prefixes
+/// computed with the old weights, so that fails the push.
+fn reset_prefix_cache(url: &ServerUrl, timeout: Duration) -> Result<()> {
+    let path = vwire::RESET_PREFIX_CACHE_PREEMPTING;
+    for attempt in 1..=RESET_TRIES {
+        let r = vllm_step(
+            url,
+            "reset_prefix_cache",
+            path,
+            post_json(url, path, &serde_json::json!({}), timeout)?,
+        )?;
+        // An answer without `success` (not vLLM's) is not a refusal.
+        match serde_json::from_str::<ResetPrefixCacheResponse>(&r.body) {
+            Ok(a) if !a.success => {
+                tracing::info!(url = %url.raw, attempt, "vLLM did not reset its prefix cache yet; asking again");
+                if attempt < RESET_TRIES {
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+            _ => return Ok(()),
+        }
+    }
+    Err(TrainerError::Push {
+        url: url.raw.clone(),
+        problem: format!(
+            "the vLLM push's reset_prefix_cache step (POST {path}) answered success: false {RESET_TRIES} times: vLLM still holds cache blocks (KV transfers in flight?), and the new weights would reuse prefixes computed with the old ones"
+        ),
+    })
 }
 
 /// A control body as JSON (the wire types are plain data, which serde_json always

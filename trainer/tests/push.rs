@@ -1,5 +1,7 @@
-//! The weight push against a stand-in SGLang control API on a local port: the calls, in
-//! order, with their bodies; a refused update still resumes generation.
+//! The weight push against stand-in SGLang and vLLM control APIs on a local port: the
+//! calls, in order, with their bodies; a refused or failed step still resumes generation,
+//! and the error names the step and the server's words. (The vLLM push against the scripted
+//! upstream's vLLM side, mid-stream through the gateway: `tests/exact_vllm.rs`.)
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpListener;
@@ -25,6 +27,30 @@ fn serve_with(
     busy_flushes: usize,
 ) -> anyhow::Result<(String, Log, std::thread::JoinHandle<()>)> {
     let mut busy = busy_flushes;
+    serve_by(n, move |path| {
+        if refuse_update && path == "/update_weights_from_disk" {
+            (
+                "200 OK",
+                r#"{"success": false, "message": "no such directory"}"#.into(),
+            )
+        } else if path == "/flush_cache" && busy > 0 {
+            busy -= 1;
+            (
+                "400 Bad Request",
+                "Cache not flushed because there are pending requests. #queue-req: 2, #running-req: 0".into(),
+            )
+        } else {
+            ("200 OK", r#"{"success": true, "message": "ok"}"#.into())
+        }
+    })
+}
+
+/// Answers `n` requests with what `answer` gives for each one's path (with its query);
+/// logs each path and JSON body.
+fn serve_by(
+    n: usize,
+    mut answer: impl FnMut(&str) -> (&'static str, String) + Send + 'static,
+) -> anyhow::Result<(String, Log, std::thread::JoinHandle<()>)> {
     let listener = TcpListener::bind("127.0.0.1:0")?;
     let url = format!("http://{}", listener.local_addr()?);
     let log: Log = Arc::default();
@@ -55,20 +81,7 @@ fn serve_with(
             if let Ok(mut log) = seen.lock() {
                 log.push((path.clone(), json));
             }
-            let (status, answer) = if refuse_update && path == "/update_weights_from_disk" {
-                (
-                    "200 OK",
-                    r#"{"success": false, "message": "no such directory"}"#,
-                )
-            } else if path == "/flush_cache" && busy > 0 {
-                busy -= 1;
-                (
-                    "400 Bad Request",
-                    "Cache not flushed because there are pending requests. #queue-req: 2, #running-req: 0",
-                )
-            } else {
-                ("200 OK", r#"{"success": true, "message": "ok"}"#)
-            };
+            let (status, answer) = answer(&path);
             let mut stream = reader.into_inner();
             let _ = write!(
                 stream,
@@ -169,4 +182,134 @@ fn an_unreachable_server_is_named() {
         err.contains("127.0.0.1:1") && err.contains("is the server up"),
         "{err}"
     );
+}
+
+/// vLLM's answers to the push's routes (`graft-wire`'s `vllm` module cites them).
+fn vllm_answer(path: &str) -> (&'static str, String) {
+    let body = match path.split('?').next().unwrap_or_default() {
+        "/pause" => r#"{"status": "paused"}"#,
+        "/resume" => r#"{"status": "resumed"}"#,
+        "/reset_prefix_cache" => r#"{"success": true}"#,
+        "/collective_rpc" => r#"{"results": [null]}"#,
+        "/update_weight_version" => r#"{"success": true, "new_version": "step-3"}"#,
+        _ => return ("404 Not Found", r#"{"detail": "Not Found"}"#.into()),
+    };
+    ("200 OK", body.into())
+}
+
+const VLLM_PUSH: [&str; 5] = [
+    "/pause?mode=keep",
+    "/reset_prefix_cache?reset_running_requests=true",
+    "/collective_rpc",
+    "/update_weight_version",
+    "/resume",
+];
+
+#[test]
+fn vllm_push_pauses_in_place_resets_the_cache_reloads_versions_and_resumes_in_order()
+-> anyhow::Result<()> {
+    let (url, log, h) = serve_by(5, vllm_answer)?;
+    push::push_weights_vllm(&url, std::path::Path::new("/models/step-3"), "step-3", None)?;
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    let log = log.lock().unwrap();
+    let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, VLLM_PUSH);
+    assert_eq!(
+        log[2].1,
+        serde_json::json!({"method": "reload_weights", "kwargs": {"weights_path": "/models/step-3"}})
+    );
+    assert_eq!(log[3].1, serde_json::json!({"new_version": "step-3"}));
+    Ok(())
+}
+
+#[test]
+fn vllm_reset_prefix_cache_refused_is_asked_again() -> anyhow::Result<()> {
+    let mut refusals = 2;
+    let (url, log, h) = serve_by(7, move |path| {
+        if path.starts_with("/reset_prefix_cache") && refusals > 0 {
+            refusals -= 1;
+            return ("200 OK", r#"{"success": false}"#.into());
+        }
+        vllm_answer(path)
+    })?;
+    push::push_weights_vllm(&url, std::path::Path::new("/models/step-3"), "step-3", None)?;
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    let log = log.lock().unwrap();
+    let resets = log
+        .iter()
+        .filter(|(p, _)| p.starts_with("/reset_prefix_cache"))
+        .count();
+    assert_eq!(resets, 3);
+    assert_eq!(log.last().map(|(p, _)| p.as_str()), Some("/resume"));
+    Ok(())
+}
+
+/// A reload that fails in the worker (vLLM's 500 with the exception's message) still
+/// resumes the server, and the error names the step and quotes vLLM.
+#[test]
+fn vllm_failed_reload_still_resumes_and_names_the_step_and_vllms_message() -> anyhow::Result<()> {
+    let (url, log, h) = serve_by(4, |path| {
+        if path == "/collective_rpc" {
+            return (
+                "500 Internal Server Error",
+                r#"{"error": {"message": "No safetensors found in /nope", "type": "InternalServerError", "param": null, "code": 500}}"#.into(),
+            );
+        }
+        vllm_answer(path)
+    })?;
+    let err = push::push_weights_vllm(&url, std::path::Path::new("/nope"), "v2", None)
+        .unwrap_err()
+        .to_string();
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    assert!(
+        err.contains("reload_weights") && err.contains("No safetensors found in /nope"),
+        "{err}"
+    );
+    let log = log.lock().unwrap();
+    let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [VLLM_PUSH[0], VLLM_PUSH[1], VLLM_PUSH[2], VLLM_PUSH[4]]
+    );
+    Ok(())
+}
+
+/// A vLLM without `VLLM_SERVER_DEV_MODE=1` has none of the routes: the push says so and
+/// calls nothing after the refused pause.
+#[test]
+fn vllm_without_dev_mode_is_told_to_start_with_it() -> anyhow::Result<()> {
+    let (url, log, h) = serve_by(1, |_| {
+        ("404 Not Found", r#"{"detail": "Not Found"}"#.into())
+    })?;
+    let err = push::push_weights_vllm(&url, std::path::Path::new("/m"), "v", None)
+        .unwrap_err()
+        .to_string();
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    assert!(
+        err.contains("VLLM_SERVER_DEV_MODE=1") && err.contains("pause"),
+        "{err}"
+    );
+    assert_eq!(log.lock().unwrap().len(), 1);
+    Ok(())
+}
+
+/// vLLM reloads with its own `--load-format`: a server started with `dummy` refuses every
+/// reload, and the push says to start it without.
+#[test]
+fn vllm_reload_refused_for_a_dummy_load_format_says_to_start_without_it() -> anyhow::Result<()> {
+    let (url, _log, h) = serve_by(4, |path| {
+        if path == "/collective_rpc" {
+            return (
+                "500 Internal Server Error",
+                r#"{"error": {"message": "Model reloading with `dummy` format", "type": "InternalServerError", "param": null, "code": 500}}"#.into(),
+            );
+        }
+        vllm_answer(path)
+    })?;
+    let err = push::push_weights_vllm(&url, std::path::Path::new("/w"), "v2", None)
+        .unwrap_err()
+        .to_string();
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    assert!(err.contains("without --load-format dummy"), "{err}");
+    Ok(())
 }

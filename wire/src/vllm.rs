@@ -28,6 +28,30 @@
 //!   there is no abort-by-id route.
 //! - Logprobs are the model's raw ones (`--logprobs-mode raw_logprobs`, the default in
 //!   `vllm/config/model.py`): before temperature, penalties and truncation.
+//!
+//! Weight pushes ([`path::PAUSE`] and the routes after it) use vLLM's development routes,
+//! mounted only when the server runs with `VLLM_SERVER_DEV_MODE=1`
+//! (`vllm/entrypoints/launchers/api_server/routers.py`: `register_vllm_dev_api_routers` and
+//! `register_rl_api_routers`); without it each answers FastAPI's 404
+//! `{"detail": "Not Found"}`. The RL router (`vllm/entrypoints/rl/online/api_router.py`):
+//! `POST /pause?mode=keep` (the engine's `PAUSED_ALL`: no request is stepped, new ones are
+//! queued, all go on after `/resume`; `abort` and `wait` answer new requests 503 instead),
+//! `POST /resume`, `GET /is_paused`, `POST /update_weight_version {"new_version"}` (the
+//! version the engine stamps on every output from then on, `EngineCore._weight_version`,
+//! `"default"` at start), `GET /weight_info`. The dev routers (`vllm/entrypoints/serve/dev/`):
+//! `POST /reset_prefix_cache?reset_running_requests=true` (`cache/api_router.py`; the
+//! scheduler preempts the running requests, which are recomputed from their tokens so far
+//! when they run again) and `POST /collective_rpc {"method", "args", "kwargs"}`
+//! (`rpc/api_router.py`: strings only) calling the worker's `reload_weights(weights_path=DIR)`
+//! (`vllm/v1/worker/gpu_worker.py`, HF checkpoint format by default).
+//!
+//! `--api-key` does not guard them: vLLM's `AuthenticationMiddleware`
+//! (`vllm/entrypoints/serve/middleware/authenticate.py`) checks only paths under `/v1`,
+//! `/v2`, `/inference` and `/cohere`; a dev-mode server must not be reachable by anyone who
+//! should not push weights. Errors come in three shapes: the RL router's own
+//! `{"error": "..."}` (400 for an unknown pause mode, 500), vLLM's [`ErrorResponse`] from its
+//! exception handlers (an exception in `reload_weights` is a 500 with its message), and
+//! FastAPI's `{"detail": ...}` (404, 422 for a bad query); [`error_message`] reads each.
 
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +62,156 @@ pub mod path {
     pub const COMPLETIONS: &str = "/v1/completions";
     pub const MODELS: &str = "/v1/models";
     pub const HEALTH: &str = "/health";
+    // Development routes (`VLLM_SERVER_DEV_MODE=1`); see the module doc.
+    /// `POST`, query `mode` ([`super::PauseMode`]).
+    pub const PAUSE: &str = "/pause";
+    pub const RESUME: &str = "/resume";
+    pub const IS_PAUSED: &str = "/is_paused";
+    /// `POST`, query `reset_running_requests`, `reset_external`.
+    pub const RESET_PREFIX_CACHE: &str = "/reset_prefix_cache";
+    pub const COLLECTIVE_RPC: &str = "/collective_rpc";
+    pub const UPDATE_WEIGHT_VERSION: &str = "/update_weight_version";
+    pub const WEIGHT_INFO: &str = "/weight_info";
+}
+
+/// What to tell someone whose vLLM answers 404 on a development route.
+pub const DEV_MODE_HINT: &str = "vLLM serves its weight-update routes only in development mode: start vLLM with VLLM_SERVER_DEV_MODE=1 (and keep it where only the trainer can reach it: --api-key does not guard these routes)";
+
+/// What to tell someone whose vLLM refuses `reload_weights` ("Model reloading with `dummy`
+/// format"): the reload reads the directory with the server's own `--load-format`
+/// (`vllm/model_executor/model_loader/reload/inplace.py`), and the dummy loader cannot.
+pub const DUMMY_LOAD_FORMAT_HINT: &str = "vLLM reloads weights with the --load-format it was started with, and `dummy` cannot read a checkpoint: start vLLM without --load-format dummy (e.g. on the starting checkpoint)";
+
+/// `POST /pause?mode=...` (`PauseMode` in `vllm/v1/engine/__init__.py`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PauseMode {
+    /// Abort every request in flight (vLLM's default); new ones get 503 until `/resume`.
+    #[default]
+    Abort,
+    /// Let the requests in flight finish; new ones get 503 until `/resume`.
+    Wait,
+    /// Freeze every request where it is (queued and running); new ones are queued; all go
+    /// on after `/resume`.
+    Keep,
+}
+
+impl PauseMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            PauseMode::Abort => "abort",
+            PauseMode::Wait => "wait",
+            PauseMode::Keep => "keep",
+        }
+    }
+
+    /// The route with its query: `/pause?mode=keep`.
+    pub fn path(self) -> String {
+        format!("{}?mode={}", path::PAUSE, self.as_str())
+    }
+}
+
+/// `POST /reset_prefix_cache` with `reset_running_requests=true`: the running requests are
+/// preempted first, so the reset cannot be refused for blocks they hold.
+pub const RESET_PREFIX_CACHE_PREEMPTING: &str = "/reset_prefix_cache?reset_running_requests=true";
+
+/// The answer of `/pause` (`{"status": "paused"}`) and `/resume` (`{"status": "resumed"}`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct StatusResponse {
+    #[serde(default)]
+    pub status: String,
+}
+
+/// `GET /is_paused`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct IsPausedResponse {
+    pub is_paused: bool,
+}
+
+/// `POST /reset_prefix_cache`: `success` false while blocks are still held (without
+/// `reset_running_requests`, by running requests); callers may retry.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct ResetPrefixCacheResponse {
+    pub success: bool,
+}
+
+/// The worker method that reloads the weights (`Worker.reload_weights` in
+/// `vllm/v1/worker/gpu_worker.py`) and its keyword for a checkpoint directory.
+pub const RELOAD_WEIGHTS: &str = "reload_weights";
+pub const WEIGHTS_PATH: &str = "weights_path";
+
+/// `POST /collective_rpc`: `method` called on every worker with `args` and `kwargs`, which
+/// vLLM takes as strings only (the method deserializes them).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveRpcRequest {
+    pub method: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub kwargs: std::collections::BTreeMap<String, String>,
+    /// Seconds; none: vLLM's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout: Option<f64>,
+}
+
+impl CollectiveRpcRequest {
+    /// `reload_weights(weights_path=dir)`: the HF checkpoint directory `dir`, read by the
+    /// server.
+    pub fn reload_weights(dir: &str) -> Self {
+        CollectiveRpcRequest {
+            method: RELOAD_WEIGHTS.to_owned(),
+            kwargs: [(WEIGHTS_PATH.to_owned(), dir.to_owned())].into(),
+            ..CollectiveRpcRequest::default()
+        }
+    }
+}
+
+/// `/collective_rpc`'s answer: one result per worker (`null` for a method that returns
+/// nothing); an empty 200 when the call returned nothing at all.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct CollectiveRpcResponse {
+    #[serde(default)]
+    pub results: Vec<serde_json::Value>,
+}
+
+/// `POST /update_weight_version`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWeightVersionRequest {
+    pub new_version: String,
+}
+
+/// `/update_weight_version`'s answer.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct UpdateWeightVersionResponse {
+    pub success: bool,
+    pub new_version: String,
+}
+
+/// `GET /weight_info`: the version the engine stamps on its outputs (`"default"` until one
+/// is set).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct WeightInfo {
+    pub weight_version: String,
+}
+
+/// The message of a vLLM error answer, whichever of its shapes it has (see the module
+/// doc): `{"error": {"message"}}`, `{"error": "..."}`, `{"detail": "..."}` (or a list of
+/// FastAPI validation errors); else the body itself, trimmed.
+pub fn error_message(body: &str) -> String {
+    let v: serde_json::Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(_) => return body.trim().to_owned(),
+    };
+    if let Some(m) = v.pointer("/error/message").and_then(|m| m.as_str()) {
+        return m.to_owned();
+    }
+    match (v.get("error"), v.get("detail")) {
+        (Some(serde_json::Value::String(m)), _) | (None, Some(serde_json::Value::String(m))) => {
+            m.clone()
+        }
+        (None, Some(d)) => d.to_string(),
+        _ => body.trim().to_owned(),
+    }
 }
 
 /// `finish_reason` values (`FINISH_REASON_STRINGS` in `vllm/v1/engine/__init__.py`); `error`
@@ -264,6 +438,43 @@ mod tests {
         assert_eq!(c.weight_versions.as_ref().unwrap()[0].end, 4);
         let s: StopReason = serde_json::from_value(json!("END")).unwrap();
         assert_eq!(s, StopReason::Text("END".into()));
+    }
+
+    #[test]
+    fn push_bodies_are_vllms() {
+        assert_eq!(PauseMode::Keep.path(), "/pause?mode=keep");
+        assert_eq!(
+            serde_json::to_value(CollectiveRpcRequest::reload_weights("/w/step-1")).unwrap(),
+            json!({"method": "reload_weights", "kwargs": {"weights_path": "/w/step-1"}})
+        );
+        assert_eq!(
+            serde_json::to_value(UpdateWeightVersionRequest {
+                new_version: "step-1".into()
+            })
+            .unwrap(),
+            json!({"new_version": "step-1"})
+        );
+        let r: CollectiveRpcResponse = serde_json::from_value(json!({"results": [null]})).unwrap();
+        assert_eq!(r.results, vec![serde_json::Value::Null]);
+    }
+
+    #[test]
+    fn error_messages_read_in_each_of_vllms_shapes() {
+        assert_eq!(
+            error_message(
+                r#"{"error": {"message": "no such file", "type": "InternalServerError", "param": null, "code": 500}}"#
+            ),
+            "no such file"
+        );
+        assert_eq!(
+            error_message(r#"{"error": "Invalid pause mode: x"}"#),
+            "Invalid pause mode: x"
+        );
+        assert_eq!(error_message(r#"{"detail": "Not Found"}"#), "Not Found");
+        assert_eq!(
+            error_message(" Internal Server Error\n"),
+            "Internal Server Error"
+        );
     }
 
     #[test]
