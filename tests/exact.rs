@@ -165,7 +165,7 @@ fn check_session_records(records: &[Value], sid: &str, tok: &Tokenizer) -> Vec<V
         assert_eq!(r["outcome"], "ok", "{r:#}");
         assert_eq!(r["upstream_dialect"], "sglang_generate", "{r:#}");
         assert_eq!(r["weight_version"], "default", "{r:#}");
-        assert_eq!(r["finish_reason"], "stop", "{r:#}");
+        assert_eq!(r["backend_finish_reason"], "stop", "{r:#}");
         let up = &r["upstream_request"];
         assert_eq!(up["return_logprob"], true, "{up}");
         assert!(

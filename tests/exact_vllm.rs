@@ -101,7 +101,7 @@ fn check_records(records: &[Value], sid: &str) -> Vec<Value> {
     for r in &recs {
         assert_eq!(r["outcome"], "ok", "{r:#}");
         assert_eq!(r["upstream_dialect"], "vllm_completions", "{r:#}");
-        assert_eq!(r["finish_reason"], "stop", "{r:#}");
+        assert_eq!(r["backend_finish_reason"], "stop", "{r:#}");
         assert_eq!(r["weight_version"], "default", "{r:#}");
         let up = &r["upstream_request"];
         assert!(

@@ -350,7 +350,20 @@ fn rl_trains_on_two_harnesses_in_one_run_and_reports_each() {
         let v: Value = serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
         v["rules"].as_array().unwrap().clone()
     };
-    let mut all = rules(&repo_root().join("tests/clients/harnesses/script.json"));
+    // The example agent declares `bash`, Claude Code `Bash`: a call to a function the
+    // request did not declare is no call (SGLang's parser drops it), so the agent's own
+    // model text names its own tool.
+    let mut all = vec![serde_json::json!({
+        "match": "graft-task-claude-code",
+        "match_prompt": "with the bash tool",
+        "tools": true,
+        "reply": {
+            "reasoning": "One shell command writes the file.",
+            "content": "I will write the file.",
+            "tool_calls": [{"name": "bash", "arguments": {"command": "echo graft-done-claude-code > graft_done.txt && echo graft-wrote-claude-code"}}]
+        }
+    })];
+    all.extend(rules(&repo_root().join("tests/clients/harnesses/script.json")));
     all.extend(rules(&repo_root().join("examples/rl/scripted.json")));
     let script = dir.path().join("script.json");
     std::fs::write(&script, serde_json::json!({"rules": all}).to_string()).unwrap();
