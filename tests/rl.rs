@@ -363,7 +363,9 @@ fn rl_trains_on_two_harnesses_in_one_run_and_reports_each() {
             "tool_calls": [{"name": "bash", "arguments": {"command": "echo graft-done-claude-code > graft_done.txt && echo graft-wrote-claude-code"}}]
         }
     })];
-    all.extend(rules(&repo_root().join("tests/clients/harnesses/script.json")));
+    all.extend(rules(
+        &repo_root().join("tests/clients/harnesses/script.json"),
+    ));
     all.extend(rules(&repo_root().join("examples/rl/scripted.json")));
     let script = dir.path().join("script.json");
     std::fs::write(&script, serde_json::json!({"rules": all}).to_string()).unwrap();
