@@ -756,7 +756,7 @@ async fn vllm_wire_push_without_dev_mode_says_to_start_vllm_with_it() {
         .unwrap_err();
     let msg = format!("{e:#}");
     assert!(
-        msg.contains("VLLM_SERVER_DEV_MODE=1") && msg.contains("pause"),
+        msg.contains("VLLM_SERVER_DEV_MODE=1") && msg.contains("reset_prefix_cache"),
         "{msg}"
     );
     let log = vllm_log(&upstream.url).await;
@@ -764,4 +764,118 @@ async fn vllm_wire_push_without_dev_mode_says_to_start_vllm_with_it() {
     // The watchdog still sees it up (GET /health), its weights unknown.
     let info = graft::rl::backends::vllm_weight_info(&Api::new(&upstream.url, None)).await;
     assert_eq!(info, Some(json!({})));
+}
+
+/// A vLLM before 0.34 reports no weight versions and (0.11) has no `/pause`: `graft rl`
+/// drains it at the gateway for a push, reloads it the way its routes allow
+/// (`update_config` pointing `model_config.model` at the checkpoint, then
+/// `reload_weights()`), and resumes the gateway with the pushed version, which the gateway
+/// records on the calls after it. Before any push the records say no version. A label
+/// given to a backend that was not paused is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_before_0_34_is_drained_for_a_push_and_the_gateway_labels_its_calls() {
+    use graft::rl::backends::Shared;
+    use graft::rl::rollout::Api;
+    let s = own(
+        &json!({"rules": [
+            {"match": "before the push", "reply": {"content": "Old weights."}},
+            {"match": "after the push", "reply": {"content": "New weights."}}
+        ]}),
+        &["--vllm-dev-mode", "--vllm-version", "0.11.0"],
+    );
+    let cfg = rl_config(s._dir.path(), &s.upstream.url);
+    assert!(!cfg.backend.drain_on_push, "pushes do not drain by default");
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let ask =
+        |text: &str| json!({"model": "qwen3", "messages": [{"role": "user", "content": text}]});
+    let r = http::post_json(&url, &[], &ask("before the push")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Without a pause a label would be a guess: refused, nothing resumed or labelled.
+    let r = http::post_json(
+        &format!("{}/graft/backend/resume", s.gateway.url),
+        &[],
+        &json!({"backend": s.upstream.url, "weight_version": "guess"}),
+    )
+    .await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(r.text().contains("weight_version"), "{}", r.text());
+
+    let gateway = Api::new(&s.gateway.url, None);
+    tokio::time::timeout(
+        Duration::from_secs(30),
+        Shared::default().push(
+            &cfg,
+            &gateway,
+            std::slice::from_ref(&s.upstream.url),
+            std::path::Path::new("/ckpt/step-1"),
+            "step-1",
+        ),
+    )
+    .await
+    .expect("the push hung")
+    .unwrap();
+    let status = http::get(&format!("{}/graft/backend/status", s.gateway.url), &[]).await;
+    assert_eq!(status.json()["paused"], json!(false), "{}", status.text());
+    // What 0.11 has: no /pause, /resume or /update_weight_version (404, not logged).
+    let log = vllm_log(&s.upstream.url).await;
+    let calls: Vec<&Value> = log["control"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|c| c.get("path").is_some())
+        .collect();
+    let paths: Vec<&str> = calls.iter().map(|c| c["path"].as_str().unwrap()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/reset_prefix_cache?reset_running_requests=true",
+            "/collective_rpc",
+            "/collective_rpc"
+        ],
+        "{log:#}"
+    );
+    assert_eq!(
+        calls[1]["body"],
+        json!({"method": "update_config", "kwargs": {"overrides": {"model_config": {"model": "/ckpt/step-1"}}}})
+    );
+    assert_eq!(calls[2]["body"], json!({"method": "reload_weights"}));
+    assert!(
+        log["control"]
+            .as_array()
+            .unwrap()
+            .contains(&json!({"reloaded_from": "/ckpt/step-1"})),
+        "{log:#}"
+    );
+    // The backend's answers carry no versions; the gateway's label does.
+    let sent = log["completions"].as_array().unwrap();
+    assert!(
+        !sent.is_empty()
+            && sent
+                .iter()
+                .all(|c| c["body"]["return_weight_versions"] == json!(true)),
+        "{log:#}"
+    );
+    let r = http::post_json(&url, &[], &ask("after the push")).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let recs = loop {
+        let mut recs: Vec<Value> = common::records_show(&s.data_dir)
+            .into_iter()
+            .filter(|r| r["session_id"] == sid)
+            .collect();
+        if recs.len() == 2 || Instant::now() > deadline {
+            recs.sort_by_key(|r| r["seq"].as_u64());
+            break recs;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(recs.len(), 2, "{recs:#?}");
+    assert_eq!(recs[0]["weight_version"], Value::Null, "{:#}", recs[0]);
+    assert_eq!(recs[1]["weight_version"], "step-1", "{:#}", recs[1]);
+    for r in &recs {
+        assert_eq!(r["weight_version_spans"], Value::Null, "{r:#}");
+        assert_eq!(r["outcome"], "ok", "{r:#}");
+    }
 }

@@ -617,7 +617,8 @@ async fn ui(
 /// Exact mode's backend control, for weight updates: `POST /graft/backend/pause` holds new
 /// calls and returns once the calls in flight are done; `POST /graft/backend/resume` lets
 /// them go; both take an optional `{"backend": URL}` to act on one backend (calls pinned to
-/// the others go on); `GET /graft/backend/status` says which backends there are and which
+/// the others go on); resume takes an optional `"weight_version"`, the version pushed while
+/// the backend was paused, recorded on its answers that report none; `GET /graft/backend/status` says which backends there are and which
 /// are paused.
 async fn backend_admin(
     state: &State,
@@ -633,6 +634,7 @@ async fn backend_admin(
     };
     let method = req.method().clone();
     // `{"backend": URL}` picks one backend; no body, `{}` or no such key: all of them.
+    let mut weight_version: Option<String> = None;
     let target = if method == Method::POST {
         let body = read_body(req.into_body(), 64 * 1024, state.cfg.limits.body_timeout).await?;
         let v: Value = if body.iter().all(u8::is_ascii_whitespace) {
@@ -640,6 +642,16 @@ async fn backend_admin(
         } else {
             serde_json::from_slice(&body)
                 .map_err(|e| GatewayError::InvalidJson(format!("backend control body: {e}")))?
+        };
+        weight_version = match v.get("weight_version") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(w)) if !w.is_empty() => Some(w.clone()),
+            Some(other) => {
+                return Err(GatewayError::field(
+                    "weight_version",
+                    format!("'weight_version' must be a non-empty string, got {other}"),
+                ));
+            }
         };
         match v.get("backend") {
             None | Some(Value::Null) => None,
@@ -679,11 +691,12 @@ async fn backend_admin(
             ))
         }
         (Method::POST, "/graft/backend/resume") => {
-            let was = ex.resume(target).await;
-            info!(backend = %which, was_paused = was, "exact mode resumed");
+            let resumed = ex.resume(target, weight_version.clone()).await?;
+            info!(backend = %which, resumed = ?resumed, weight_version = ?weight_version, "exact mode resumed");
             Ok(json_response(
                 StatusCode::OK,
-                &json!({"paused": false, "backend": which, "was_paused": was}),
+                &json!({"paused": false, "backend": which, "was_paused": !resumed.is_empty(),
+                        "resumed": resumed, "weight_version": weight_version}),
             ))
         }
         (Method::GET, "/graft/backend/status") => {

@@ -121,7 +121,13 @@ impl Shared {
         // One backend at a time: calls pinned to the others go on meanwhile.
         for b in backends {
             let one = json!({"backend": b});
-            let drain = cfg.backend.drain_on_push;
+            // A backend that does not say which weights sampled each token (vLLM before
+            // 0.34) is drained, so the version graft gives at the resume labels its calls.
+            let labels = reports_weight_versions(wire, b, &self.keys).await;
+            if !labels && !cfg.backend.drain_on_push {
+                tracing::info!(backend = %b, "the backend does not report weight versions per request: the push drains it, and the gateway labels its calls with the version pushed");
+            }
+            let drain = cfg.backend.drain_on_push || !labels;
             if drain {
                 gateway
                     .ok(Method::POST, "/graft/backend/pause", Some(&one))
@@ -139,8 +145,14 @@ impl Shared {
                 }
             }
             let resumed = if drain {
+                // The version labels the calls after a push that went through; after one
+                // that failed the backend serves what it served before.
+                let body = match &r {
+                    Ok(()) => json!({"backend": b, "weight_version": version}),
+                    Err(_) => one,
+                };
                 gateway
-                    .ok(Method::POST, "/graft/backend/resume", Some(&one))
+                    .ok(Method::POST, "/graft/backend/resume", Some(&body))
                     .await
                     .map(|_| ())
             } else {
@@ -226,6 +238,27 @@ async fn weight_info(wire: ExactWire, backend: &str, keys: &Keys) -> Option<Valu
     match wire {
         ExactWire::Sglang => model_info(&api).await,
         ExactWire::Vllm => vllm_weight_info(&api).await,
+    }
+}
+
+/// Whether the backend reports the weight version that sampled each token: SGLang does
+/// (every version graft accepts); vLLM from 0.34 (`GET /version`), not before, nor where
+/// its version cannot be read.
+async fn reports_weight_versions(wire: ExactWire, backend: &str, keys: &Keys) -> bool {
+    if wire != ExactWire::Vllm {
+        return true;
+    }
+    let asked = tokio::time::timeout(
+        Duration::from_secs(5),
+        keys.api(backend)
+            .call(Method::GET, vllm_wire::path::VERSION, None),
+    )
+    .await;
+    match asked {
+        Ok(Ok((s, v))) if (200..300).contains(&s) => v["version"]
+            .as_str()
+            .is_some_and(vllm_wire::reports_weight_versions),
+        _ => false,
     }
 }
 
@@ -334,11 +367,11 @@ async fn recover(
     if was_down && !wait_healthy(wire, backend, cfg.backend.restart_wait_secs, &shared.keys).await {
         shared.event(json!({"backend": backend, "event": "did not come back",
             "gave_up_after_secs": since.elapsed().as_secs_f64()}));
-        resume(gateway, backend).await;
+        resume(gateway, backend, None).await;
         return false;
     }
     let (ckpt, want) = guard(&shared.expected).clone();
-    let serving = serving_version(wire, backend, &shared.keys).await;
+    let mut serving = serving_version(wire, backend, &shared.keys).await;
     let mut ev = json!({"backend": backend, "event": if was_down { "restarted" } else { "checked" },
         "down_secs": since.elapsed().as_secs_f64(), "serving": serving});
     if let (Some(ckpt), Some(want)) = (ckpt, want)
@@ -347,23 +380,28 @@ async fn recover(
         let r = push_one(wire, backend, &ckpt, &want, &shared.keys).await;
         ev["repushed"] = json!(want);
         ev["repush_error"] = json!(r.as_ref().err().map(|e| format!("{e:#}")));
+        if r.is_ok() {
+            serving = Some(want);
+        }
     }
     if was_down || ev.get("repushed").is_some() {
         shared.event(ev);
     }
     if was_down {
-        resume(gateway, backend).await;
+        resume(gateway, backend, serving.as_deref()).await;
     }
     true
 }
 
-async fn resume(gateway: &Api, backend: &str) {
+/// Lets the calls held for `backend` go; `weight_version`: what it serves now, where known
+/// (the label of its calls when it reports none itself).
+async fn resume(gateway: &Api, backend: &str, weight_version: Option<&str>) {
+    let mut body = json!({"backend": backend});
+    if let Some(v) = weight_version {
+        body["weight_version"] = json!(v);
+    }
     if let Err(e) = gateway
-        .ok(
-            Method::POST,
-            "/graft/backend/resume",
-            Some(&json!({"backend": backend})),
-        )
+        .ok(Method::POST, "/graft/backend/resume", Some(&body))
         .await
     {
         tracing::error!(error = %format!("{e:#}"), "the gateway could not be resumed after a backend outage");

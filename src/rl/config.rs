@@ -166,7 +166,8 @@ pub struct BackendSection {
     pub admin_api_key: Option<String>,
     /// Drain a backend before each weight push (the gateway holds its new calls and waits
     /// for those in flight) instead of letting the server pause in place. Off by default:
-    /// SGLang (>= 0.5.6) and `graft serve` keep their calls across an update.
+    /// SGLang (>= 0.5.6), vLLM (>= 0.34) and `graft serve` keep their calls across an
+    /// update. A vLLM older than 0.34 is drained whatever this says (see `docs/BACKENDS.md`).
     #[serde(default)]
     pub drain_on_push: bool,
 }

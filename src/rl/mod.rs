@@ -157,6 +157,7 @@ async fn start_scripted(
         admin_key: keys.admin,
         sglang_version: "0.5.23".into(),
         legacy_info_routes: false,
+        vllm_version: "0.34.0".into(),
         // It plays the wire the config names; a vLLM one can take pushes.
         vllm_dev_mode: cfg.backend.wire == graft_gateway::config::ExactWire::Vllm,
         chunk_delay_ms: 0,

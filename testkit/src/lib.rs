@@ -73,6 +73,11 @@ pub struct ScriptedArgs {
     /// The SGLang version `GET /server_info` reports (graft checks it).
     #[arg(long, default_value = "0.5.23")]
     pub sglang_version: String,
+    /// The vLLM version `GET /version` reports. Before 0.34 the vLLM side plays an older
+    /// vLLM: no `weight_versions` spans in its answers, no `/update_weight_version` or
+    /// `/weight_info` development routes.
+    #[arg(long, default_value = "0.34.0")]
+    pub vllm_version: String,
     /// Serve the info routes only under their old names (`/get_model_info`,
     /// `/get_server_info`), as SGLang did before `/model_info` and `/server_info`.
     #[arg(long)]
@@ -136,6 +141,7 @@ pub async fn start(
         admin_key: args.admin_key.clone(),
         sglang_version: args.sglang_version.clone(),
         legacy_info_routes: args.legacy_info_routes,
+        vllm_version: args.vllm_version.clone(),
         vllm_dev_mode: args.vllm_dev_mode,
         chunk_delay: Duration::from_millis(args.chunk_delay_ms),
         models: args.models.clone(),

@@ -46,6 +46,8 @@ pub(crate) struct State {
     pub(crate) admin_key: Option<String>,
     pub(crate) sglang_version: String,
     pub(crate) legacy_info_routes: bool,
+    /// What vLLM's `GET /version` says (`--vllm-version`).
+    pub(crate) vllm_version: String,
     pub(crate) chunk_delay: Duration,
     pub(crate) models: Vec<String>,
     pub(crate) next_id: AtomicU64,
@@ -164,7 +166,7 @@ pub(crate) async fn handle(
         (&Method::GET, "/version") => {
             return Ok(json_response(
                 StatusCode::OK,
-                &serde_json::json!({"version": vllm::VERSION}),
+                &serde_json::json!({"version": state.vllm_version}),
             ));
         }
         (&Method::POST, "/v1/chat/completions") => Dialect::Chat,

@@ -76,8 +76,13 @@ const TOKENS_PER_CHUNK: usize = 2;
 /// The path of the test log of what the vLLM side was asked.
 pub(crate) const REQUESTS: &str = "/testkit/vllm/requests";
 
-/// The vLLM release this side plays (`GET /version`).
-pub(crate) const VERSION: &str = "0.34.0";
+/// Whether this side plays a vLLM before 0.34 (`--vllm-version`), as read from 0.11.0's
+/// source: no weight-version spans; of the development routes only `/reset_prefix_cache`
+/// (an empty 200) and `/collective_rpc`, whose `reload_weights` takes no `weights_path`
+/// (it reloads from `model_config.model`, which `update_config` can point elsewhere).
+pub(crate) fn plays_old(state: &State) -> bool {
+    !wire::reports_weight_versions(&state.vllm_version)
+}
 
 /// What the vLLM side keeps between requests.
 pub(crate) struct Backend {
@@ -90,6 +95,9 @@ pub(crate) struct Backend {
     paused: watch::Sender<bool>,
     /// Every call of a development route: `{path, body}`.
     control: Mutex<Vec<Value>>,
+    /// Where an old vLLM's `reload_weights()` reads from (`update_config`'s
+    /// `model_config.model`).
+    model_path: Mutex<Option<String>>,
 }
 
 impl Default for Backend {
@@ -100,6 +108,7 @@ impl Default for Backend {
             weight_version: watch::Sender::new("default".to_string()),
             paused: watch::Sender::new(false),
             control: Mutex::default(),
+            model_path: Mutex::default(),
         }
     }
 }
@@ -137,6 +146,10 @@ pub(crate) fn dev_route(
     body: &Value,
 ) -> Response<RespBody> {
     if !state.vllm_dev_mode {
+        return not_found();
+    }
+    let old = plays_old(state);
+    if old && ![wire::path::RESET_PREFIX_CACHE, wire::path::COLLECTIVE_RPC].contains(&path) {
         return not_found();
     }
     let b = &state.vllm;
@@ -206,6 +219,7 @@ pub(crate) fn dev_route(
                 },
             )
         }
+        wire::path::RESET_PREFIX_CACHE if old => json_response(StatusCode::OK, &Value::Null),
         wire::path::RESET_PREFIX_CACHE => {
             typed(StatusCode::OK, &ResetPrefixCacheResponse { success: true })
         }
@@ -218,6 +232,9 @@ pub(crate) fn dev_route(
                     None,
                 );
             };
+            if old {
+                return old_collective_rpc(b, &req);
+            }
             if req.method != wire::RELOAD_WEIGHTS {
                 return error(
                     StatusCode::INTERNAL_SERVER_ERROR,
@@ -261,6 +278,59 @@ pub(crate) fn dev_route(
             )
         }
         _ => not_found(),
+    }
+}
+
+/// `/collective_rpc` on a vLLM before 0.34: `update_config` (model_config / load_config
+/// overrides) and `reload_weights()`; a worker's exception (a keyword it does not take)
+/// reaches the client as Starlette's bare 500.
+fn old_collective_rpc(b: &Backend, req: &CollectiveRpcRequest) -> Response<RespBody> {
+    let bare_500 = || {
+        Response::builder()
+            .status(StatusCode::INTERNAL_SERVER_ERROR)
+            .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
+            .body(crate::server::full(Bytes::from_static(
+                b"Internal Server Error",
+            )))
+            .unwrap_or_else(|_| not_found())
+    };
+    match req.method.as_str() {
+        wire::UPDATE_CONFIG => {
+            let model = req.kwargs.get("overrides").and_then(|o| {
+                let o = o.as_object()?;
+                if o.keys().any(|k| k != "model_config" && k != "load_config") {
+                    return None;
+                }
+                Some(o.get("model_config")?.get("model")?.as_str()?.to_owned())
+            });
+            match model {
+                Some(m) => {
+                    if let Ok(mut p) = b.model_path.lock() {
+                        *p = Some(m);
+                    }
+                    typed(
+                        StatusCode::OK,
+                        &CollectiveRpcResponse {
+                            results: vec![Value::Null],
+                        },
+                    )
+                }
+                None => bare_500(),
+            }
+        }
+        wire::RELOAD_WEIGHTS if req.kwargs.is_empty() && req.args.is_empty() => {
+            let reloaded = b.model_path.lock().ok().and_then(|p| p.clone());
+            if let Ok(mut c) = b.control.lock() {
+                c.push(json!({"reloaded_from": reloaded}));
+            }
+            typed(
+                StatusCode::OK,
+                &CollectiveRpcResponse {
+                    results: vec![Value::Null],
+                },
+            )
+        }
+        _ => bare_500(),
     }
 }
 
@@ -660,7 +730,7 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         texts,
         finish,
         stop_reason,
-        weight_versions: req.return_weight_versions == Some(true),
+        weight_versions: req.return_weight_versions == Some(true) && !plays_old(state),
     };
     let logprobs = req.logprobs.is_some();
     let with_ids = req.return_token_ids == Some(true);

@@ -12,6 +12,7 @@
 //! the new weights; asked again while it answers `success: false`) → `POST /collective_rpc
 //! {"method": "reload_weights", "kwargs": {"weights_path": DIR}}` → `POST
 //! /update_weight_version {"new_version"}` → `POST /resume`; resumed on every path as well.
+//! Older vLLMs get what their routes allow (see [`push_weights_vllm`]).
 //!
 //! A small blocking HTTP/1.1 client (plain `http://` only, one request per connection)
 //! is enough for a few control calls and keeps the trainer free of an async runtime. The
@@ -105,6 +106,16 @@ pub fn post_json(
     body: &serde_json::Value,
     timeout: Duration,
 ) -> Result<Response> {
+    exchange(url, "POST", path, Some(body), timeout)
+}
+
+fn exchange(
+    url: &ServerUrl,
+    method: &str,
+    path: &str,
+    body: Option<&serde_json::Value>,
+    timeout: Duration,
+) -> Result<Response> {
     let fail = |problem: String| TrainerError::Push {
         url: url.raw.clone(),
         problem,
@@ -122,7 +133,10 @@ pub fn post_json(
     stream
         .set_write_timeout(Some(timeout))
         .map_err(|e| fail(e.to_string()))?;
-    let body = body.to_string();
+    let (body, content_type) = match body {
+        Some(b) => (b.to_string(), "Content-Type: application/json\r\n"),
+        None => (String::new(), ""),
+    };
     let host = if url.host.contains(':') {
         format!("[{}]", url.host)
     } else {
@@ -134,7 +148,7 @@ pub fn post_json(
         .map(|k| format!("Authorization: Bearer {k}\r\n"))
         .unwrap_or_default();
     let req = format!(
-        "POST {}{} HTTP/1.1\r\nHost: {}:{}\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{}",
+        "{method} {}{} HTTP/1.1\r\nHost: {}:{}\r\n{auth}{content_type}Content-Length: {}\r\nConnection: close\r\n\r\n{}",
         url.prefix,
         path,
         host,
@@ -342,6 +356,13 @@ fn flush_cache(url: &ServerUrl, timeout: Duration) -> Result<()> {
 /// version sampled. `key`: sent as `Authorization: Bearer` (vLLM's `--api-key` does not
 /// guard these routes, a proxy in front may). A failed step still resumes the server; the
 /// error names the step and quotes vLLM's message.
+///
+/// Older vLLMs are pushed as far as their routes allow (read from 0.11.0's source): one
+/// without `/pause` (404 in dev mode) cannot pause in place, so the caller must have
+/// drained it (graft rl does for a vLLM that reports no weight versions); one whose
+/// `reload_weights` takes no `weights_path` is pointed at the directory with
+/// `update_config` first; one without `/update_weight_version` cannot stamp the version,
+/// which the gateway then records itself (`docs/BACKENDS.md`).
 pub fn push_weights_vllm(
     url: &str,
     model_path: &Path,
@@ -352,46 +373,96 @@ pub fn push_weights_vllm(
     let short = Duration::from_secs(60);
     let empty = serde_json::json!({});
     let pause = VllmPauseMode::Keep.path();
-    vllm_step(
-        &url,
-        "pause",
-        &pause,
-        post_json(&url, &pause, &empty, short)?,
-    )?;
+    let paused = post_json(&url, &pause, &empty, short)?;
+    // No /pause: a vLLM from before it (or one not in dev mode, which the next step tells).
+    let can_pause = paused.status != 404;
+    if can_pause {
+        vllm_step(&url, "pause", &pause, paused)?;
+    } else {
+        tracing::info!(url = %url.raw, "vLLM has no /pause: pushing without a pause (the caller drained it)");
+    }
     let swapped = (|| -> Result<()> {
         reset_prefix_cache(&url, short)?;
-        let dir = model_path.to_string_lossy().into_owned();
-        vllm_step(
+        reload_weights(&url, &model_path.to_string_lossy(), !can_pause)?;
+        let r = post_json(
             &url,
-            "reload_weights",
-            vwire::path::COLLECTIVE_RPC,
-            post_json(
-                &url,
-                vwire::path::COLLECTIVE_RPC,
-                &body(&CollectiveRpcRequest::reload_weights(&dir)),
-                Duration::from_secs(1800),
-            )?,
+            vwire::path::UPDATE_WEIGHT_VERSION,
+            &body(&UpdateWeightVersionRequest {
+                new_version: weight_version.to_owned(),
+            }),
+            short,
         )?;
+        if r.status == 404 {
+            tracing::info!(url = %url.raw, version = weight_version, "vLLM has no /update_weight_version: its answers carry no weight version; the gateway labels them");
+            return Ok(());
+        }
         vllm_step(
             &url,
             "update_weight_version",
             vwire::path::UPDATE_WEIGHT_VERSION,
-            post_json(
-                &url,
-                vwire::path::UPDATE_WEIGHT_VERSION,
-                &body(&UpdateWeightVersionRequest {
-                    new_version: weight_version.to_owned(),
-                }),
-                short,
-            )?,
+            r,
         )?;
         Ok(())
     })();
-    let resumed = post_json(&url, vwire::path::RESUME, &empty, short)
-        .and_then(|r| vllm_step(&url, "resume", vwire::path::RESUME, r));
+    let resumed = if can_pause {
+        post_json(&url, vwire::path::RESUME, &empty, short)
+            .and_then(|r| vllm_step(&url, "resume", vwire::path::RESUME, r))
+            .map(|_| ())
+    } else {
+        Ok(())
+    };
     swapped?;
     resumed?;
     tracing::info!(url = %url.raw, version = weight_version, path = %model_path.display(), "weights pushed to vLLM");
+    Ok(())
+}
+
+/// `reload_weights(weights_path=dir)`, else (`legacy`: a vLLM without `/pause`, or one
+/// whose `reload_weights` fails on the keyword: a `TypeError` in a worker reaches the client
+/// as Starlette's bare 500, 0.11's `reload_weights` takes no arguments) `update_config`
+/// pointing `model_config.model` at `dir`, then `reload_weights()`, which every vLLM since
+/// 0.11 has.
+fn reload_weights(url: &ServerUrl, dir: &str, legacy: bool) -> Result<()> {
+    let long = Duration::from_secs(1800);
+    let rpc = vwire::path::COLLECTIVE_RPC;
+    if !legacy {
+        let r = post_json(
+            url,
+            rpc,
+            &body(&CollectiveRpcRequest::reload_weights(dir)),
+            long,
+        )?;
+        let keyword_refused = r.status == 500
+            && (r.body.contains(vwire::WEIGHTS_PATH)
+                || serde_json::from_str::<serde_json::Value>(&r.body).is_err());
+        if !keyword_refused {
+            vllm_step(url, "reload_weights", rpc, r)?;
+            return Ok(());
+        }
+    }
+    tracing::info!(url = %url.raw, "an older vLLM: pointing its model_config at the directory, then reloading");
+    vllm_step(
+        url,
+        "update_config",
+        rpc,
+        post_json(
+            url,
+            rpc,
+            &body(&CollectiveRpcRequest::point_model_at(dir)),
+            long,
+        )?,
+    )?;
+    vllm_step(
+        url,
+        "reload_weights",
+        rpc,
+        post_json(
+            url,
+            rpc,
+            &body(&CollectiveRpcRequest::reload_in_place()),
+            long,
+        )?,
+    )?;
     Ok(())
 }
 

@@ -222,6 +222,72 @@ fn vllm_push_pauses_in_place_resets_the_cache_reloads_versions_and_resumes_in_or
     Ok(())
 }
 
+/// vLLM 0.11 (read from its source): no `/pause`, `/resume` or `/update_weight_version`
+/// (404 in dev mode too), an empty 200 from `/reset_prefix_cache`, and a `reload_weights`
+/// without arguments. The push (for a backend the caller drained) resets the cache, points
+/// `model_config.model` at the directory and reloads.
+#[test]
+fn vllm_0_11_is_pushed_without_a_pause_through_update_config_and_reload() -> anyhow::Result<()> {
+    let (url, log, h) = serve_by(5, |path| match path.split('?').next().unwrap_or_default() {
+        "/reset_prefix_cache" => ("200 OK", String::new()),
+        "/collective_rpc" => ("200 OK", r#"{"results": [null]}"#.into()),
+        _ => ("404 Not Found", r#"{"detail": "Not Found"}"#.into()),
+    })?;
+    push::push_weights_vllm(&url, std::path::Path::new("/models/step-3"), "step-3", None)?;
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    let log = log.lock().unwrap();
+    let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/pause?mode=keep",
+            "/reset_prefix_cache?reset_running_requests=true",
+            "/collective_rpc",
+            "/collective_rpc",
+            "/update_weight_version"
+        ]
+    );
+    assert_eq!(
+        log[2].1,
+        serde_json::json!({"method": "update_config", "kwargs": {"overrides": {"model_config": {"model": "/models/step-3"}}}})
+    );
+    assert_eq!(log[3].1, serde_json::json!({"method": "reload_weights"}));
+    Ok(())
+}
+
+/// A vLLM with `/pause` whose `reload_weights` takes no `weights_path`: the worker's
+/// `TypeError` arrives as Starlette's bare 500; the push falls back to `update_config` and
+/// `reload_weights()` and still resumes.
+#[test]
+fn vllm_reload_without_weights_path_falls_back_and_resumes() -> anyhow::Result<()> {
+    let mut first = true;
+    let (url, log, h) = serve_by(7, move |path| {
+        if path == "/collective_rpc" && std::mem::take(&mut first) {
+            return ("500 Internal Server Error", "Internal Server Error".into());
+        }
+        vllm_answer(path)
+    })?;
+    push::push_weights_vllm(&url, std::path::Path::new("/models/step-3"), "step-3", None)?;
+    h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
+    let log = log.lock().unwrap();
+    let paths: Vec<&str> = log.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        paths,
+        [
+            "/pause?mode=keep",
+            "/reset_prefix_cache?reset_running_requests=true",
+            "/collective_rpc",
+            "/collective_rpc",
+            "/collective_rpc",
+            "/update_weight_version",
+            "/resume"
+        ]
+    );
+    assert_eq!(log[3].1["method"], "update_config");
+    assert_eq!(log[4].1, serde_json::json!({"method": "reload_weights"}));
+    Ok(())
+}
+
 #[test]
 fn vllm_reset_prefix_cache_refused_is_asked_again() -> anyhow::Result<()> {
     let mut refusals = 2;
@@ -274,11 +340,12 @@ fn vllm_failed_reload_still_resumes_and_names_the_step_and_vllms_message() -> an
     Ok(())
 }
 
-/// A vLLM without `VLLM_SERVER_DEV_MODE=1` has none of the routes: the push says so and
-/// calls nothing after the refused pause.
+/// A vLLM without `VLLM_SERVER_DEV_MODE=1` has none of the routes: a missing `/pause` alone
+/// may be an older vLLM, but a missing `/reset_prefix_cache` (which 0.11 has in dev mode)
+/// is not; the push says how to start vLLM and calls nothing more.
 #[test]
 fn vllm_without_dev_mode_is_told_to_start_with_it() -> anyhow::Result<()> {
-    let (url, log, h) = serve_by(1, |_| {
+    let (url, log, h) = serve_by(2, |_| {
         ("404 Not Found", r#"{"detail": "Not Found"}"#.into())
     })?;
     let err = push::push_weights_vllm(&url, std::path::Path::new("/m"), "v", None)
@@ -286,10 +353,10 @@ fn vllm_without_dev_mode_is_told_to_start_with_it() -> anyhow::Result<()> {
         .to_string();
     h.join().map_err(|_| anyhow::anyhow!("server thread"))?;
     assert!(
-        err.contains("VLLM_SERVER_DEV_MODE=1") && err.contains("pause"),
+        err.contains("VLLM_SERVER_DEV_MODE=1") && err.contains("reset_prefix_cache"),
         "{err}"
     );
-    assert_eq!(log.lock().unwrap().len(), 1);
+    assert_eq!(log.lock().unwrap().len(), 2);
     Ok(())
 }
 

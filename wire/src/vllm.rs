@@ -60,6 +60,8 @@ pub use crate::sglang::WeightVersionSpan;
 /// Routes.
 pub mod path {
     pub const COMPLETIONS: &str = "/v1/completions";
+    /// `GET`: `{"version": "0.34.0"}`.
+    pub const VERSION: &str = "/version";
     pub const MODELS: &str = "/v1/models";
     pub const HEALTH: &str = "/health";
     // Development routes (`VLLM_SERVER_DEV_MODE=1`); see the module doc.
@@ -72,6 +74,18 @@ pub mod path {
     pub const COLLECTIVE_RPC: &str = "/collective_rpc";
     pub const UPDATE_WEIGHT_VERSION: &str = "/update_weight_version";
     pub const WEIGHT_INFO: &str = "/weight_info";
+}
+
+/// The vLLM release that first reports per-request weight versions
+/// (`return_weight_versions` on `/v1/completions`, the `weight_versions` spans of a choice).
+/// With an older one graft labels the calls itself, from the pushes it drives with a drain
+/// (`docs/BACKENDS.md`).
+pub const WEIGHT_VERSIONS_SINCE: (u32, u32, u32) = (0, 34, 0);
+
+/// Whether a vLLM that says `version` at `GET /version` reports weight versions per request;
+/// false for an unreadable version (nothing is assumed).
+pub fn reports_weight_versions(version: &str) -> bool {
+    crate::sglang::parse_version(version).is_some_and(|v| v >= WEIGHT_VERSIONS_SINCE)
 }
 
 /// What to tell someone whose vLLM answers 404 on a development route.
@@ -139,16 +153,19 @@ pub struct ResetPrefixCacheResponse {
 /// `vllm/v1/worker/gpu_worker.py`) and its keyword for a checkpoint directory.
 pub const RELOAD_WEIGHTS: &str = "reload_weights";
 pub const WEIGHTS_PATH: &str = "weights_path";
+/// The worker method that replaces parts of its config (`Worker.update_config`).
+pub const UPDATE_CONFIG: &str = "update_config";
 
-/// `POST /collective_rpc`: `method` called on every worker with `args` and `kwargs`, which
-/// vLLM takes as strings only (the method deserializes them).
+/// `POST /collective_rpc`: `method` called on every worker with `args` and `kwargs`. vLLM's
+/// comment says strings only; its route passes the JSON values as they are
+/// (`update_config` takes a dict).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct CollectiveRpcRequest {
     pub method: String,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub args: Vec<String>,
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
-    pub kwargs: std::collections::BTreeMap<String, String>,
+    pub kwargs: std::collections::BTreeMap<String, serde_json::Value>,
     /// Seconds; none: vLLM's own.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout: Option<f64>,
@@ -160,7 +177,31 @@ impl CollectiveRpcRequest {
     pub fn reload_weights(dir: &str) -> Self {
         CollectiveRpcRequest {
             method: RELOAD_WEIGHTS.to_owned(),
-            kwargs: [(WEIGHTS_PATH.to_owned(), dir.to_owned())].into(),
+            kwargs: [(WEIGHTS_PATH.to_owned(), dir.into())].into(),
+            ..CollectiveRpcRequest::default()
+        }
+    }
+
+    /// A vLLM whose `reload_weights` takes no directory (before `weights_path`, e.g. 0.11)
+    /// reloads from `model_config.model`: `update_config({"model_config": {"model": dir}})`
+    /// points it at `dir` (`GPUModelRunner.update_config` in `vllm/v1/worker/
+    /// gpu_model_runner.py` allows `model_config` and `load_config`).
+    pub fn point_model_at(dir: &str) -> Self {
+        CollectiveRpcRequest {
+            method: UPDATE_CONFIG.to_owned(),
+            kwargs: [(
+                "overrides".to_owned(),
+                serde_json::json!({"model_config": {"model": dir}}),
+            )]
+            .into(),
+            ..CollectiveRpcRequest::default()
+        }
+    }
+
+    /// `reload_weights()` with no arguments: from the model path the server has.
+    pub fn reload_in_place() -> Self {
+        CollectiveRpcRequest {
+            method: RELOAD_WEIGHTS.to_owned(),
             ..CollectiveRpcRequest::default()
         }
     }

@@ -51,14 +51,14 @@ pub(crate) async fn check_wire(
     }
 }
 
-/// The vLLM release that first reports per-request weight versions
-/// (`return_weight_versions` on `/v1/completions`).
-const VLLM_WEIGHT_VERSIONS: (u32, u32, u32) = (0, 34, 0);
-
 /// A vLLM backend: `GET /version`. Nothing is refused (vLLM ignores fields it does not
 /// know); an older vLLM is used with a warning that its records' `weight_version` is null.
 async fn check_vllm(ask: &Asker<'_>, backend: &str) -> Result<Verdict, String> {
-    let (status, body) = get(ask, &format!("{backend}/version")).await?;
+    let (status, body) = get(
+        ask,
+        &format!("{backend}{}", graft_wire::vllm::path::VERSION),
+    )
+    .await?;
     if status == StatusCode::NOT_FOUND {
         warn!(
             backend,
@@ -76,10 +76,10 @@ async fn check_vllm(ask: &Asker<'_>, backend: &str) -> Result<Verdict, String> {
         .ok()
         .and_then(|v| v.get("version")?.as_str().map(str::to_string));
     match v.as_deref().map(|s| (s, parse_version(s))) {
-        Some((s, Some(have))) if have < VLLM_WEIGHT_VERSIONS => warn!(
+        Some((s, Some(_))) if !graft_wire::vllm::reports_weight_versions(s) => warn!(
             backend,
             version = s,
-            "exact mode: vLLM before 0.34 does not report which weights sampled each token (return_weight_versions): this backend's records carry no weight_version"
+            "exact mode: vLLM before 0.34 does not report which weights sampled each token (return_weight_versions): this backend's records carry the version of the last push graft drove with a drain (graft rl drains such a backend), none before"
         ),
         Some((s, _)) => info!(backend, version = s, "exact mode: backend checked"),
         None => warn!(

@@ -203,7 +203,15 @@ struct Slot {
     sessions: usize,
     /// What its `/server_info` said, once it answered (see `probe.rs`).
     checked: Arc<tokio::sync::OnceCell<Verdict>>,
+    /// The weight version given when the backend was last resumed after a pause (a push
+    /// driven with a drain): the record's `weight_version` for answers that report none
+    /// (vLLM before 0.34). Every call in flight then was sampled by it: the pause waited for
+    /// the ones before.
+    stamp: Stamp,
 }
+
+/// See [`Slot::stamp`].
+type Stamp = Arc<std::sync::Mutex<Option<String>>>;
 
 impl Slot {
     fn new(url: &str) -> Slot {
@@ -212,6 +220,7 @@ impl Slot {
             gate: Arc::new(RwLock::new(())),
             sessions: 0,
             checked: Arc::new(tokio::sync::OnceCell::new()),
+            stamp: Stamp::default(),
         }
     }
 }
@@ -405,10 +414,12 @@ impl Sglang {
             .unwrap_or_default()
     }
 
-    /// The backend's URL and pause gate.
-    fn slot(&self, i: usize) -> Option<(String, Arc<RwLock<()>>)> {
+    /// The backend's URL, pause gate and stamped weight version.
+    fn slot(&self, i: usize) -> Option<(String, Arc<RwLock<()>>, Stamp)> {
         let slots = self.slots.lock().ok()?;
-        slots.get(i).map(|s| (s.url.clone(), s.gate.clone()))
+        slots
+            .get(i)
+            .map(|s| (s.url.clone(), s.gate.clone(), s.stamp.clone()))
     }
 
     /// Pins `session` to the backend at `url` (a trainer's own SGLang-compatible server),
@@ -418,7 +429,7 @@ impl Sglang {
         let url = check_backend_url(url)?;
         if let Ok(h) = self.memory.histories.lock()
             && let Some(s) = h.map.get(session)
-            && self.slot(s.backend).is_none_or(|(u, _)| u != url)
+            && self.slot(s.backend).is_none_or(|(u, _, _)| u != url)
         {
             return Err(GatewayError::field(
                 "backend",
@@ -557,13 +568,45 @@ impl Sglang {
         t.elapsed()
     }
 
-    /// Lets held calls to `backend` (every backend when None) go. Returns whether any of
-    /// them was paused.
-    pub async fn resume(&self, backend: Option<usize>) -> bool {
+    /// Lets held calls to `backend` (every backend when None) go. Returns the backends
+    /// that were paused. `weight_version`: the version the paused backends now serve (a
+    /// push was made while they were drained), recorded on their answers that report none;
+    /// refused, and nothing resumed, when none of them was paused (then calls may be in
+    /// flight under other weights, and the label would be a guess).
+    pub async fn resume(
+        &self,
+        backend: Option<usize>,
+        weight_version: Option<String>,
+    ) -> Result<Vec<String>, GatewayError> {
         let mut paused = self.paused.lock().await;
-        let before = paused.len();
-        paused.retain(|i, _| backend.is_some_and(|b| b != *i));
-        paused.len() < before
+        let resumed: Vec<usize> = paused
+            .keys()
+            .copied()
+            .filter(|i| backend.is_none_or(|b| b == *i))
+            .collect();
+        if weight_version.is_some() && resumed.is_empty() {
+            return Err(GatewayError::field(
+                "weight_version",
+                "labels the calls after a push made while the backend was drained: pause it first (POST /graft/backend/pause)",
+            ));
+        }
+        if let Some(v) = &weight_version
+            && let Ok(slots) = self.slots.lock()
+        {
+            for i in &resumed {
+                if let Some(s) = slots.get(*i)
+                    && let Ok(mut stamp) = s.stamp.lock()
+                {
+                    *stamp = Some(v.clone());
+                }
+            }
+        }
+        paused.retain(|i, _| !resumed.contains(i));
+        let urls = self.backends();
+        Ok(resumed
+            .into_iter()
+            .filter_map(|i| urls.get(i).cloned())
+            .collect())
     }
 
     /// The backends now paused.
@@ -631,7 +674,7 @@ impl Sglang {
         // Histories are being rebuilt from the records after a start: wait for them.
         let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
-        let (backend, gate) = self
+        let (backend, gate, stamp) = self
             .slot(backend_index)
             .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
         self.checked(backend_index, &backend).await?;
@@ -803,6 +846,7 @@ impl Sglang {
             wire: self.wire,
             backend: backend.clone(),
             gate,
+            stamp,
             session: session.to_string(),
             memory: self.memory.clone(),
             model: model.clone(),
@@ -893,7 +937,7 @@ impl Sglang {
 
     /// `GET /v1/models` of the first backend (SGLang serves the OpenAI routes too).
     pub(crate) async fn models(&self) -> Result<(String, Response<Incoming>), GatewayError> {
-        let (backend, _) = self
+        let (backend, _, _) = self
             .slot(0)
             .ok_or_else(|| GatewayError::Internal("no exact-mode backend configured".into()))?;
         let url = format!("{backend}/v1/models");
@@ -963,6 +1007,8 @@ pub(crate) struct Generate {
     wire: Wire,
     backend: String,
     pub(crate) gate: Arc<RwLock<()>>,
+    /// The backend's stamped weight version (see [`Slot::stamp`]).
+    stamp: Stamp,
     session: String,
     memory: Arc<Memory>,
     model: String,
@@ -1219,7 +1265,13 @@ impl Generate {
                 "exact mode: the backend sent logprobs for another number of tokens than it sampled; the record keeps the ids without logprobs"
             );
         }
-        o.weight_version = p.weight_version.clone();
+        // An answer without a version (vLLM before 0.34) takes the one graft stamped at the
+        // backend's last drained push; it holds for this call: the call holds the pause
+        // gate, so no push has happened since it began.
+        o.weight_version = p
+            .weight_version
+            .clone()
+            .or_else(|| self.stamp.lock().ok().and_then(|s| s.clone()));
         o.weight_version_spans = p.weight_version_spans();
         // The record says how the answer ended as the client was told (its dialect's words,
         // as a passthrough record says it); the backend's own reason goes beside it.
