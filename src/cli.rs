@@ -131,6 +131,9 @@ pub enum RecordsCommand {
     Show(crate::records::ShowArgs),
     /// Export records to Parquet (zstd) or JSONL, full requests, keys redacted.
     Export(crate::records::ExportArgs),
+    /// Rewrite the session log keeping every whole event, after a failure left a bad line
+    /// (the original is kept beside it). Stop the gateway on the data dir first.
+    Repair(crate::records::RepairArgs),
 }
 
 pub fn main() -> ExitCode {
@@ -157,6 +160,7 @@ pub fn main() -> ExitCode {
             Command::Records(RecordsCommand::Sessions(a)) => crate::records::sessions(a),
             Command::Records(RecordsCommand::Show(a)) => crate::records::show(a),
             Command::Records(RecordsCommand::Export(a)) => crate::records::export(a),
+            Command::Records(RecordsCommand::Repair(a)) => crate::records::repair(a),
             #[cfg(feature = "testkit")]
             Command::Demo(args) => crate::demo::run(args).await,
             #[cfg(feature = "testkit")]

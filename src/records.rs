@@ -17,6 +17,12 @@ pub struct SessionsArgs {
 }
 
 #[derive(Debug, clap::Args)]
+pub struct RepairArgs {
+    #[arg(long)]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, clap::Args)]
 pub struct ShowArgs {
     #[arg(long)]
     pub data_dir: PathBuf,
@@ -62,6 +68,30 @@ fn load(data_dir: &std::path::Path, session: Option<&str>) -> anyhow::Result<Vec
         r.redact_credentials();
     }
     Ok(recs)
+}
+
+/// Rewrites the data dir's session log keeping every whole event (see
+/// `graft_recorder::repair_session_log`); prints what it kept and dropped as one JSON line.
+/// Stop the gateway on that data dir first.
+pub fn repair(a: RepairArgs) -> anyhow::Result<()> {
+    anyhow::ensure!(
+        a.data_dir.is_dir(),
+        "data dir {} does not exist",
+        a.data_dir.display()
+    );
+    let r = graft_recorder::repair_session_log(&a.data_dir)?;
+    if r.dropped.is_empty() {
+        println!("{}", serde_json::json!({"repaired": false, "kept": r.kept}));
+        eprintln!("graft: the session log holds only whole events; nothing to repair");
+    } else {
+        println!(
+            "{}",
+            serde_json::json!({"repaired": true, "kept": r.kept, "recovered": r.recovered,
+                "dropped": r.dropped.iter().map(|(at, n)| serde_json::json!({"offset": at, "bytes": n})).collect::<Vec<_>>(),
+                "original": r.original})
+        );
+    }
+    Ok(())
 }
 
 pub fn sessions(a: SessionsArgs) -> anyhow::Result<()> {

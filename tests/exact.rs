@@ -541,6 +541,38 @@ async fn sessions_are_pinned_to_one_backend_and_bad_calls_get_clear_errors() {
     .await;
     assert_eq!(r.status, 400, "{}", r.text());
     assert_eq!(r.json()["error"]["param"], "max_tokens", "{}", r.text());
+    // Issue 32, hole 5: values the backend would refuse are refused by name before it,
+    // in each dialect's own words for the key.
+    for (path, body, param) in [
+        (
+            "/v1/chat/completions",
+            json!({"model": "qwen3", "temperature": -1,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+            "temperature",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "qwen3", "top_p": 0,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+            "top_p",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"model": "qwen3", "presence_penalty": 3,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+            "presence_penalty",
+        ),
+        (
+            "/v1/messages",
+            json!({"model": "qwen3", "max_tokens": 10, "temperature": -0.5,
+                   "messages": [{"role": "user", "content": "hi"}]}),
+            "temperature",
+        ),
+    ] {
+        let r = http::post_json(&format!("{}{path}", gw.url), &[], &body).await;
+        assert_eq!(r.status, 400, "{}", r.text());
+        assert!(r.text().contains(param), "{}", r.text());
+    }
     // A backend that is down: a 502 in the client's dialect, recorded; the gateway stays up.
     drop(b);
     drop(a);

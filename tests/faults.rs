@@ -466,3 +466,220 @@ async fn client_gone_mid_stream_is_recorded_as_such() {
         "{rec}"
     );
 }
+
+/// Runs `graft ARGS` with `envs` to completion: (success, stdout + stderr).
+fn graft_run(args: &[&str], envs: &[(&str, &str)]) -> (bool, String) {
+    let o = std::process::Command::new(common::graft_bin())
+        .args(args)
+        .envs(envs.iter().copied())
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        ),
+    )
+}
+
+/// Issue 32, hole 1: a session log left with an event glued onto a torn one (what a full
+/// disk did to a graft that did not cut its log back; graft now cuts it back at once, see
+/// `recorder/src/session_log.rs`). The gateway refuses to start with the line, its byte
+/// offset and the repair command, never asking to delete acknowledged data; `graft records
+/// repair` keeps every whole event (the glued one included) and the original beside it;
+/// then the gateway starts with every session, and their rewards and keys hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole1_a_session_log_torn_by_a_full_disk_is_repaired_keeping_every_whole_event() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let mut gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let mut keys = vec![];
+    for id in ["s1", "s2", "s3"] {
+        let r = http::post_json(
+            &format!("{}/graft/sessions", gw.url),
+            &[],
+            &json!({"session_id": id}),
+        )
+        .await;
+        assert_eq!(r.status, 201, "{}", r.text());
+        keys.push(r.json()["api_key"].as_str().unwrap().to_string());
+    }
+    gw.stop();
+    // s2's line torn half-way, s3's glued onto it, as the old appender left them.
+    let path = data.join("sessions.log");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 3, "{text}");
+    let torn = &lines[1][..lines[1].len() / 2];
+    let broken = format!("{}\n{torn}{}\n", lines[0], lines[2]);
+    std::fs::write(&path, &broken).unwrap();
+    let offset = lines[0].len() + 1;
+    let (ok, out) = graft_run(
+        &[
+            "gateway",
+            "--listen",
+            "127.0.0.1:0",
+            "--upstream",
+            &upstream.url,
+            "--data-dir",
+            data.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert!(!ok, "{out}");
+    assert!(
+        out.contains("line 2")
+            && out.contains(&format!("byte {offset}"))
+            && out.contains("graft records repair"),
+        "{out}"
+    );
+    assert!(!out.contains("delete"), "{out}");
+    let (ok, out) = graft_run(
+        &["records", "repair", "--data-dir", data.to_str().unwrap()],
+        &[],
+    );
+    assert!(ok, "{out}");
+    let report: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    assert_eq!(report["kept"], 2, "{report}");
+    assert_eq!(report["recovered"], 1, "{report}");
+    assert_eq!(
+        report["dropped"],
+        json!([{"offset": offset, "bytes": torn.len()}]),
+        "{report}"
+    );
+    let original = report["original"].as_str().unwrap();
+    assert_eq!(std::fs::read_to_string(original).unwrap(), broken);
+    // The gateway starts; s1 and s3 are there with their keys (s2 was never whole).
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let list = http::get(&format!("{}/graft/sessions", gw.url), &[]).await;
+    let ids: HashSet<String> = list.json()["sessions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["session_id"].as_str().unwrap().to_string())
+        .collect();
+    assert!(
+        ids.contains("s1") && ids.contains("s3") && !ids.contains("s2"),
+        "{}",
+        list.text()
+    );
+    for key in [&keys[0], &keys[2]] {
+        let auth = format!("Bearer {key}");
+        let r = http::post_json(
+            &format!("{}/v1/chat/completions", gw.url),
+            &[("authorization", auth.as_str())],
+            &chat("m", "hello", false),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+}
+
+/// Issue 32, hole 2: `.` and `..` are dot-segments that HTTP clients remove from a base URL
+/// (`/s/../v1` is sent as `/v1`, the default session): refused as session and group ids,
+/// by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole2_session_ids_dot_and_dotdot_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let upstream = Proc::scripted_upstream(&[]);
+    let gw = Proc::gateway_with(&upstream.url, &dir.path().join("data"), &[], &[]);
+    for (key, id) in [
+        ("session_id", "."),
+        ("session_id", ".."),
+        ("group_id", ".."),
+    ] {
+        let r = http::post_json(
+            &format!("{}/graft/sessions", gw.url),
+            &[],
+            &json!({key: id}),
+        )
+        .await;
+        assert_error(&r, 400, "invalid_value", "not '.' or '..'");
+        assert!(r.text().contains(key), "{}", r.text());
+    }
+    // Three dots is a plain segment: accepted.
+    let r = http::post_json(
+        &format!("{}/graft/sessions", gw.url),
+        &[],
+        &json!({"session_id": "..."}),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Issue 32, hole 4: an empty or whitespace-only key is refused at start, from graft.toml
+/// or from the environment, on loopback too, naming the setting.
+#[test]
+fn hole4_an_empty_admin_key_is_refused_at_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    for (toml, envs) in [
+        ("[auth]\nadmin_key = \"\"\n", vec![]),
+        (
+            "[auth]\nadmin_key = \"env::GRAFT_TEST_EMPTY_KEY\"\n",
+            vec![("GRAFT_TEST_EMPTY_KEY", "  ")],
+        ),
+        ("[auth]\nclient_keys = [\" \"]\n", vec![]),
+    ] {
+        let cfg = dir.path().join("graft.toml");
+        std::fs::write(&cfg, toml).unwrap();
+        for listen in ["127.0.0.1:0", "0.0.0.0:0"] {
+            let (ok, out) = graft_run(
+                &[
+                    "gateway",
+                    "--listen",
+                    listen,
+                    "--upstream",
+                    "http://127.0.0.1:9",
+                    "--data-dir",
+                    data.to_str().unwrap(),
+                    "--config",
+                    cfg.to_str().unwrap(),
+                ],
+                &envs,
+            );
+            assert!(!ok, "{toml} on {listen}: {out}");
+            assert!(
+                out.contains("empty or whitespace only") && out.contains("auth."),
+                "{toml}: {out}"
+            );
+        }
+    }
+}
+
+/// Issue 32, hole 5 (keys): a refused `/v1` key is never echoed, not even its first
+/// characters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole5_a_refused_key_is_never_echoed() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("graft.toml");
+    std::fs::write(
+        &cfg,
+        "[auth]\nclient_keys = [\"client-key-1\"]\nrequire_client_key = true\n",
+    )
+    .unwrap();
+    let upstream = Proc::scripted_upstream(&[]);
+    let gw = Proc::gateway_with(
+        &upstream.url,
+        &dir.path().join("data"),
+        &["--config", cfg.to_str().unwrap()],
+        &[],
+    );
+    let secret = "sk-live-SECRETVALUE-123";
+    let auth = format!("Bearer {secret}");
+    let r = http::post_json(
+        &format!("{}/v1/chat/completions", gw.url),
+        &[("authorization", auth.as_str())],
+        &chat("m", "hi", false),
+    )
+    .await;
+    assert_error(&r, 401, "invalid_api_key", "not valid");
+    for part in ["sk-l", "SECRET", "123"] {
+        assert!(!r.text().contains(part), "{}", r.text());
+    }
+    assert!(!gw.stderr().contains("SECRET"), "{}", gw.stderr());
+}

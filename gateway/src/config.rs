@@ -42,14 +42,28 @@ impl std::fmt::Debug for SecretRef {
 }
 
 impl SecretRef {
+    /// The secret (from the environment for `env::VAR`). An empty or whitespace-only one is
+    /// refused: a key nobody can send (or anybody can guess) is a mistake, not a setting.
     pub fn resolve(&self, key: &str) -> Result<String, ConfigError> {
-        match self.0.strip_prefix("env::") {
-            Some(var) => std::env::var(var).map_err(|_| ConfigError::MissingEnv {
+        let (value, from) = match self.0.strip_prefix("env::") {
+            Some(var) => (
+                std::env::var(var).map_err(|_| ConfigError::MissingEnv {
+                    key: key.to_string(),
+                    var: var.to_string(),
+                })?,
+                format!("the environment variable {var}"),
+            ),
+            None => (self.0.clone(), "graft.toml".to_string()),
+        };
+        if value.trim().is_empty() {
+            return Err(ConfigError::Invalid {
                 key: key.to_string(),
-                var: var.to_string(),
-            }),
-            None => Ok(self.0.clone()),
+                message: format!(
+                    "the key from {from} is empty or whitespace only; set it to a long random secret (e.g. `openssl rand -hex 32`), or remove the setting"
+                ),
+            });
         }
+        Ok(value)
     }
 }
 

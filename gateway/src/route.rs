@@ -69,9 +69,16 @@ impl Route {
     }
 }
 
-/// Session ids travel in URL paths and headers: keep them to a safe alphabet.
+/// What a session (or group) id must be, for error messages.
+pub const SESSION_ID_RULE: &str = "1-128 characters of [A-Za-z0-9._:-], and not '.' or '..' (a base URL /s/<id>/v1 with those is rewritten by HTTP clients)";
+
+/// Session ids travel in URL paths and headers: keep them to a safe alphabet, and to
+/// path segments that stay themselves (`.` and `..` are dot-segments, which HTTP clients
+/// remove: `/s/../v1` reaches `/v1`, the default session).
 pub fn valid_session_id(id: &str) -> bool {
     !id.is_empty()
+        && id != "."
+        && id != ".."
         && id.len() <= 128
         && id
             .bytes()

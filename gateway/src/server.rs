@@ -22,7 +22,7 @@ use crate::error::{Cause, GatewayError};
 use crate::limits::Limits;
 use crate::metrics::{ErrorLabels, Metrics, RequestLabels};
 use crate::pipeline::{self, read_body};
-use crate::route::{Route, valid_session_id};
+use crate::route::{Route, SESSION_ID_RULE, valid_session_id};
 use crate::sessions::{CreateRequest, Session, Sessions};
 use crate::state::State;
 
@@ -30,6 +30,13 @@ use crate::state::State;
 pub enum StartError {
     #[error("cannot open the recorder in {dir}: {source}")]
     Recorder {
+        dir: String,
+        source: graft_recorder::RecorderError,
+    },
+    #[error(
+        "the recorder in {dir} could not flush and seal at shutdown: {source}; what it acknowledged is in its WAL and is sealed on the next start"
+    )]
+    Shutdown {
         dir: String,
         source: graft_recorder::RecorderError,
     },
@@ -241,7 +248,7 @@ impl Gateway {
             .recorder
             .shutdown()
             .await
-            .map_err(|source| StartError::Recorder {
+            .map_err(|source| StartError::Shutdown {
                 dir: state.cfg.recorder.data_dir.display().to_string(),
                 source,
             })?;
@@ -480,7 +487,7 @@ async fn resolve_session(
     {
         return Err(GatewayError::field(
             "session",
-            format!("session id '{n}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+            format!("session id '{n}' must be {SESSION_ID_RULE}"),
         ));
     }
     if state.cfg.auth.require_client_key && key_session.is_none() {
@@ -490,11 +497,12 @@ async fn resolve_session(
                     "missing API key; send 'Authorization: Bearer <key>' with a session key from POST /graft/sessions or a configured client key".into(),
                 ));
             }
-            Some(k) if !state.cfg.auth.client_keys.iter().any(|c| c == k) => {
-                return Err(GatewayError::Unauthorized(format!(
-                    "API key '{}' is not valid for this gateway; use a session key from POST /graft/sessions or a configured client key",
-                    mask(k)
-                )));
+            Some(k) if !state.cfg.auth.client_keys.iter().any(|c| same_key(c, k)) => {
+                // Never echoed, not even in part: a refused key may be a real secret
+                // sent to the wrong place.
+                return Err(GatewayError::Unauthorized(
+                    "the API key sent is not valid for this gateway; use a session key from POST /graft/sessions or a configured client key".into(),
+                ));
             }
             Some(_) => {}
         }
@@ -518,11 +526,6 @@ async fn resolve_session(
         return Err(GatewayError::SessionClosed(session.id.clone()));
     }
     Ok(session)
-}
-
-fn mask(k: &str) -> String {
-    let shown: String = k.chars().take(4).collect();
-    format!("{shown}…")
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {

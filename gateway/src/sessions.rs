@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::error::GatewayError;
 use crate::policy::SamplingPolicy;
-use crate::route::valid_session_id;
+use crate::route::{SESSION_ID_RULE, valid_session_id};
 
 pub struct Session {
     pub id: String,
@@ -315,7 +315,7 @@ impl Sessions {
                 if !valid_session_id(&id) {
                     return Err(GatewayError::field(
                         "session_id",
-                        format!("session_id '{id}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+                        format!("session_id '{id}' must be {SESSION_ID_RULE}"),
                     ));
                 }
                 id
@@ -327,7 +327,7 @@ impl Sessions {
         {
             return Err(GatewayError::field(
                 "group_id",
-                format!("group_id '{g}' must be 1-128 characters of [A-Za-z0-9._:-]"),
+                format!("group_id '{g}' must be {SESSION_ID_RULE}"),
             ));
         }
         if self.get(&id).is_some() {

@@ -117,7 +117,7 @@ pub enum RecorderError {
     Seal { segment: u64, message: String },
 
     #[error(
-        "session log {path} line {line} (byte {offset}) is not a valid session event ({source}); fix or delete that line, or move the file aside, then restart"
+        "session log {path} line {line} (byte {offset}) is not a valid session event ({source}); `graft records repair --data-dir DIR` rewrites the log keeping every whole event (the original is kept beside it)"
     )]
     SessionLogLine {
         path: PathBuf,

@@ -40,7 +40,9 @@ pub use reader::{
 };
 pub use record::{CallRecord, SCHEMA_VERSION, Usage, WeightSpan};
 pub use redact::{REDACTED, is_sensitive_key, redact_header_pairs, redact_headers, redact_json};
-pub use session_log::{SessionEvent, SessionLog, read_session_events};
+pub use session_log::{
+    Repair, SessionEvent, SessionLog, read_session_events, repair as repair_session_log,
+};
 pub use writer::Recorder;
 
 /// When `Recorder::record` resolves.

@@ -1,6 +1,9 @@
 //! Durable session event log: `<dir>/sessions.log`, one JSON event per line, fsynced per
-//! append. A crash can only tear the last line (no trailing newline); it is dropped on
-//! open. A bad line in the middle is an error (an operator must look at it).
+//! append. A failed append (a full disk, an I/O error) is cut back to the last whole line
+//! at once, and if even that fails, before the next append writes anything: an event can
+//! never be glued onto a torn one. A crash can only tear the last line (no trailing
+//! newline); it is dropped on open and reported. A bad line in the middle is a named error
+//! with its byte offset, and [`repair`] (`graft records repair`) keeps every whole event.
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
@@ -78,7 +81,66 @@ impl SessionEvent {
 #[derive(Debug, Clone)]
 pub struct SessionLog {
     path: PathBuf,
-    file: Arc<Mutex<File>>,
+    file: Arc<Mutex<Appender>>,
+}
+
+/// What [`Appender`] needs of its file (a trait so tests can make it fail).
+trait LogFile: Write {
+    fn set_len(&self, len: u64) -> std::io::Result<()>;
+    fn sync_data(&self) -> std::io::Result<()>;
+}
+
+impl LogFile for File {
+    fn set_len(&self, len: u64) -> std::io::Result<()> {
+        File::set_len(self, len)
+    }
+    fn sync_data(&self) -> std::io::Result<()> {
+        File::sync_data(self)
+    }
+}
+
+/// The open file (in append mode), the length of its whole lines, and whether a failed
+/// append may have left bytes past it that could not be cut yet.
+#[derive(Debug)]
+struct Appender<F = File> {
+    file: F,
+    len: u64,
+    torn: bool,
+}
+
+impl<F: LogFile> Appender<F> {
+    /// Writes and fsyncs `line` (one whole line); on failure cuts the file back to its
+    /// whole lines, or remembers to before the next write.
+    fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
+        if self.torn {
+            self.cut()?;
+        }
+        let written = self
+            .file
+            .write_all(line)
+            .and_then(|()| self.file.sync_data());
+        match written {
+            Ok(()) => {
+                self.len += line.len() as u64;
+                Ok(())
+            }
+            Err(e) => {
+                if let Err(cut) = self.cut() {
+                    self.torn = true;
+                    tracing::error!(error = %cut, "the session log could not be cut back after a failed append; the next append cuts it first");
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Cuts the file back to its whole lines.
+    fn cut(&mut self) -> std::io::Result<()> {
+        self.file.set_len(self.len)?;
+        self.file.sync_data()?;
+        self.torn = false;
+        Ok(())
+    }
 }
 
 struct Parsed {
@@ -152,7 +214,11 @@ impl SessionLog {
         wal::fsync_dir(dir)?;
         let log = SessionLog {
             path,
-            file: Arc::new(Mutex::new(file)),
+            file: Arc::new(Mutex::new(Appender {
+                file,
+                len: parsed.valid_len,
+                torn: false,
+            })),
         };
         Ok((log, parsed.events))
     }
@@ -168,8 +234,7 @@ impl SessionLog {
         let path = self.path.clone();
         tokio::task::spawn_blocking(move || {
             let mut f = file.lock().unwrap_or_else(PoisonError::into_inner);
-            f.write_all(&line)
-                .and_then(|()| f.sync_data())
+            f.append(&line)
                 .map_err(|e| RecorderError::io("appending to session log", &path, e))
         })
         .await
@@ -186,6 +251,95 @@ impl SessionLog {
 /// Reads `<dir>/sessions.log` without modifying it (a torn last line is skipped).
 pub fn read_session_events(dir: &Path) -> Result<Vec<SessionEvent>> {
     Ok(read_log(&dir.join(SESSION_LOG))?.events)
+}
+
+/// What [`repair`] did.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Repair {
+    /// Events kept (whole ones, including those recovered from glued lines).
+    pub kept: usize,
+    /// Events recovered from the end of a line that began with a torn event (a line written
+    /// right after a failed append by a graft that did not cut the log back).
+    pub recovered: usize,
+    /// `(byte offset, length)` of each stretch dropped: torn events and other bytes that
+    /// are no whole event.
+    pub dropped: Vec<(u64, u64)>,
+    /// Where the original file was kept (None when there was nothing to repair).
+    pub original: Option<PathBuf>,
+}
+
+/// Rewrites `<dir>/sessions.log` keeping every whole event, in order: lines that parse;
+/// from a line that does not, the event that starts after a torn one (the first
+/// `{"event":` from which the rest parses); a torn last line is dropped. The original is
+/// kept beside it as `sessions.log.broken-<unix seconds>`; the new file replaces it
+/// atomically. The gateway must not be running on the data dir.
+pub fn repair(dir: &Path) -> Result<Repair> {
+    let path = dir.join(SESSION_LOG);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Repair::default()),
+        Err(e) => return Err(RecorderError::io("reading session log", &path, e)),
+    };
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut report = Repair::default();
+    let mut offset = 0usize;
+    while offset < bytes.len() {
+        let (line, next) = match bytes[offset..].iter().position(|&b| b == b'\n') {
+            Some(nl) => (&bytes[offset..offset + nl], offset + nl + 1),
+            None => (&bytes[offset..], bytes.len()),
+        };
+        let whole = next <= bytes.len() && bytes.get(next - 1) == Some(&b'\n');
+        if line.iter().all(u8::is_ascii_whitespace) {
+            offset = next;
+            continue;
+        }
+        if whole && serde_json::from_slice::<SessionEvent>(line).is_ok() {
+            out.extend_from_slice(line);
+            out.push(b'\n');
+            report.kept += 1;
+        } else {
+            let start = whole.then(|| salvage(line)).flatten();
+            let cut = start.unwrap_or(line.len());
+            if cut > 0 {
+                report.dropped.push((offset as u64, cut as u64));
+            }
+            if let Some(at) = start {
+                out.extend_from_slice(&line[at..]);
+                out.push(b'\n');
+                report.kept += 1;
+                report.recovered += 1;
+            }
+        }
+        offset = next;
+    }
+    if report.dropped.is_empty() {
+        return Ok(report);
+    }
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let original = dir.join(format!("{SESSION_LOG}.broken-{now}"));
+    let tmp = dir.join(format!("{SESSION_LOG}.repair-tmp"));
+    let write = || -> std::io::Result<()> {
+        let mut f = File::create(&tmp)?;
+        f.write_all(&out)?;
+        f.sync_all()?;
+        std::fs::hard_link(&path, &original)?;
+        std::fs::rename(&tmp, &path)
+    };
+    write().map_err(|e| RecorderError::io("rewriting session log", &path, e))?;
+    wal::fsync_dir(dir)?;
+    report.original = Some(original);
+    Ok(report)
+}
+
+/// Where a whole event starts inside a line that is not one: the first `{"event":` after
+/// the line's start from which the rest of the line parses.
+fn salvage(line: &[u8]) -> Option<usize> {
+    const START: &[u8] = br#"{"event":"#;
+    (1..line.len().saturating_sub(START.len() - 1))
+        .filter(|&i| line[i..].starts_with(START))
+        .find(|&i| serde_json::from_slice::<SessionEvent>(&line[i..]).is_ok())
 }
 
 #[cfg(test)]
@@ -251,6 +405,144 @@ mod tests {
         log.append(&created("b")).await.unwrap();
         let (_, evs) = SessionLog::open(dir.path()).unwrap();
         assert_eq!(evs.len(), 4);
+    }
+
+    /// A file whose writes fail after `budget` more bytes (writing those first, as a full
+    /// disk does) and whose `set_len` fails while `stuck`.
+    struct Faulty {
+        file: File,
+        budget: Option<usize>,
+        stuck: bool,
+    }
+
+    impl Write for Faulty {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            match self.budget {
+                Some(0) => Err(std::io::Error::from_raw_os_error(28)),
+                Some(n) => {
+                    let k = n.min(buf.len());
+                    self.budget = Some(n - k);
+                    self.file.write(&buf[..k])
+                }
+                None => self.file.write(buf),
+            }
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            self.file.flush()
+        }
+    }
+
+    impl LogFile for Faulty {
+        fn set_len(&self, len: u64) -> std::io::Result<()> {
+            if self.stuck {
+                return Err(std::io::Error::from_raw_os_error(5));
+            }
+            self.file.set_len(len)
+        }
+        fn sync_data(&self) -> std::io::Result<()> {
+            self.file.sync_data()
+        }
+    }
+
+    fn line(e: &SessionEvent) -> Vec<u8> {
+        let mut l = serde_json::to_vec(e).unwrap();
+        l.push(b'\n');
+        l
+    }
+
+    /// A full disk partway through an append: the append fails, the file is cut back to
+    /// its whole lines at once; when even the cut fails, the next append cuts first. The
+    /// next append lands on its own line and every acknowledged event reads back.
+    #[test]
+    fn a_failed_append_never_leaves_a_torn_line_for_the_next_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SESSION_LOG);
+        let file = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .unwrap();
+        let mut a = Appender {
+            file: Faulty {
+                file,
+                budget: None,
+                stuck: false,
+            },
+            len: 0,
+            torn: false,
+        };
+        a.append(&line(&created("a"))).unwrap();
+        // Half of b is written, then the disk is full: cut back at once.
+        a.file.budget = Some(10);
+        let err = a.append(&line(&created("b"))).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(28));
+        assert_eq!(std::fs::read(&path).unwrap(), line(&created("a")));
+        assert!(!a.torn);
+        // Half of c, and the cut fails too: the torn bytes stay until the next append.
+        a.file.budget = Some(10);
+        a.file.stuck = true;
+        a.append(&line(&created("c"))).unwrap_err();
+        assert!(a.torn);
+        assert_eq!(
+            std::fs::read(&path).unwrap().len(),
+            line(&created("a")).len() + 10
+        );
+        // While the cut keeps failing, nothing is written.
+        a.file.budget = None;
+        a.append(&line(&created("d"))).unwrap_err();
+        assert_eq!(
+            std::fs::read(&path).unwrap().len(),
+            line(&created("a")).len() + 10
+        );
+        // Space and the cut are back: d lands on its own line after a.
+        a.file.stuck = false;
+        a.append(&line(&created("d"))).unwrap();
+        let mut want = line(&created("a"));
+        want.extend(line(&created("d")));
+        assert_eq!(std::fs::read(&path).unwrap(), want);
+        assert_eq!(
+            read_session_events(dir.path()).unwrap(),
+            vec![created("a"), created("d")]
+        );
+    }
+
+    /// A log written by a graft that did not cut back (an event glued onto a torn one, a
+    /// line of garbage, a torn tail): opening it is a named error with the byte offset and
+    /// the repair command; the repair keeps every whole event, the glued one included,
+    /// keeps the original beside it, and the log then opens.
+    #[test]
+    fn repair_keeps_every_whole_event_of_a_log_with_a_glued_line() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SESSION_LOG);
+        let torn = &line(&created("b"))[..17];
+        let mut bytes = line(&created("a"));
+        let glued_at = bytes.len();
+        bytes.extend_from_slice(torn);
+        bytes.extend(line(&created("c")));
+        bytes.extend_from_slice(b"not an event\n");
+        bytes.extend(line(&created("d")));
+        bytes.extend_from_slice(br#"{"event":"clo"#);
+        std::fs::write(&path, &bytes).unwrap();
+        let err = SessionLog::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2")
+                && err.contains(&format!("byte {glued_at}"))
+                && err.contains("graft records repair"),
+            "{err}"
+        );
+        let r = repair(dir.path()).unwrap();
+        assert_eq!((r.kept, r.recovered), (3, 1), "{r:?}");
+        assert_eq!(r.dropped.len(), 3, "{r:?}");
+        assert_eq!(r.dropped[0], (glued_at as u64, 17));
+        assert_eq!(std::fs::read(r.original.unwrap()).unwrap(), bytes);
+        let (_, evs) = SessionLog::open(dir.path()).unwrap();
+        assert_eq!(evs, vec![created("a"), created("c"), created("d")]);
+        // A whole log is left as it is.
+        let again = repair(dir.path()).unwrap();
+        assert!(
+            again.dropped.is_empty() && again.original.is_none(),
+            "{again:?}"
+        );
     }
 
     #[test]

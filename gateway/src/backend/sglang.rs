@@ -750,6 +750,9 @@ impl Sglang {
         // A sampling policy decides what is sent; the normalized request keeps what the
         // client asked for.
         let mut sent = policy.map_or_else(|| conv.sampling.clone(), |p| p.apply(&conv.sampling));
+        if let Some((key, why)) = sent.out_of_range(self.wire == Wire::Sglang) {
+            return Err(GatewayError::field(key, format!("'{key}' {why}")));
+        }
         // The context budget: a prompt that leaves no room for one token is refused before
         // anything is sent (as OpenAI's API refuses it: `context_length_exceeded`); a token
         // limit past what is left is clamped to it (SGLang would refuse it, vLLM too).

@@ -171,6 +171,50 @@ pub struct Sampling {
     pub format: Option<OutputFormat>,
 }
 
+impl Sampling {
+    /// The first value the backend would refuse, as SGLang's `SamplingParams.verify` and
+    /// vLLM's `SamplingParams._verify_args` refuse them (the same ranges, but SGLang also
+    /// caps `repetition_penalty` at 2: `sglang`): its key and why. Exact mode refuses such
+    /// a call by name before the backend sees it.
+    pub fn out_of_range(&self, sglang: bool) -> Option<(&'static str, String)> {
+        let finite = |v: f64| v.is_finite();
+        if let Some(t) = self.temperature
+            && (!finite(t) || t < 0.0)
+        {
+            return Some(("temperature", format!("must be a number >= 0, got {t}")));
+        }
+        if let Some(p) = self.top_p
+            && !(p > 0.0 && p <= 1.0)
+        {
+            return Some(("top_p", format!("must be in (0, 1], got {p}")));
+        }
+        if let Some(p) = self.min_p
+            && !(0.0..=1.0).contains(&p)
+        {
+            return Some(("min_p", format!("must be in [0, 1], got {p}")));
+        }
+        for (key, v) in [
+            ("presence_penalty", self.presence_penalty),
+            ("frequency_penalty", self.frequency_penalty),
+        ] {
+            if let Some(v) = v
+                && !(-2.0..=2.0).contains(&v)
+            {
+                return Some((key, format!("must be in [-2, 2], got {v}")));
+            }
+        }
+        if let Some(r) = self.repetition_penalty {
+            if sglang && !(r > 0.0 && r <= 2.0) {
+                return Some(("repetition_penalty", format!("must be in (0, 2], got {r}")));
+            }
+            if !(r > 0.0 && r.is_finite()) {
+                return Some(("repetition_penalty", format!("must be > 0, got {r}")));
+            }
+        }
+        None
+    }
+}
+
 /// A structured-output constraint: the answer is any JSON object, or JSON that matches a
 /// schema. SGLang's chat server turns both into its `json_schema` sampling parameter
 /// (`{"type": "object"}` for the first; `ChatCompletionRequest.to_sampling_params` in
