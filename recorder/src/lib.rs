@@ -13,6 +13,7 @@
 mod columnar;
 pub mod delta;
 mod error;
+pub mod lines;
 mod prealloc;
 mod reader;
 mod record;
@@ -34,6 +35,7 @@ use std::time::Duration;
 
 pub use delta::RequestDelta;
 pub use error::RecorderError;
+pub use lines::LineFile;
 pub use reader::{
     SessionBytes, SessionSummary, StoredBytes, export_jsonl, export_parquet, list_sessions,
     read_export_parquet, read_records, read_session, stored_bytes,

@@ -5,7 +5,7 @@
 //! newline); it is dropped on open and reported. A bad line in the middle is a named error
 //! with its byte offset, and [`repair`] (`graft records repair`) keeps every whole event.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use serde::{Deserialize, Serialize};
 
 use crate::error::{RecorderError, Result};
+use crate::lines::LineFile;
 use crate::wal;
 
 pub(crate) const SESSION_LOG: &str = "sessions.log";
@@ -81,66 +82,7 @@ impl SessionEvent {
 #[derive(Debug, Clone)]
 pub struct SessionLog {
     path: PathBuf,
-    file: Arc<Mutex<Appender>>,
-}
-
-/// What [`Appender`] needs of its file (a trait so tests can make it fail).
-trait LogFile: Write {
-    fn set_len(&self, len: u64) -> std::io::Result<()>;
-    fn sync_data(&self) -> std::io::Result<()>;
-}
-
-impl LogFile for File {
-    fn set_len(&self, len: u64) -> std::io::Result<()> {
-        File::set_len(self, len)
-    }
-    fn sync_data(&self) -> std::io::Result<()> {
-        File::sync_data(self)
-    }
-}
-
-/// The open file (in append mode), the length of its whole lines, and whether a failed
-/// append may have left bytes past it that could not be cut yet.
-#[derive(Debug)]
-struct Appender<F = File> {
-    file: F,
-    len: u64,
-    torn: bool,
-}
-
-impl<F: LogFile> Appender<F> {
-    /// Writes and fsyncs `line` (one whole line); on failure cuts the file back to its
-    /// whole lines, or remembers to before the next write.
-    fn append(&mut self, line: &[u8]) -> std::io::Result<()> {
-        if self.torn {
-            self.cut()?;
-        }
-        let written = self
-            .file
-            .write_all(line)
-            .and_then(|()| self.file.sync_data());
-        match written {
-            Ok(()) => {
-                self.len += line.len() as u64;
-                Ok(())
-            }
-            Err(e) => {
-                if let Err(cut) = self.cut() {
-                    self.torn = true;
-                    tracing::error!(error = %cut, "the session log could not be cut back after a failed append; the next append cuts it first");
-                }
-                Err(e)
-            }
-        }
-    }
-
-    /// Cuts the file back to its whole lines.
-    fn cut(&mut self) -> std::io::Result<()> {
-        self.file.set_len(self.len)?;
-        self.file.sync_data()?;
-        self.torn = false;
-        Ok(())
-    }
+    file: Arc<Mutex<LineFile>>,
 }
 
 struct Parsed {
@@ -195,11 +137,6 @@ impl SessionLog {
         wal::create_dir_all(dir)?;
         let path = dir.join(SESSION_LOG);
         let parsed = read_log(&path)?;
-        let file = OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| RecorderError::io("opening session log", &path, e))?;
         let torn = parsed.file_len - parsed.valid_len;
         if torn > 0 {
             tracing::warn!(
@@ -207,18 +144,13 @@ impl SessionLog {
                 torn_bytes = torn,
                 "session log ends in a torn line (crash while appending); dropping it"
             );
-            file.set_len(parsed.valid_len)
-                .and_then(|()| file.sync_all())
-                .map_err(|e| RecorderError::io("truncating torn line of session log", &path, e))?;
         }
+        let file = LineFile::open_whole(&path, parsed.valid_len)
+            .map_err(|e| RecorderError::io("opening session log", &path, e))?;
         wal::fsync_dir(dir)?;
         let log = SessionLog {
             path,
-            file: Arc::new(Mutex::new(Appender {
-                file,
-                len: parsed.valid_len,
-                torn: false,
-            })),
+            file: Arc::new(Mutex::new(file)),
         };
         Ok((log, parsed.events))
     }
@@ -345,7 +277,9 @@ fn salvage(line: &[u8]) -> Option<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::lines::{Appender, LogFile};
     use serde_json::json;
+    use std::fs::OpenOptions;
 
     fn created(id: &str) -> SessionEvent {
         SessionEvent::Created {

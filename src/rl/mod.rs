@@ -535,10 +535,15 @@ async fn steps(
     c.shared
         .set_expected(state.policy.clone(), state.weight_version.clone());
     let trainer = start_trainer(cfg, c, &state).await?;
-    let mut log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(out.join("steps.jsonl"))?;
+    // A failed append is cut back at once (a full disk never leaves a torn line for the
+    // next step's line to land on); a torn last line from a crash is cut here.
+    let (mut log, torn) = graft_recorder::LineFile::open(&out.join("steps.jsonl"))?;
+    if torn > 0 {
+        tracing::warn!(
+            torn_bytes = torn,
+            "steps.jsonl ended in a torn line (the run stopped while writing it); cut"
+        );
+    }
     let progress = Arc::new(progress::Progress::new(cfg.run.steps));
     let sem = Arc::new(tokio::sync::Semaphore::new(cfg.rollout.concurrency));
     // Steps whose training runs while later steps' rollouts are collected, oldest first;
@@ -765,7 +770,7 @@ async fn finish(
     cfg: &RlConfig,
     c: &Components,
     state: &mut State,
-    log: &mut std::fs::File,
+    log: &mut graft_recorder::LineFile,
     col: Collected,
     trained: Trained,
     progress: &progress::Progress,
@@ -862,8 +867,8 @@ async fn finish(
             "session": r.session_id, "task": r.task_id, "harness": r.harness, "outcome": format!("{:?}", r.outcome),
             "harness_exit": r.harness_exit, "harness_oom": r.harness_oom, "harness_tail": r.harness_tail})).collect::<Vec<_>>(),
     });
-    writeln!(log, "{line}")?;
-    log.sync_data()?;
+    log.append(format!("{line}\n").as_bytes())
+        .with_context(|| format!("appending step {step}'s line to steps.jsonl"))?;
     progress.println(format!(
         "step {step}: {} rollouts, {} scored, reward mean {}, {} samples ({} trained tokens), {:.1} s",
         rollouts.len(),
