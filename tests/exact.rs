@@ -1706,6 +1706,60 @@ async fn tool_call_text_is_parsed_only_when_the_request_lets_the_server_parse_it
             }
         }
     }
+    // The prompt renders the tools as SGLang's chat server renders them: all under `auto`,
+    // none under `none`, only the named one under a named choice (the parse still knows
+    // them all).
+    let log = http::get(&format!("{}/testkit/requests", s.upstream.url), &[])
+        .await
+        .json();
+    let last_prompt = |log: &Value| {
+        log["prompts"].as_array().unwrap().last().unwrap()["text"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let prompts = log["prompts"].as_array().unwrap();
+    assert_eq!(prompts.len(), 18, "{log:#}");
+    for (i, p) in prompts.iter().enumerate() {
+        // Per dialect: no tools (2 calls), none (2), auto (2).
+        let tools_rendered = p["text"].as_str().unwrap().contains("<tools>");
+        assert_eq!(tools_rendered, i % 6 >= 4, "call {i}: {p:#}");
+    }
+    let two_tools = |choice: Value| {
+        json!({"model": "qwen3", "tool_choice": choice,
+        "messages": [{"role": "user", "content": "the weather in Paris?"}],
+        "tools": [
+            {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}},
+            {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+        ]})
+    };
+    let url = format!("{base}/chat/completions");
+    let r = http::post_json(&url, &[], &two_tools(json!("auto"))).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = http::get(&format!("{}/testkit/requests", s.upstream.url), &[])
+        .await
+        .json();
+    let p = last_prompt(&log);
+    assert!(
+        p.contains("\"get_weather\"") && p.contains("\"get_time\""),
+        "{p}"
+    );
+    let r = http::post_json(
+        &url,
+        &[],
+        &two_tools(json!({"type": "function", "function": {"name": "get_weather"}})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(r.text().contains("\"tool_calls\""), "{}", r.text());
+    let log = http::get(&format!("{}/testkit/requests", s.upstream.url), &[])
+        .await
+        .json();
+    let p = last_prompt(&log);
+    assert!(
+        p.contains("\"get_weather\"") && !p.contains("get_time"),
+        "{p}"
+    );
 }
 
 /// The structured-output request of each client dialect, with the schema it carries.

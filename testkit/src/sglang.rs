@@ -65,6 +65,8 @@ pub(crate) struct Backend {
     aborted: Mutex<Vec<String>>,
     /// Every POST to an SGLang route: `{path, body}`.
     bodies: Mutex<Vec<Value>>,
+    /// Each `/generate` prompt as decoded text: `{rid, text}` (what the model was shown).
+    prompts: Mutex<Vec<Value>>,
     /// Whether a weight-update session is open (`/begin_weight_update`).
     weight_session: Mutex<bool>,
 }
@@ -77,6 +79,7 @@ impl Default for Backend {
             seen: Mutex::new(vec![]),
             aborted: Mutex::new(vec![]),
             bodies: Mutex::new(vec![]),
+            prompts: Mutex::new(vec![]),
             weight_session: Mutex::new(false),
         }
     }
@@ -396,9 +399,10 @@ pub(crate) async fn route(
             let seen = b.seen.lock().map(|v| v.clone()).unwrap_or_default();
             let aborted = b.aborted.lock().map(|v| v.clone()).unwrap_or_default();
             let bodies = b.bodies.lock().map(|v| v.clone()).unwrap_or_default();
+            let prompts = b.prompts.lock().map(|v| v.clone()).unwrap_or_default();
             json_response(
                 StatusCode::OK,
-                &json!({"generate": seen, "aborted": aborted, "bodies": bodies}),
+                &json!({"generate": seen, "aborted": aborted, "bodies": bodies, "prompts": prompts}),
             )
         }
         _ => return Ok(None),
@@ -536,6 +540,9 @@ async fn generate(
             ));
         }
     };
+    if let Ok(mut p) = state.sglang.prompts.lock() {
+        p.push(json!({"rid": req.rid, "text": prompt_text}));
+    }
     let prompt = prompt_of(&prompt_text);
     let stream = req.is_stream();
     let fault = state.script.rule_for(&prompt).and_then(|r| r.fault.clone());

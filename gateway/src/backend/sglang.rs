@@ -682,7 +682,7 @@ impl Sglang {
         // Rendering and tokenizing is CPU work: off the reactor.
         let builder = self.builder.clone();
         let t_render = Instant::now();
-        let (messages, tools, prompt, chat) = match conv.prompt.clone() {
+        let (messages, tools, rendered_tools, prompt, chat) = match conv.prompt.clone() {
             // Completions: raw text has no chat template: it is tokenized as it is (the
             // client's own ids are sent as they are); no tool calls or reasoning are parsed,
             // and nothing is remembered for prefix reuse.
@@ -711,7 +711,7 @@ impl Sglang {
                     kind: PromptKind::Full,
                     starts_in_reasoning: false,
                 };
-                (vec![], None, prompt, false)
+                (vec![], None, None, prompt, false)
             }
             None => {
                 let (chat_req, notes) = crate::dialect::chat::to_request(&conv);
@@ -727,7 +727,11 @@ impl Sglang {
                     .and_then(Value::as_array)
                     .filter(|t| !t.is_empty())
                     .cloned();
-                let (msgs, tls) = (messages.clone(), tools.clone());
+                // The template renders the tools SGLang's chat server renders: none under
+                // `tool_choice: "none"`, only the named one under a named choice
+                // (`_process_messages` in `serving_chat.py`); the parser still knows them all.
+                let rendered = template_tools(tools.as_deref(), conv.tool_choice.as_ref());
+                let (msgs, tls) = (messages.clone(), rendered.clone());
                 let prompt = tokio::task::spawn_blocking(move || {
                     builder.prompt(&msgs, tls.as_deref(), &history)
                 })
@@ -739,7 +743,7 @@ impl Sglang {
                         format!("the model's chat template cannot render this conversation: {e}"),
                     )
                 })?;
-                (messages, tools, prompt, true)
+                (messages, tools, rendered, prompt, true)
             }
         };
         let render_time = t_render.elapsed();
@@ -855,7 +859,7 @@ impl Sglang {
             model: model.clone(),
             created: now_us() / 1_000_000,
             messages,
-            tools,
+            tools: rendered_tools,
             prompt,
             decoder: Decoder {
                 builder: self.builder.clone(),
@@ -1017,6 +1021,7 @@ pub(crate) struct Generate {
     model: String,
     created: i64,
     messages: Vec<Value>,
+    /// The tools the prompt rendered (remembered with the turn for prefix reuse).
     tools: Option<Vec<Value>>,
     prompt: Prompt,
     decoder: Decoder,
@@ -1138,6 +1143,31 @@ fn deltas(pieces: Vec<Parsed>) -> Vec<Delta> {
             Parsed::ToolCallArgs { index, arguments } => Delta::ToolCallArgs { index, arguments },
         })
         .collect()
+}
+
+/// The tools a chat template is given, as SGLang's chat server gives them: none under
+/// `tool_choice: "none"`, only the named function under a named choice (none when no tool
+/// has that name), else all of them.
+fn template_tools(tools: Option<&[Value]>, choice: Option<&ToolChoice>) -> Option<Vec<Value>> {
+    let tools = tools?;
+    match choice {
+        Some(ToolChoice::None) => None,
+        Some(ToolChoice::Function { name }) => {
+            let named: Vec<Value> = tools
+                .iter()
+                .filter(|t| {
+                    t.get("function")
+                        .unwrap_or(t)
+                        .get("name")
+                        .and_then(Value::as_str)
+                        == Some(name.as_str())
+                })
+                .cloned()
+                .collect();
+            (!named.is_empty()).then_some(named)
+        }
+        _ => Some(tools.to_vec()),
+    }
 }
 
 fn finish_label(p: &Progress) -> Option<String> {
