@@ -50,23 +50,15 @@ pub struct SamplingPolicy {
 impl SamplingPolicy {
     /// Why the policy cannot be used (the key and what is wrong with it), if it cannot.
     pub fn check(&self) -> Result<(), (&'static str, String)> {
-        if let Some(t) = self.temperature
-            && !(t.is_finite() && t >= 0.0)
-        {
-            return Err((
-                "temperature",
-                format!("must be a finite number >= 0 (0: greedy), got {t}"),
-            ));
-        }
-        if let Some(p) = self.top_p
-            && !(p > 0.0 && p <= 1.0)
-        {
-            return Err(("top_p", format!("must be in (0, 1], got {p}")));
-        }
-        if let Some(p) = self.min_p
-            && !(0.0..=1.0).contains(&p)
-        {
-            return Err(("min_p", format!("must be in [0, 1], got {p}")));
+        // The ranges any backend samples with (the same as a client's values are held to).
+        let as_sampling = Sampling {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            ..Sampling::default()
+        };
+        if let Some(bad) = as_sampling.out_of_range(false) {
+            return Err(bad);
         }
         if self.max_new_tokens == Some(0) {
             return Err(("max_new_tokens", "must be at least 1, got 0".into()));

@@ -181,7 +181,10 @@ impl Sampling {
         if let Some(t) = self.temperature
             && (!finite(t) || t < 0.0)
         {
-            return Some(("temperature", format!("must be a number >= 0, got {t}")));
+            return Some((
+                "temperature",
+                format!("must be a finite number >= 0 (0: greedy), got {t}"),
+            ));
         }
         if let Some(p) = self.top_p
             && !(p > 0.0 && p <= 1.0)
