@@ -683,3 +683,37 @@ async fn hole5_a_refused_key_is_never_echoed() {
     }
     assert!(!gw.stderr().contains("SECRET"), "{}", gw.stderr());
 }
+
+/// Issue 32, hole 5 (secrets in bodies): `password`, `token`, `secret` and the rest of
+/// `graft_recorder::SECRET_BODY_KEYS` are redacted from the recorded request wherever the
+/// client put them beside the conversation; the conversation and tools are kept exactly
+/// (a tool parameter named `password` is the tool's definition, not a secret).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole5_secrets_beside_the_conversation_are_redacted_in_records() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let tools = json!([{"type": "function", "function": {"name": "login", "parameters":
+        {"type": "object", "properties": {"password": {"type": "string"}}}}}]);
+    let mut body = chat("m", "log me in", false);
+    body["tools"] = tools.clone();
+    body["metadata"] =
+        json!({"password": "hunter2", "run": "r1", "auth": {"Access-Token": "tok-9"}});
+    let r = http::post_json(&format!("{}/v1/chat/completions", gw.url), &[], &body).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let recs = graft_records(&data);
+    let rec = recs.last().unwrap();
+    let req = &rec["request"];
+    assert_eq!(
+        req["metadata"],
+        json!({"password": "[redacted]", "run": "r1", "auth": {"Access-Token": "[redacted]"}}),
+        "{rec:#}"
+    );
+    assert_eq!(req["tools"], tools, "{rec:#}");
+    assert_eq!(req["messages"], body["messages"], "{rec:#}");
+    assert!(
+        !rec.to_string().contains("hunter2") && !rec.to_string().contains("tok-9"),
+        "{rec:#}"
+    );
+}

@@ -72,6 +72,14 @@ impl Call {
         };
         let mut request = std::mem::take(&mut self.request);
         graft_recorder::redact_json(&mut request);
+        let secrets = &self.state.cfg.recorder.redact_keys;
+        graft_recorder::redact_body_keys(&mut request, secrets);
+        for v in [&mut self.normalized_request, &mut self.upstream_request]
+            .into_iter()
+            .flatten()
+        {
+            graft_recorder::redact_body_keys(v, secrets);
+        }
         let tokens = std::mem::take(&mut o.tokens);
         CallRecord {
             schema_version: SCHEMA_VERSION,

@@ -266,6 +266,11 @@ pub struct RecorderSection {
     /// `auth` are refused.
     #[serde(default)]
     pub record_headers: Vec<String>,
+    /// Keys whose values are redacted from each recorded request, anywhere outside its
+    /// conversation and tools (`metadata`, `user`, provider extras); replaces the default
+    /// list, `graft_recorder::SECRET_BODY_KEYS` (`password`, `secret`, `token`, ...).
+    /// Credentials (`authorization`, `api_key`, ...) are redacted whatever this says.
+    pub redact_keys: Option<Vec<String>>,
     /// Sessions whose recent calls the writer keeps as delta bases (default 4096; the least
     /// recently written lose theirs first: their next call is stored whole).
     pub delta_base_sessions: Option<usize>,
@@ -415,6 +420,8 @@ pub struct RecordingConfig {
     pub seal_after: Duration,
     /// Lower-cased names of the request headers each record keeps.
     pub record_headers: Vec<http::HeaderName>,
+    /// `recorder.redact_keys`, else the default list.
+    pub redact_keys: Vec<String>,
     pub delta_base_sessions: usize,
     pub wal_preallocate: bool,
 }
@@ -665,6 +672,12 @@ impl GatewayConfig {
                 segment_max_bytes: r.segment_max_mb.unwrap_or(64) * 1024 * 1024,
                 seal_after: Duration::from_secs(r.seal_after_secs.unwrap_or(60)),
                 record_headers: record_headers(&r.record_headers)?,
+                redact_keys: r.redact_keys.clone().unwrap_or_else(|| {
+                    graft_recorder::SECRET_BODY_KEYS
+                        .iter()
+                        .map(|k| (*k).to_string())
+                        .collect()
+                }),
                 delta_base_sessions: r.delta_base_sessions.unwrap_or(4096),
                 wal_preallocate: r.wal_preallocate.unwrap_or(true),
             },

@@ -41,7 +41,10 @@ pub use reader::{
     read_export_parquet, read_records, read_session, stored_bytes,
 };
 pub use record::{CallRecord, SCHEMA_VERSION, Usage, WeightSpan};
-pub use redact::{REDACTED, is_sensitive_key, redact_header_pairs, redact_headers, redact_json};
+pub use redact::{
+    REDACTED, SECRET_BODY_KEYS, is_sensitive_key, redact_body_keys, redact_header_pairs,
+    redact_headers, redact_json,
+};
 pub use session_log::{
     Repair, SessionEvent, SessionLog, read_session_events, repair as repair_session_log,
 };
