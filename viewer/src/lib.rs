@@ -479,9 +479,15 @@ impl Viewer {
             ));
         };
         let path = run.join("steps.jsonl");
-        let text = std::fs::read_to_string(&path).map_err(|e| ViewError::Read {
-            path: path.clone(),
-            message: e.to_string(),
+        let text = std::fs::read_to_string(&path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => ViewError::NotFound(format!(
+                "{} has no steps.jsonl: no step of the run has finished yet, or it is not a graft rl output dir",
+                run.display()
+            )),
+            _ => ViewError::Read {
+                path: path.clone(),
+                message: e.to_string(),
+            },
         })?;
         text.lines()
             .filter(|l| !l.trim().is_empty())
@@ -553,6 +559,7 @@ impl Viewer {
             || file.contains('/')
             || file.contains('\\')
             || file.starts_with('.')
+            || file.chars().any(char::is_control)
             || !file.ends_with(".parquet")
         {
             return Err(ViewError::BadQuery(format!(
@@ -560,6 +567,12 @@ impl Viewer {
             )));
         }
         let path = run.join("samples").join(file);
+        if !path.is_file() {
+            return Err(ViewError::NotFound(format!(
+                "no samples file '{file}' in {}",
+                run.join("samples").display()
+            )));
+        }
         graft_reconstruct::sample::read_samples_parquet(&path).map_err(|e| ViewError::Read {
             path,
             message: e.to_string(),

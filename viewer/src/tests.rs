@@ -239,6 +239,19 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
     assert_eq!(p.body.matches(" call reward 0.5\"").count(), 2);
     // No path tricks.
     assert_eq!(v.page("/sample", "file=..%2Fsteps.jsonl&id=x").status, 400);
+    // Issue 32, hole 6: a missing samples file is a 404 and a NUL in its name a 400,
+    // not a 500.
+    assert_eq!(
+        v.page("/sample", "file=step-09999.parquet&id=x").status,
+        404
+    );
+    assert_eq!(v.page("/sample", "file=a%00b.parquet&id=x").status, 400);
+    // A run dir with no steps.jsonl yet: the run page says so with a 404.
+    let empty = tempfile::tempdir().unwrap();
+    let v = Viewer::new(d.path(), Some(empty.path()), None, "").unwrap();
+    let p = v.page("/run", "");
+    assert_eq!(p.status, 404, "{}", p.body);
+    assert!(p.body.contains("no steps.jsonl"), "{}", p.body);
 }
 
 #[test]
