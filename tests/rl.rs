@@ -534,7 +534,11 @@ fn rl_over_the_vllm_wire_pushes_with_vllms_routes_and_the_next_step_samples_the_
     let log = steps(&out_dir);
     assert_eq!(log.len(), 2, "{log:#?}");
     for (i, s) in log.iter().enumerate() {
+        // The example agent in its envd sandbox, over the vLLM wire: one sample per
+        // rollout's session, no drift.
         assert_eq!(s["samples"], 4, "{s:#}");
+        assert_eq!(s["rollouts"], 4, "{s:#}");
+        assert_eq!(s["drift_events"], 0, "{s:#}");
         assert_eq!(
             s["weight_version"],
             format!("step-{i:05}").as_str(),
