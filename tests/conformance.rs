@@ -142,6 +142,15 @@ async fn point10_every_body_graft_sends_to_sglang_fits_sglangs_own_models() {
             }
         }
     }
+    // Decode constraints: structured output, and a forced tool call (SGLang's structural
+    // tag), each with `require_reasoning` (the default Qwen3 config thinks).
+    for extra in [
+        json!({"response_format": {"type": "json_object"}}),
+        json!({"tools": tools(), "tool_choice": "required"}),
+        json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "bash"}}}),
+    ] {
+        call(&base, "chat", false, extra).await;
+    }
     // A tool loop.
     let mut messages = vec![json!({"role": "user", "content": "list the files please"})];
     let r = http::post_json(
@@ -221,6 +230,8 @@ async fn point10_every_body_graft_sends_to_sglang_fits_sglangs_own_models() {
         "frequency_penalty",
         "repetition_penalty",
         "logit_bias",
+        "json_schema",
+        "structural_tag",
     ] {
         assert!(
             generates
@@ -229,6 +240,12 @@ async fn point10_every_body_graft_sends_to_sglang_fits_sglangs_own_models() {
             "no /generate carried sampling_params.{key}"
         );
     }
+    assert!(
+        generates
+            .iter()
+            .any(|b| b.body["require_reasoning"] == json!(true)),
+        "no /generate carried require_reasoning"
+    );
     let bad: Vec<String> = verdicts
         .iter()
         .filter(|v| !v.ok)
@@ -398,6 +415,14 @@ async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
+    // Decode constraints: structured output, and forced calls (vLLM's JSON schemas).
+    for extra in [
+        json!({"response_format": {"type": "json_object"}}),
+        json!({"tools": tools(), "tool_choice": "required"}),
+        json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "bash"}}}),
+    ] {
+        call(&base, "chat", false, extra).await;
+    }
 
     let sent = vllm_bodies_sent(&upstream.url).await;
     assert!(sent.len() >= 33, "{}", sent.len());
@@ -415,6 +440,7 @@ async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
         "logit_bias",
         "return_token_ids",
         "logprobs",
+        "structured_outputs",
     ] {
         assert!(
             sent.iter().any(|b| b.body.get(key).is_some()),

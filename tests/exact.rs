@@ -1843,6 +1843,15 @@ async fn structured_output_reaches_the_backend_in_every_dialect() {
             .get("json_schema")
             .is_none()
     );
+    // A thinking request's grammar waits for the reasoning's end, as SGLang's chat server
+    // asks it (`require_reasoning`): every templated call with a format; not a raw
+    // completion, not a call without one.
+    let bodies = generate_bodies(&log);
+    let require: Vec<bool> = bodies
+        .iter()
+        .map(|b| b["require_reasoning"] == json!(true))
+        .collect();
+    assert_eq!(require, [true, true, true, true, false, false], "{log:#}");
     // Malformed formats: 400 naming the field, in the client's dialect.
     for (path, body, field) in [
         (
@@ -1879,6 +1888,124 @@ async fn structured_output_reaches_the_backend_in_every_dialect() {
             .len(),
         cases.len() + 1,
         "a refused format reached the backend"
+    );
+}
+
+/// The `/generate` bodies the scripted SGLang side was sent, in order.
+fn generate_bodies(log: &Value) -> Vec<Value> {
+    log["bodies"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|b| b["path"] == "/generate")
+        .map(|b| b["body"].clone())
+        .collect()
+}
+
+/// Issue 31: a `tool_choice` that asks for a call (`required`, Anthropic's `any`, a named
+/// function) constrains the decode at SGLang as its chat server does (the legacy
+/// structural tag of SGLang's `qwen25` detector, `at_least_one`, every declared tool; the
+/// grammar waiting for the reasoning's end), in Chat, Responses and Messages; `auto` and
+/// `none` send none. What SGLang's chat server refuses is refused by name before the
+/// backend: such a choice without tools, a named function not declared, and a forced call
+/// together with structured output.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tool_choice_that_asks_for_a_call_constrains_the_decode_at_sglang() {
+    let s = start(WEATHER, &[], &[]);
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    let anthropic = [("anthropic-version", "2023-06-01")];
+    let cases = [
+        (
+            "chat",
+            "chat/completions",
+            Some("required"),
+            "\"tool_calls\"",
+            true,
+        ),
+        (
+            "responses",
+            "responses",
+            Some("required"),
+            "\"function_call\"",
+            true,
+        ),
+        ("messages", "messages", Some("any"), "\"tool_use\"", true),
+        (
+            "chat",
+            "chat/completions",
+            Some("auto"),
+            "\"tool_calls\"",
+            false,
+        ),
+        ("messages", "messages", Some("auto"), "\"tool_use\"", false),
+        ("chat", "chat/completions", None, "\"tool_calls\"", false),
+    ];
+    for (dialect, path, choice, marker, _) in cases {
+        let body = weather_request(dialect, true, choice, false);
+        let r = http::post_json(&format!("{base}/{path}"), &anthropic, &body).await;
+        assert_eq!(r.status, 200, "{dialect} {choice:?}: {}", r.text());
+        assert!(
+            r.text().contains(marker),
+            "{dialect} {choice:?}: {}",
+            r.text()
+        );
+    }
+    // Chat's named function.
+    let mut named = weather_request("chat", true, None, true);
+    named["tool_choice"] = json!({"type": "function", "function": {"name": "get_weather"}});
+    let r = http::post_json(&format!("{base}/chat/completions"), &[], &named).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let forced = json!({"type": "structural_tag", "triggers": ["<tool_call>"], "at_least_one": true,
+        "structures": [{"begin": "<tool_call>\n{\"name\":\"get_weather\", \"arguments\":",
+            "schema": {}, "end": "}\n</tool_call>"}]});
+    let log = asked(&s.upstream.url).await;
+    let bodies = generate_bodies(&log);
+    assert_eq!(bodies.len(), cases.len() + 1, "{log:#}");
+    let expected = cases.iter().map(|c| c.4).chain([true]);
+    for (i, (b, constrained)) in bodies.iter().zip(expected).enumerate() {
+        let tag = b["sampling_params"]["structural_tag"].as_str();
+        if constrained {
+            let tag: Value =
+                serde_json::from_str(tag.unwrap_or_else(|| panic!("call {i}: {b}"))).unwrap();
+            assert_eq!(tag, forced, "call {i}");
+            assert_eq!(b["require_reasoning"], json!(true), "call {i}: {b}");
+        } else {
+            assert!(tag.is_none(), "call {i}: {b}");
+            assert!(b.get("require_reasoning").is_none(), "call {i}: {b}");
+        }
+    }
+    // Refused before the backend, naming `tool_choice`, in the client's dialect.
+    let mut no_tools = weather_request("chat", false, Some("required"), false);
+    let mut undeclared = weather_request("chat", true, None, false);
+    undeclared["tool_choice"] = json!({"type": "function", "function": {"name": "get_time"}});
+    let mut with_format = weather_request("chat", true, Some("required"), false);
+    with_format["response_format"] = json!({"type": "json_object"});
+    let mut any_without_tools = weather_request("messages", false, None, false);
+    any_without_tools["tool_choice"] = json!({"type": "any"});
+    for (path, body, words) in [
+        ("chat/completions", &mut no_tools, "declares no tools"),
+        ("chat/completions", &mut undeclared, "'get_time'"),
+        ("chat/completions", &mut with_format, "structured output"),
+        ("messages", &mut any_without_tools, "declares no tools"),
+    ] {
+        let r = http::post_json(&format!("{base}/{path}"), &anthropic, body).await;
+        assert_eq!(r.status, 400, "{path} {body}: {}", r.text());
+        let e = &r.json()["error"];
+        let message = e["message"].as_str().unwrap_or_default();
+        assert!(
+            message.contains("tool_choice") && message.contains(words),
+            "{e}"
+        );
+        if path == "messages" {
+            assert_eq!(r.json()["type"], "error", "{}", r.text());
+        } else {
+            assert_eq!(e["param"], "tool_choice", "{e}");
+        }
+    }
+    assert_eq!(
+        generate_bodies(&asked(&s.upstream.url).await).len(),
+        cases.len() + 1,
+        "a refused tool_choice reached the backend"
     );
 }
 

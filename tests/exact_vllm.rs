@@ -433,6 +433,145 @@ async fn vllm_wire_structured_output_reaches_the_backend_in_every_dialect() {
     }
 }
 
+/// Issue 31 over the vLLM wire: a `tool_choice` that forces a call is answered as vLLM's own
+/// chat server answers it. The decode is constrained to vLLM's JSON schema
+/// (`get_json_schema_from_tools`: a list of `{"name", "parameters"}` under `required`, the
+/// function's parameters under a named choice) in place of any `response_format`, the prompt
+/// renders every tool, and the answer after the reasoning is read as the calls (never
+/// content): a list under `required` (arguments as Python's `json.dumps`), the arguments
+/// themselves under a named choice, whose finish reason is `stop` (OpenAI's and vLLM's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_forced_tool_calls_are_constrained_and_read_as_vllm_does() {
+    let script = json!({"rules": [
+        {"match": "both cities", "reply": {"reasoning": "Two calls.",
+            "content": "[{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Paris\"}}, {\"name\": \"get_time\", \"parameters\": {}}]"}},
+        {"match": "paris only", "reply": {"reasoning": "One.", "content": "{\"city\": \"Paris\"}"}},
+        {"match": "refuse", "reply": {"content": "I will not call a tool."}}
+    ]});
+    let o = own(&script, &[]);
+    let (_, base) = common::open_session(&o.gateway.url).await;
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": weather}},
+        {"type": "function", "function": {"name": "get_time"}}
+    ]);
+    let ask = |text: &str, choice: Value, stream: bool| {
+        json!({"model": "qwen3", "stream": stream, "tools": tools, "tool_choice": choice,
+            "messages": [{"role": "user", "content": text}],
+            "response_format": {"type": "json_object"}})
+    };
+    let url = format!("{base}/chat/completions");
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    for stream in [false, true] {
+        // `required`: two calls out of the list, no content.
+        let r = http::post_json(&url, &[], &ask("both cities", json!("required"), stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = common::chat_message(&r);
+        assert_eq!(m["content"], Value::Null, "{m}");
+        assert_eq!(m["reasoning_content"], "Two calls.", "{m}");
+        let calls: Vec<(String, String)> = m["tool_calls"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{m}"))
+            .iter()
+            .map(|c| {
+                (
+                    c["function"]["name"].as_str().unwrap().to_owned(),
+                    c["function"]["arguments"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("get_weather".to_owned(), "{\"city\": \"Paris\"}".to_owned()),
+                ("get_time".to_owned(), "{}".to_owned())
+            ],
+            "{m}"
+        );
+        assert_eq!(m["finish_reason"], "tool_calls", "{m}");
+        // A named function: the answer is its arguments; the finish reason stays `stop`.
+        let r = http::post_json(&url, &[], &ask("paris only", named.clone(), stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = common::chat_message(&r);
+        assert_eq!(m["content"], Value::Null, "{m}");
+        assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather", "{m}");
+        assert_eq!(
+            m["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}",
+            "{m}"
+        );
+        assert_eq!(m["finish_reason"], "stop", "{m}");
+        // An answer that is not a list of calls: no call, and no content (vLLM's reading;
+        // vLLM says null where graft's whole answer says "").
+        let r = http::post_json(&url, &[], &ask("refuse", json!("required"), stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = common::chat_message(&r);
+        assert!(m["content"].as_str().is_none_or(str::is_empty), "{m}");
+        assert!(m["tool_calls"].as_array().is_none_or(Vec::is_empty), "{m}");
+        assert_eq!(m["finish_reason"], "stop", "{m}");
+    }
+    let log = vllm_log(&o.upstream.url).await;
+    let sent = log["completions"].as_array().unwrap();
+    assert_eq!(sent.len(), 6, "{log}");
+    let required = json!({"json": {"type": "array", "minItems": 1, "items": {"type": "object", "anyOf": [
+        {"properties": {"name": {"type": "string", "enum": ["get_weather"]}, "parameters": weather},
+         "required": ["name", "parameters"]},
+        {"properties": {"name": {"type": "string", "enum": ["get_time"]},
+            "parameters": {"type": "object", "properties": {}}},
+         "required": ["name", "parameters"]}
+    ]}}});
+    for (i, got) in sent.iter().enumerate() {
+        let want = match i % 3 {
+            1 => json!({"json": weather}),
+            _ => required.clone(),
+        };
+        assert_eq!(got["body"]["structured_outputs"], want, "call {i}: {got}");
+    }
+    // `parallel_tool_calls: false` allows one call.
+    let mut one = ask("both cities", json!("required"), false);
+    one["parallel_tool_calls"] = json!(false);
+    let r = http::post_json(&url, &[], &one).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = vllm_log(&o.upstream.url).await;
+    let last = log["completions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        last["body"]["structured_outputs"]["json"]["maxItems"], 1,
+        "{last}"
+    );
+    // Every tool is in every prompt (vLLM renders them all, whatever the choice).
+    for got in log["completions"].as_array().unwrap() {
+        let text = got["prompt_text"].as_str().unwrap();
+        assert!(
+            text.contains("\"get_time\"") && text.contains("\"get_weather\""),
+            "{text}"
+        );
+    }
+    // ... `none` too.
+    let mut none = ask("paris only", json!("none"), false);
+    none.as_object_mut().unwrap().remove("response_format");
+    let r = http::post_json(&url, &[], &none).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = vllm_log(&o.upstream.url).await;
+    let last = log["completions"]
+        .as_array()
+        .unwrap()
+        .last()
+        .unwrap()
+        .clone();
+    assert!(
+        last["prompt_text"]
+            .as_str()
+            .unwrap()
+            .contains("\"get_time\""),
+        "{last}"
+    );
+    assert!(last["body"].get("structured_outputs").is_none(), "{last}");
+}
+
 /// Issue 31 over the vLLM wire: a stop string ends the client's text before it while the
 /// record keeps it (vLLM's `include_stop_str_in_output`) and names it (`stop_reason`); the
 /// sampled tokens' logprobs are answered and equal the recorded ones; `top_logprobs` is

@@ -12,12 +12,13 @@
 //! only the new part. [`Progress`] accepts both: an event whose `output_ids` are as many as
 //! `meta_info.completion_tokens` is cumulative.
 
+use graft_reconstruct::parser::ToolCallFormat;
 use graft_recorder::WeightSpan;
 use graft_wire::sglang::{self as wire, FinishKind, GenerateRequest, GenerateResponse};
 use serde::Deserialize as _;
 use serde_json::Value;
 
-use crate::dialect::{Finish, Sampling};
+use crate::dialect::{Finish, Sampling, Tool, ToolChoice};
 
 /// The sampling parameters of a request, in SGLang's names. `max_new_tokens` is always set
 /// (SGLang's own default is 128).
@@ -48,6 +49,60 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
         ..wire::SamplingParams::default()
     };
     to_value(&p)
+}
+
+/// The decode constraint SGLang's chat server adds for a request's tool calls
+/// (`FunctionCallParser.get_structure_constraint`, SGLang 0.5.23), as the `structural_tag`
+/// sampling parameter (a JSON string); `None` where it adds none.
+///
+/// For graft's `hermes` format (SGLang's `qwen25` detector, Qwen's own
+/// `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`) that is the legacy structural
+/// tag (`get_legacy_structural_tag`): under `tool_choice` `"required"` or a named function
+/// one structure per declared tool, all of them (SGLang builds the parser from every tool,
+/// also under a named choice), with `at_least_one`; under `"auto"` only when a tool is
+/// `strict`, without it. A tool's schema is constrained only when it is `strict` (OpenAI's
+/// meaning); otherwise its arguments are any JSON. No constraint without tools, under
+/// `"none"`, or with no tool-call parser. The `qwen3_coder` format's constraint is
+/// xgrammar's built-in `qwen_3_coder` tag, which graft does not build: such calls go
+/// unconstrained (the parse is the same).
+pub fn tool_call_constraint(
+    format: ToolCallFormat,
+    tools: &[Tool],
+    choice: Option<&ToolChoice>,
+) -> Option<String> {
+    if format != ToolCallFormat::Hermes || tools.is_empty() {
+        return None;
+    }
+    let required = match choice {
+        Some(ToolChoice::None) => return None,
+        Some(ToolChoice::Required | ToolChoice::Function { .. }) => true,
+        None | Some(ToolChoice::Auto) => false,
+    };
+    let strict = |t: &Tool| t.strict == Some(true);
+    if !required && !tools.iter().any(strict) {
+        return None;
+    }
+    let structures: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let schema = match &t.parameters {
+                Value::Object(_) if strict(t) => t.parameters.clone(),
+                _ => Value::Object(serde_json::Map::new()),
+            };
+            serde_json::json!({
+                "begin": format!("<tool_call>\n{{\"name\":\"{}\", \"arguments\":", t.name),
+                "schema": schema,
+                "end": "}\n</tool_call>",
+            })
+        })
+        .collect();
+    let tag = serde_json::json!({
+        "type": "structural_tag",
+        "structures": structures,
+        "triggers": ["<tool_call>"],
+        "at_least_one": required,
+    });
+    Some(tag.to_string())
 }
 
 /// The `/generate` body.
@@ -448,6 +503,63 @@ mod tests {
 
     /// SGLang point 7: a client's `top_k: 0` ("off" for OpenAI-style clients and vLLM)
     /// would be refused by SGLang; it goes as absent, and a real k goes as it is.
+    fn tool(name: &str, strict: Option<bool>) -> Tool {
+        Tool {
+            name: name.into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {"city": {"type": "string"}}}),
+            strict,
+        }
+    }
+
+    /// SGLang 0.5.23's `get_legacy_structural_tag` with the `qwen25` detector's
+    /// `structure_info`: one structure per declared tool, the schema only where `strict`.
+    #[test]
+    fn required_and_named_tool_choices_constrain_the_decode_as_sglang_does() {
+        let tools = [tool("get_weather", None), tool("get_time", Some(true))];
+        let tag = |choice: Option<ToolChoice>| {
+            tool_call_constraint(ToolCallFormat::Hermes, &tools, choice.as_ref())
+                .map(|t| serde_json::from_str::<Value>(&t).unwrap())
+        };
+        let structures = json!([
+            {"begin": "<tool_call>\n{\"name\":\"get_weather\", \"arguments\":", "schema": {},
+             "end": "}\n</tool_call>"},
+            {"begin": "<tool_call>\n{\"name\":\"get_time\", \"arguments\":",
+             "schema": {"type": "object", "properties": {"city": {"type": "string"}}},
+             "end": "}\n</tool_call>"},
+        ]);
+        let required = json!({"type": "structural_tag", "structures": structures,
+            "triggers": ["<tool_call>"], "at_least_one": true});
+        assert_eq!(tag(Some(ToolChoice::Required)), Some(required.clone()));
+        // A named choice: SGLang's parser holds every tool, so every structure is there.
+        let named = ToolChoice::Function {
+            name: "get_weather".into(),
+        };
+        assert_eq!(tag(Some(named)), Some(required));
+        // `auto` with a strict tool: the same structures, no call forced.
+        let auto = json!({"type": "structural_tag", "structures": structures,
+            "triggers": ["<tool_call>"], "at_least_one": false});
+        assert_eq!(tag(Some(ToolChoice::Auto)), Some(auto.clone()));
+        assert_eq!(tag(None), Some(auto));
+        assert_eq!(tag(Some(ToolChoice::None)), None);
+        // `auto` without a strict tool, no tools, or no call format: no constraint.
+        let loose = [tool("get_weather", Some(false))];
+        assert_eq!(
+            tool_call_constraint(ToolCallFormat::Hermes, &loose, Some(&ToolChoice::Auto)),
+            None
+        );
+        assert_eq!(
+            tool_call_constraint(ToolCallFormat::Hermes, &[], Some(&ToolChoice::Required)),
+            None
+        );
+        for format in [ToolCallFormat::None, ToolCallFormat::Qwen3Coder] {
+            assert_eq!(
+                tool_call_constraint(format, &tools, Some(&ToolChoice::Required)),
+                None
+            );
+        }
+    }
+
     #[test]
     fn point7_top_k_zero_is_sent_as_absent() {
         let p = sampling_params(

@@ -14,9 +14,9 @@
 use graft_recorder::WeightSpan;
 use graft_wire::vllm::{self as wire, CompletionRequest, CompletionResponse, StopReason};
 use serde::Deserialize as _;
-use serde_json::Value;
+use serde_json::{Value, json};
 
-use crate::dialect::{OutputFormat, Sampling};
+use crate::dialect::{OutputFormat, Sampling, Tool, ToolChoice};
 use crate::sglang::{FinishReason, Progress};
 
 /// The sampling keys of a `/v1/completions` body. `max_tokens` is always set: vLLM's own
@@ -61,6 +61,63 @@ pub fn sampling(s: &Sampling, default_max_tokens: u64) -> Value {
         o.remove("prompt");
     }
     v
+}
+
+/// The JSON schema vLLM's chat server constrains a forced call with
+/// (`get_json_schema_from_tools` in `vllm/tool_parsers/utils.py`, 0.34): under `required` a
+/// non-empty list of `{"name": <one of the tools>, "parameters": <its schema>}` (at most one
+/// with `parallel_tool_calls: false`, the tools' `$defs` gathered at the top); under a named
+/// function that function's parameters. A tool without parameters takes an empty object's
+/// schema. `None` for `auto`, `none`, or no tools.
+pub fn tool_call_schema(
+    tools: &[Tool],
+    choice: Option<&ToolChoice>,
+    parallel_tool_calls: Option<bool>,
+) -> Option<Value> {
+    let params = |t: &Tool| match &t.parameters {
+        Value::Object(o) if !o.is_empty() => t.parameters.clone(),
+        _ => json!({"type": "object", "properties": {}}),
+    };
+    if tools.is_empty() {
+        return None;
+    }
+    match choice? {
+        ToolChoice::Function { name } => tools.iter().find(|t| &t.name == name).map(params),
+        ToolChoice::Required => {
+            let mut defs = serde_json::Map::new();
+            let any_of: Vec<Value> = tools
+                .iter()
+                .map(|t| {
+                    let mut p = params(t);
+                    if let Some(Value::Object(d)) =
+                        p.as_object_mut().and_then(|o| o.remove("$defs"))
+                    {
+                        defs.extend(d);
+                    }
+                    json!({
+                        "properties": {
+                            "name": {"type": "string", "enum": [t.name]},
+                            "parameters": p,
+                        },
+                        "required": ["name", "parameters"],
+                    })
+                })
+                .collect();
+            let mut schema = json!({
+                "type": "array",
+                "minItems": 1,
+                "items": {"type": "object", "anyOf": any_of},
+            });
+            if parallel_tool_calls == Some(false) {
+                schema["maxItems"] = json!(1);
+            }
+            if !defs.is_empty() {
+                schema["$defs"] = Value::Object(defs);
+            }
+            Some(schema)
+        }
+        ToolChoice::Auto | ToolChoice::None => None,
+    }
 }
 
 /// The `/v1/completions` body: the prompt ids, the sampling keys (as given, so nothing is

@@ -17,8 +17,9 @@
 //!   `supports_structural_tag`); when no call parses, the text stays content. Only formats
 //!   without a structural tag (e.g. `pythonic`) fall back to a JSON-schema constraint whose
 //!   output is read as a JSON list of `{"name", "parameters"}`. So the parse side of
-//!   `required` / named equals `auto` here. graft sends no constraint to `/generate` yet:
-//!   the model is free to answer without a call, which SGLang's grammar would not allow.
+//!   `required` / named equals `auto` here. graft's exact mode sends the same structural
+//!   tag to `/generate` for the `hermes` format; `qwen3_coder`'s (xgrammar's built-in tag)
+//!   it does not build, so those calls go unconstrained.
 //! - **Calls to undeclared functions** (Hermes JSON bodies) are not calls
 //!   (`BaseFormatDetector.parse_base_json` skips them); graft keeps their text, with a note,
 //!   where SGLang drops it from the message.
@@ -38,10 +39,13 @@
 //! - named function: guided JSON of that function's parameters; the whole output is its
 //!   `arguments`, content `None`.
 //! - `"auto"` requires `--enable-auto-tool-choice`; without tools no parsing.
+//!
+//! [`ParseRule::as_vllm`] gives `required` and named their vLLM reading ([`ForcedCalls`]);
+//! `none` keeps SGLang's (the markup stays content).
 
 use serde_json::Value;
 
-use crate::parser::{OutputParser, ReasoningFormat, ToolCallFormat};
+use crate::parser::{ForcedCalls, OutputParser, ReasoningFormat, ToolCallFormat};
 
 /// A request's `tool_choice`, in Chat Completions form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,6 +88,8 @@ pub struct ParseRule {
     pub force_reasoning: bool,
     pub tool_choice: ToolChoice,
     tools: Vec<Value>,
+    /// vLLM's reading of forced calls ([`ParseRule::as_vllm`]).
+    pub forced: Option<ForcedCalls>,
 }
 
 impl ParseRule {
@@ -105,7 +111,23 @@ impl ParseRule {
             force_reasoning: false,
             tool_choice,
             tools: tools.to_vec(),
+            forced: None,
         }
+    }
+
+    /// The rule of vLLM's chat server where it differs: under `required` and a named
+    /// function vLLM constrains the decode to JSON and reads the answer as calls
+    /// ([`ForcedCalls`]) instead of parsing the model's tool-call markup.
+    #[must_use]
+    pub fn as_vllm(mut self) -> Self {
+        if self.parses_tool_calls() {
+            self.forced = match &self.tool_choice {
+                ToolChoice::Required => Some(ForcedCalls::Required),
+                ToolChoice::Function(name) => Some(ForcedCalls::Named(name.clone())),
+                ToolChoice::Auto | ToolChoice::None => None,
+            };
+        }
+        self
     }
 
     /// `thinking`: the request thinks (`enable_thinking` not `false`) or the prompt opened the
@@ -130,6 +152,7 @@ impl ParseRule {
         )
         .with_schemas(&self.tools)
         .declared_only()
+        .with_forced(self.forced.clone())
     }
 }
 

@@ -138,6 +138,21 @@ pub struct Parsed {
     pub notes: Vec<String>,
 }
 
+/// Calls a request forces the way vLLM's chat server reads them (`_extract_tool_calls` in
+/// `vllm/parser/abstract_parser.py`, 0.34): the decode was constrained to JSON, so the answer
+/// (after any reasoning) is not parsed for tool-call markup but read as a whole at the end,
+/// and it is never content.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForcedCalls {
+    /// A named function: the whole answer is its arguments (no call when it is blank).
+    Named(String),
+    /// `required`: the answer is a JSON list of `{"name", "parameters"}` (vLLM's
+    /// `TypeAdapter(list[FunctionDefinition])`; any element that does not fit and there is no
+    /// call at all), each call's arguments its `parameters` as Python's `json.dumps` writes
+    /// them.
+    Required,
+}
+
 /// Which characters a [`Lane`] trims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Trim {
@@ -237,6 +252,9 @@ pub struct OutputParser {
     declared_only: bool,
     parsed: Parsed,
     reasoning_text: String,
+    /// Set: the answer's text is gathered in `forced_text` and read as calls at the end.
+    forced: Option<ForcedCalls>,
+    forced_text: String,
 }
 
 impl OutputParser {
@@ -265,6 +283,8 @@ impl OutputParser {
             declared_only: false,
             parsed: Parsed::default(),
             reasoning_text: String::new(),
+            forced: None,
+            forced_text: String::new(),
         };
         if starts_in_reasoning && reasoning == ReasoningFormat::Think {
             parser.enter_reasoning();
@@ -307,6 +327,17 @@ impl OutputParser {
         self
     }
 
+    /// The request forces calls as vLLM reads them ([`ForcedCalls`]): no tool-call markup is
+    /// looked for, and the answer's text becomes the calls when the output ends.
+    #[must_use]
+    pub fn with_forced(mut self, forced: Option<ForcedCalls>) -> Self {
+        if forced.is_some() {
+            self.tools = ToolCallFormat::None;
+        }
+        self.forced = forced;
+        self
+    }
+
     /// Tool call ids are `{prefix}{n}`, n counting from 0 in this parser (default prefix
     /// `call_`). Give a prefix unique to the request when ids must be unique in a session.
     #[must_use]
@@ -342,11 +373,58 @@ impl OutputParser {
             Mode::Text => {}
         }
         let rest = std::mem::take(&mut self.text.pending);
-        if !rest.is_empty() {
+        if self.forced.is_some() {
+            self.forced_text.push_str(&rest);
+            self.close_forced(&mut out);
+        } else if !rest.is_empty() {
             self.parsed.text.push_str(&rest);
             push_piece(&mut out, Piece::Text(rest));
         }
         out
+    }
+
+    /// The forced calls out of the gathered answer ([`ForcedCalls`]).
+    fn close_forced(&mut self, out: &mut Vec<Piece>) {
+        let text = std::mem::take(&mut self.forced_text);
+        let calls: Vec<(String, String)> = match self.forced.take() {
+            None => return,
+            Some(ForcedCalls::Named(name)) => {
+                if text.trim().is_empty() {
+                    vec![]
+                } else {
+                    vec![(name, text)]
+                }
+            }
+            Some(ForcedCalls::Required) => match required_calls(&text) {
+                Some(calls) => calls,
+                None => {
+                    self.parsed.notes.push(
+                        "tool_choice required: the answer is not a JSON list of {\"name\", \"parameters\"}; no call"
+                            .to_owned(),
+                    );
+                    vec![]
+                }
+            },
+        };
+        for (name, arguments) in calls {
+            let index = self.parsed.tool_calls.len();
+            let id = format!("{}{}", self.id_prefix, self.next_id);
+            self.next_id += 1;
+            out.push(Piece::ToolCallStart {
+                index,
+                id: id.clone(),
+                name: name.clone(),
+            });
+            out.push(Piece::ToolCallArgs {
+                index,
+                arguments: arguments.clone(),
+            });
+            self.parsed.tool_calls.push(ParsedToolCall {
+                id,
+                name,
+                arguments,
+            });
+        }
     }
 
     /// Everything parsed so far, as a whole.
@@ -514,6 +592,11 @@ impl OutputParser {
 
     fn emit_text(&mut self, seg: &str, out: &mut Vec<Piece>) {
         let certain = self.text.feed(seg);
+        if self.forced.is_some() {
+            self.seen_content |= !certain.is_empty();
+            self.forced_text.push_str(&certain);
+            return;
+        }
         if !certain.is_empty() {
             self.seen_content = true;
             self.parsed.text.push_str(&certain);
@@ -614,6 +697,37 @@ pub fn parse_whole(
     parser.push(text);
     parser.finish();
     parser.parsed()
+}
+
+/// vLLM's reading of a `required` answer: `TypeAdapter(list[FunctionDefinition])` (each
+/// element an object with a string `name`, an optional object `parameters`, optional
+/// `description` (a string), `strict` and `defer_loading` (booleans); other keys ignored;
+/// one bad element fails them all), each call's
+/// arguments `json.dumps(parameters, ensure_ascii=False)`.
+fn required_calls(text: &str) -> Option<Vec<(String, String)>> {
+    let Ok(Value::Array(items)) = serde_json::from_str::<Value>(text) else {
+        return None;
+    };
+    items
+        .iter()
+        .map(|item| {
+            let o = item.as_object()?;
+            let name = o.get("name")?.as_str()?.to_owned();
+            let fits = |key: &str, ok: fn(&Value) -> bool| o.get(key).is_none_or(ok);
+            if !fits("description", |v| v.is_null() || v.is_string())
+                || !fits("strict", |v| v.is_null() || v.is_boolean())
+                || !fits("defer_loading", |v| v.is_null() || v.is_boolean())
+            {
+                return None;
+            }
+            let parameters = match o.get("parameters") {
+                None | Some(Value::Null) => Value::Null,
+                Some(p @ Value::Object(_)) => p.clone(),
+                Some(_) => return None,
+            };
+            Some((name, crate::template::json_dumps(&parameters)))
+        })
+        .collect()
 }
 
 /// Appends a piece, merging it into the previous one when both are text or both reasoning.
@@ -1177,6 +1291,82 @@ mod tests {
         let (pieces, parsed) = stream(&["x", "</thin"], H, T, true);
         assert_eq!(fold(&pieces).reasoning.as_deref(), Some("x</thin"));
         assert_eq!(parsed.reasoning.as_deref(), Some("x</thin"));
+    }
+
+    /// vLLM's reading of forced calls: the answer after the reasoning is the calls, never
+    /// content; chunking does not matter.
+    #[test]
+    fn forced_calls_read_the_answer_as_vllm_does() {
+        let read = |out: &str, forced: ForcedCalls| {
+            let whole = {
+                let mut p = OutputParser::new(H, T, false).with_forced(Some(forced.clone()));
+                p.push(out);
+                p.finish();
+                p.parsed()
+            };
+            for cut in (0..=out.len()).filter(|&c| out.is_char_boundary(c)) {
+                let mut p = OutputParser::new(H, T, false).with_forced(Some(forced.clone()));
+                let mut pieces = p.push(&out[..cut]);
+                pieces.extend(p.push(&out[cut..]));
+                pieces.extend(p.finish());
+                let mut folded = fold(&pieces);
+                folded.notes.clone_from(&whole.notes);
+                assert_eq!(folded, whole, "cut at {cut}");
+            }
+            whole
+        };
+        let named = ForcedCalls::Named("get_weather".into());
+        let p = read(
+            "<think>\nParis.\n</think>\n\n{\"city\": \"Paris\"}",
+            named.clone(),
+        );
+        assert_eq!(p.reasoning.as_deref(), Some("Paris."));
+        assert_eq!(p.text, "");
+        assert_eq!(p.tool_calls.len(), 1);
+        assert_eq!(p.tool_calls[0].name, "get_weather");
+        assert_eq!(p.tool_calls[0].arguments, "{\"city\": \"Paris\"}");
+        // Blank: no call. Markup is not parsed: the whole text is the arguments.
+        assert!(
+            read("<think>\nx\n</think>\n\n  ", named.clone())
+                .tool_calls
+                .is_empty()
+        );
+        let p = read("<tool_call>\n{\"name\": \"f\"}\n</tool_call>", named);
+        assert_eq!(
+            p.tool_calls[0].arguments,
+            "<tool_call>\n{\"name\": \"f\"}\n</tool_call>"
+        );
+
+        // `required`: a JSON list; arguments as Python's json.dumps writes `parameters`.
+        let p = read(
+            "<think>\nTwo.\n</think>\n\n[{\"name\":\"a\",\"parameters\":{\"z\":1,\"y\":[1.5,\"é\"]}},{\"name\":\"b\"}]",
+            ForcedCalls::Required,
+        );
+        assert_eq!(p.text, "");
+        let calls: Vec<(&str, &str)> = p
+            .tool_calls
+            .iter()
+            .map(|c| (c.name.as_str(), c.arguments.as_str()))
+            .collect();
+        assert_eq!(
+            calls,
+            [("a", "{\"z\": 1, \"y\": [1.5, \"é\"]}"), ("b", "null")]
+        );
+        assert_eq!(p.tool_calls[1].id, "call_1");
+        // One element that does not fit and there is no call, and no content either.
+        for bad in [
+            "[{\"name\": \"a\"}, {\"parameters\": {}}]",
+            "[{\"name\": 3}]",
+            "[{\"name\": \"a\", \"parameters\": [1]}]",
+            "{\"name\": \"a\"}",
+            "[{\"name\": \"a\"}] trailing",
+            "I will not call.",
+        ] {
+            let p = read(bad, ForcedCalls::Required);
+            assert!(p.tool_calls.is_empty(), "{bad}");
+            assert_eq!(p.text, "", "{bad}");
+            assert_eq!(p.notes.len(), 1, "{bad}");
+        }
     }
 
     #[test]

@@ -795,6 +795,20 @@ fn tojson_filter(value: &JValue, kwargs: Kwargs) -> Result<JValue, JinjaError> {
     Ok(JValue::from(out))
 }
 
+/// Python's `json.dumps(v, ensure_ascii=False)` (`", "` and `": "`, keys in their order).
+pub(crate) fn json_dumps(v: &Value) -> String {
+    let opts = JsonOpts {
+        ensure_ascii: false,
+        indent: None,
+        item_sep: ", ".into(),
+        key_sep: ": ".into(),
+        sort_keys: false,
+    };
+    let mut out = String::new();
+    py_json(v, &opts, 0, &mut out);
+    out
+}
+
 struct JsonOpts {
     ensure_ascii: bool,
     indent: Option<String>,

@@ -22,7 +22,7 @@
 //! vLLM aborts a request when its client closes the connection; this side notes it the same
 //! way: a streamed answer whose body is dropped before its end counts its `request_id` as
 //! aborted. `GET /testkit/vllm/requests` answers `{"completions": [{"request_id", "body"
-//! (without the prompt), "prompt_tokens"}, ...], "aborted": [request_id, ...], "control":
+//! (without the prompt), "prompt_tokens", "prompt_text" (the prompt decoded)}, ...], "aborted": [request_id, ...], "control":
 //! [{"path" (with its query), "body"}, ...]}` (`control`: every call of a development route).
 //!
 //! Generations step as vLLM's engine does, [`TOKENS_PER_CHUNK`] tokens a step, each step's
@@ -612,7 +612,11 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         if let Some(o) = b.as_object_mut() {
             o.remove("prompt");
         }
-        seen.push(json!({"request_id": request_id, "body": b, "prompt_tokens": req.prompt.len()}));
+        let text = model.tokenizer.decode(&req.prompt).unwrap_or_default();
+        seen.push(
+            json!({"request_id": request_id, "body": b, "prompt_tokens": req.prompt.len(),
+            "prompt_text": text}),
+        );
     }
     if let Some(resp) = refusal(state, &req, body) {
         return Ok(resp);

@@ -917,6 +917,31 @@ pub async fn open_session(gw: &str) -> (String, String) {
     )
 }
 
+/// The assistant message of a Chat Completions answer, whole or streamed (rebuilt with
+/// [`assemble_chat`]), with the choice's `finish_reason` beside its fields.
+pub fn chat_message(r: &http::Resp) -> Value {
+    let data = r.sse_data();
+    let (mut m, finish) = if data.is_empty() {
+        let v = r.json();
+        let choice = &v["choices"][0];
+        (choice["message"].clone(), choice["finish_reason"].clone())
+    } else {
+        assert_eq!(data.last().map(String::as_str), Some("[DONE]"), "{data:?}");
+        let chunks: Vec<Value> = data[..data.len() - 1]
+            .iter()
+            .map(|d| serde_json::from_str(d).unwrap())
+            .collect();
+        let finish = chunks
+            .iter()
+            .filter_map(|c| c["choices"][0]["finish_reason"].as_str())
+            .next_back()
+            .map_or(Value::Null, |f| serde_json::json!(f));
+        (assemble_chat(&chunks), finish)
+    };
+    m["finish_reason"] = finish;
+    m
+}
+
 /// Rebuilds the assistant message from Chat Completions chunks: content (null when there
 /// is none), `reasoning_content` (when there is some), tool calls.
 pub fn assemble_chat(chunks: &[Value]) -> Value {

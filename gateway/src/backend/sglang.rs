@@ -233,6 +233,10 @@ pub struct Sglang {
     logprobs: super::LogprobKind,
     tool_format: ToolCallFormat,
     reasoning_format: ReasoningFormat,
+    /// The request thinks (`exact.template_kwargs.enable_thinking` is not `false`) and the
+    /// model's reasoning is separated: SGLang's chat server then sets `require_reasoning`,
+    /// so a decode constraint waits for the reasoning's end.
+    thinking: bool,
     /// The configured backends first, then those sessions named for themselves. Only ever
     /// appended to, so an index stays valid.
     slots: Mutex<Vec<Slot>>,
@@ -280,6 +284,8 @@ impl Sglang {
             logprobs: cfg.logprobs,
             tool_format: cfg.tool_call_format,
             reasoning_format: cfg.reasoning_format,
+            thinking: cfg.reasoning_format == ReasoningFormat::Think
+                && parse_rule::thinking_enabled(Some(&cfg.template_kwargs)),
             slots: Mutex::new(cfg.backends.iter().map(|b| Slot::new(b)).collect()),
             configured: cfg.backends.len(),
             named: Mutex::new(HashMap::new()),
@@ -622,8 +628,9 @@ impl Sglang {
 
     /// The call's output parser, decided from its request as SGLang's chat server decides it
     /// (`graft_reconstruct::parse_rule`): no tool-call parsing without tools or with
-    /// `tool_choice: none`; `required` / a named function parse like `auto` (no decode
-    /// constraint is sent). Reasoning is forced only where the prompt opened the think block.
+    /// `tool_choice: none`; `required` / a named function parse like `auto` (on SGLang their
+    /// decode is constrained: [`Sglang::tool_constraint`]). Reasoning is forced only where
+    /// the prompt opened the think block.
     fn parser(
         &self,
         call_id: &str,
@@ -643,10 +650,70 @@ impl Sglang {
             Some(ToolChoice::Required) => parse_rule::ToolChoice::Required,
             Some(ToolChoice::Function { name }) => parse_rule::ToolChoice::Function(name.clone()),
         };
-        ParseRule::new(self.tool_format, self.reasoning_format, tools, choice)
-            .with_thinking(starts_in_reasoning)
-            .parser()
-            .with_id_prefix(format!("call_{short}_"))
+        let rule = ParseRule::new(self.tool_format, self.reasoning_format, tools, choice)
+            .with_thinking(starts_in_reasoning);
+        let rule = match self.wire {
+            Wire::Sglang => rule,
+            Wire::Vllm => rule.as_vllm(),
+        };
+        rule.parser().with_id_prefix(format!("call_{short}_"))
+    }
+
+    /// Adds the tool-call decode constraint to `params` where the server's own chat endpoint
+    /// adds one; whether it did. SGLang ([`sglang::tool_call_constraint`]): another output
+    /// constraint (`response_format`) wins over an `auto` one; with `required` or a named
+    /// function both cannot hold, and the call is refused as SGLang refuses it. vLLM
+    /// ([`crate::vllm::tool_call_schema`]): `required` and named get a JSON schema that
+    /// replaces any other.
+    fn tool_constraint(
+        &self,
+        conv: &crate::dialect::Conversation,
+        params: &mut Value,
+    ) -> Result<bool, GatewayError> {
+        let required = matches!(
+            conv.tool_choice,
+            Some(ToolChoice::Required | ToolChoice::Function { .. })
+        );
+        let output_constrained = params.get("json_schema").is_some();
+        if self.tool_format == ToolCallFormat::None || conv.tools.is_empty() {
+            return Ok(false);
+        }
+        if self.wire == Wire::Vllm {
+            // vLLM's forced-call schema replaces any structured output
+            // (`ToolParser.adjust_request`: `response_format` is set to `None`).
+            let Some(schema) = crate::vllm::tool_call_schema(
+                &conv.tools,
+                conv.tool_choice.as_ref(),
+                conv.parallel_tool_calls,
+            ) else {
+                return Ok(false);
+            };
+            if let Some(o) = params.as_object_mut() {
+                o.insert(
+                    "structured_outputs".into(),
+                    serde_json::json!({ "json": schema }),
+                );
+            }
+            return Ok(true);
+        }
+        if required && output_constrained {
+            return Err(GatewayError::field(
+                "tool_choice",
+                "a required or named 'tool_choice' cannot be combined with structured output (response_format): the tool-call constraint and the output constraint cannot both be honored",
+            ));
+        }
+        let Some(tag) =
+            sglang::tool_call_constraint(self.tool_format, &conv.tools, conv.tool_choice.as_ref())
+        else {
+            return Ok(false);
+        };
+        if output_constrained {
+            return Ok(false);
+        }
+        if let Some(o) = params.as_object_mut() {
+            o.insert("structural_tag".into(), Value::String(tag));
+        }
+        Ok(true)
     }
 
     /// Renders and tokenizes the call's prompt (reusing the session's sampled ids where it
@@ -671,6 +738,9 @@ impl Sglang {
             ));
         }
         let mut conv = conv;
+        if conv.prompt.is_none() {
+            check_tool_choice(&conv)?;
+        }
         // Histories are being rebuilt from the records after a start: wait for them.
         let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
@@ -730,7 +800,12 @@ impl Sglang {
                 // The template renders the tools SGLang's chat server renders: none under
                 // `tool_choice: "none"`, only the named one under a named choice
                 // (`_process_messages` in `serving_chat.py`); the parser still knows them all.
-                let rendered = template_tools(tools.as_deref(), conv.tool_choice.as_ref());
+                // vLLM's renders every tool whatever the choice (unless it runs with
+                // `--exclude-tools-when-tool-choice-none`).
+                let rendered = match self.wire {
+                    Wire::Sglang => template_tools(tools.as_deref(), conv.tool_choice.as_ref()),
+                    Wire::Vllm => tools.clone(),
+                };
                 let (msgs, tls) = (messages.clone(), rendered.clone());
                 let prompt = tokio::task::spawn_blocking(move || {
                     builder.prompt(&msgs, tls.as_deref(), &history)
@@ -786,7 +861,11 @@ impl Sglang {
                 ),
             ));
         }
-        let params = self.wire.sampling(&sent, self.max_new_tokens);
+        let mut params = self.wire.sampling(&sent, self.max_new_tokens);
+        let mut constrained = sent.format.is_some();
+        if chat {
+            constrained |= self.tool_constraint(&conv, &mut params)?;
+        }
         let stops = sent.stop.clone();
         let sampling = policy.map(|p| {
             crate::policy::record_value(
@@ -799,7 +878,18 @@ impl Sglang {
         // whole answer's head only when it is done, so a long generation would outlast any
         // head timeout; a stream instead shows progress, and a stall is timed between
         // events. A client that asked for a whole answer gets it assembled from the events.
-        let body = self.wire.body(&prompt.ids, params, true, call_id, top);
+        let mut body = self.wire.body(&prompt.ids, params, true, call_id, top);
+        // As SGLang's chat server asks it for a thinking request (`require_reasoning`): a
+        // grammar then starts at the reasoning's end (SGLang's `--reasoning-parser` decides
+        // where that is), not at the first token.
+        if chat
+            && constrained
+            && self.wire == Wire::Sglang
+            && (self.thinking || prompt.starts_in_reasoning)
+            && let Some(o) = body.as_object_mut()
+        {
+            o.insert("require_reasoning".into(), Value::Bool(true));
+        }
         let mut recorded_body = body.clone();
         if let Some(o) = recorded_body.as_object_mut() {
             // The ids are the record's prompt_token_ids; the body keeps what else was sent.
@@ -875,6 +965,8 @@ impl Sglang {
             reused: reused > 0,
             render_time,
             remember: chat,
+            named_call_stops: self.wire == Wire::Vllm
+                && matches!(conv.tool_choice, Some(ToolChoice::Function { .. })),
         };
         Ok(Plan {
             leg: Leg::Generate(Box::new(generate)),
@@ -1034,6 +1126,9 @@ pub(crate) struct Generate {
     pub(crate) render_time: Duration,
     /// Whether the answered call is kept for the session's prefix reuse (chat calls).
     remember: bool,
+    /// A forced named call ends as `stop`, not `tool_calls` (vLLM's `resolve_finish_reason`,
+    /// as OpenAI reports it); SGLang says `tool_calls`.
+    named_call_stops: bool,
 }
 
 /// The think tags' ids and whether the prompt opened the block.
@@ -1143,6 +1238,24 @@ fn deltas(pieces: Vec<Parsed>) -> Vec<Delta> {
             Parsed::ToolCallArgs { index, arguments } => Delta::ToolCallArgs { index, arguments },
         })
         .collect()
+}
+
+/// A `tool_choice` SGLang's and vLLM's chat servers refuse: `required` or a named function
+/// without tools, a named function that is not declared.
+fn check_tool_choice(conv: &crate::dialect::Conversation) -> Result<(), GatewayError> {
+    let declared = |name: &str| conv.tools.iter().any(|t| t.name == name);
+    let why = match &conv.tool_choice {
+        Some(ToolChoice::Required) if conv.tools.is_empty() => {
+            "'tool_choice' asks for a tool call but the request declares no tools".to_string()
+        }
+        Some(ToolChoice::Function { name }) if !declared(name) => {
+            format!(
+                "'tool_choice' names the function '{name}', which the request's tools do not declare"
+            )
+        }
+        _ => return Ok(()),
+    };
+    Err(GatewayError::field("tool_choice", why))
 }
 
 /// The tools a chat template is given, as SGLang's chat server gives them: none under
@@ -1258,7 +1371,7 @@ impl Generate {
             .finish
             .as_ref()
             .map_or(Finish::Error, FinishReason::finish);
-        if finish == Finish::Stop && !tool_calls.is_empty() {
+        if finish == Finish::Stop && !tool_calls.is_empty() && !self.named_call_stops {
             finish = Finish::ToolCalls;
         }
         Answer {
