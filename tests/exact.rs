@@ -2173,6 +2173,92 @@ async fn a_stop_string_ends_the_clients_text_before_it_while_the_record_keeps_it
     }
 }
 
+/// Issue 31: a Responses client that includes `message.output_text.logprobs` (with
+/// `top_logprobs: 2`) gets every output token's logprob on the message's `output_text`, as
+/// vLLM's Responses server gives them, equal to the recorded ones: whole; streamed, spread
+/// over the text deltas and whole on `output_text.done` and the completed response. Without
+/// the include they stay empty.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn responses_logprobs_are_answered_when_included() {
+    let s = start(SCRIPT, &[], &[]);
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/responses");
+    let body = |stream: bool, include: bool| {
+        let mut b = json!({"model": "qwen3", "stream": stream, "input": "tell a long story"});
+        if include {
+            b["include"] = json!(["message.output_text.logprobs"]);
+            b["top_logprobs"] = json!(2);
+        }
+        b
+    };
+    let message_logprobs = |resp: &Value| -> Vec<Value> {
+        let msg = resp["output"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|i| i["type"] == "message")
+            .unwrap_or_else(|| panic!("no message: {resp}"))
+            .clone();
+        msg["content"][0]["logprobs"].as_array().unwrap().clone()
+    };
+    let whole = http::post_json(&url, &[], &body(false, true)).await;
+    assert_eq!(whole.status, 200, "{}", whole.text());
+    let whole_lps = message_logprobs(&whole.json());
+    let streamed = http::post_json(&url, &[], &body(true, true)).await;
+    assert_eq!(streamed.status, 200, "{}", streamed.text());
+    let events: Vec<Value> = streamed
+        .sse_data()
+        .iter()
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let of = |ty: &str| -> Vec<&Value> { events.iter().filter(|e| e["type"] == ty).collect() };
+    let spread: Vec<Value> = of("response.output_text.delta")
+        .iter()
+        .flat_map(|e| e["logprobs"].as_array().unwrap().clone())
+        .collect();
+    let done = of("response.output_text.done")[0]["logprobs"]
+        .as_array()
+        .unwrap()
+        .clone();
+    let completed = message_logprobs(&of("response.completed")[0]["response"]);
+
+    let tok = Tokenizer::from_dir(&s.qwen3).unwrap();
+    let records: Vec<Value> = common::records_show(&s.data)
+        .into_iter()
+        .filter(|r| r["session_id"] == sid)
+        .collect();
+    assert_eq!(records.len(), 2);
+    for (r, lists) in [
+        (&records[0], vec![whole_lps]),
+        (&records[1], vec![done, completed]),
+    ] {
+        let ids = ids(&r["completion_token_ids"]);
+        let lps = f32s(&r["completion_logprobs"]);
+        for list in lists {
+            assert_eq!(list.len(), ids.len(), "one entry per sampled token");
+            for ((e, id), lp) in list.iter().zip(&ids).zip(&lps) {
+                assert_eq!(e["logprob"].as_f64().unwrap() as f32, *lp, "{e}");
+                assert_eq!(e["token"], tok.decode(&[*id]).unwrap(), "{e}");
+                assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
+                assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2, "{e}");
+            }
+        }
+    }
+    // The deltas carried them all, in order (the last ones may ride on `done` only).
+    let n = spread.len();
+    assert!(n > 0, "no delta carried logprobs");
+    assert_eq!(
+        spread[..],
+        of("response.output_text.done")[0]["logprobs"]
+            .as_array()
+            .unwrap()[..n]
+    );
+    // Not asked for: empty, as before.
+    let plain = http::post_json(&url, &[], &body(false, false)).await;
+    assert_eq!(plain.status, 200, "{}", plain.text());
+    assert!(message_logprobs(&plain.json()).is_empty());
+}
+
 /// Issue 31, parts 2-4: a Chat client with `logprobs: true, top_logprobs: 2` gets the
 /// sampled tokens' logprobs (whole and streamed), equal to the recorded ones; a Completions
 /// client with `logprobs: 2` gets them in its own shape; `reasoning_tokens` counts the

@@ -526,16 +526,21 @@ pub(crate) fn logprob_value(l: Option<f32>) -> Value {
 
 /// Chat's `logprobs` object: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
 pub(crate) fn chat_logprobs(tokens: &[TokenLogprob]) -> Value {
+    serde_json::json!({"content": logprob_items(tokens), "refusal": null})
+}
+
+/// One `{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}` per token: Chat's
+/// `logprobs.content` and Responses' `output_text.logprobs` alike.
+pub(crate) fn logprob_items(tokens: &[TokenLogprob]) -> Vec<Value> {
     let entry = |t: &str, l: Option<f32>| serde_json::json!({"token": t, "logprob": logprob_value(l), "bytes": t.as_bytes()});
-    let content: Vec<Value> = tokens
+    tokens
         .iter()
         .map(|t| {
             let mut e = entry(&t.token, t.logprob);
             e["top_logprobs"] = t.top.iter().map(|(s, l)| entry(s, *l)).collect();
             e
         })
-        .collect();
-    serde_json::json!({"content": content, "refusal": null})
+        .collect()
 }
 
 /// Completions' `logprobs` object: `{tokens, token_logprobs, top_logprobs, text_offset}`.

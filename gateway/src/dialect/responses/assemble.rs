@@ -133,7 +133,7 @@ impl ResponsesAssembler {
                 }
             }
             "response.output_text.delta" => {
-                let template = output_text_part("");
+                let template = output_text_part("", &[]);
                 if let Some(item) = self.item_mut(event)
                     && let Some(p) = part_at(item, "content", content_index, template)
                 {

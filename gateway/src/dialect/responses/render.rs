@@ -38,17 +38,20 @@ pub(super) fn custom_input(arguments: &str) -> String {
     }
 }
 
-pub(super) fn output_text_part(text: &str) -> Value {
-    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": []})
+/// An `output_text` part; `logprobs`: the answer's tokens when the client asked for them
+/// (`include: ["message.output_text.logprobs"]`), as vLLM's Responses server puts every
+/// output token's there.
+pub(super) fn output_text_part(text: &str, logprobs: &[Value]) -> Value {
+    json!({"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs})
 }
 
-pub(super) fn message_item(id: &str, text: &str, status: &str) -> Value {
+pub(super) fn message_item(id: &str, text: &str, status: &str, logprobs: &[Value]) -> Value {
     json!({
         "id": id,
         "type": "message",
         "status": status,
         "role": "assistant",
-        "content": [output_text_part(text)],
+        "content": [output_text_part(text, logprobs)],
     })
 }
 
@@ -238,7 +241,12 @@ pub fn render_answer(conv: &Conversation, answer: &Answer, response_id: &str) ->
     }
     if !answer.text.is_empty() {
         let id = item_id("msg_", suffix, output.len());
-        output.push(message_item(&id, &answer.text, "completed"));
+        let logprobs = answer
+            .logprobs
+            .as_deref()
+            .map(crate::dialect::logprob_items)
+            .unwrap_or_default();
+        output.push(message_item(&id, &answer.text, "completed", &logprobs));
     }
     for tc in &answer.tool_calls {
         let is_custom = custom.contains(&tc.name);

@@ -167,6 +167,20 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     conv.sampling.top_p = opt_f64(obj, "top_p")?;
     conv.sampling.max_tokens = non_negative_int(obj, "max_output_tokens")?;
     conv.stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    // `include: ["message.output_text.logprobs"]` asks for the sampled tokens' logprobs,
+    // `top_logprobs: n` for the n most likely alternatives of each (OpenAI's and vLLM's
+    // Responses; exact mode answers them).
+    let top_logprobs = non_negative_int(obj, "top_logprobs")?;
+    let include_logprobs = match get(obj, "include") {
+        None => false,
+        Some(Value::Array(items)) => items
+            .iter()
+            .any(|i| i.as_str() == Some("message.output_text.logprobs")),
+        Some(v) => return Err(wrong("include", "an array of strings", v)),
+    };
+    if include_logprobs {
+        conv.logprobs = Some(u32::try_from(top_logprobs.unwrap_or(0)).unwrap_or(u32::MAX));
+    }
 
     match get(obj, "reasoning") {
         None => {}

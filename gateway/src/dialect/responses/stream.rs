@@ -57,6 +57,10 @@ pub struct ResponsesStream {
     custom_tools: Vec<String>,
     started: bool,
     finished: bool,
+    /// Token logprobs (when asked for) not yet sent with a text delta, and all of them (the
+    /// message's `output_text` holds every output token's, as vLLM's does).
+    logprobs_pending: Vec<Value>,
+    logprobs_all: Vec<Value>,
 }
 
 /// A stream emitter for one response.
@@ -74,6 +78,8 @@ pub fn stream(conv: &Conversation, response_id: &str) -> ResponsesStream {
         custom_tools: custom_tool_names(conv),
         started: false,
         finished: false,
+        logprobs_pending: Vec::new(),
+        logprobs_all: Vec::new(),
     }
 }
 
@@ -105,8 +111,8 @@ impl ResponsesStream {
         let (done_ty, part, item) = match t.kind {
             TextKind::Message => (
                 "response.output_text.done",
-                output_text_part(&t.text),
-                message_item(&t.id, &t.text, "completed"),
+                output_text_part(&t.text, &self.logprobs_all),
+                message_item(&t.id, &t.text, "completed", &self.logprobs_all),
             ),
             TextKind::Reasoning => (
                 "response.reasoning_text.done",
@@ -120,7 +126,7 @@ impl ResponsesStream {
         if t.kind == TextKind::Message
             && let Some(o) = done.as_object_mut()
         {
-            o.insert("logprobs".into(), json!([]));
+            o.insert("logprobs".into(), json!(self.logprobs_all));
         }
         out.push(self.event(done_ty, done));
         out.push(self.event(
@@ -182,7 +188,7 @@ impl ResponsesStream {
                 TextKind::Message => (
                     "msg_",
                     json!({"type": "message", "status": "in_progress", "role": "assistant", "content": []}),
-                    output_text_part(""),
+                    output_text_part("", &[]),
                 ),
                 TextKind::Reasoning => (
                     "rs_",
@@ -220,7 +226,8 @@ impl ResponsesStream {
         let (ty, fields) = match kind {
             TextKind::Message => (
                 "response.output_text.delta",
-                json!({"item_id": t.id, "output_index": t.output_index, "content_index": 0, "delta": delta, "logprobs": []}),
+                json!({"item_id": t.id, "output_index": t.output_index, "content_index": 0, "delta": delta,
+                    "logprobs": std::mem::take(&mut self.logprobs_pending)}),
             ),
             TextKind::Reasoning => (
                 "response.reasoning_text.delta",
@@ -315,8 +322,13 @@ impl EventStream for ResponsesStream {
 
     fn delta(&mut self, delta: &Delta, out: &mut Vec<Bytes>) {
         match delta {
-            // graft answers Responses without per-token logprobs.
-            Delta::Logprobs(_) => {}
+            // Sent with the message's next text delta (they follow the text they belong
+            // to), and all of them with the finished `output_text`.
+            Delta::Logprobs(tokens) => {
+                let items = crate::dialect::logprob_items(tokens);
+                self.logprobs_all.extend(items.iter().cloned());
+                self.logprobs_pending.extend(items);
+            }
             Delta::Text(t) => self.text_delta(TextKind::Message, t, out),
             Delta::Reasoning(t) => self.text_delta(TextKind::Reasoning, t, out),
             Delta::ToolCallStart { index, id, name } => self.call_start(*index, id, name, out),
@@ -329,6 +341,16 @@ impl EventStream for ResponsesStream {
         self.close_calls(out);
         self.finished = true;
         let mut output = self.completed_output();
+        // The message holds every output token's logprobs, also those sampled after it
+        // closed (a tool call's), as in a whole answer.
+        if !self.logprobs_all.is_empty()
+            && let Some(part) = output
+                .iter_mut()
+                .find(|i| i["type"] == "message")
+                .and_then(|m| m.pointer_mut("/content/0"))
+        {
+            part["logprobs"] = Value::Array(self.logprobs_all.clone());
+        }
         mark_last_status(&mut output, answer.finish);
         let mut resp = self.skeleton.clone();
         finalize(&mut resp, answer, output);
