@@ -96,6 +96,10 @@ pub struct ServeArgs {
     /// Address to listen on (port 0 picks a free port; the real address is printed).
     #[arg(long, default_value = "127.0.0.1:0")]
     pub listen: SocketAddr,
+    /// The largest rollout batch read (tasks are prompts and metadata); a longer body is
+    /// answered 413.
+    #[arg(long, default_value_t = 16 << 20)]
+    pub max_body_bytes: usize,
 }
 
 /// One request: the tasks, how many rollouts per task, and what the trainer decides for
@@ -138,6 +142,7 @@ struct State {
     /// The config's backends (what the gateway pins sessions to by default).
     backends: Vec<String>,
     sem: Arc<tokio::sync::Semaphore>,
+    max_body_bytes: usize,
 }
 
 pub async fn run(cmd: RolloutsCommand) -> anyhow::Result<()> {
@@ -163,6 +168,7 @@ pub async fn run(cmd: RolloutsCommand) -> anyhow::Result<()> {
         gateway: c.gateway.clone(),
         envd: c.envd.clone(),
         backends: c.backends.clone(),
+        max_body_bytes: a.max_body_bytes,
     });
     println!("graft rollouts listening on http://{addr}");
     let handler = move |req| {
@@ -198,6 +204,9 @@ fn error(status: StatusCode, message: String) -> Response<RespBody> {
     json_response(status, &json!({"error": {"message": message}}))
 }
 
+/// How long a request body may take to arrive whole.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<RespBody> {
     match (req.method(), req.uri().path()) {
         (&Method::GET, "/health") => json_response(StatusCode::OK, &json!({"ok": true})),
@@ -208,10 +217,16 @@ async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<Re
                 .iter()
                 .filter_map(|v| v.to_str().ok())
                 .any(|v| v.contains(ARROW_STREAM));
-            let body = match req.into_body().collect().await {
-                Ok(b) => b.to_bytes(),
-                Err(e) => return error(StatusCode::BAD_REQUEST, format!("reading the body: {e}")),
-            };
+            let body =
+                match graft_http::read_body(req.into_body(), state.max_body_bytes, BODY_TIMEOUT)
+                    .await
+                {
+                    Ok(b) => b,
+                    Err(e @ graft_http::BodyError::TooLarge { .. }) => {
+                        return error(StatusCode::PAYLOAD_TOO_LARGE, e.to_string());
+                    }
+                    Err(e) => return error(StatusCode::BAD_REQUEST, e.to_string()),
+                };
             let batch: Batch = match serde_json::from_slice(&body) {
                 Ok(b) => b,
                 Err(e) => {

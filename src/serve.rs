@@ -60,6 +60,10 @@ pub struct ServeArgs {
     /// The weight_version reported until the first update.
     #[arg(long, default_value = "default")]
     pub weight_version: String,
+    /// The largest request body read (a `/generate` of a million prompt ids is about 8 MB);
+    /// a longer one is answered 413.
+    #[arg(long, default_value_t = 64 << 20)]
+    pub max_body_bytes: usize,
 }
 
 struct State {
@@ -70,6 +74,7 @@ struct State {
     model_path: PathBuf,
     /// The running requests that came with a `rid`, by it (for `/abort_request`).
     rids: Mutex<HashMap<String, RequestId>>,
+    max_body_bytes: usize,
 }
 
 impl State {
@@ -130,6 +135,7 @@ pub async fn start(
         tokenizer,
         model_path: a.model.clone(),
         rids: Mutex::new(HashMap::new()),
+        max_body_bytes: a.max_body_bytes,
     });
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
@@ -186,18 +192,20 @@ fn error(status: StatusCode, message: &str) -> Response<RespBody> {
     )
 }
 
+/// How long a request body may take to arrive whole.
+const BODY_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 async fn handle(state: Arc<State>, req: hyper::Request<Incoming>) -> Response<RespBody> {
     let method = req.method().clone();
     let path = req.uri().path().to_owned();
-    let body = match req.into_body().collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                &format!("cannot read the body: {e}"),
-            );
-        }
-    };
+    let body =
+        match graft_http::read_body(req.into_body(), state.max_body_bytes, BODY_TIMEOUT).await {
+            Ok(b) => b,
+            Err(e @ graft_http::BodyError::TooLarge { .. }) => {
+                return error(StatusCode::PAYLOAD_TOO_LARGE, &e.to_string());
+            }
+            Err(e) => return error(StatusCode::BAD_REQUEST, &e.to_string()),
+        };
     let json: Value = if body.is_empty() {
         json!({})
     } else {

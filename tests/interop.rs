@@ -391,13 +391,13 @@ fn service_setup() -> (TestEnv, PathBuf, tempfile::TempDir, PathBuf) {
 }
 
 fn rollout_service(cfg: &Path) -> common::Proc {
-    common::Proc::spawn_env(
-        "rollouts",
-        &["rollouts", "serve", "--config", cfg.to_str().unwrap()],
-        &[],
-        "graft rollouts listening on",
-        None,
-    )
+    rollout_service_with(cfg, &[])
+}
+
+fn rollout_service_with(cfg: &Path, extra: &[&str]) -> common::Proc {
+    let mut args = vec!["rollouts", "serve", "--config", cfg.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    common::Proc::spawn_env("rollouts", &args, &[], "graft rollouts listening on", None)
 }
 
 /// `graft rollouts serve` over real HTTP: graft's Python client posts two tasks with a group
@@ -405,12 +405,13 @@ fn rollout_service(cfg: &Path) -> common::Proc {
 /// sampling policy; the groups stream back as NDJSON lines with their rollouts, rewards and
 /// token-level samples, every call answered by the trainer's server under that policy. A
 /// weight version the backends do not serve is refused before anything runs; bad batches
-/// get a 400 that says what is wrong.
+/// get a 400 that says what is wrong, a body past `--max-body-bytes` a 413 (and the service
+/// goes on).
 #[test]
 fn the_rollout_service_streams_each_group_with_rewards_and_samples() {
     let (env, py, dir, cfg) = service_setup();
     let own = own_backend(&env, dir.path(), "own", "trainer-v9", serde_json::json!({}));
-    let svc = rollout_service(&cfg);
+    let svc = rollout_service_with(&cfg, &["--max-body-bytes", "65536"]);
     // Bodies that are no batch, or a wrong one, are refused with what is wrong.
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -449,6 +450,15 @@ fn the_rollout_service_streams_each_group_with_rewards_and_samples() {
         assert_eq!(r.status, 400, "{body}: {}", r.text());
         assert!(r.text().contains(want), "{body}: {}", r.text());
     }
+    let huge = serde_json::json!({"tasks": [{"id": "t", "prompt": "p".repeat(100_000),
+        "reward": {"command": "true"}}]});
+    let r = rt.block_on(common::http::post_json(
+        &format!("{}/rollouts", svc.url),
+        &[],
+        &huge,
+    ));
+    assert_eq!(r.status, 413, "{}", r.text());
+    assert!(r.text().contains("65536 bytes"), "{}", r.text());
 
     let script = r#"
 import json, sys, time

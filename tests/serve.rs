@@ -39,9 +39,14 @@ fn start() -> anyhow::Result<Server> {
 }
 
 fn start_with(model: &Path) -> anyhow::Result<Server> {
+    start_args(model, &[])
+}
+
+fn start_args(model: &Path, extra: &[&str]) -> anyhow::Result<Server> {
     let mut child = Command::new(env!("CARGO_BIN_EXE_graft"))
         .args(["serve", "--listen", "127.0.0.1:0", "--model"])
         .arg(model)
+        .args(extra)
         .env("GRAFT_DEVICE", "cpu")
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -167,6 +172,28 @@ fn point10_graft_serve_refuses_unknown_sampling_keys_as_sglang_does() -> anyhow:
         "/generate",
         json!({"input_ids": [1, 2, 3], "sampling_params": {"temperature": 0.0, "max_new_tokens": 2,
             "ignore_eos": true, "no_stop_trim": true, "skip_special_tokens": false}}),
+    )?;
+    assert_eq!(status, 200, "{text}");
+    Ok(())
+}
+
+/// A body past `--max-body-bytes` is answered 413 naming the limit, not read whole; the
+/// server goes on answering.
+#[test]
+fn an_oversized_body_is_refused_with_413_and_the_server_stays_up() -> anyhow::Result<()> {
+    let server = start_args(&fixture(), &["--max-body-bytes", "4096"])?;
+    let ids: Vec<u32> = (0..2000).map(|i| i % 50).collect();
+    let (status, text) = post(
+        &server.url,
+        "/generate",
+        json!({"input_ids": ids, "sampling_params": {"max_new_tokens": 1}}),
+    )?;
+    assert_eq!(status, 413, "{text}");
+    assert!(text.contains("4096 bytes"), "{text}");
+    let (status, text) = post(
+        &server.url,
+        "/generate",
+        json!({"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 1}}),
     )?;
     assert_eq!(status, 200, "{text}");
     Ok(())

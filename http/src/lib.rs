@@ -10,6 +10,9 @@
 //! within a deadline. Dropping the `Draining` also tells them, without waiting.
 
 pub mod auth;
+mod body;
+
+pub use body::{BodyError, read_body};
 
 use std::error::Error as StdError;
 use std::future::Future;

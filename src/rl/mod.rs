@@ -119,6 +119,7 @@ async fn start_serve(
         listen: ([127, 0, 0, 1], 0).into(),
         max_batch: cfg.rollout.concurrency.max(1),
         weight_version: "default".into(),
+        max_body_bytes: 64 << 20,
     };
     let (addr, device, engine, serve) = crate::serve::start(&args).await?;
     println!("embedded backend: graft serve on {device:?}");
