@@ -81,6 +81,15 @@ fn own(script: &Value, upstream_args: &[&str]) -> Own {
     }
 }
 
+/// The last `/v1/completions` the scripted vLLM was asked, from its log.
+fn last_completion(log: &Value) -> Value {
+    log["completions"]
+        .as_array()
+        .and_then(|c| c.last())
+        .unwrap_or_else(|| panic!("no completion asked: {log}"))
+        .clone()
+}
+
 /// What the scripted vLLM was asked (`GET /testkit/vllm/requests`).
 async fn vllm_log(upstream: &str) -> Value {
     http::get(&format!("{upstream}/testkit/vllm/requests"), &[])
@@ -532,12 +541,7 @@ async fn vllm_wire_forced_tool_calls_are_constrained_and_read_as_vllm_does() {
     let r = http::post_json(&url, &[], &one).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let log = vllm_log(&o.upstream.url).await;
-    let last = log["completions"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
+    let last = last_completion(&log);
     assert_eq!(
         last["body"]["structured_outputs"]["json"]["maxItems"], 1,
         "{last}"
@@ -556,12 +560,7 @@ async fn vllm_wire_forced_tool_calls_are_constrained_and_read_as_vllm_does() {
     let r = http::post_json(&url, &[], &none).await;
     assert_eq!(r.status, 200, "{}", r.text());
     let log = vllm_log(&o.upstream.url).await;
-    let last = log["completions"]
-        .as_array()
-        .unwrap()
-        .last()
-        .unwrap()
-        .clone();
+    let last = last_completion(&log);
     assert!(
         last["prompt_text"]
             .as_str()

@@ -407,24 +407,29 @@ impl OutputParser {
             },
         };
         for (name, arguments) in calls {
-            let index = self.parsed.tool_calls.len();
-            let id = format!("{}{}", self.id_prefix, self.next_id);
-            self.next_id += 1;
-            out.push(Piece::ToolCallStart {
-                index,
-                id: id.clone(),
-                name: name.clone(),
-            });
-            out.push(Piece::ToolCallArgs {
-                index,
-                arguments: arguments.clone(),
-            });
-            self.parsed.tool_calls.push(ParsedToolCall {
-                id,
-                name,
-                arguments,
-            });
+            self.push_call(name, arguments, out);
         }
+    }
+
+    /// Emits a parsed call (its start and its arguments) and keeps it.
+    fn push_call(&mut self, name: String, arguments: String, out: &mut Vec<Piece>) {
+        let index = self.parsed.tool_calls.len();
+        let id = format!("{}{}", self.id_prefix, self.next_id);
+        self.next_id += 1;
+        out.push(Piece::ToolCallStart {
+            index,
+            id: id.clone(),
+            name: name.clone(),
+        });
+        out.push(Piece::ToolCallArgs {
+            index,
+            arguments: arguments.clone(),
+        });
+        self.parsed.tool_calls.push(ParsedToolCall {
+            id,
+            name,
+            arguments,
+        });
     }
 
     /// Everything parsed so far, as a whole.
@@ -629,28 +634,12 @@ impl OutputParser {
                 self.text.pending.clear();
                 self.text.lead = Trim::Whitespace;
                 self.seen_content = true;
-                let index = self.parsed.tool_calls.len();
-                let id = format!("{}{}", self.id_prefix, self.next_id);
-                self.next_id += 1;
                 if !terminated {
                     self.parsed.notes.push(format!(
-                        "tool call {index} ({name}) was not closed by {TOOL_CLOSE}; parsed anyway"
+                        "tool call {number} ({name}) was not closed by {TOOL_CLOSE}; parsed anyway"
                     ));
                 }
-                out.push(Piece::ToolCallStart {
-                    index,
-                    id: id.clone(),
-                    name: name.clone(),
-                });
-                out.push(Piece::ToolCallArgs {
-                    index,
-                    arguments: arguments.clone(),
-                });
-                self.parsed.tool_calls.push(ParsedToolCall {
-                    id,
-                    name,
-                    arguments,
-                });
+                self.push_call(name, arguments, out);
             }
             Err(why) => {
                 let close = if terminated { TOOL_CLOSE } else { "" };
