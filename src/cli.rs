@@ -183,10 +183,28 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("graft: {e:#}");
+            eprintln!("graft: {}", error_line(&e));
             ExitCode::FAILURE
         }
     }
+}
+
+/// An error and its causes in one line, as `{e:#}` writes it, less the causes whose text an
+/// earlier message already quotes (many of graft's errors name their cause in their own
+/// words, and the chain would repeat it).
+fn error_line(e: &anyhow::Error) -> String {
+    let mut line = String::new();
+    for cause in e.chain() {
+        let text = cause.to_string();
+        if line.contains(&text) {
+            continue;
+        }
+        if !line.is_empty() {
+            line.push_str(": ");
+        }
+        line.push_str(&text);
+    }
+    line
 }
 
 /// Builds the gateway's configuration from the optional file and the flags.
@@ -270,4 +288,36 @@ fn init_tracing(default: &str) {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An error that quotes its cause in its own message, and names it as its source.
+    #[derive(Debug)]
+    struct Outer {
+        source: std::io::Error,
+    }
+
+    impl std::fmt::Display for Outer {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "outer ({})", self.source)
+        }
+    }
+
+    impl std::error::Error for Outer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.source)
+        }
+    }
+
+    #[test]
+    fn a_cause_the_message_already_quotes_is_not_repeated() {
+        let inner = std::io::Error::other("disk full");
+        let e = anyhow::Error::new(Outer { source: inner }).context("cannot start");
+        assert_eq!(error_line(&e), "cannot start: outer (disk full)");
+        let e = anyhow::anyhow!("no such file").context("reading a.toml");
+        assert_eq!(error_line(&e), "reading a.toml: no such file");
+    }
 }
