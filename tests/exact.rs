@@ -2009,6 +2009,58 @@ async fn a_tool_choice_that_asks_for_a_call_constrains_the_decode_at_sglang() {
     );
 }
 
+/// Issue 31: a request's `chat_template_kwargs` render its prompt as SGLang's and vLLM's
+/// chat servers render it (over `exact.template_kwargs`): `enable_thinking: false` closes
+/// the think block in Qwen3's generation prompt, and such a request does not ask the grammar
+/// to wait for reasoning; anything but an object is refused by name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_requests_chat_template_kwargs_render_its_prompt() {
+    let s = start(SCRIPT, &[], &[]);
+    let (_, base) = common::open_session(&s.gateway.url).await;
+    let url = format!("{base}/chat/completions");
+    let ask = |kwargs: Value| {
+        json!({"model": "qwen3", "messages": [{"role": "user", "content": "hello"}],
+            "response_format": {"type": "json_object"}, "chat_template_kwargs": kwargs})
+    };
+    for kwargs in [json!({"enable_thinking": false}), Value::Null] {
+        let r = http::post_json(&url, &[], &ask(kwargs.clone())).await;
+        assert_eq!(r.status, 200, "{kwargs}: {}", r.text());
+    }
+    let log = asked(&s.upstream.url).await;
+    let prompts: Vec<&str> = log["prompts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["text"].as_str().unwrap())
+        .collect();
+    assert_eq!(prompts.len(), 2, "{log:#}");
+    assert!(
+        prompts[0].ends_with("<|im_start|>assistant\n<think>\n\n</think>\n\n"),
+        "{}",
+        prompts[0]
+    );
+    assert!(
+        prompts[1].ends_with("<|im_start|>assistant\n"),
+        "{}",
+        prompts[1]
+    );
+    let bodies = generate_bodies(&log);
+    assert!(
+        bodies[0].get("require_reasoning").is_none(),
+        "{}",
+        bodies[0]
+    );
+    assert_eq!(bodies[1]["require_reasoning"], json!(true), "{}", bodies[1]);
+    let r = http::post_json(&url, &[], &ask(json!("no thinking"))).await;
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert_eq!(
+        r.json()["error"]["param"],
+        "chat_template_kwargs",
+        "{}",
+        r.text()
+    );
+}
+
 /// Chunks of a streamed Chat or Completions answer (the `[DONE]` left out).
 fn chunks_of(r: &http::Resp) -> Vec<Value> {
     let data = r.sse_data();

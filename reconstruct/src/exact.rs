@@ -95,14 +95,28 @@ impl PromptBuilder {
         tools: Option<&[Value]>,
         history: &[Arc<Turn>],
     ) -> Result<Prompt, TemplateError> {
+        self.prompt_with(messages, tools, history, &self.model.extra)
+    }
+
+    /// [`PromptBuilder::prompt`] with the template's extra variables given for this call
+    /// (`enable_thinking`, ...: a request's `chat_template_kwargs` over the model's own). An
+    /// earlier call is reused whatever variables it was rendered with: its ids are what the
+    /// policy saw and sampled; the new part and the generation prompt follow these.
+    pub fn prompt_with(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        history: &[Arc<Turn>],
+        kwargs: &Map<String, Value>,
+    ) -> Result<Prompt, TemplateError> {
         for turn in history {
             if let Some(new) = extension(turn, messages, tools)
-                && let Some(p) = self.extend(turn, new, tools)?
+                && let Some(p) = self.extend(turn, new, tools, kwargs)?
             {
                 return Ok(p);
             }
         }
-        self.full(messages, tools)
+        self.full_with(messages, tools, kwargs)
     }
 
     /// The whole conversation, rendered and tokenized.
@@ -111,10 +125,16 @@ impl PromptBuilder {
         messages: &[Value],
         tools: Option<&[Value]>,
     ) -> Result<Prompt, TemplateError> {
-        let text = self
-            .model
-            .template
-            .render(messages, tools, true, &self.model.extra)?;
+        self.full_with(messages, tools, &self.model.extra)
+    }
+
+    fn full_with(
+        &self,
+        messages: &[Value],
+        tools: Option<&[Value]>,
+        kwargs: &Map<String, Value>,
+    ) -> Result<Prompt, TemplateError> {
+        let text = self.model.template.render(messages, tools, true, kwargs)?;
         Ok(Prompt {
             ids: self.model.tokenizer.encode(&text)?,
             kind: PromptKind::Full,
@@ -129,8 +149,9 @@ impl PromptBuilder {
         turn: &Turn,
         new: &[Value],
         tools: Option<&[Value]>,
+        kwargs: &Map<String, Value>,
     ) -> Result<Option<Prompt>, TemplateError> {
-        let Some(tail) = self.new_part(new, tools)? else {
+        let Some(tail) = self.new_part_with(new, tools, kwargs)? else {
             return Ok(None);
         };
         let mut ids = Vec::with_capacity(turn.tokens.len() + tail.len() / 3 + 2);
@@ -157,6 +178,15 @@ impl PromptBuilder {
         new: &[Value],
         tools: Option<&[Value]>,
     ) -> Result<Option<String>, TemplateError> {
+        self.new_part_with(new, tools, &self.model.extra)
+    }
+
+    fn new_part_with(
+        &self,
+        new: &[Value],
+        tools: Option<&[Value]>,
+        kwargs: &Map<String, Value>,
+    ) -> Result<Option<String>, TemplateError> {
         let Some(eos) = self.model.template.eos_token().filter(|e| !e.is_empty()) else {
             return Ok(None);
         };
@@ -164,10 +194,7 @@ impl PromptBuilder {
         msgs.push(json!({"role": "user", "content": "graft"}));
         msgs.push(json!({"role": "assistant", "content": SENTINEL}));
         msgs.extend(new.iter().cloned());
-        let text = self
-            .model
-            .template
-            .render(&msgs, tools, true, &self.model.extra)?;
+        let text = self.model.template.render(&msgs, tools, true, kwargs)?;
         let Some(at) = text.find(SENTINEL) else {
             return Ok(None);
         };

@@ -233,10 +233,6 @@ pub struct Sglang {
     logprobs: super::LogprobKind,
     tool_format: ToolCallFormat,
     reasoning_format: ReasoningFormat,
-    /// The request thinks (`exact.template_kwargs.enable_thinking` is not `false`) and the
-    /// model's reasoning is separated: SGLang's chat server then sets `require_reasoning`,
-    /// so a decode constraint waits for the reasoning's end.
-    thinking: bool,
     /// The configured backends first, then those sessions named for themselves. Only ever
     /// appended to, so an index stays valid.
     slots: Mutex<Vec<Slot>>,
@@ -284,8 +280,6 @@ impl Sglang {
             logprobs: cfg.logprobs,
             tool_format: cfg.tool_call_format,
             reasoning_format: cfg.reasoning_format,
-            thinking: cfg.reasoning_format == ReasoningFormat::Think
-                && parse_rule::thinking_enabled(Some(&cfg.template_kwargs)),
             slots: Mutex::new(cfg.backends.iter().map(|b| Slot::new(b)).collect()),
             configured: cfg.backends.len(),
             named: Mutex::new(HashMap::new()),
@@ -741,6 +735,12 @@ impl Sglang {
         if conv.prompt.is_none() {
             check_tool_choice(&conv)?;
         }
+        let kwargs = template_kwargs(&self.builder.model().extra, &conv)?;
+        // The request thinks (`enable_thinking` is not `false`) and the model's reasoning
+        // is separated: SGLang's chat server then sets `require_reasoning`, so a decode
+        // constraint waits for the reasoning's end.
+        let thinking = self.reasoning_format == ReasoningFormat::Think
+            && parse_rule::thinking_enabled(Some(&kwargs));
         // Histories are being rebuilt from the records after a start: wait for them.
         let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
@@ -806,9 +806,9 @@ impl Sglang {
                     Wire::Sglang => template_tools(tools.as_deref(), conv.tool_choice.as_ref()),
                     Wire::Vllm => tools.clone(),
                 };
-                let (msgs, tls) = (messages.clone(), rendered.clone());
+                let (msgs, tls, kw) = (messages.clone(), rendered.clone(), kwargs.clone());
                 let prompt = tokio::task::spawn_blocking(move || {
-                    builder.prompt(&msgs, tls.as_deref(), &history)
+                    builder.prompt_with(&msgs, tls.as_deref(), &history, &kw)
                 })
                 .await
                 .map_err(|e| GatewayError::Internal(format!("the prompt task failed: {e}")))?
@@ -885,7 +885,7 @@ impl Sglang {
         if chat
             && constrained
             && self.wire == Wire::Sglang
-            && (self.thinking || prompt.starts_in_reasoning)
+            && (thinking || prompt.starts_in_reasoning)
             && let Some(o) = body.as_object_mut()
         {
             o.insert("require_reasoning".into(), Value::Bool(true));
@@ -1238,6 +1238,30 @@ fn deltas(pieces: Vec<Parsed>) -> Vec<Delta> {
             Parsed::ToolCallArgs { index, arguments } => Delta::ToolCallArgs { index, arguments },
         })
         .collect()
+}
+
+/// The chat template's extra variables for one call: `exact.template_kwargs`, overlaid by
+/// the request's own `chat_template_kwargs` (SGLang's and vLLM's chat servers render with
+/// the request's, the server's defaults filling what it leaves unset).
+fn template_kwargs(
+    defaults: &serde_json::Map<String, Value>,
+    conv: &crate::dialect::Conversation,
+) -> Result<serde_json::Map<String, Value>, GatewayError> {
+    let mut kwargs = defaults.clone();
+    match conv.extra.get("chat_template_kwargs") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(o)) => kwargs.extend(o.clone()),
+        Some(v) => {
+            return Err(GatewayError::field(
+                "chat_template_kwargs",
+                format!(
+                    "'chat_template_kwargs' must be an object of template variables, got {}",
+                    crate::dialect::kind(v)
+                ),
+            ));
+        }
+    }
+    Ok(kwargs)
 }
 
 /// A `tool_choice` SGLang's and vLLM's chat servers refuse: `required` or a named function
