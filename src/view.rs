@@ -1,6 +1,9 @@
-//! `graft view`: the viewer's pages (`graft-viewer`) over a data dir and optionally an RL
-//! run, on their own listener. Closed by default like the gateway: beyond loopback it needs
-//! an admin key (from the environment) or the loudly named `--insecure-open-admin`.
+//! `graft view`: the viewer's pages (`graft-viewer`) over a data dir, optionally an RL run
+//! and samples files, on their own listener. Closed by default like the gateway: beyond
+//! loopback it needs an admin key (from the environment) or the loudly named
+//! `--insecure-open-admin`. With a key, a browser logs in through a form (`POST /login`,
+//! which sets an HttpOnly, SameSite=Strict cookie holding a random token, never the key:
+//! `graft_viewer::login`); `Authorization: Bearer <key>` works too.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -10,9 +13,10 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use graft_http::auth::{bearer, same_key};
+use graft_http::auth::bearer;
+use graft_viewer::login::{self, Login};
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full, Limited};
 
 #[derive(Debug, clap::Args)]
 pub struct ViewArgs {
@@ -22,6 +26,11 @@ pub struct ViewArgs {
     /// A `graft rl` output dir: its steps.jsonl and samples/ (run, group and sample pages).
     #[arg(long)]
     pub run: Option<PathBuf>,
+    /// A samples file written by `graft reconstruct --out FILE` (repeat for more). The
+    /// *.parquet files at the top of the data dir and in its samples/ folder are shown
+    /// without it.
+    #[arg(long = "samples", value_name = "FILE")]
+    pub samples: Vec<PathBuf>,
     /// Address to listen on (port 0 picks a free port; the real address is printed).
     #[arg(long, default_value = "127.0.0.1:8401")]
     pub listen: SocketAddr,
@@ -29,7 +38,8 @@ pub struct ViewArgs {
     #[arg(long)]
     pub model_dir: Option<PathBuf>,
     /// The environment variable holding the admin key; when it is set, every page needs
-    /// `Authorization: Bearer <key>`.
+    /// it: typed once into the login form (a browser), or sent as `Authorization: Bearer
+    /// <key>`.
     #[arg(long, default_value = "GRAFT_ADMIN_KEY")]
     pub admin_key_env: String,
     /// Listen beyond loopback with no admin key: anyone who can reach the port reads every
@@ -50,8 +60,21 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
             a.admin_key_env
         );
     }
+    if !a.data_dir.is_dir() {
+        bail!(
+            "--data-dir {} is not a directory: name the gateway's recorder.data_dir (graft rl writes OUT/data)",
+            a.data_dir.display()
+        );
+    }
+    if let Some(run) = a.run.as_deref().filter(|r| !r.is_dir()) {
+        bail!(
+            "--run {} is not a directory: name a graft rl output dir (it holds steps.jsonl and samples/)",
+            run.display()
+        );
+    }
     let viewer =
-        graft_viewer::Viewer::new(&a.data_dir, a.run.as_deref(), a.model_dir.as_deref(), "")?;
+        graft_viewer::Viewer::new(&a.data_dir, a.run.as_deref(), a.model_dir.as_deref(), "")?
+            .with_samples(&a.samples)?;
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another --listen", a.listen))?;
@@ -61,7 +84,7 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
         writeln!(out, "graft view listening on http://{addr}")?;
         out.flush()?;
     }
-    let state = Arc::new((viewer, key));
+    let state = Arc::new((viewer, key.as_deref().map(Login::new)));
     let handler = move |req| {
         let state = Arc::clone(&state);
         async move { Ok::<_, Infallible>(handle(&state, req).await) }
@@ -91,27 +114,109 @@ fn respond(page: graft_viewer::Page) -> Response<Full<Bytes>> {
     r
 }
 
-/// Answers one request: the admin key first (when one is set), GET only, then the page.
-/// Refusals are viewer pages that say why (a browser's dialect is HTML).
-async fn handle<B>(
-    state: &Arc<(graft_viewer::Viewer, Option<String>)>,
+type State = (graft_viewer::Viewer, Option<Login>);
+
+fn redirect(to: &str) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(Bytes::new()));
+    *r.status_mut() = StatusCode::SEE_OTHER;
+    if let Ok(v) = HeaderValue::from_str(to) {
+        r.headers_mut().insert(header::LOCATION, v);
+    }
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+/// A login page (401) that also names the Bearer scheme for scripts.
+fn login_page(viewer: &graft_viewer::Viewer, message: &str, next: &str) -> Response<Full<Bytes>> {
+    let mut r = respond(viewer.login_page(message, next));
+    r.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    r
+}
+
+/// `POST /login`: the key from the form; right, a cookie and back to where the browser was
+/// going; wrong or missing, the form again with why (401). The key is never echoed.
+async fn post_login<B>(
+    viewer: &graft_viewer::Viewer,
+    login: &Login,
     req: Request<B>,
-) -> Response<Full<Bytes>> {
-    let (viewer, key) = &**state;
-    if let Some(key) = key {
-        let sent = bearer(req.headers()).filter(|k| !k.is_empty());
-        let reason = match sent {
-            None => Some("the viewer needs the admin key: send 'Authorization: Bearer <key>'"),
-            Some(s) if !same_key(s, key) => Some(
-                "that key is not the admin key; the viewer needs 'Authorization: Bearer <key>'",
-            ),
-            Some(_) => None,
-        };
-        if let Some(reason) = reason {
-            let mut r = respond(viewer.error_page(401, reason));
+) -> Response<Full<Bytes>>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let body = match Limited::new(req.into_body(), login::MAX_FORM_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(e) => {
+            let mut r = respond(viewer.error_page(
+                413,
+                &format!(
+                    "the login form could not be read ({e}); it is at most {} bytes",
+                    login::MAX_FORM_BYTES
+                ),
+            ));
             r.headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return r;
+        }
+    };
+    let form = Login::form(&body);
+    match form.key {
+        None => login_page(viewer, "type the admin key to log in", &form.next),
+        Some(k) if !login.key_matches(&k) => login_page(
+            viewer,
+            "that is not the admin key of this viewer; try again",
+            &form.next,
+        ),
+        Some(_) => {
+            let mut r = redirect(&form.next);
+            if let Ok(v) = HeaderValue::from_str(&login.set_cookie()) {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+    }
+}
+
+/// Answers one request: the admin key first (when one is set: a login cookie or a Bearer
+/// header, and `POST /login` for the form), GET only, then the page. Refusals are viewer
+/// pages that say why (a browser's dialect is HTML).
+async fn handle<B>(state: &Arc<State>, req: Request<B>) -> Response<Full<Bytes>>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let (viewer, login) = &**state;
+    if let Some(login) = login {
+        if req.uri().path() == "/login" && req.method() == Method::POST {
+            return post_login(viewer, login, req).await;
+        }
+        let cookie_ok = req
+            .headers()
+            .get_all(header::COOKIE)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .any(|c| login.cookie_matches(c));
+        let sent = bearer(req.headers()).filter(|k| !k.is_empty());
+        let bearer_ok = sent.is_some_and(|s| login.key_matches(s));
+        if !cookie_ok && !bearer_ok {
+            let next = match req.uri().path_and_query() {
+                Some(pq) if req.uri().path() != "/login" => pq.as_str(),
+                _ => "/",
+            };
+            let reason = if sent.is_some() {
+                "that key is not the admin key of this viewer: log in with the admin key, or send 'Authorization: Bearer <key>'"
+            } else {
+                "this viewer needs the admin key: log in with it below, or send 'Authorization: Bearer <key>'"
+            };
+            return login_page(viewer, reason, next);
+        }
+        if req.uri().path() == "/login" && req.method() == Method::GET {
+            return redirect("/");
         }
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {

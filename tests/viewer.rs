@@ -290,4 +290,340 @@ fn graft_view_is_closed_by_default() {
         r.text()
     );
     assert!(!r.text().contains(key));
+
+    // Issue 32, hole 6: the login form. A wrong key is the form again (401), not echoed.
+    let login = format!("{}/login", view.url);
+    let post = |body: String| {
+        rt.block_on(http::send("POST", &login, &[], body.into_bytes()))
+            .unwrap()
+    };
+    let r = post("key=wrong-key-zzz&next=%2Fgroups".into());
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(r.text().contains("not the admin key") && r.text().contains("type=\"password\""));
+    assert!(!r.text().contains("wrong-key-zzz") && !r.text().contains(key));
+    assert!(r.header("set-cookie").is_none());
+    assert_eq!(post("next=%2F".into()).status, 401);
+    // The right key: a cookie (a token, not the key) and back to where the browser was going.
+    let r = post(format!("key={key}&next=%2Fgroups%3Fper%3D5"));
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(r.header("location").as_deref(), Some("/groups?per=5"));
+    let cookie = r.header("set-cookie").unwrap();
+    assert!(
+        cookie.starts_with("graft_view=")
+            && cookie.contains("; HttpOnly")
+            && cookie.contains("; SameSite=Strict")
+            && cookie.contains("; Path=/"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains(key), "{cookie}");
+    let pair = cookie.split(';').next().unwrap().to_owned();
+    let r = rt.block_on(http::get(
+        &format!("{}/groups", view.url),
+        &[("cookie", &pair)],
+    ));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let forged = format!("{}0", pair);
+    let r = rt.block_on(http::get(
+        &format!("{}/groups", view.url),
+        &[("cookie", &forged)],
+    ));
+    assert_eq!(r.status, 401, "{}", r.text());
+    // Never to another site after a login.
+    let r = post(format!("key={key}&next=%2F%2Fevil.example%2F"));
+    assert_eq!(r.header("location").as_deref(), Some("/"));
+    // An oversized form is refused; the viewer stays up.
+    if let Ok(r) = rt.block_on(http::send(
+        "POST",
+        &login,
+        &[],
+        format!("key={}", "k".repeat(20_000)).into_bytes(),
+    )) {
+        assert_eq!(r.status, 413, "{}", r.text());
+    }
+    let r = rt.block_on(http::get(
+        &format!("{}/", view.url),
+        &[("authorization", &good)],
+    ));
+    assert_eq!(r.status, 200);
+}
+
+/// Writes `n` calls of one session with the recorder's own writer (the gateway's), fast: all
+/// queued at once, so one fsync covers many. Call 0 carries a 3,000-character word.
+fn write_long_session(data_dir: &std::path::Path, session: &str, n: u64) {
+    use graft_recorder::{CallRecord, Recorder, RecorderConfig};
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (rec, _) = Recorder::open(RecorderConfig::new(data_dir)).await.unwrap();
+        let t0 = 1_760_000_000_000_000i64;
+        let mk = |i: u64| {
+            let at = t0 + i64::try_from(i).unwrap() * 1000;
+            let question = if i == 0 {
+                format!("a long word: {}", "x".repeat(3000))
+            } else {
+                format!("question {i}")
+            };
+            CallRecord {
+                schema_version: graft_recorder::SCHEMA_VERSION,
+                call_id: format!("long-call-{i:05}"),
+                session_id: session.into(),
+                started_at_us: at,
+                finished_at_us: at + 400,
+                dialect: "chat_completions".into(),
+                endpoint: "/v1/chat/completions".into(),
+                model: Some("scripted".into()),
+                request: json!({"model": "scripted", "messages": [{"role": "user", "content": question}]}),
+                response: Some(json!({"choices": [{"message": {"role": "assistant", "content": format!("answer {i}")}, "finish_reason": "stop"}]})),
+                finish_reason: Some("stop".into()),
+                status: 200,
+                outcome: "ok".into(),
+                latency_ms: 0.4,
+                ..CallRecord::default()
+            }
+        };
+        for chunk in (0..n).collect::<Vec<u64>>().chunks(500) {
+            let writes = chunk.iter().map(|i| rec.record(mk(*i)));
+            for r in futures_util::future::join_all(writes).await {
+                r.unwrap();
+            }
+        }
+        rec.shutdown().await.unwrap();
+    });
+}
+
+/// Issue 32, hole 6, in a browser: a keyed `graft view` is opened by typing the admin key
+/// into its login form (a wrong key first: the form again, 401, the key not echoed); the
+/// samples of a plain `graft reconstruct` output (no RL run) are listed and open, linked
+/// from their sessions and back; a session of 5,000 calls is paged 200 a page and walked
+/// through its next/last/previous/first links; no page runs past the window's edge, and a
+/// call id reads as recorded.
+#[test]
+fn keyed_viewer_logs_in_through_the_form_shows_reconstruct_samples_and_pages_a_long_session() {
+    let env = TestEnv::get();
+    let stack = Stack::start();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let gw = stack.gateway.url.clone();
+    for (id, group) in [("s-chat", "g1"), ("s-tools", "g1")] {
+        let r = rt.block_on(http::post_json(
+            &format!("{gw}/graft/sessions"),
+            &[],
+            &json!({"session_id": id, "group_id": group}),
+        ));
+        assert_eq!(r.status, 201, "{}", r.text());
+    }
+    env.py_client(
+        "openai_sdk.py",
+        &["chat"],
+        &stack.target(Some("s-chat"), None),
+    );
+    env.py_client(
+        "openai_sdk.py",
+        &["tool-session"],
+        &stack.target(Some("s-tools"), None),
+    );
+    let records = stack.records();
+    let tool_records: Vec<&Value> = records
+        .iter()
+        .filter(|r| r["session_id"] == "s-tools")
+        .collect();
+    assert_eq!(tool_records.len(), 2, "{records:?}");
+    let tool_call_id = tool_records
+        .iter()
+        .flat_map(|r| r["request"]["messages"].as_array().unwrap())
+        .find_map(|m| m["tool_call_id"].as_str())
+        .expect("the tool result names its call")
+        .to_owned();
+    // The gateway stops; the same data dir then gets a session of 5,000 calls from the
+    // recorder's own writer.
+    let Stack {
+        mut gateway,
+        upstream: _upstream,
+        data_dir,
+        dir,
+    } = stack;
+    gateway.stop();
+
+    // A plain reconstruct of the two SDK sessions, no RL run anywhere.
+    let qwen3 = env.qwen3_dir();
+    let samples = dir.path().join("reconstructed.parquet");
+    graft(&[
+        "reconstruct",
+        "--data-dir",
+        data_dir.to_str().unwrap(),
+        "--tokenizer",
+        qwen3.to_str().unwrap(),
+        "--out",
+        samples.to_str().unwrap(),
+    ]);
+    let all = graft_reconstruct::sample::read_samples_parquet(&samples).unwrap();
+    let sessions: BTreeSet<&str> = all.iter().map(|s| s.session_id.as_str()).collect();
+    assert_eq!(sessions, BTreeSet::from(["s-chat", "s-tools"]), "{all:#?}");
+    let chat_sample = all.iter().find(|s| s.session_id == "s-chat").unwrap();
+    write_long_session(&data_dir, "long", 5000);
+
+    let key = "browser-key-0123456789abcdef";
+    let view = Proc::spawn_env(
+        "view-login",
+        &[
+            "view",
+            "--data-dir",
+            data_dir.to_str().unwrap(),
+            "--samples",
+            samples.to_str().unwrap(),
+            "--model-dir",
+            qwen3.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[("GRAFT_ADMIN_KEY", key)],
+        "graft view listening on",
+        None,
+    );
+    let q = |id: &str| id.replace('/', "%2F");
+    let pages = json!([
+        {"name": "login-sessions", "path": "/"},
+        {"name": "samples-files", "path": "/samples"},
+        {"name": "samples-reconstructed", "path": "/samples?file=reconstructed.parquet"},
+        {"name": "session-with-sample", "path": "/session/s-chat"},
+        {"name": "session-tools", "path": "/session/s-tools"},
+        {"name": "sample-reconstructed", "path": format!("/sample?file=reconstructed.parquet&id={}", q(&chat_sample.sample_id))},
+        {"name": "session-long", "path": "/session/long", "full": false,
+         "follow": ["#pager-top a.next", "#pager-top a.last", "#pager-top a.prev", "#pager-top a.first"]},
+        {"name": "session-long-last", "path": "/session/long?page=25", "full": false},
+    ]);
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("viewer-screenshots");
+    let out = env.browse_with_login(&view.url, Some(key), &pages, &shots);
+
+    // The login: the form, a wrong key refused with the form again, then the pages.
+    let l = &out["_login"];
+    assert_eq!(l["first_status"], 401, "{l}");
+    assert_eq!(
+        (&l["form"], &l["password"]),
+        (&json!(true), &json!(true)),
+        "{l}"
+    );
+    assert_eq!(l["wrong_status"], 401, "{l}");
+    assert_eq!(l["wrong"]["form"], true, "{l}");
+    assert!(
+        l["wrong"]["error"]
+            .as_str()
+            .unwrap()
+            .contains("not the admin key"),
+        "{l}"
+    );
+    assert!(
+        !l["wrong"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("not-the-admin-key")
+    );
+    assert_eq!(l["after_status"], 200, "{l}");
+    assert!(l["after_url"].as_str().unwrap().ends_with('/'), "{l}");
+    assert_eq!(l["after_h1"], "sessions", "{l}");
+    let cookies = l["cookies"].as_array().unwrap();
+    assert_eq!(cookies.len(), 1, "{l}");
+    let c = &cookies[0];
+    assert_eq!(c["name"], "graft_view");
+    assert_eq!(
+        (&c["httpOnly"], &c["sameSite"], &c["path"]),
+        (&json!(true), &json!("Strict"), &json!("/"))
+    );
+    assert_ne!(c["value"], key);
+    assert!(!c["value"].as_str().unwrap().contains(key));
+
+    let names = |v: &Value| -> BTreeSet<String> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(
+        names(&out["login-sessions"]["sessions"]),
+        names(&json!(["s-chat", "s-tools", "long"]))
+    );
+    // The reconstruct output: listed, its samples listed and opened.
+    assert!(
+        out["samples-files"]["text"]
+            .as_str()
+            .unwrap()
+            .contains("reconstructed.parquet"),
+        "{}",
+        out["samples-files"]
+    );
+    assert_eq!(
+        names(&out["samples-reconstructed"]["samples"]),
+        all.iter().map(|s| s.sample_id.clone()).collect()
+    );
+    // A session links to its sample; the sample's page marks its trained tokens.
+    assert_eq!(
+        names(&out["session-with-sample"]["samples"]),
+        names(&json!([chat_sample.sample_id]))
+    );
+    let sp = &out["sample-reconstructed"];
+    assert_eq!(sp["tokens"], chat_sample.tokens.len(), "{sp}");
+    assert_eq!(
+        sp["trained"].as_array().unwrap().len(),
+        chat_sample.trained_tokens()
+    );
+    assert!(
+        sp["text"].as_str().unwrap().contains("session s-chat"),
+        "{sp}"
+    );
+    // Call ids read as recorded, the tool result's too (not upper-cased by the role label).
+    let st = &out["session-tools"];
+    let recorded_ids: Vec<String> = tool_records
+        .iter()
+        .map(|r| r["call_id"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(st["callids"], json!(recorded_ids), "{st}");
+    assert!(
+        st["text"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("result of {tool_call_id}")),
+        "{tool_call_id}: {st}"
+    );
+    // 5,000 calls, 200 a page, walked by the links.
+    let long = &out["session-long"];
+    assert_eq!(long["calls"], 200, "{}", long["range"]);
+    assert_eq!(long["range"], "1–200");
+    assert!(
+        long["text"].as_str().unwrap().contains("5000 calls"),
+        "{}",
+        long["range"]
+    );
+    let walked: Vec<(String, u64)> = long["followed"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["range"].as_str().unwrap().to_owned(),
+                f["calls"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        walked,
+        [
+            ("201–400".to_owned(), 200),
+            ("4801–5000".to_owned(), 200),
+            ("4601–4800".to_owned(), 200),
+            ("1–200".to_owned(), 200),
+        ]
+    );
+    assert_eq!(out["session-long-last"]["range"], "4801–5000");
+    // Nothing runs past the window: the 3,000-character word on page 1 wraps.
+    for (name, p) in out.as_object().unwrap() {
+        if !name.starts_with('_') {
+            assert_eq!(p["overflow"], false, "{name} is wider than the window");
+        }
+    }
+    assert!(
+        long["followed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|f| f["overflow"] == false)
+    );
 }

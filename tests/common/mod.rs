@@ -163,6 +163,18 @@ impl TestEnv {
     /// chromium (`tests/clients/node/viewer_pages.cjs` over playwright-core), saving a
     /// screenshot of each as `shots/NAME.png`; returns per page what the DOM showed.
     pub fn browse(&self, view_url: &str, pages: &Value, shots: &Path) -> Value {
+        self.browse_with_login(view_url, None, pages, shots)
+    }
+
+    /// [`TestEnv::browse`] on a keyed viewer: logs in through its form with `key` first
+    /// (after one wrong key); what that showed is `out["_login"]`.
+    pub fn browse_with_login(
+        &self,
+        view_url: &str,
+        key: Option<&str>,
+        pages: &Value,
+        shots: &Path,
+    ) -> Value {
         let playwright = self.root.join("playwright").join("node_modules");
         assert!(
             playwright.join("playwright-core").exists(),
@@ -183,8 +195,14 @@ impl TestEnv {
             .env("GRAFT_VIEW_URL", view_url)
             .env("GRAFT_VIEW_PAGES", pages.to_string())
             .env("GRAFT_SHOTS", shots);
+        if let Some(key) = key {
+            cmd.env("GRAFT_VIEW_LOGIN", key);
+        }
         let out = run_client(cmd, Duration::from_secs(180));
         for (name, p) in out.as_object().unwrap() {
+            if name.starts_with('_') {
+                continue;
+            }
             assert_eq!(p["status"], 200, "{name}: {p}");
             assert_eq!(p["errors"], serde_json::json!([]), "{name}: console errors");
             assert_eq!(p["scripts"], 0, "{name}");

@@ -7,10 +7,13 @@
 //! stylesheet is inline, charts are inline SVG, nothing is fetched from anywhere.
 
 mod conversation;
+pub mod login;
 pub mod svg;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::SystemTime;
 
 use graft_reconstruct::sample::Sample;
 use graft_reconstruct::template::Tokenizer;
@@ -66,7 +69,7 @@ pub const RESPONSE_HEADERS: [(&str, &str); 3] = [
     ("x-content-type-options", "nosniff"),
 ];
 
-const TEMPLATES: [(&str, &str); 7] = [
+const TEMPLATES: [(&str, &str); 9] = [
     ("base.html", include_str!("../templates/base.html")),
     ("sessions.html", include_str!("../templates/sessions.html")),
     ("groups.html", include_str!("../templates/groups.html")),
@@ -74,10 +77,42 @@ const TEMPLATES: [(&str, &str); 7] = [
     ("session.html", include_str!("../templates/session.html")),
     ("sample.html", include_str!("../templates/sample.html")),
     ("run.html", include_str!("../templates/run.html")),
+    ("samples.html", include_str!("../templates/samples.html")),
+    ("login.html", include_str!("../templates/login.html")),
 ];
 
 const DEFAULT_PER_PAGE: usize = 50;
 const MAX_PER_PAGE: usize = 500;
+/// Calls on one page of a session (`?page=N`; `per` up to [`MAX_CALLS_PER_PAGE`]).
+pub const CALLS_PER_PAGE: usize = 200;
+const MAX_CALLS_PER_PAGE: usize = 1000;
+
+/// One samples file the viewer knows, by the name its pages use (`file=NAME`).
+#[derive(Debug, Clone)]
+struct SamplesFile {
+    name: String,
+    path: PathBuf,
+    /// Where it was found: "--samples", "data dir", "run".
+    source: &'static str,
+}
+
+/// What the list pages show of one sample (the tokens stay in the file).
+#[derive(Debug, Clone)]
+struct SampleRow {
+    id: String,
+    session: String,
+    group: Option<String>,
+    reward: Option<f64>,
+    tokens: usize,
+    trained: usize,
+    fork_reason: Option<String>,
+}
+
+/// Sample rows per file, kept while the file's modification time and length stay the same.
+type RowCache = HashMap<PathBuf, (Option<SystemTime>, u64, Arc<Vec<SampleRow>>)>;
+
+/// The rewards posted for a session's calls: by call id, and by seq.
+type CallRewards = (HashMap<String, f64>, HashMap<u64, f64>);
 
 /// The viewer over one data dir (and optionally one `graft rl` output dir).
 pub struct Viewer {
@@ -87,6 +122,9 @@ pub struct Viewer {
     base: String,
     tokenizer: Option<Tokenizer>,
     env: Environment<'static>,
+    /// Samples files named on the command line (`graft view --samples FILE`).
+    samples: Vec<SamplesFile>,
+    rows: Mutex<RowCache>,
 }
 
 fn q(s: &str) -> String {
@@ -297,7 +335,41 @@ impl Viewer {
             base: base.trim_end_matches('/').to_owned(),
             tokenizer,
             env,
+            samples: Vec::new(),
+            rows: Mutex::new(HashMap::new()),
         })
+    }
+
+    /// Adds samples files (written by `graft reconstruct --out FILE`), shown by their file
+    /// names. Each must be a file, and no two may share a name.
+    pub fn with_samples(mut self, files: &[PathBuf]) -> Result<Viewer, ViewError> {
+        for path in files {
+            if !path.is_file() {
+                return Err(ViewError::Read {
+                    path: path.clone(),
+                    message: "no such samples file (graft reconstruct --out FILE writes one)"
+                        .into(),
+                });
+            }
+            let name = path
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            if self.samples.iter().any(|f| f.name == name) {
+                return Err(ViewError::Read {
+                    path: path.clone(),
+                    message: format!(
+                        "another samples file given is also named '{name}'; pages name samples files by file name, so rename one"
+                    ),
+                });
+            }
+            self.samples.push(SamplesFile {
+                name,
+                path: path.clone(),
+                source: "--samples",
+            });
+        }
+        Ok(self)
     }
 
     /// Answers `GET {base}{path}?{query}` (`path` without the base). Errors are pages too.
@@ -308,9 +380,10 @@ impl Viewer {
             "/groups" => self.groups(query),
             "/run" => self.run(),
             "/sample" => self.sample(query),
+            "/samples" => self.samples_page(query),
             p => match (p.strip_prefix("/session/"), p.strip_prefix("/group/")) {
-                (Some(id), _) => self.session(&decode(id)),
-                (_, Some(id)) => self.group(&decode(id)),
+                (Some(id), _) => id_in_path("session", id).and_then(|id| self.session(&id, query)),
+                (_, Some(id)) => id_in_path("group", id).and_then(|id| self.group(&id)),
                 _ => Err(ViewError::NotFound(format!("no page at '{path}'"))),
             },
         };
@@ -332,6 +405,23 @@ impl Viewer {
             content_type: "text/html; charset=utf-8",
             body: self
                 .render("base.html", json!({"title": "error", "error": message}))
+                .unwrap_or_else(|_| message.to_owned()),
+        }
+    }
+
+    /// The login page of a keyed viewer (status 401): a form that posts the admin key to
+    /// `{base}/login`, then goes back to `next` (a path of this server). `message` says why
+    /// it is shown (no key yet, a wrong one); the key itself is never on it.
+    pub fn login_page(&self, message: &str, next: &str) -> Page {
+        Page {
+            status: 401,
+            content_type: "text/html; charset=utf-8",
+            body: self
+                .render(
+                    "login.html",
+                    json!({"title": "log in", "error": message, "login": true,
+                           "next": login::safe_next(next)}),
+                )
                 .unwrap_or_else(|_| message.to_owned()),
         }
     }
@@ -430,18 +520,83 @@ impl Viewer {
         })
     }
 
-    fn session(&self, id: &str) -> Result<String, ViewError> {
+    /// The rewards posted for a session's calls (`call_reward` events), by call id and by
+    /// seq; the last one posted for a call counts.
+    fn call_rewards(&self, id: &str) -> Result<CallRewards, ViewError> {
+        let events = graft_recorder::read_session_events(&self.data_dir).map_err(|source| {
+            ViewError::Records {
+                dir: self.data_dir.clone(),
+                source,
+            }
+        })?;
+        let (mut by_id, mut by_seq) = (HashMap::new(), HashMap::new());
+        for e in events {
+            if let graft_recorder::SessionEvent::CallReward {
+                session_id,
+                call_id,
+                seq,
+                reward,
+                ..
+            } = e
+                && session_id == id
+            {
+                if let Some(c) = call_id {
+                    by_id.insert(c, reward);
+                }
+                if let Some(n) = seq {
+                    by_seq.insert(n, reward);
+                }
+            }
+        }
+        Ok((by_id, by_seq))
+    }
+
+    /// One session's calls as the conversation, [`CALLS_PER_PAGE`] calls a page
+    /// (`?page=N`, `per=M`), with its samples linked.
+    fn session(&self, id: &str, query: &str) -> Result<String, ViewError> {
+        let m = parse_query(query);
+        let int = |k: &str, d: usize| -> Result<usize, ViewError> {
+            m.get(k).map_or(Ok(d), |v| match v.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(ViewError::BadQuery(format!(
+                    "{k} must be a whole number from 1, got '{v}'"
+                ))),
+            })
+        };
+        let (page, per) = (
+            int("page", 1)?,
+            int("per", CALLS_PER_PAGE)?.min(MAX_CALLS_PER_PAGE),
+        );
         let summary = self.summaries()?.into_iter().find(|s| s.session_id == id);
-        let recs = self.session_records(id)?;
         let Some(summary) = summary else {
             return Err(ViewError::NotFound(format!(
                 "no session '{id}' in {}",
                 self.data_dir.display()
             )));
         };
-        let mut seen = 0usize;
+        let recs = self.session_records(id)?;
+        let pages = recs.len().div_ceil(per).max(1);
+        if page > pages {
+            return Err(ViewError::NotFound(format!(
+                "session '{id}' has {} calls, {pages} page(s) of {per}: there is no page {page}",
+                recs.len()
+            )));
+        }
+        let from = (page - 1) * per;
+        let (reward_by_id, reward_by_seq) = self.call_rewards(id)?;
+        // What the call before this page had shown, so its first call shows only what it added.
+        let mut seen = from.checked_sub(1).map_or(0, |i| {
+            let r = &recs[i];
+            conversation::request_messages(r.normalized_request.as_ref(), &r.request).len()
+                + usize::from(
+                    conversation::answer(r.normalized_response.as_ref(), r.response.as_ref())
+                        .is_some(),
+                )
+        });
         let calls: Vec<Value> = recs
             .iter()
+            .skip(from)
+            .take(per)
             .map(|r| {
                 let msgs =
                     conversation::request_messages(r.normalized_request.as_ref(), &r.request);
@@ -454,11 +609,18 @@ impl Viewer {
                 let answer =
                     conversation::answer(r.normalized_response.as_ref(), r.response.as_ref());
                 seen = msgs.len() + usize::from(answer.is_some());
+                let reward = reward_by_id
+                    .get(&r.call_id)
+                    .or_else(|| reward_by_seq.get(&r.seq))
+                    .copied();
                 json!({
                     "seq": r.seq, "call_id": r.call_id, "status": r.status, "outcome": r.outcome,
                     "error": r.error, "latency_ms": r.latency_ms, "ttft_ms": r.ttft_ms,
                     "model": r.model, "client": r.client, "dialect": r.dialect, "stream": r.stream,
                     "weight_version": r.weight_version,
+                    "finish_reason": r.finish_reason,
+                    "backend_finish_reason": r.backend_finish_reason.as_ref().filter(|b| Some(*b) != r.finish_reason.as_ref()),
+                    "reward": reward,
                     "prompt_tokens": r.usage.as_ref().and_then(|u| u.prompt_tokens),
                     "completion_tokens": r.usage.as_ref().and_then(|u| u.completion_tokens),
                     "started": fmt_time(r.started_at_us),
@@ -466,9 +628,25 @@ impl Viewer {
                 })
             })
             .collect();
+        let (samples, unreadable) = self.samples_of(Some(id), summary.group_id.as_deref())?;
+        let link = |p: usize| {
+            if per == CALLS_PER_PAGE {
+                format!("page={p}")
+            } else {
+                format!("per={per}&page={p}")
+            }
+        };
         self.render(
             "session.html",
-            json!({"title": format!("session {id}"), "s": session_row(&summary), "calls": calls}),
+            json!({"title": format!("session {id}"), "s": session_row(&summary), "calls": calls,
+                   "recorded": recs.len(), "page": page, "pages": pages,
+                   "first_call": (!calls.is_empty()).then_some(from + 1),
+                   "last_call": from + calls.len(),
+                   "first": (page > 1).then(|| link(1)),
+                   "prev": (page > 1).then(|| link(page - 1)),
+                   "next": (page < pages).then(|| link(page + 1)),
+                   "last": (page < pages).then(|| link(pages)),
+                   "samples": samples, "unreadable": unreadable}),
         )
     }
 
@@ -511,9 +689,8 @@ impl Viewer {
         if sessions.is_empty() {
             return Err(ViewError::NotFound(format!("no group '{id}'")));
         }
-        // The BAR decision and the samples, when an RL run made this group.
+        // The BAR decision, when an RL run made this group.
         let mut decision = Value::Null;
-        let mut samples: Vec<Value> = vec![];
         if self.run_dir.is_some() {
             for step in self.steps()? {
                 let Some(g) = step["groups"]
@@ -524,66 +701,218 @@ impl Viewer {
                 };
                 decision = json!({"step": step["step"], "rollouts": g["rollouts"],
                     "selected": g["selected"], "decision": g["decision"].to_string()});
-                if let Some(file) = step["samples_file"].as_str() {
-                    let path = PathBuf::from(file);
-                    let name = path
-                        .file_name()
-                        .map(|n| n.to_string_lossy().into_owned())
-                        .unwrap_or_default();
-                    if let Ok(all) = self.read_samples(&name) {
-                        samples = all
-                            .iter()
-                            .filter(|s| s.group_id.as_deref() == Some(id))
-                            .map(|s| json!({"id": s.sample_id, "id_q": q(&s.sample_id), "file_q": q(&name),
-                                "session": s.session_id, "reward": s.reward, "tokens": s.tokens.len(),
-                                "trained": s.trained_tokens(), "fork_reason": s.fork_reason}))
-                            .collect();
-                    }
-                }
             }
         }
+        // Its samples: from the run's step that trained it and any samples file given.
+        let (samples, unreadable) = self.samples_of(None, Some(id))?;
         self.render(
             "group.html",
             json!({"title": format!("group {id}"), "group": id, "sessions": sessions,
-                   "decision": decision, "samples": samples}),
+                   "decision": decision, "samples": samples, "unreadable": unreadable}),
         )
     }
 
-    fn read_samples(&self, file: &str) -> Result<Vec<Sample>, ViewError> {
-        let Some(run) = &self.run_dir else {
-            return Err(ViewError::NotFound(
-                "no RL run given: start the viewer with --run OUT_DIR".into(),
-            ));
-        };
+    /// Every samples file the viewer can show, found afresh on each call (a reconstruct or
+    /// an RL step may have written one since): those given with `--samples`, then the
+    /// `*.parquet` files at the top of the data dir and in its `samples/` folder (where a
+    /// user keeps `graft reconstruct --out` beside the records it came from; the recorder's
+    /// own Parquet lives under `records/`), then the run's `samples/`. A name seen twice is
+    /// the first one's.
+    fn samples_files(&self) -> Vec<SamplesFile> {
+        let mut files = self.samples.clone();
+        let mut folders = vec![
+            (self.data_dir.clone(), "data dir"),
+            (self.data_dir.join("samples"), "data dir"),
+        ];
+        if let Some(run) = &self.run_dir {
+            folders.push((run.join("samples"), "run"));
+        }
+        for (dir, source) in folders {
+            let Ok(entries) = std::fs::read_dir(&dir) else {
+                continue;
+            };
+            let mut found: Vec<SamplesFile> = entries
+                .flatten()
+                .filter_map(|e| {
+                    let name = e.file_name().into_string().ok()?;
+                    let path = e.path();
+                    (name.ends_with(".parquet") && !name.starts_with('.') && path.is_file())
+                        .then_some(SamplesFile { name, path, source })
+                })
+                .collect();
+            found.sort_by(|a, b| a.name.cmp(&b.name));
+            for f in found {
+                if !files.iter().any(|g| g.name == f.name) {
+                    files.push(f);
+                }
+            }
+        }
+        files
+    }
+
+    /// The samples file a page names (`file=NAME`): a plain file name, never a path.
+    fn samples_file(&self, file: &str) -> Result<SamplesFile, ViewError> {
         if file.is_empty()
             || file.contains('/')
             || file.contains('\\')
             || file.starts_with('.')
             || file.chars().any(char::is_control)
-            || !file.ends_with(".parquet")
         {
             return Err(ViewError::BadQuery(format!(
-                "file must name a samples file in the run's samples/ folder, got '{file}'"
+                "file must name a samples file (a file name, no folder), got '{}'",
+                file.escape_debug()
             )));
         }
-        let path = run.join("samples").join(file);
-        if !path.is_file() {
-            return Err(ViewError::NotFound(format!(
-                "no samples file '{file}' in {}",
-                run.join("samples").display()
-            )));
+        self.samples_files()
+            .into_iter()
+            .find(|f| f.name == file)
+            .ok_or_else(|| {
+                ViewError::NotFound(format!(
+                    "no samples file '{file}': the viewer shows the files given with --samples, the *.parquet files in {} and its samples/ folder{}",
+                    self.data_dir.display(),
+                    match &self.run_dir {
+                        Some(run) => format!(", and {}", run.join("samples").display()),
+                        None => String::new(),
+                    }
+                ))
+            })
+    }
+
+    fn read_samples(&self, file: &str) -> Result<Vec<Sample>, ViewError> {
+        let f = self.samples_file(file)?;
+        read_samples_at(&f.path)
+    }
+
+    /// The list rows of one samples file, read once per version of the file.
+    fn sample_rows(&self, path: &Path) -> Result<Arc<Vec<SampleRow>>, ViewError> {
+        let meta = std::fs::metadata(path).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => {
+                ViewError::NotFound(format!("{} is gone", path.display()))
+            }
+            _ => ViewError::Read {
+                path: path.to_path_buf(),
+                message: e.to_string(),
+            },
+        })?;
+        let stamp = (meta.modified().ok(), meta.len());
+        if let Ok(cache) = self.rows.lock()
+            && let Some((m, l, rows)) = cache.get(path)
+            && (*m, *l) == stamp
+        {
+            return Ok(Arc::clone(rows));
         }
-        graft_reconstruct::sample::read_samples_parquet(&path).map_err(|e| ViewError::Read {
-            path,
-            message: e.to_string(),
-        })
+        let rows: Arc<Vec<SampleRow>> = Arc::new(
+            read_samples_at(path)?
+                .iter()
+                .map(|s| SampleRow {
+                    id: s.sample_id.clone(),
+                    session: s.session_id.clone(),
+                    group: s.group_id.clone(),
+                    reward: s.reward,
+                    tokens: s.tokens.len(),
+                    trained: s.trained_tokens(),
+                    fork_reason: s.fork_reason.clone(),
+                })
+                .collect(),
+        );
+        if let Ok(mut cache) = self.rows.lock() {
+            cache.insert(path.to_path_buf(), (stamp.0, stamp.1, Arc::clone(&rows)));
+        }
+        Ok(rows)
+    }
+
+    /// The samples of one session (or one group) in every samples file that may hold them:
+    /// the files given or found in the data dir, and the run's step files whose step
+    /// trained that group (not every step's file). A file that cannot be read is named in
+    /// the second list.
+    fn samples_of(
+        &self,
+        session: Option<&str>,
+        group: Option<&str>,
+    ) -> Result<(Vec<Value>, Vec<String>), ViewError> {
+        let mut run_files: Vec<String> = vec![];
+        if let (Some(g), Some(_)) = (group, &self.run_dir)
+            && let Ok(steps) = self.steps()
+        {
+            for step in steps {
+                let trained_here = step["groups"]
+                    .as_array()
+                    .is_some_and(|gs| gs.iter().any(|x| x["group"] == g));
+                if let (true, Some(file)) = (trained_here, step["samples_file"].as_str())
+                    && let Some(name) = Path::new(file).file_name()
+                {
+                    run_files.push(name.to_string_lossy().into_owned());
+                }
+            }
+        }
+        let mut out = vec![];
+        let mut unreadable = vec![];
+        for f in self.samples_files() {
+            if f.source == "run" && !run_files.contains(&f.name) {
+                continue;
+            }
+            let rows = match self.sample_rows(&f.path) {
+                Ok(rows) => rows,
+                Err(e) => {
+                    unreadable.push(format!("{}: {e}", f.name));
+                    continue;
+                }
+            };
+            out.extend(
+                rows.iter()
+                    .filter(|r| session.is_none_or(|s| r.session == s))
+                    .filter(|r| group.is_none_or(|g| r.group.as_deref() == Some(g)))
+                    .map(|r| sample_row_json(&f.name, r)),
+            );
+        }
+        Ok((out, unreadable))
+    }
+
+    /// `/samples`: the samples files the viewer knows; `/samples?file=NAME`: that file's
+    /// samples, paged.
+    fn samples_page(&self, query: &str) -> Result<String, ViewError> {
+        let m = parse_query(query);
+        let (page, per) = paging(&m)?;
+        let Some(file) = m.get("file") else {
+            let files: Vec<Value> = self
+                .samples_files()
+                .iter()
+                .map(|f| {
+                    json!({"name": f.name, "q": q(&f.name), "source": f.source,
+                           "bytes": std::fs::metadata(&f.path).map(|m| m.len()).ok()})
+                })
+                .collect();
+            return self.render(
+                "samples.html",
+                json!({"title": "samples", "files": files, "data_dir": self.data_dir.display().to_string()}),
+            );
+        };
+        let f = self.samples_file(file)?;
+        let rows = self.sample_rows(&f.path)?;
+        let pages = rows.len().div_ceil(per).max(1);
+        let page = page.min(pages);
+        let shown: Vec<Value> = rows
+            .iter()
+            .skip((page - 1) * per)
+            .take(per)
+            .map(|r| sample_row_json(&f.name, r))
+            .collect();
+        let link = |p: usize| format!("file={}&per={per}&page={p}", q(&f.name));
+        self.render(
+            "samples.html",
+            json!({"title": format!("samples in {}", f.name), "file": f.name, "source": f.source,
+                   "total": rows.len(), "rows": shown, "page": page, "pages": pages,
+                   "prev": (page > 1).then(|| link(page - 1)),
+                   "next": (page < pages).then(|| link(page + 1))}),
+        )
     }
 
     fn sample(&self, query: &str) -> Result<String, ViewError> {
         let m = parse_query(query);
         let (Some(file), Some(id)) = (m.get("file"), m.get("id")) else {
             return Err(ViewError::BadQuery(
-                "a sample is named by file=step-NNNNN.parquet&id=SESSION/N".into(),
+                "a sample is named by file=FILE.parquet&id=SESSION/N (the samples page lists them)"
+                    .into(),
             ));
         };
         let s = self
@@ -658,7 +987,7 @@ impl Viewer {
                 "group": s.group_id, "group_q": s.group_id.as_deref().map(q),
                 "reward": s.reward, "fork_reason": s.fork_reason, "calls": s.call_ids.len(),
                 "weight_versions": s.weight_versions, "tokens": s.tokens.len(), "trained": trained,
-                "decoded": self.tokenizer.is_some(), "file_q": q(file),
+                "decoded": self.tokenizer.is_some(), "file_q": q(file), "file": file,
                 "call_rewards": s.call_ids.iter().zip(&s.call_rewards)
                     .filter_map(|(c, r)| r.map(|r| json!({"call": c, "reward": r})))
                     .collect::<Vec<_>>(),
@@ -797,6 +1126,33 @@ impl Viewer {
 
 fn decode(s: &str) -> String {
     percent_decode(s)
+}
+
+/// A session or group id from a page's path: decoded, and refused (400) when it holds a
+/// control character (no recorded id does).
+fn id_in_path(what: &str, raw: &str) -> Result<String, ViewError> {
+    let id = decode(raw);
+    if id.chars().any(char::is_control) {
+        return Err(ViewError::BadQuery(format!(
+            "a {what} id has no control characters, got '{}'",
+            id.escape_debug()
+        )));
+    }
+    Ok(id)
+}
+
+fn read_samples_at(path: &Path) -> Result<Vec<Sample>, ViewError> {
+    graft_reconstruct::sample::read_samples_parquet(path).map_err(|e| ViewError::Read {
+        path: path.to_path_buf(),
+        message: format!("not a samples file graft can read: {e}"),
+    })
+}
+
+fn sample_row_json(file: &str, r: &SampleRow) -> Value {
+    json!({"id": r.id, "id_q": q(&r.id), "file": file, "file_q": q(file),
+           "session": r.session, "session_q": q(&r.session), "group": r.group,
+           "reward": r.reward, "tokens": r.tokens, "trained": r.trained,
+           "fork_reason": r.fork_reason})
 }
 
 /// `%XX` decoding of a path segment (invalid escapes are kept as they are).

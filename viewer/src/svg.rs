@@ -22,28 +22,114 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Axis ticks at 1, 2 or 5 × 10^k apart, at most about `max` of them, covering `lo..=hi`
+/// (the first tick at or below `lo`, the last at or above `hi`). `whole`: the step is a
+/// whole number (a step axis never reads 0.5). Returns the ticks and their step.
+pub fn nice_ticks(lo: f64, hi: f64, max: usize, whole: bool) -> (Vec<f64>, f64) {
+    let (lo, hi) = if lo.is_finite() && hi.is_finite() {
+        (lo.min(hi), lo.max(hi))
+    } else {
+        (0.0, 1.0)
+    };
+    // One value (every reward 0, one step): an axis from 0 to it, or 0..1 for 0 itself.
+    let (lo, hi) = match () {
+        _ if hi > lo => (lo, hi),
+        _ if lo == 0.0 => (0.0, 1.0),
+        _ if lo > 0.0 => (0.0, lo),
+        _ => (lo, 0.0),
+    };
+    let raw = (hi - lo) / max.saturating_sub(1).max(1) as f64;
+    let mag = 10f64.powf(raw.log10().floor());
+    let mut step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * mag)
+        .find(|s| *s >= raw * (1.0 - 1e-9))
+        .unwrap_or(10.0 * mag);
+    if whole {
+        step = step.max(1.0).round();
+    }
+    let first = (lo / step + 1e-9).floor() as i64;
+    let last = (hi / step - 1e-9).ceil() as i64;
+    let ticks = (first..=last.max(first + 1))
+        .map(|i| {
+            let v = i as f64 * step;
+            // No "-0": a tick that is zero reads 0.
+            if v.abs() < step * 1e-9 { 0.0 } else { v }
+        })
+        .collect();
+    (ticks, step)
+}
+
+/// A tick's label: as many decimals as its step needs (a 0.5 step reads "1.5", a 0.05 step
+/// "0.15", a whole step none), thousands as "k" and millions as "M" where the step is
+/// that coarse.
+pub fn tick_label(v: f64, step: f64) -> String {
+    let v = if v.abs() < step.abs() * 1e-9 { 0.0 } else { v };
+    if step >= 1e6 && (v / 1e6).fract() == 0.0 {
+        return format!("{}M", v / 1e6);
+    }
+    if step >= 1e3 && (v / 1e3).fract() == 0.0 && v.abs() >= 1e4 {
+        return format!("{}k", v / 1e3);
+    }
+    let decimals = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10().floor()) as usize
+    };
+    format!("{v:.decimals$}")
+}
+
+/// A value in a tooltip: at most 4 significant digits after the point, trailing zeros cut.
+fn short(v: f64) -> String {
+    if v.fract() == 0.0 && v.abs() < 1e15 {
+        return format!("{v:.0}");
+    }
+    let s = if v.abs() >= 100.0 {
+        format!("{v:.1}")
+    } else {
+        format!("{v:.4}")
+    };
+    let s = s.trim_end_matches('0').trim_end_matches('.');
+    if s == "-0" { "0".into() } else { s.into() }
+}
+
 struct Scale {
     x0: f64,
     x1: f64,
     y0: f64,
     y1: f64,
+    xticks: (Vec<f64>, f64),
+    yticks: (Vec<f64>, f64),
 }
 
 impl Scale {
+    /// `xs` are steps (whole numbers: integer ticks); the y range is widened to whole ticks.
     fn new(xs: &[f64], lo: f64, hi: f64) -> Scale {
         let x0 = xs.iter().copied().fold(f64::INFINITY, f64::min);
         let x1 = xs.iter().copied().fold(f64::NEG_INFINITY, f64::max);
         let (x0, x1) = if x0.is_finite() && x1 > x0 {
             (x0, x1)
+        } else if x0.is_finite() {
+            (x0 - 0.5, x0 + 0.5)
         } else {
-            (x0.min(0.0), x0.max(0.0) + 1.0)
+            (0.0, 1.0)
         };
-        let (y0, y1) = if hi > lo {
-            (lo, hi)
-        } else {
-            (lo - 0.5, lo + 0.5)
-        };
-        Scale { x0, x1, y0, y1 }
+        let (all, xstep) = nice_ticks(x0, x1, 8, true);
+        let xticks: Vec<f64> = all
+            .into_iter()
+            .filter(|t| *t >= x0 - 1e-9 && *t <= x1 + 1e-9)
+            .collect();
+        let yticks = nice_ticks(lo, hi, 5, false);
+        let y0 = yticks.0.first().copied().unwrap_or(0.0);
+        let y1 = yticks.0.last().copied().unwrap_or(1.0);
+        Scale {
+            x0,
+            x1,
+            y0,
+            y1,
+            xticks: (xticks, xstep),
+            yticks,
+        }
     }
     fn x(&self, v: f64) -> f64 {
         PAD_L + (v - self.x0) / (self.x1 - self.x0) * (W - PAD_L - PAD_R)
@@ -60,40 +146,37 @@ fn frame(out: &mut String, title: &str, s: &Scale, x_label: &str) {
         t = esc(title)
     );
     let (bx, by) = (PAD_L, H - PAD_B);
-    let _ = write!(
-        out,
-        r#"<line class="axis" x1="{bx}" y1="{by}" x2="{}" y2="{by}"/><line class="axis" x1="{bx}" y1="{PAD_T}" x2="{bx}" y2="{by}"/>"#,
-        W - PAD_R
-    );
-    for v in [s.y0, (s.y0 + s.y1) / 2.0, s.y1] {
+    let (yt, ystep) = &s.yticks;
+    for v in yt {
+        let y = s.y(*v);
         let _ = write!(
             out,
-            r#"<text class="tick" x="{}" y="{}" text-anchor="end">{}</text>"#,
+            r#"<line class="grid" x1="{bx}" y1="{y:.1}" x2="{}" y2="{y:.1}"/><text class="tick ytick" x="{}" y="{:.1}" text-anchor="end">{}</text>"#,
+            W - PAD_R,
             PAD_L - 4.0,
-            s.y(v) + 4.0,
-            short(v)
+            y + 4.0,
+            tick_label(*v, *ystep)
+        );
+    }
+    let (xt, xstep) = &s.xticks;
+    for v in xt {
+        let x = s.x(*v);
+        let _ = write!(
+            out,
+            r#"<line class="axis" x1="{x:.1}" y1="{by}" x2="{x:.1}" y2="{}"/><text class="tick xtick" x="{x:.1}" y="{}" text-anchor="middle">{}</text>"#,
+            by + 4.0,
+            H - 16.0,
+            tick_label(*v, *xstep)
         );
     }
     let _ = write!(
         out,
-        r#"<text class="tick" x="{bx}" y="{}">{}</text><text class="tick" x="{}" y="{}" text-anchor="end">{}</text><text class="tick" x="{}" y="{}" text-anchor="middle">{}</text>"#,
-        H - 12.0,
-        short(s.x0),
+        r#"<line class="axis" x1="{bx}" y1="{by}" x2="{}" y2="{by}"/><line class="axis" x1="{bx}" y1="{PAD_T}" x2="{bx}" y2="{by}"/><text class="tick" x="{}" y="{}" text-anchor="middle">{}</text>"#,
         W - PAD_R,
-        H - 12.0,
-        short(s.x1),
         (W + PAD_L) / 2.0,
         H - 2.0,
         esc(x_label)
     );
-}
-
-fn short(v: f64) -> String {
-    if (v.fract() == 0.0 && v.abs() < 1e9) || v.abs() >= 100.0 {
-        format!("{v:.0}")
-    } else {
-        format!("{v:.3}")
-    }
 }
 
 /// One line of a [`line_chart`]: (x, y) points, `None` where a step has no value.

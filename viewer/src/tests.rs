@@ -32,8 +32,10 @@ fn data_dir() -> tempfile::TempDir {
             client: Some("openai-python/1.0".into()),
             ..CallRecord::default()
         };
-        rec.record(mk("s-a", "g1", 1, vec![user.clone()],
-            json!({"choices": [{"message": call.clone()}]}), "ok")).await.unwrap();
+        let mut first = mk("s-a", "g1", 1, vec![user.clone()],
+            json!({"choices": [{"message": call.clone()}]}), "ok");
+        first.finish_reason = Some("tool_calls".into());
+        rec.record(first).await.unwrap();
         rec.record(mk("s-a", "g1", 2, vec![user.clone(), call.clone(), result.clone()],
             json!({"choices": [{"message": {"role": "assistant", "content": "there is a.txt"}}]}), "ok")).await.unwrap();
         let mut b = mk("s-b", "g1", 3, vec![user.clone()],
@@ -45,6 +47,10 @@ fn data_dir() -> tempfile::TempDir {
         let (log, _) = SessionLog::open(dir.path()).unwrap();
         log.append(&SessionEvent::Created { session_id: "s-a".into(), group_id: Some("g1".into()), key_sha256: None,
             metadata: json!({"harness": "mini-swe-agent"}), sampling: None, backend: None, at_us: 1_750_000_000_000_000 })
+            .await
+            .unwrap();
+        log.append(&SessionEvent::CallReward { session_id: "s-a".into(), call_id: Some("s-a-1".into()), seq: None,
+            reward: 0.25, info: Value::Null, at_us: 1_750_000_000_050_000 })
             .await
             .unwrap();
         for (s, r) in [("s-a", 1.0), ("s-b", 0.0)] {
@@ -124,7 +130,12 @@ fn session_page_shows_the_conversation_escaped() {
     // Turn 2 shows only what it added: the tool result and the answer.
     assert_eq!(p.body.matches("list files").count(), 1, "{}", p.body);
     assert!(p.body.contains("→ bash("));
-    assert!(p.body.contains("result of c1"));
+    // A call id reads as recorded: never inside the upper-cased role label.
+    assert!(
+        p.body.contains("<span class=\"role\">tool</span> <span class=\"callref\">result of <code>c1</code></span>"),
+        "{}",
+        p.body
+    );
     assert!(p.body.contains("there is a.txt"));
     assert!(p.body.contains("weights v7") && p.body.contains("openai-python&#x2f;1.0"));
     let p = v.page("/session/s-c", "");
@@ -278,4 +289,436 @@ fn the_run_page_counts_calls_on_older_weights_only_where_a_step_names_its_weight
     assert_eq!(cells.len(), 2, "{}", page.body);
     assert!(cells[0].starts_with("</td>"), "step 0: {}", cells[0]);
     assert!(cells[1].starts_with("3</td>"), "step 1: {}", cells[1]);
+}
+
+/// The labels of a chart's y (or x) ticks.
+fn tick_labels(svg: &str, axis: &str) -> Vec<String> {
+    svg.split(&format!("class=\"tick {axis}\""))
+        .skip(1)
+        .map(|t| t[t.find('>').unwrap() + 1..t.find("</text>").unwrap()].to_owned())
+        .collect()
+}
+
+/// Issue 32, hole 6: chart axes read "-0.500" and "66.778". Ticks are 1, 2 or 5 × 10^k
+/// apart, with the decimals their step needs, and a step axis counts in whole steps.
+#[test]
+fn chart_ticks_are_nice_numbers_and_steps_are_whole() {
+    for (lo, hi) in [
+        (0.0, 1.0),
+        (-0.3, 0.9),
+        (0.0, 66.778),
+        (0.0, 0.0),
+        (3.0, 3.0),
+        (-12.5, -12.5),
+        (0.001, 0.0042),
+        (0.0, 123_456.0),
+    ] {
+        let (ticks, step) = svg::nice_ticks(lo, hi, 5, false);
+        let mantissa = step / 10f64.powf(step.log10().floor());
+        assert!(
+            [1.0, 2.0, 5.0].iter().any(|m| (mantissa - m).abs() < 1e-9),
+            "{lo}..{hi}: step {step}"
+        );
+        assert!(
+            ticks.len() >= 2 && ticks.len() <= 7,
+            "{lo}..{hi}: {ticks:?}"
+        );
+        assert!(
+            ticks[0] <= lo && *ticks.last().unwrap() >= hi,
+            "{lo}..{hi}: {ticks:?}"
+        );
+        for t in &ticks {
+            let label = svg::tick_label(*t, step);
+            assert!(
+                !label.starts_with("-0") || label.starts_with("-0."),
+                "{label}"
+            );
+            assert_ne!(label, "-0", "{lo}..{hi}");
+            // Never more decimals than the step has.
+            let decimals = label.split('.').nth(1).map_or(0, str::len);
+            assert!(decimals <= 3, "{lo}..{hi}: {label}");
+            let back: f64 = label
+                .trim_end_matches('k')
+                .parse()
+                .unwrap_or_else(|_| panic!("{label}"));
+            let scale = if label.ends_with('k') { 1e3 } else { 1.0 };
+            assert!((back * scale - t).abs() < step / 100.0, "{label} for {t}");
+        }
+    }
+    assert_eq!(svg::nice_ticks(0.0, 1.0, 5, false).0, vec![0.0, 0.5, 1.0]);
+    let (t, step) = svg::nice_ticks(0.0, 66.778, 5, false);
+    assert_eq!((t.clone(), step), (vec![0.0, 20.0, 40.0, 60.0, 80.0], 20.0));
+    let labels: Vec<String> = t.iter().map(|v| svg::tick_label(*v, step)).collect();
+    assert_eq!(labels, ["0", "20", "40", "60", "80"]);
+    let (t, step) = svg::nice_ticks(-0.3, 0.9, 5, false);
+    let labels: Vec<String> = t.iter().map(|v| svg::tick_label(*v, step)).collect();
+    assert_eq!(labels, ["-0.5", "0.0", "0.5", "1.0"]);
+    // Every value zero: 0..1, not -0.5..0.5.
+    assert_eq!(svg::nice_ticks(0.0, 0.0, 5, false).0[0], 0.0);
+    assert_eq!(svg::tick_label(20_000.0, 5000.0), "20k");
+    // A step axis of 3 steps counts 0, 1, 2: never 0.5.
+    assert_eq!(
+        svg::nice_ticks(0.0, 2.0, 8, true),
+        (vec![0.0, 1.0, 2.0], 1.0)
+    );
+    assert_eq!(svg::nice_ticks(0.0, 999.0, 8, true).1, 200.0);
+
+    // In a drawn chart: x ticks are whole steps inside the steps drawn, y ticks nice.
+    let chart = svg::line_chart(
+        "r",
+        "step",
+        &[svg::Series {
+            name: "mean",
+            points: (0..9)
+                .map(|i| (f64::from(i), Some(66.778 * f64::from(i) / 8.0)))
+                .collect(),
+            band: None,
+        }],
+    );
+    assert_eq!(tick_labels(&chart, "xtick"), ["0", "2", "4", "6", "8"]);
+    assert_eq!(tick_labels(&chart, "ytick"), ["0", "20", "40", "60", "80"]);
+    let bars = svg::stacked_bars("t", "step", &[0.0, 1.0, 2.0], &[("a", vec![0.3, 1.7, 2.2])]);
+    assert_eq!(tick_labels(&bars, "xtick"), ["0", "1", "2"]);
+    assert_eq!(tick_labels(&bars, "ytick"), ["0", "1", "2", "3"]);
+}
+
+/// A data dir with one session of `n` calls (the real recorder).
+fn long_session(n: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let (rec, _) = Recorder::open(RecorderConfig::new(dir.path())).await.unwrap();
+        for i in 0..n {
+            let i64_i = i64::try_from(i).unwrap();
+            rec.record(CallRecord {
+                schema_version: graft_recorder::SCHEMA_VERSION,
+                call_id: format!("call-{i:05}"),
+                session_id: "long".into(),
+                started_at_us: 1_750_000_000_000_000 + i64_i * 1000,
+                finished_at_us: 1_750_000_000_000_000 + i64_i * 1000 + 500,
+                dialect: "chat_completions".into(),
+                endpoint: "/v1/chat/completions".into(),
+                request: json!({"model": "m", "messages": [{"role": "user", "content": format!("question {i}")}]}),
+                response: Some(json!({"choices": [{"message": {"role": "assistant", "content": format!("answer {i}")}}]})),
+                status: 200,
+                outcome: "ok".into(),
+                ..CallRecord::default()
+            })
+            .await
+            .unwrap();
+        }
+        rec.shutdown().await.unwrap();
+    });
+    dir
+}
+
+/// Issue 32, hole 6: a session of thousands of calls was one multi-MB page. It is paged,
+/// 200 calls a page, with first/previous/next/last links and the call count.
+#[test]
+fn a_long_session_is_paged() {
+    let d = long_session(450);
+    let v = Viewer::new(d.path(), None, None, "").unwrap();
+    let calls = |body: &str| body.matches("<div class=\"call\"").count();
+    let p = v.page("/session/long", "");
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert_eq!(calls(&p.body), CALLS_PER_PAGE);
+    assert!(
+        p.body
+            .contains("calls <span class=\"range\">1–200</span> of 450 · page 1 of 3"),
+        "{}",
+        p.body
+    );
+    assert!(
+        p.body.contains("call-00000")
+            && p.body.contains("call-00199")
+            && !p.body.contains("call-00200")
+    );
+    assert!(
+        p.body
+            .contains("class=\"next\" href=\"/session/long?page=2\""),
+        "{}",
+        p.body
+    );
+    assert!(
+        p.body
+            .contains("class=\"last\" href=\"/session/long?page=3\"")
+    );
+    assert!(!p.body.contains("class=\"prev\"") && !p.body.contains("class=\"first\""));
+    let p = v.page("/session/long", "page=3");
+    assert_eq!(calls(&p.body), 50, "{}", p.body);
+    assert!(
+        p.body
+            .contains("<span class=\"range\">401–450</span> of 450 · page 3 of 3"),
+        "{}",
+        p.body
+    );
+    assert!(p.body.contains("call-00449") && !p.body.contains("call-00399"));
+    assert!(p.body.contains("class=\"prev\"") && p.body.contains("class=\"first\""));
+    assert!(!p.body.contains("class=\"next\"") && !p.body.contains("class=\"last\""));
+    // The first call of a page shows its own question (nothing taken as already seen).
+    let p = v.page("/session/long", "page=2");
+    assert!(p.body.contains("question 200") && p.body.contains("answer 200"));
+    let p = v.page("/session/long", "per=100&page=5");
+    assert_eq!(calls(&p.body), 50);
+    assert!(
+        p.body.contains("?per=100&amp;page=4") || p.body.contains("?per=100&page=4"),
+        "{}",
+        p.body
+    );
+    for (query, status) in [
+        ("page=4", 404),
+        ("page=0", 400),
+        ("page=two", 400),
+        ("per=-1", 400),
+    ] {
+        let p = v.page("/session/long", query);
+        assert_eq!(p.status, status, "{query}: {}", p.body);
+        assert!(p.body.contains("id=\"error\""));
+    }
+    // The sessions page stays small too: one row.
+    assert_eq!(rows(&v.page("/", "").body, "session"), 1);
+}
+
+/// A samples file as `graft reconstruct` writes it: one sample of s-a (trained tokens), one
+/// of s-b.
+fn write_samples(path: &Path) {
+    let mk = |id: &str, session: &str, reward: f64| Sample {
+        sample_id: id.into(),
+        session_id: session.into(),
+        group_id: Some("g1".into()),
+        tokens: vec![10, 11, 12, 13],
+        loss_mask: vec![0, 0, 1, 1],
+        logprobs: vec![None, None, Some(-0.1), Some(-0.2)],
+        reward: Some(reward),
+        weight_versions: vec![],
+        token_weight_versions: vec![None; 4],
+        call_ids: vec![format!("{session}-1")],
+        token_calls: vec![None, None, Some(0), Some(0)],
+        call_rewards: vec![None],
+        fork_reason: None,
+        events: Vec::new(),
+        tokenizer_fingerprint: "t".into(),
+        template_fingerprint: "t".into(),
+        schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
+        logprob_kind: Default::default(),
+    };
+    graft_reconstruct::sample::write_samples_parquet(
+        &[mk("s-a/0", "s-a", 1.0), mk("s-b/0", "s-b", 0.0)],
+        path,
+    )
+    .unwrap();
+}
+
+/// Issue 32, hole 6: a user who ran `graft reconstruct` and no RL run could not see its
+/// samples. A samples file given with --samples, or one written into the data dir, is
+/// listed, its samples open, a session links to its samples and a sample back.
+#[test]
+fn reconstruct_output_is_shown_without_a_run_and_sessions_link_to_samples() {
+    let d = data_dir();
+    let v = Viewer::new(d.path(), None, None, "").unwrap();
+    // No samples yet: the list says how to make them, the session says it has none.
+    let p = v.page("/samples", "");
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert!(p.body.contains("id=\"no-files\""), "{}", p.body);
+    assert!(
+        v.page("/session/s-a", "")
+            .body
+            .contains("id=\"no-samples\"")
+    );
+    assert_eq!(v.page("/samples", "file=samples.parquet").status, 404);
+
+    // Written into the data dir (next to records/, which the viewer never lists).
+    write_samples(&d.path().join("samples.parquet"));
+    let p = v.page("/samples", "");
+    assert_eq!(rows(&p.body, "file"), 1, "{}", p.body);
+    assert!(
+        p.body.contains("href=\"/samples?file=samples.parquet\""),
+        "{}",
+        p.body
+    );
+    let p = v.page("/samples", "file=samples.parquet");
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert_eq!(rows(&p.body, "sample"), 2, "{}", p.body);
+    // Session → its sample, sample → its session.
+    let p = v.page("/session/s-a", "");
+    assert_eq!(rows(&p.body, "sample"), 1, "{}", p.body);
+    assert!(
+        p.body
+            .contains("href=\"/sample?file=samples.parquet&amp;id=s-a%2F0\""),
+        "{}",
+        p.body
+    );
+    let p = v.page("/sample", "file=samples.parquet&id=s-a%2F0");
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert!(
+        p.body.contains("id=\"session-link\" href=\"/session/s-a\""),
+        "{}",
+        p.body
+    );
+    assert_eq!(p.body.matches("class=\"tok trained\"").count(), 2);
+    // The group page lists them too, without a run.
+    assert_eq!(rows(&v.page("/group/g1", "").body, "sample"), 2);
+
+    // Given by path (anywhere), by its file name in the pages.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let file = elsewhere.path().join("mine.parquet");
+    write_samples(&file);
+    let v = Viewer::new(d.path(), None, None, "")
+        .unwrap()
+        .with_samples(std::slice::from_ref(&file))
+        .unwrap();
+    let p = v.page("/samples", "");
+    assert_eq!(rows(&p.body, "file"), 2, "{}", p.body);
+    assert_eq!(
+        v.page("/sample", "file=mine.parquet&id=s-b%2F0").status,
+        200
+    );
+    // A file given that is not there, or two of one name, stop the start with the reason.
+    let err = Viewer::new(d.path(), None, None, "")
+        .unwrap()
+        .with_samples(&[elsewhere.path().join("nope.parquet")])
+        .err()
+        .unwrap();
+    assert!(err.to_string().contains("nope.parquet"), "{err}");
+    assert!(
+        Viewer::new(d.path(), None, None, "")
+            .unwrap()
+            .with_samples(&[file.clone(), file.clone()])
+            .is_err()
+    );
+}
+
+/// Issue 32, hole 6: a missing or badly named file is a 404 or a 400 on every page that
+/// names one, never a 500, and the page says what was wrong.
+#[test]
+fn missing_or_bad_names_are_404_or_400_everywhere() {
+    let d = data_dir();
+    write_samples(&d.path().join("samples.parquet"));
+    let v = Viewer::new(d.path(), None, None, "").unwrap();
+    for (path, query, status) in [
+        ("/samples", "file=nope.parquet", 404),
+        ("/samples", "file=..%2Fsessions.log", 400),
+        ("/samples", "file=a%00b.parquet", 400),
+        ("/samples", "file=samples.parquet&page=x", 400),
+        ("/sample", "file=nope.parquet&id=x", 404),
+        ("/sample", "file=samples.parquet&id=nope", 404),
+        ("/sample", "file=samples.parquet", 400),
+        ("/sample", "id=s-a%2F0", 400),
+        ("/sample", "file=%2Fetc%2Fpasswd&id=x", 400),
+        ("/sample", "file=a%0Ab.parquet&id=x", 400),
+        ("/session/a%00b", "", 400),
+        ("/session/nope", "", 404),
+        ("/group/a%01b", "", 400),
+        ("/group/nope", "", 404),
+        ("/run", "", 404),
+        ("/groups", "per=lots", 400),
+        ("/nowhere", "", 404),
+    ] {
+        let p = v.page(path, query);
+        assert_eq!(p.status, status, "{path}?{query}: {}", p.body);
+        assert!(
+            p.body.contains("id=\"error\""),
+            "{path}?{query}: {}",
+            p.body
+        );
+    }
+    // A samples file deleted after the start is a 404 too.
+    std::fs::remove_file(d.path().join("samples.parquet")).unwrap();
+    assert_eq!(
+        v.page("/sample", "file=samples.parquet&id=s-a%2F0").status,
+        404
+    );
+}
+
+/// Issue 32, hole 6: once a key was set no browser could get in. The login form posts the
+/// key; the cookie it sets is a random token (never the key), HttpOnly, SameSite=Strict,
+/// and only this login's token opens the pages.
+#[test]
+fn login_cookie_is_a_token_not_the_key() {
+    let key = "admin-key-0123456789";
+    let l = login::Login::new(key);
+    assert!(l.key_matches(key));
+    assert!(!l.key_matches("admin-key-012345678"));
+    assert!(!l.key_matches(""));
+    let set = l.set_cookie();
+    assert!(!set.contains(key), "{set}");
+    assert!(
+        set.contains("; HttpOnly") && set.contains("; SameSite=Strict") && set.contains("; Path=/")
+    );
+    let pair = set.split(';').next().unwrap();
+    let (name, token) = pair.split_once('=').unwrap();
+    assert_eq!(name, login::COOKIE);
+    assert_eq!(token.len(), 64);
+    assert!(l.cookie_matches(pair));
+    assert!(l.cookie_matches(&format!("theme=dark; {pair}; other=1")));
+    assert!(!l.cookie_matches(&format!("{}=x{token}", login::COOKIE)));
+    assert!(!l.cookie_matches(&format!("{}={key}", login::COOKIE)));
+    assert!(!l.cookie_matches(&format!("other={token}")));
+    assert!(!l.cookie_matches(""));
+    // Another login (a restarted viewer) has another token.
+    let again = login::Login::new(key);
+    assert!(!again.cookie_matches(pair));
+    // The form: the key and where to go next, never another site.
+    let f = login::Login::form(b"key=a+b%26c&next=%2Fsession%2Fs-a%3Fpage%3D2");
+    assert_eq!(f.key.as_deref(), Some("a b&c"));
+    assert_eq!(f.next, "/session/s-a?page=2");
+    for evil in [
+        "%2F%2Fevil.example",
+        "https%3A%2F%2Fevil.example",
+        "%2F%5Cevil",
+        "%2Fa%0Db",
+        "",
+    ] {
+        let f = login::Login::form(format!("key=k&next={evil}").as_bytes());
+        assert_eq!(f.next, "/", "{evil}");
+    }
+    assert_eq!(login::Login::form(b"next=%2F").key, None);
+    // The page: a password field posting to /login, the reason, no key.
+    let d = data_dir();
+    let v = Viewer::new(d.path(), None, None, "").unwrap();
+    let p = v.login_page("that is not the admin key", "/groups");
+    assert_eq!(p.status, 401);
+    assert!(
+        p.body
+            .contains("<form id=\"login\" method=\"post\" action=\"/login\">"),
+        "{}",
+        p.body
+    );
+    assert!(p.body.contains("type=\"password\" name=\"key\""));
+    assert!(
+        p.body.contains("name=\"next\" value=\"&#x2f;groups\""),
+        "{}",
+        p.body
+    );
+    assert!(p.body.contains("that is not the admin key"));
+    assert!(!p.body.contains(key));
+}
+
+/// Issue 32, hole 6: the session page showed no finish reason or call reward.
+#[test]
+fn session_page_shows_call_ids_finish_reasons_and_call_rewards() {
+    let d = data_dir();
+    let v = Viewer::new(d.path(), None, None, "").unwrap();
+    let p = v.page("/session/s-a", "");
+    assert!(
+        p.body.contains("call <code class=\"callid\">s-a-1</code>"),
+        "{}",
+        p.body
+    );
+    assert!(
+        p.body
+            .contains("finish <span class=\"finish\">tool_calls</span>"),
+        "{}",
+        p.body
+    );
+    assert_eq!(
+        p.body
+            .matches("call reward <b class=\"callreward\">0.25</b>")
+            .count(),
+        1,
+        "{}",
+        p.body
+    );
+    // The second call has neither.
+    assert!(p.body.contains("finish <span class=\"finish\">–</span>"));
 }

@@ -5,6 +5,12 @@
 // env: GRAFT_VIEW_URL   the viewer's base URL (http://127.0.0.1:PORT, or .../ui)
 //      GRAFT_VIEW_PAGES JSON list of {"name": ..., "path": ...}
 //      GRAFT_VIEW_AUTH  optional: the Authorization header value for every request
+//      GRAFT_VIEW_LOGIN optional: the admin key, typed into the login form first (after a
+//                       wrong key, whose answer is recorded too); then every page is
+//                       loaded with the cookie the login set. The result is out._login.
+//      A page may name `follow`: selectors of links clicked in turn on it (each click's
+//      URL, `.range` text and call count recorded in `followed`), and `full: false` for a
+//      screenshot of the first screen only (a long page).
 //      GRAFT_SHOTS      folder for the screenshots (NAME.png)
 //      CHROMIUM         the browser (default /usr/bin/chromium)
 const fs = require("fs");
@@ -29,6 +35,35 @@ const { chromium } = require("playwright-core");
     extraHTTPHeaders: process.env.GRAFT_VIEW_AUTH ? { authorization: process.env.GRAFT_VIEW_AUTH } : {},
   });
   const out = {};
+  if (process.env.GRAFT_VIEW_LOGIN) {
+    const page = await context.newPage();
+    const first = await page.goto(base + "/", { waitUntil: "load" });
+    const form = await page.evaluate(() => ({
+      form: !!document.querySelector("form#login"),
+      password: !!document.querySelector('form#login input[type="password"][name="key"]'),
+      error: document.querySelector("#error")?.textContent ?? null,
+    }));
+    await page.screenshot({ path: path.join(shots, "login.png") });
+    await page.fill('input[name="key"]', "not-the-admin-key");
+    const [wrong] = await Promise.all([page.waitForNavigation(), page.click('button[type="submit"]')]);
+    const wrongDom = await page.evaluate(() => ({
+      form: !!document.querySelector("form#login"),
+      error: document.querySelector("#error")?.textContent ?? null,
+      text: document.body.innerText,
+    }));
+    await page.screenshot({ path: path.join(shots, "login-wrong.png") });
+    await page.fill('input[name="key"]', process.env.GRAFT_VIEW_LOGIN);
+    const [right] = await Promise.all([page.waitForNavigation(), page.click('button[type="submit"]')]);
+    const cookies = await context.cookies();
+    out._login = {
+      first_status: first ? first.status() : 0, ...form,
+      wrong_status: wrong ? wrong.status() : 0, wrong: wrongDom,
+      after_status: right ? right.status() : 0, after_url: page.url(),
+      after_h1: await page.evaluate(() => document.querySelector("h1")?.textContent ?? null),
+      cookies: cookies.map((c) => ({ name: c.name, value: c.value, httpOnly: c.httpOnly, sameSite: c.sameSite, path: c.path, secure: c.secure })),
+    };
+    await page.close();
+  }
   for (const p of pages) {
     const page = await context.newPage();
     const errors = [];
@@ -61,10 +96,24 @@ const { chromium } = require("playwright-core");
       points: document.querySelectorAll('circle.point[data-series="reward mean"]').length,
       steps: document.querySelectorAll("tr.step").length,
       scripts: document.querySelectorAll("script").length,
+      // Wider than the window: something runs past the page's edge.
+      overflow: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+      range: document.querySelector(".pager .range")?.textContent ?? null,
+      callids: [...document.querySelectorAll(".call .callid")].map((e) => e.innerText),
       text: document.body.innerText,
     }));
-    await page.screenshot({ path: path.join(shots, `${p.name}.png`), fullPage: true });
-    out[p.name] = { status: resp ? resp.status() : 0, errors, ...dom };
+    await page.screenshot({ path: path.join(shots, `${p.name}.png`), fullPage: p.full !== false });
+    const followed = [];
+    for (const sel of p.follow || []) {
+      await Promise.all([page.waitForNavigation(), page.click(sel)]);
+      followed.push(await page.evaluate(() => ({
+        url: location.pathname + location.search,
+        range: document.querySelector(".pager .range")?.textContent ?? null,
+        calls: document.querySelectorAll(".call").length,
+        overflow: document.documentElement.scrollWidth > document.documentElement.clientWidth,
+      })));
+    }
+    out[p.name] = { status: resp ? resp.status() : 0, errors, followed, ...dom };
     await page.close();
   }
   await context.close();
