@@ -719,3 +719,50 @@ fn the_rollout_service_takes_a_config_without_steps_or_tasks_and_refuses_a_missi
         );
     }
 }
+
+/// `graft export --format native` in a Python without the framework (the interop venv has
+/// graft_rl, pyarrow and numpy, no verl, SkyRL or torch): the error names the missing
+/// package and its install line instead of a traceback, and nothing is written (SkyRL used
+/// to leave an empty file), not even a temp file beside it.
+#[test]
+fn export_native_without_the_framework_names_the_package_and_writes_nothing() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let file = graft_rl_samples(&env, dir.path());
+    let f = file.to_str().unwrap();
+    let outdir = dir.path().join("native");
+    for (to, needs) in [
+        ("skyrl", "skyrl==0.4.0"),
+        ("verl", "verl==0.9.1"),
+        ("slime", "pip install torch"),
+    ] {
+        let dest = outdir.join(format!("{to}.pkl"));
+        let (ok, stdout, stderr) = export(
+            &py,
+            &[
+                "--to",
+                to,
+                "--format",
+                "native",
+                "--samples",
+                f,
+                "--out",
+                dest.to_str().unwrap(),
+            ],
+        );
+        assert!(!ok, "{to}: exported without the framework: {stdout}");
+        assert!(
+            stderr.contains(&format!("--format native --to {to} needs"))
+                && stderr.contains("cannot import")
+                && stderr.contains(needs)
+                && stderr.contains("--format jsonl"),
+            "{to}: {stderr}"
+        );
+        assert!(!stderr.contains("Traceback"), "{to}: {stderr}");
+        let left: Vec<_> = std::fs::read_dir(&outdir)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{to}: a failed export left {left:?}");
+    }
+}
