@@ -6,6 +6,15 @@
 //! Placeholders: `{{base_url}}` (the session URL ending in `/v1`), `{{base_url_root}}` (the
 //! same without `/v1`, for Anthropic clients that append `/v1/messages`), `{{api_key}}`,
 //! `{{model}}`.
+//!
+//! What goes where: `env` prints only `export` lines on stdout (so `eval "$(graft harness env
+//! ...)"` works), and fails, saying what to run instead, for a harness that reads no
+//! variable (its config file holds everything); `config` prints one file alone on stdout
+//! (its path on stderr), so it can be redirected into place, and `config --write` puts the
+//! files in place itself, refusing to replace a different file unless `--force`, which
+//! keeps the old one as `FILE.bak`.
+
+use std::path::{Path, PathBuf};
 
 use anyhow::{Context, bail};
 
@@ -14,10 +23,33 @@ use anyhow::{Context, bail};
 pub enum HarnessCommand {
     /// List the harnesses graft has configs for.
     List,
-    /// Print `export VAR=...` lines that point a harness at a session.
+    /// Print `export VAR=...` lines that point a harness at a session (`eval "$(...)"`);
+    /// fails for a harness that reads no variable, naming the command to run instead.
     Env(RenderArgs),
-    /// Print a harness's filled config file(s), each under the path it belongs at.
-    Config(RenderArgs),
+    /// Print a harness's filled config file alone (where it belongs goes to stderr), or put
+    /// the file(s) in place with --write.
+    Config(ConfigArgs),
+}
+
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArgs {
+    #[command(flatten)]
+    pub render: RenderArgs,
+    /// Of a harness with several config files, the one to print (its file name, e.g.
+    /// `litellm-config.yaml`).
+    #[arg(long)]
+    pub file: Option<String>,
+    /// Write the file(s) where they belong instead of printing them: `~/...` under --home,
+    /// `$CODEX_HOME/...` under $CODEX_HOME (default `~/.codex`), anything else under the
+    /// current directory. A different existing file is refused unless --force.
+    #[arg(long)]
+    pub write: bool,
+    /// With --write: the home directory `~` stands for [default: $HOME].
+    #[arg(long, requires = "write")]
+    pub home: Option<PathBuf>,
+    /// With --write: replace a different existing file, keeping the old one as `FILE.bak`.
+    #[arg(long, requires = "write")]
+    pub force: bool,
 }
 
 #[derive(Debug, Clone, clap::Args)]
@@ -41,6 +73,8 @@ pub struct RenderArgs {
 pub struct ConfigFile {
     /// Where the filled file belongs (shell-style, e.g. `$CODEX_HOME/config.toml`).
     pub path: &'static str,
+    /// The template's file name in `harness-configs/<name>/`.
+    pub template_name: &'static str,
     pub template: &'static str,
 }
 
@@ -76,7 +110,7 @@ macro_rules! harness {
             name: $name,
             summary: $summary,
             env: tpl!($name, "env"),
-            files: &[$(ConfigFile { path: $path, template: tpl!($name, $file) }),+],
+            files: &[$(ConfigFile { path: $path, template_name: $file, template: tpl!($name, $file) }),+],
             readme: tpl!($name, "README.md"),
         }
     };
@@ -136,6 +170,14 @@ pub const HARNESSES: &[Harness] = &[
         "hermes",
         "Hermes Agent: Chat Completions (SSE); provider custom + base_url in ~/.hermes/config.yaml",
         [("~/.hermes/config.yaml", "config.yaml")]
+    ),
+    harness!(
+        "openai",
+        "Generic OpenAI-compatible clients (openai SDKs, qwen-code, smolagents, scripts): OPENAI_BASE_URL, OPENAI_API_KEY, OPENAI_MODEL",
+        [(
+            "<repo root>/.env (a dotenv file: qwen-code reads it from the working directory up)",
+            ".env"
+        )]
     ),
     harness!(
         "litellm-anthropic",
@@ -255,21 +297,113 @@ pub fn render_env(h: &Harness, v: &Values) -> anyhow::Result<String> {
     Ok(out)
 }
 
-/// Every config file, filled, each preceded by a `# ==> PATH <==` line.
-pub fn render_config(h: &Harness, v: &Values) -> anyhow::Result<String> {
-    let mut out = String::new();
-    for (i, f) in h.files.iter().enumerate() {
-        if i > 0 {
-            out.push('\n');
-        }
-        out.push_str(&format!("# ==> {} <==\n", f.path));
-        let body = render(f.template, v)?;
-        out.push_str(&body);
-        if !body.ends_with('\n') {
-            out.push('\n');
-        }
+/// The file name of a config file's template (`settings.json`), how `--file` names it.
+fn file_name(f: &ConfigFile) -> &'static str {
+    f.template_name
+}
+
+/// The one config file `config` prints: the harness's only one, or the one `--file` names.
+pub fn pick_file<'h>(h: &'h Harness, file: Option<&str>) -> anyhow::Result<&'h ConfigFile> {
+    let names = || h.files.iter().map(file_name).collect::<Vec<_>>().join(", ");
+    match file {
+        Some(name) => h
+            .files
+            .iter()
+            .find(|f| file_name(f) == name)
+            .with_context(|| {
+                format!(
+                    "{} has no config file {name:?}; it has: {}",
+                    h.name,
+                    names()
+                )
+            }),
+        None => match h.files {
+            [one] => Ok(one),
+            _ => bail!(
+                "{} has {} config files ({}); name the one to print with --file NAME, or put them all in place with --write",
+                h.name,
+                h.files.len(),
+                names()
+            ),
+        },
     }
-    Ok(out)
+}
+
+/// A config file, filled, ending in a newline.
+pub fn render_file(f: &ConfigFile, v: &Values) -> anyhow::Result<String> {
+    let mut body = render(f.template, v)?;
+    if !body.ends_with('\n') {
+        body.push('\n');
+    }
+    Ok(body)
+}
+
+/// Where `--write` puts a config file whose documented place is `path` (see
+/// [`ConfigArgs::write`]); `home` is `~`, `codex_home` Codex's `$CODEX_HOME` when set.
+pub fn write_path(path: &str, home: &Path, codex_home: Option<&Path>, cwd: &Path) -> PathBuf {
+    let path = path.strip_prefix("<repo root>/").unwrap_or(path);
+    // The documented place is its first word: "graft.yaml (mini -c ...)" is graft.yaml.
+    let first = path.split_whitespace().next().unwrap_or(path);
+    if let Some(rest) = first.strip_prefix("~/") {
+        return home.join(rest);
+    }
+    if let Some(rest) = first.strip_prefix("$CODEX_HOME/") {
+        return match codex_home {
+            Some(c) => c.join(rest),
+            None => home.join(".codex").join(rest),
+        };
+    }
+    cwd.join(first)
+}
+
+/// What `--write` did with one file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wrote {
+    Created,
+    /// The file already held exactly this.
+    Unchanged,
+    /// A different file was there; it is kept at the path given.
+    Replaced(PathBuf),
+}
+
+/// Puts `text` at `dest` (parents created; through a temp file and a rename, so a reader
+/// never sees half a file). A different existing file is refused unless `force`, which
+/// first keeps it as `dest.bak`.
+pub fn write_file(dest: &Path, text: &str, force: bool) -> anyhow::Result<Wrote> {
+    let before = match std::fs::read(dest) {
+        Ok(b) => Some(b),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+        Err(e) => return Err(e).with_context(|| format!("reading {}", dest.display())),
+    };
+    if before.as_deref() == Some(text.as_bytes()) {
+        return Ok(Wrote::Unchanged);
+    }
+    if before.is_some() && !force {
+        bail!(
+            "{} exists and differs from the config graft would write; compare it with `graft harness config` (without --write), or pass --force to replace it (the old file is kept as {}.bak)",
+            dest.display(),
+            dest.display()
+        );
+    }
+    if let Some(dir) = dest.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let name = dest
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = dest.with_file_name(format!(".{name}.graft-tmp"));
+    std::fs::write(&tmp, text).with_context(|| format!("writing {}", tmp.display()))?;
+    let wrote = if before.is_some() {
+        let bak = dest.with_file_name(format!("{name}.bak"));
+        std::fs::rename(dest, &bak)
+            .with_context(|| format!("keeping the old {} as {}", dest.display(), bak.display()))?;
+        Wrote::Replaced(bak)
+    } else {
+        Wrote::Created
+    };
+    std::fs::rename(&tmp, dest).with_context(|| format!("writing {}", dest.display()))?;
+    Ok(wrote)
 }
 
 pub fn list() -> String {
@@ -280,19 +414,84 @@ pub fn list() -> String {
         .collect()
 }
 
+/// The `graft harness config` line that puts `h`'s files in place for the same session.
+fn config_command(h: &Harness, a: &RenderArgs) -> String {
+    format!(
+        "graft harness config {} --session {} --api-key {} --model {} --write",
+        h.name, a.session, a.api_key, a.model
+    )
+}
+
 pub fn run(cmd: HarnessCommand) -> anyhow::Result<()> {
-    let text = match cmd {
-        HarnessCommand::List => list(),
+    match cmd {
+        HarnessCommand::List => print!("{}", list()),
         HarnessCommand::Env(a) => {
             let h = find(&a.name)?;
-            render_env(h, &Values::new(&a.session, &a.api_key, &a.model)?)?
+            let v = Values::new(&a.session, &a.api_key, &a.model)?;
+            let vars = env_vars(h, &v)?;
+            if vars.is_empty() {
+                bail!(
+                    "{} takes no environment: it reads its config file ({}); put it in place with `{}`",
+                    h.name,
+                    h.files
+                        .iter()
+                        .map(|f| f.path)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                    config_command(h, &a)
+                );
+            }
+            print!("{}", render_env(h, &v)?);
+            // Variables that do not carry the session's URL do not point it at graft alone.
+            if !h.env.contains("{{base_url") {
+                eprintln!(
+                    "graft: these variables alone do not point {} at graft; its config file does: `{}`",
+                    h.name,
+                    config_command(h, &a)
+                );
+            }
         }
-        HarnessCommand::Config(a) => {
+        HarnessCommand::Config(c) => {
+            let a = &c.render;
             let h = find(&a.name)?;
-            render_config(h, &Values::new(&a.session, &a.api_key, &a.model)?)?
+            let v = Values::new(&a.session, &a.api_key, &a.model)?;
+            if c.write {
+                let home = match c
+                    .home
+                    .clone()
+                    .or_else(|| std::env::var_os("HOME").map(PathBuf::from))
+                {
+                    Some(h) => h,
+                    None => bail!("HOME is not set: give --home DIR"),
+                };
+                let codex_home = match &c.home {
+                    Some(_) => None,
+                    None => std::env::var_os("CODEX_HOME").map(PathBuf::from),
+                };
+                let cwd = std::env::current_dir().context("reading the current directory")?;
+                let files: Vec<&ConfigFile> = match &c.file {
+                    Some(name) => vec![pick_file(h, Some(name))?],
+                    None => h.files.iter().collect(),
+                };
+                for f in files {
+                    let dest = write_path(f.path, &home, codex_home.as_deref(), &cwd);
+                    match write_file(&dest, &render_file(f, &v)?, c.force)? {
+                        Wrote::Created => println!("wrote {}", dest.display()),
+                        Wrote::Unchanged => println!("unchanged {}", dest.display()),
+                        Wrote::Replaced(bak) => println!(
+                            "wrote {} (the old file is kept as {})",
+                            dest.display(),
+                            bak.display()
+                        ),
+                    }
+                }
+            } else {
+                let f = pick_file(h, c.file.as_deref())?;
+                eprintln!("graft: {} belongs at {}", file_name(f), f.path);
+                print!("{}", render_file(f, &v)?);
+            }
         }
-    };
-    print!("{text}");
+    }
     Ok(())
 }
 
@@ -328,7 +527,12 @@ mod tests {
         assert!(HARNESSES.len() >= 6);
         for h in HARNESSES {
             let env = render_env(h, &v).unwrap_or_else(|e| panic!("{}: {e:#}", h.name));
-            let config = render_config(h, &v).unwrap_or_else(|e| panic!("{}: {e:#}", h.name));
+            let config = h
+                .files
+                .iter()
+                .map(|f| render_file(f, &v))
+                .collect::<anyhow::Result<String>>()
+                .unwrap_or_else(|e| panic!("{}: {e:#}", h.name));
             for text in [&env, &config] {
                 assert!(
                     !text.contains("{{") && !text.contains("}}"),
@@ -387,6 +591,86 @@ mod tests {
         for h in HARNESSES {
             assert!(err.contains(h.name), "{err}");
         }
+    }
+
+    #[test]
+    fn write_puts_each_documented_place_under_home_codex_home_or_the_current_dir() {
+        let (home, cwd) = (Path::new("/h"), Path::new("/w"));
+        let at = |p| write_path(p, home, None, cwd);
+        assert_eq!(
+            at("~/.claude/settings.json"),
+            Path::new("/h/.claude/settings.json")
+        );
+        assert_eq!(
+            at("$CODEX_HOME/config.toml"),
+            Path::new("/h/.codex/config.toml")
+        );
+        assert_eq!(
+            write_path("$CODEX_HOME/config.toml", home, Some(Path::new("/c")), cwd),
+            Path::new("/c/config.toml")
+        );
+        assert_eq!(
+            at("<repo root>/.aider.conf.yml"),
+            Path::new("/w/.aider.conf.yml")
+        );
+        assert_eq!(
+            at("graft.yaml (mini -c mini.yaml -c graft.yaml)"),
+            Path::new("/w/graft.yaml")
+        );
+        // Every harness's files land somewhere under one of the three.
+        for h in HARNESSES {
+            for f in h.files {
+                let p = at(f.path);
+                assert!(
+                    p.starts_with(home) || p.starts_with(cwd),
+                    "{}: {p:?}",
+                    f.path
+                );
+                assert!(p.ends_with(f.template_name), "{}: {p:?}", f.path);
+            }
+        }
+    }
+
+    #[test]
+    fn write_refuses_a_different_file_unless_forced_and_keeps_the_old_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let dest = dir.path().join("a/b/settings.json");
+        assert_eq!(write_file(&dest, "one\n", false).unwrap(), Wrote::Created);
+        assert_eq!(write_file(&dest, "one\n", false).unwrap(), Wrote::Unchanged);
+        let err = format!("{:#}", write_file(&dest, "two\n", false).unwrap_err());
+        assert!(err.contains("--force") && err.contains("differs"), "{err}");
+        assert_eq!(std::fs::read_to_string(&dest).unwrap(), "one\n");
+        let bak = dir.path().join("a/b/settings.json.bak");
+        assert_eq!(
+            write_file(&dest, "two\n", true).unwrap(),
+            Wrote::Replaced(bak.clone())
+        );
+        assert_eq!(std::fs::read_to_string(&dest).unwrap(), "two\n");
+        assert_eq!(std::fs::read_to_string(&bak).unwrap(), "one\n");
+        // No temp file is left beside it.
+        let names: Vec<_> = std::fs::read_dir(dir.path().join("a/b"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names.len(), 2, "{names:?}");
+    }
+
+    #[test]
+    fn a_harness_with_several_files_needs_file_to_print_one() {
+        let h = find("litellm-anthropic").unwrap();
+        let err = format!("{:#}", pick_file(h, None).unwrap_err());
+        assert!(
+            err.contains("--file") && err.contains("litellm-config.yaml"),
+            "{err}"
+        );
+        assert_eq!(
+            pick_file(h, Some("litellm-config.yaml"))
+                .unwrap()
+                .template_name,
+            "litellm-config.yaml"
+        );
+        assert!(pick_file(h, Some("nope")).is_err());
+        assert!(pick_file(find("codex").unwrap(), None).is_ok());
     }
 
     #[test]

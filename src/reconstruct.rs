@@ -39,8 +39,9 @@ pub struct ReconstructArgs {
     /// Print the summary as one JSON object.
     #[arg(long)]
     pub json: bool,
-    /// Succeed even when a session yields no sample (every call of it skipped); by
-    /// default that is an error, after the summary and the skip reasons.
+    /// Succeed even when a session yields no sample (every call of it skipped, or left out
+    /// by a `--leave-out-*` rule); by default that is an error, after the summary and the
+    /// skip reasons.
     #[arg(long)]
     pub allow_skips: bool,
     /// What a call whose prompt drifted from its sample (re-rendered history) does:
@@ -53,7 +54,9 @@ pub struct ReconstructArgs {
     #[arg(long = "leave-out-model", value_name = "MODEL")]
     pub leave_out_models: Vec<String>,
     /// Leave calls that offer no tools out of training (a harness's title and summary
-    /// calls beside a tool-using rollout).
+    /// calls beside a tool-using rollout). An agent that never offers tools (smolagents'
+    /// CodeAgent, aider) has no call left: its sessions yield no sample, an error unless
+    /// --allow-skips.
     #[arg(long)]
     pub leave_out_without_tools: bool,
     /// Leave calls out by a request header the gateway recorded (`recorder.record_headers`):
@@ -110,6 +113,7 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         retokenized_calls,
         skipped,
         sessions_without_samples,
+        sessions_left_out,
         call_rewards,
         call_rewards_unmatched,
         ..
@@ -130,6 +134,7 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
                 "retokenized_calls": retokenized_calls,
                 "skipped": skipped,
                 "sessions_without_samples": sessions_without_samples,
+                "sessions_left_out": sessions_left_out,
                 "call_rewards": call_rewards,
                 "call_rewards_unmatched": call_rewards_unmatched,
                 "out": a.out,
@@ -154,23 +159,64 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         println!("samples written to {}", a.out.display());
     }
     if !sessions_without_samples.is_empty() && !a.allow_skips {
-        let shown: Vec<&str> = sessions_without_samples
+        let (ruled, skipped): (Vec<&String>, Vec<&String>) = sessions_without_samples
             .iter()
-            .take(10)
-            .map(String::as_str)
-            .collect();
+            .partition(|s| sessions_left_out.contains(s));
+        let mut why = Vec::new();
+        if !skipped.is_empty() {
+            why.push(format!(
+                "{} session(s) yielded no sample ({}): every call of theirs was skipped, for the reasons printed above; fix the records",
+                skipped.len(),
+                shown(&skipped)
+            ));
+        }
+        if !ruled.is_empty() {
+            why.push(format!(
+                "{} session(s) yielded no sample ({}): every call of theirs was left out by {} (the 'left out' lines above); an agent that never offers tools (smolagents' CodeAgent, aider) keeps nothing under --leave-out-without-tools: drop the rule that matches its calls",
+                ruled.len(),
+                shown(&ruled),
+                rules_given(&a)
+            ));
+        }
         anyhow::bail!(
-            "{} session(s) yielded no sample ({}{}): every call of theirs was skipped, for the reasons printed above; fix the records or pass --allow-skips to accept it",
-            sessions_without_samples.len(),
-            shown.join(", "),
-            if sessions_without_samples.len() > shown.len() {
-                ", ..."
-            } else {
-                ""
-            }
+            "{}; or pass --allow-skips to accept sessions without samples",
+            why.join("; ")
         );
     }
     Ok(())
+}
+
+/// Up to ten session ids, comma-separated, `...` after them when there are more.
+fn shown(ids: &[&String]) -> String {
+    let mut text = ids
+        .iter()
+        .take(10)
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(", ");
+    if ids.len() > 10 {
+        text.push_str(", ...");
+    }
+    text
+}
+
+/// The `--leave-out-*` flags given, as a user typed them.
+fn rules_given(a: &ReconstructArgs) -> String {
+    let mut rules: Vec<String> = Vec::new();
+    if a.leave_out_without_tools {
+        rules.push("--leave-out-without-tools".into());
+    }
+    rules.extend(
+        a.leave_out_models
+            .iter()
+            .map(|m| format!("--leave-out-model {m}")),
+    );
+    rules.extend(
+        a.leave_out_headers
+            .iter()
+            .map(|h| format!("--leave-out-header {h}")),
+    );
+    rules.join(", ")
 }
 
 /// An OpenAI-format JSONL of conversations → SFT-style samples written to `out`.

@@ -90,7 +90,9 @@ pub enum RolloutsCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct ServeArgs {
-    /// The harnesses, envd and backend, as for `graft rl` (its `[tasks]` file is not read).
+    /// The harnesses, envd and backend, as for `graft rl`: the same file works, but `[tasks]`
+    /// and `run.steps` are not needed (tasks come with each request); a file the config
+    /// names must exist.
     #[arg(long)]
     pub config: PathBuf,
     /// Address to listen on (port 0 picks a free port; the real address is printed).
@@ -148,6 +150,7 @@ struct State {
 pub async fn run(cmd: RolloutsCommand) -> anyhow::Result<()> {
     let RolloutsCommand::Serve(a) = cmd;
     let cfg = RlConfig::load(&a.config)?;
+    cfg.check_files()?;
     let model = Model::from_dir(&cfg.backend.model_dir).with_context(|| {
         format!(
             "loading the model's tokenizer and template from {}",

@@ -2417,3 +2417,76 @@ async fn logprobs_reasoning_tokens_and_finish_reasons_are_answered_as_the_server
     assert_eq!(r["finish_reason"], "length", "{r}");
     assert_eq!(r["backend_finish_reason"], "length", "{r}");
 }
+
+/// The readiness recipe `docs/gateway.md` gives scripts: poll `GET /healthz` from before
+/// the start until it answers 200. An exact-mode gateway loads its tokenizer before binding
+/// (the port refuses meanwhile), may answer 503 `starting` while rebuilding token histories,
+/// and answers 200 `ok` once a call can go through: the first call after it succeeds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_answers_ok_only_once_an_exact_mode_gateway_can_take_a_call() {
+    let env = TestEnv::get();
+    let q = env.qwen3_dir();
+    let q = q.to_str().unwrap();
+    let upstream = Proc::scripted_upstream(&["--tokenizer", q]);
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}");
+    /// Kills the gateway however the test ends.
+    struct Kill(std::process::Child);
+    impl Drop for Kill {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _gateway = Kill(
+        std::process::Command::new(common::graft_bin())
+            .args([
+                "gateway",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--upstream",
+            ])
+            .arg(&upstream.url)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .args(["--mode", "exact", "--model-dir", q])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen = vec![];
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no 200 in 60 s: {seen:?}"
+        );
+        match http::send("GET", &format!("{url}/healthz"), &[], vec![]).await {
+            Ok(r) if r.status == 200 => {
+                assert_eq!(r.json()["status"], "ok");
+                break;
+            }
+            Ok(r) => {
+                assert_eq!(r.status, 503, "{}", r.text());
+                assert_eq!(r.json()["status"], "starting", "{}", r.text());
+                seen.push(503);
+            }
+            Err(_) => seen.push(0),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    let r = http::post_json(
+        &format!("{url}/v1/chat/completions"),
+        &[],
+        &json!({"model": "m", "messages": [{"role": "user", "content": "graft-completion: hi"}]}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+}

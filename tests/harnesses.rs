@@ -14,6 +14,10 @@
 //! The OpenHands SDK also runs in passthrough against a text-only upstream: reconstruct
 //! re-tokenizes every call with the model's template, skips none and names every fork.
 //!
+//! `graft harness` itself: `env openai` read by the openai SDK through a real session, `env`
+//! of a harness that reads no variable refused with what to run instead, `config` printing
+//! the file alone and `config --write` putting it in place (no envd needed).
+//!
 //! Needs `bash scripts/setup-test-env.sh` (it installs every harness here); root + bubblewrap.
 //! `scripts/harness-matrix.sh` runs the same task for every harness in both modes.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -22,7 +26,7 @@ mod common;
 
 use std::path::{Path, PathBuf};
 
-use common::{Proc, TestEnv, http, repo_root};
+use common::{Proc, Stack, TestEnv, http, repo_root};
 use graft_reconstruct::sample::read_samples_parquet;
 use serde_json::{Value, json};
 
@@ -637,4 +641,192 @@ fn hermes_writes_the_file_through_chat_sse_in_exact_mode() {
         side_calls: false,
         rewrites_history: None,
     });
+}
+
+/// `graft harness ARGS` to completion: (exit ok, stdout, stderr), run in `cwd`.
+fn harness_cmd(args: &[&str], cwd: &Path) -> (bool, String, String) {
+    let o = std::process::Command::new(common::graft_bin())
+        .arg("harness")
+        .args(args)
+        .current_dir(cwd)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// `graft harness env openai` is what a generic OpenAI-compatible client needs: evaluated by
+/// a shell, the openai Python SDK built with no arguments (`OpenAI()`) reaches the session
+/// and the call is recorded under it with the model from `OPENAI_MODEL`.
+#[test]
+fn harness_env_openai_points_an_argumentless_openai_sdk_at_the_session() {
+    let env = TestEnv::get();
+    let stack = Stack::start();
+    let session = stack.open_session("openai-env");
+    let base = session["base_url"].as_str().unwrap();
+    let exports = common::graft(&[
+        "harness",
+        "env",
+        "openai",
+        "--session",
+        base,
+        "--api-key",
+        "sk-graft-test-key",
+        "--model",
+        "scripted",
+    ]);
+    for var in ["OPENAI_BASE_URL", "OPENAI_API_KEY", "OPENAI_MODEL"] {
+        assert!(exports.contains(&format!("export {var}=")), "{exports}");
+    }
+    let script = "import json, os, openai\n\
+        r = openai.OpenAI().chat.completions.create(model=os.environ['OPENAI_MODEL'], \
+        messages=[{'role': 'user', 'content': 'graft-completion: once upon a time'}])\n\
+        print(json.dumps({'content': r.choices[0].message.content}))";
+    let mut cmd = std::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(format!(
+            "eval \"$GRAFT_EXPORTS\" && exec {} -c \"$0\"",
+            env.python().display()
+        ))
+        .arg(script)
+        .env("GRAFT_EXPORTS", &exports)
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_MODEL");
+    let out = common::run_client(cmd, common::CLIENT_TIMEOUT);
+    assert!(
+        out["content"]
+            .as_str()
+            .is_some_and(|c| c.contains("gateway")),
+        "{out}"
+    );
+    let recs = stack.wait_records("openai-env", 1);
+    assert_eq!(recs[0]["request"]["model"], "scripted", "{}", recs[0]);
+}
+
+/// A harness that reads no variable (its config file holds everything) gets no empty
+/// success from `graft harness env`: a non-zero exit, nothing on stdout, and the
+/// `graft harness config ... --write` line to run instead.
+#[test]
+fn harness_env_of_a_harness_without_variables_fails_naming_config_write() {
+    let dir = tempfile::tempdir().unwrap();
+    for name in ["openclaw", "hermes", "zeroclaw"] {
+        let (ok, stdout, stderr) = harness_cmd(
+            &["env", name, "--session", "http://127.0.0.1:9/s/x/v1"],
+            dir.path(),
+        );
+        assert!(!ok, "{name}: exit 0 with {stdout:?}");
+        assert_eq!(stdout, "", "{name}");
+        assert!(
+            stderr.contains(&format!("{name} takes no environment"))
+                && stderr.contains(&format!("graft harness config {name} "))
+                && stderr.contains("--write"),
+            "{name}: {stderr}"
+        );
+    }
+    // A harness whose variables do not carry the URL prints them, and says on stderr that
+    // its config file is what points it at graft.
+    let (ok, stdout, stderr) = harness_cmd(
+        &["env", "pi", "--session", "http://127.0.0.1:9/s/x/v1"],
+        dir.path(),
+    );
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, "export PI_OFFLINE='1'\n");
+    assert!(stderr.contains("graft harness config pi "), "{stderr}");
+}
+
+/// `graft harness config` prints the file alone (a JSON file parses as JSON, so it can be
+/// redirected into place); `--write --home DIR` puts it where the harness reads it, leaves
+/// an identical file alone, refuses a different one without `--force`, and with `--force`
+/// replaces it keeping the old one as `.bak`. Files that belong in the working directory
+/// (aider's `.aider.conf.yml`, the openai dotenv) go to the current directory.
+#[test]
+fn harness_config_prints_the_file_alone_and_write_puts_it_in_place() {
+    let dir = tempfile::tempdir().unwrap();
+    let (home, cwd) = (dir.path().join("home"), dir.path().join("work"));
+    std::fs::create_dir_all(&cwd).unwrap();
+    let session = [
+        "--session",
+        "http://127.0.0.1:9/s/cfg-1/v1",
+        "--api-key",
+        "gk-1",
+        "--model",
+        "m",
+    ];
+    let with = |head: &[&str], tail: &[&str]| -> Vec<String> {
+        head.iter()
+            .chain(&session)
+            .chain(tail)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    let run = |args: Vec<String>| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        harness_cmd(&args, &cwd)
+    };
+    for name in ["claude-code", "pi", "opencode", "openclaw"] {
+        let (ok, stdout, stderr) = run(with(&["config", name], &[]));
+        assert!(ok, "{name}: {stderr}");
+        let v: Value = serde_json::from_str(&stdout).unwrap_or_else(|e| {
+            panic!("{name}: stdout is not the JSON file alone ({e}):\n{stdout}")
+        });
+        assert!(v.to_string().contains("127.0.0.1:9/s/cfg-1"), "{name}: {v}");
+        assert!(stderr.contains("belongs at ~/"), "{name}: {stderr}");
+    }
+    // Several files: one at a time with --file.
+    let (ok, _, stderr) = run(with(&["config", "litellm-anthropic"], &[]));
+    assert!(!ok && stderr.contains("--file"), "{stderr}");
+    let (ok, stdout, _) = run(with(
+        &["config", "litellm-anthropic"],
+        &["--file", "litellm-config.yaml"],
+    ));
+    assert!(ok && !stdout.contains("==>"), "{stdout}");
+
+    let h = home.to_str().unwrap();
+    let printed = run(with(&["config", "claude-code"], &[])).1;
+    let dest = home.join(".claude/settings.json");
+    let (ok, stdout, stderr) = run(with(&["config", "claude-code"], &["--write", "--home", h]));
+    assert!(ok, "{stderr}");
+    assert_eq!(stdout, format!("wrote {}\n", dest.display()));
+    assert_eq!(std::fs::read_to_string(&dest).unwrap(), printed);
+    let (ok, stdout, _) = run(with(&["config", "claude-code"], &["--write", "--home", h]));
+    assert!(ok && stdout.starts_with("unchanged "), "{stdout}");
+    std::fs::write(&dest, "{\"theme\": \"dark\"}\n").unwrap();
+    let (ok, _, stderr) = run(with(&["config", "claude-code"], &["--write", "--home", h]));
+    assert!(!ok && stderr.contains("--force"), "{stderr}");
+    assert_eq!(
+        std::fs::read_to_string(&dest).unwrap(),
+        "{\"theme\": \"dark\"}\n"
+    );
+    let (ok, stdout, stderr) = run(with(
+        &["config", "claude-code"],
+        &["--write", "--home", h, "--force"],
+    ));
+    assert!(
+        ok && stdout.contains("settings.json.bak"),
+        "{stdout}\n{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&dest).unwrap(), printed);
+    assert_eq!(
+        std::fs::read_to_string(home.join(".claude/settings.json.bak")).unwrap(),
+        "{\"theme\": \"dark\"}\n"
+    );
+    // Working-directory files go to the current directory.
+    for (name, file) in [("aider", ".aider.conf.yml"), ("openai", ".env")] {
+        let (ok, stdout, stderr) = run(with(&["config", name], &["--write", "--home", h]));
+        assert!(ok, "{name}: {stderr}");
+        assert_eq!(stdout, format!("wrote {}\n", cwd.join(file).display()));
+    }
+    let dotenv = std::fs::read_to_string(cwd.join(".env")).unwrap();
+    assert!(
+        dotenv.contains("OPENAI_BASE_URL=http://127.0.0.1:9/s/cfg-1/v1\n"),
+        "{dotenv}"
+    );
+    // --home and --force only mean something with --write.
+    let (ok, _, stderr) = run(with(&["config", "pi"], &["--home", h]));
+    assert!(!ok && stderr.contains("--write"), "{stderr}");
 }

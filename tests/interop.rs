@@ -660,3 +660,119 @@ print(json.dumps(out))
         "{g}"
     );
 }
+
+/// `graft rollouts serve` takes what its docs say: `graft rl`'s config without `run.steps`
+/// or `[tasks]` (tasks come with each request) starts and answers; `graft rl` refuses that
+/// config naming what it lacks; and a `[tasks]` file that does not exist is refused at start
+/// by both, naming the key and the path, instead of being accepted unread.
+#[test]
+fn the_rollout_service_takes_a_config_without_steps_or_tasks_and_refuses_a_missing_file() {
+    let env = TestEnv::get();
+    let dir = tempfile::tempdir().unwrap();
+    let full = std::fs::read_to_string(rl_config(&env, dir.path())).unwrap();
+    let tasks = repo_root().join("examples/rl/tasks.jsonl");
+    let tasks_section = format!("[tasks]\nfile = \"{}\"\n", tasks.display());
+    assert!(full.contains(&tasks_section) && full.contains("steps = 1\n"));
+    let lean = dir.path().join("lean.toml");
+    std::fs::write(
+        &lean,
+        full.replace(&tasks_section, "").replace("steps = 1\n", ""),
+    )
+    .unwrap();
+    let run = |args: &[&str]| {
+        let o = Command::new(graft_bin())
+            .args(args)
+            .env("GRAFT_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    {
+        let svc = rollout_service(&lean);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let r = rt.block_on(common::http::get(&format!("{}/health", svc.url), &[]));
+        assert_eq!(r.status, 200, "{}", r.text());
+    }
+    let l = lean.to_str().unwrap();
+    let (ok, stderr) = run(&["rl", "--config", l]);
+    assert!(!ok && stderr.contains("run.steps is missing"), "{stderr}");
+    let (ok, stderr) = run(&["rl", "--config", l, "--steps", "1"]);
+    assert!(!ok && stderr.contains("[tasks] is missing"), "{stderr}");
+
+    let gone = dir.path().join("no-such-tasks.jsonl");
+    let missing = dir.path().join("missing.toml");
+    std::fs::write(
+        &missing,
+        full.replace(
+            &tasks_section,
+            &format!("[tasks]\nfile = \"{}\"\n", gone.display()),
+        ),
+    )
+    .unwrap();
+    let m = missing.to_str().unwrap();
+    for args in [
+        &["rollouts", "serve", "--config", m][..],
+        &["rl", "--config", m][..],
+    ] {
+        let (ok, stderr) = run(args);
+        assert!(!ok, "{args:?} started with a task file that does not exist");
+        assert!(
+            stderr.contains(&format!("tasks.file = {}: no such file", gone.display())),
+            "{args:?}: {stderr}"
+        );
+    }
+}
+
+/// `graft export --format native` in a Python without the framework (the interop venv has
+/// graft_rl, pyarrow and numpy, no verl, SkyRL or torch): the error names the missing
+/// package and its install line instead of a traceback, and nothing is written (SkyRL used
+/// to leave an empty file), not even a temp file beside it.
+#[test]
+fn export_native_without_the_framework_names_the_package_and_writes_nothing() {
+    let env = TestEnv::get();
+    let py = venv_python(&env, "interop", "bash scripts/setup-test-env.sh");
+    let dir = tempfile::tempdir().unwrap();
+    let file = graft_rl_samples(&env, dir.path());
+    let f = file.to_str().unwrap();
+    let outdir = dir.path().join("native");
+    for (to, needs) in [
+        ("skyrl", "skyrl==0.4.0"),
+        ("verl", "verl==0.9.1"),
+        ("slime", "pip install torch"),
+    ] {
+        let dest = outdir.join(format!("{to}.pkl"));
+        let (ok, stdout, stderr) = export(
+            &py,
+            &[
+                "--to",
+                to,
+                "--format",
+                "native",
+                "--samples",
+                f,
+                "--out",
+                dest.to_str().unwrap(),
+            ],
+        );
+        assert!(!ok, "{to}: exported without the framework: {stdout}");
+        assert!(
+            stderr.contains(&format!("--format native --to {to} needs"))
+                && stderr.contains("cannot import")
+                && stderr.contains(needs)
+                && stderr.contains("--format jsonl"),
+            "{to}: {stderr}"
+        );
+        assert!(!stderr.contains("Traceback"), "{to}: {stderr}");
+        let left: Vec<_> = std::fs::read_dir(&outdir)
+            .map(|d| d.map(|e| e.unwrap().file_name()).collect())
+            .unwrap_or_default();
+        assert!(left.is_empty(), "{to}: a failed export left {left:?}");
+    }
+}

@@ -529,3 +529,77 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
     let (ok, _, stderr) = reconstruct_status(&args);
     assert!(!ok && stderr.contains("is not a header rule"), "{stderr}");
 }
+
+/// An agent that never offers tools (smolagents' CodeAgent, aider) keeps no call under
+/// `--leave-out-without-tools`: its session yields no sample, and that is the error `--help`
+/// promises, naming the rule that left the calls out, not a silent 0 with exit 0; with
+/// `--allow-skips` it is accepted and the summary names the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leave_out_without_tools_on_a_text_only_agent_is_an_error_naming_the_flag() {
+    let env = TestEnv::get();
+    let qwen3 = env.qwen3_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&["--script", common::script_path().to_str().unwrap()]);
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let s = http::post_json(&format!("{}/graft/sessions", gw.url), &[], &json!({})).await;
+    assert_eq!(s.status, 201, "{}", s.text());
+    let s = s.json();
+    let (sid, base) = (
+        s["session_id"].as_str().unwrap().to_owned(),
+        s["base_url"].as_str().unwrap().to_owned(),
+    );
+    let mut messages =
+        vec![json!({"role": "user", "content": "graft-completion: once upon a time"})];
+    for _ in 0..2 {
+        let r = http::post_json(
+            &format!("{base}/chat/completions"),
+            &[],
+            &json!({"model": "m", "messages": messages}),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        messages.push(r.json()["choices"][0]["message"].clone());
+        messages.push(json!({"role": "user", "content": "go on"}));
+    }
+    http::post_json(
+        &format!("{}/graft/sessions/{sid}/reward", gw.url),
+        &[],
+        &json!({"reward": 1.0}),
+    )
+    .await;
+    let out = dir.path().join("samples.parquet");
+    let (q, d, o) = (
+        qwen3.to_str().unwrap(),
+        data.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let base = ["--data-dir", d, "--tokenizer", q, "--out", o];
+
+    // Without the rule: one sample, exit 0.
+    let (ok, stdout, stderr) = reconstruct_status(&base);
+    assert!(ok, "{stdout}\n{stderr}");
+    // With it: no sample, a non-zero exit that names the session and the flag.
+    let mut args = base.to_vec();
+    args.push("--leave-out-without-tools");
+    let (ok, stdout, stderr) = reconstruct_status(&args);
+    assert!(!ok, "0 samples must not exit 0:\n{stdout}\n{stderr}");
+    assert!(
+        stdout.contains("skipped: 2 (left out: offers no tools)"),
+        "{stdout}"
+    );
+    assert!(
+        stderr.contains(&format!("1 session(s) yielded no sample ({sid})"))
+            && stderr.contains("left out by --leave-out-without-tools")
+            && stderr.contains("--allow-skips"),
+        "{stderr}"
+    );
+    // Accepted on request, and the summary says which session the rule emptied.
+    args.extend(["--allow-skips", "--json"]);
+    let (ok, stdout, stderr) = reconstruct_status(&args);
+    assert!(ok, "{stdout}\n{stderr}");
+    let s: Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(s["samples"], 0, "{s}");
+    assert_eq!(s["sessions_without_samples"], json!([sid]), "{s}");
+    assert_eq!(s["sessions_left_out"], json!([sid]), "{s}");
+}

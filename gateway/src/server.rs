@@ -351,11 +351,16 @@ async fn dispatch(
     let method = req.method().clone();
     match path.as_str() {
         "/healthz" => {
-            return (
-                None,
-                "healthz",
-                Ok(json_response(StatusCode::OK, &json!({"status": "ok"}))),
-            );
+            // Ready once the listener serves (the tokenizer and template are loaded before
+            // it binds) and, in exact mode, the token histories are rebuilt.
+            let body = match state.backend.exact() {
+                Some(e) if !e.is_ready() => json_response(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    &json!({"status": "starting", "reason": "exact mode is rebuilding token histories from the records; calls wait until it is done"}),
+                ),
+                _ => json_response(StatusCode::OK, &json!({"status": "ok"})),
+            };
+            return (None, "healthz", Ok(body));
         }
         "/metrics" => {
             state

@@ -171,8 +171,11 @@ pub struct Reconstruction {
     /// Calls left out, per reason ([`skip_reason`], [`NO_TOKEN_IDS`]).
     pub skipped: BTreeMap<String, u64>,
     /// Sessions with inference calls of which none became part of a sample (every call
-    /// skipped), in id order.
+    /// skipped or left out), in id order.
     pub sessions_without_samples: Vec<String>,
+    /// The sessions of `sessions_without_samples` whose every call a [`LeaveOut`] rule left
+    /// out (e.g. `without_tools` on an agent that never offers tools), in id order.
+    pub sessions_left_out: Vec<String>,
     /// Calls of [`FromRecords::count_versions_of`] per `weight_version` ("unknown" when the
     /// record has none).
     pub weight_versions: BTreeMap<String, usize>,
@@ -255,6 +258,8 @@ pub fn samples_from_records(
     let mut done = Reconstruction::default();
     let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
+    // Sessions with a call a leave-out rule took out.
+    let mut ruled: BTreeSet<String> = BTreeSet::new();
     let records = graft_recorder::read_records(data_dir)?;
     // Retried turns are trained on the attempt the client received; abandoned calls not at all.
     let left_out = crate::attempts::left_out(&records);
@@ -285,6 +290,7 @@ pub fn samples_from_records(
         }
         if let Some(why) = how.leave_out.and_then(|l| l.reason(&rec)) {
             *done.skipped.entry(why).or_default() += 1;
+            ruled.insert(rec.session_id.clone());
             continue;
         }
         if let Some(why) = left_out.get(&rec.call_id) {
@@ -353,9 +359,17 @@ pub fn samples_from_records(
         .collect();
     unmatched.sort();
     done.call_rewards_unmatched = unmatched;
+    done.sessions_left_out = ruled
+        .iter()
+        .filter(|s| !seen.contains(*s))
+        .cloned()
+        .collect();
     done.sessions_without_samples = seen
         .into_iter()
+        .chain(ruled)
         .filter(|s| !sessions.contains_key(s))
+        .collect::<BTreeSet<_>>()
+        .into_iter()
         .collect();
     Ok(done)
 }

@@ -15,7 +15,10 @@ pub const SCRIPTED_NEEDS_TESTKIT: &str = "backend.scripted needs the scripted up
 #[serde(deny_unknown_fields)]
 pub struct RlConfig {
     pub run: RunSection,
-    pub tasks: TasksSection,
+    /// `graft rl`'s task file; `graft rollouts serve` takes its tasks per request and does
+    /// not read it (a file it names must still exist: [`RlConfig::check_files`]).
+    #[serde(default)]
+    pub tasks: Option<TasksSection>,
     /// One harness (`[harness]`) or several (`[[harness]]`, each with a `label`): a task that
     /// names one (`"harness": LABEL`) runs all its rollouts in it; the others' groups mix
     /// them, rollout i of a group in harness i mod n.
@@ -38,8 +41,10 @@ pub struct RlConfig {
 pub struct RunSection {
     /// Where the run keeps everything: records, samples, checkpoints, the step log.
     pub out_dir: PathBuf,
-    /// Optimizer steps to run.
-    pub steps: usize,
+    /// Optimizer steps to run: `graft rl` needs it (here or `--steps`); `graft rollouts
+    /// serve` does not read it.
+    #[serde(default)]
+    pub steps: Option<usize>,
     #[serde(default)]
     pub seed: u64,
     /// Checkpoints kept in `<out_dir>/checkpoints` (each holds the weights and the optimizer
@@ -468,6 +473,66 @@ impl RlConfig {
         }
     }
 
+    /// `run.steps` (`graft rl` checks at start that it is set: [`RlConfig::for_rl`]).
+    pub fn steps(&self) -> usize {
+        self.run.steps.unwrap_or(0)
+    }
+
+    /// What `graft rl` needs beyond what the rollout service does: `run.steps` (or the
+    /// `--steps` given) and `[tasks]`; returns the task file.
+    pub fn for_rl(&mut self, steps: Option<usize>) -> anyhow::Result<PathBuf> {
+        let Some(steps) = steps.or(self.run.steps) else {
+            bail!(
+                "run.steps is missing: graft rl needs the number of steps, in [run] (steps = N) or as --steps N"
+            );
+        };
+        self.run.steps = Some(steps);
+        match &self.tasks {
+            Some(t) => Ok(t.file.clone()),
+            None => bail!(
+                "[tasks] is missing: graft rl needs a task file ([tasks] file = \"tasks.jsonl\", one task per line); only graft rollouts serve, which takes its tasks per request, goes without"
+            ),
+        }
+    }
+
+    /// Every file and folder the config names exists (the task file, `backend.model_dir`,
+    /// `backend.scripted`, `trainer.model`, each harness's mounts), checked at start so a
+    /// wrong path is one clear error, not a failure on the first rollout.
+    pub fn check_files(&self) -> anyhow::Result<()> {
+        let mut named: Vec<(String, &Path, bool)> = Vec::new();
+        if let Some(t) = &self.tasks {
+            named.push(("tasks.file".into(), &t.file, false));
+        }
+        named.push(("backend.model_dir".into(), &self.backend.model_dir, true));
+        if let Some(s) = &self.backend.scripted {
+            named.push(("backend.scripted".into(), s, false));
+        }
+        if let Some(m) = &self.trainer.model {
+            named.push(("trainer.model".into(), m, true));
+        }
+        for h in &self.harness {
+            for (target, src) in &h.mounts {
+                named.push((
+                    format!("harness '{}' mounts.\"{target}\"", h.label()),
+                    src,
+                    false,
+                ));
+            }
+        }
+        for (key, path, dir) in named {
+            let what = if dir { "folder" } else { "file" };
+            let ok = if dir { path.is_dir() } else { path.exists() };
+            if !ok {
+                bail!(
+                    "{key} = {}: no such {what} (relative paths are relative to the config's folder, {})",
+                    path.display(),
+                    self.dir.display()
+                );
+            }
+        }
+        Ok(())
+    }
+
     pub fn load(path: &Path) -> anyhow::Result<RlConfig> {
         let text = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the run config {}", path.display()))?;
@@ -489,7 +554,9 @@ impl RlConfig {
             }
         };
         fix(&mut c.run.out_dir);
-        fix(&mut c.tasks.file);
+        if let Some(t) = &mut c.tasks {
+            fix(&mut t.file);
+        }
         fix(&mut c.backend.model_dir);
         let n = c.harness.len();
         for (i, h) in c.harness.iter_mut().enumerate() {
@@ -722,6 +789,6 @@ mod tests {
             Some("env::GRAFT_ENVD_API_KEY")
         );
         // Both read the same task file.
-        assert_eq!(cpu.tasks.file, cluster.tasks.file);
+        assert_eq!(cpu.tasks.map(|t| t.file), cluster.tasks.map(|t| t.file));
     }
 }

@@ -371,13 +371,12 @@ fn write_state(out: &Path, s: &State) -> anyhow::Result<()> {
 
 pub async fn run(args: RlArgs) -> anyhow::Result<()> {
     let mut cfg = RlConfig::load(&args.config)?;
-    if let Some(n) = args.steps {
-        cfg.run.steps = n;
-    }
+    let tasks_file = cfg.for_rl(args.steps)?;
+    cfg.check_files()?;
     if let Some(d) = &args.out_dir {
         cfg.run.out_dir = std::path::absolute(d)?;
     }
-    let tasks = tasks::load(&cfg.tasks.file)?;
+    let tasks = tasks::load(&tasks_file)?;
     for t in &tasks {
         cfg.check_task_harness(&t.id, t.harness.as_deref())?;
     }
@@ -403,7 +402,7 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         / tasks.len();
     println!(
         "plan: {} steps × {} tasks × {}–{} rollouts ({}–{} sandboxes and sessions per step, {} at a time); {} tasks in {} (task prompts ≈ {} tokens); harness `{}` with up to {} s per rollout",
-        cfg.run.steps,
+        cfg.steps(),
         r.tasks_per_step,
         r.group_size,
         r.max_group_size,
@@ -411,7 +410,7 @@ pub async fn run(args: RlArgs) -> anyhow::Result<()> {
         per_step_max,
         r.concurrency,
         tasks.len(),
-        cfg.tasks.file.display(),
+        tasks_file.display(),
         prompt_tokens,
         cfg.harness
             .iter()
@@ -545,7 +544,7 @@ async fn steps(
             "steps.jsonl ended in a torn line (the run stopped while writing it); cut"
         );
     }
-    let progress = Arc::new(progress::Progress::new(cfg.run.steps));
+    let progress = Arc::new(progress::Progress::new(cfg.steps()));
     let sem = Arc::new(tokio::sync::Semaphore::new(cfg.rollout.concurrency));
     // Steps whose training runs while later steps' rollouts are collected, oldest first;
     // trainings run one at a time in this order (each waits for the previous one's signal).
@@ -553,7 +552,7 @@ async fn steps(
     let mut last_done: Option<tokio::sync::oneshot::Receiver<()>> = None;
     let mut step = state.next_step;
     let result = async {
-        while step < cfg.run.steps {
+        while step < cfg.steps() {
             // Step s samples with weights no older than step s − 1 − max_staleness's.
             while pending.len() > cfg.rollout.max_staleness {
                 if let Some((prev, h)) = pending.pop_front() {

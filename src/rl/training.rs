@@ -158,7 +158,7 @@ pub struct Ctx {
 /// Whether step `step` writes a checkpoint (resident trainer).
 fn checkpoint_due(cfg: &RlConfig, step: usize) -> bool {
     let every = cfg.trainer.checkpoint_every;
-    step + 1 >= cfg.run.steps || (every > 0 && (step + 1).is_multiple_of(every))
+    step + 1 >= cfg.steps() || (every > 0 && (step + 1).is_multiple_of(every))
 }
 
 /// Trains step `step` on `samples` once `prev` (the previous training) is done, then hands

@@ -301,6 +301,12 @@ impl Sglang {
         })
     }
 
+    /// Whether the start's rebuild of token histories ([`Sglang::restore`]) is done: until
+    /// then calls wait and `/healthz` answers 503 `starting`.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
     /// Rebuilds the token histories of the `open` sessions from the records in `data_dir`,
     /// in the background; calls wait until it is done (see `restore.rs`).
     pub fn restore(&self, data_dir: std::path::PathBuf, open: std::collections::HashSet<String>) {

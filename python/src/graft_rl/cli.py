@@ -3,8 +3,10 @@
 ``--format jsonl`` (the default) writes one JSON object per sample in the framework's own
 field names and needs only pyarrow and numpy. ``--format native`` writes the framework's
 own file: verl ``DataProto.save_to_disk``, slime's debug rollout data
-(``torch.save({"rollout_id", "samples"})``), a pickled SkyRL ``GeneratorOutput``.
-The last line on stdout is a JSON summary.
+(``torch.save({"rollout_id", "samples"})``), a pickled SkyRL ``GeneratorOutput``; it
+needs that framework (``NATIVE_NEEDS``): without it the error names the package and its
+install line. Either format writes a temp file beside ``--out`` and renames it on success,
+so a failed export leaves nothing behind. The last line on stdout is a JSON summary.
 """
 
 from __future__ import annotations
@@ -27,6 +29,17 @@ from .trl import to_trl, to_trl_sft
 from .verl import verl_layout
 
 FORMATS = ("verl", "trl", "trl-sft", "skyrl", "openrlhf", "slime", "tinker")
+
+# What --format native imports per framework, and how to install it (the versions the
+# interop tier runs: scripts/setup-test-env.sh rlfw, docs/INTEGRATIONS.md).
+NATIVE_NEEDS = {
+    "verl": ("verl and torch", 'pip install "verl==0.9.1" torch (Python 3.10 to 3.12)'),
+    "skyrl": (
+        "skyrl",
+        'pip install --no-deps "skyrl==0.4.0" "skyrl-gym==0.4.0" (Python >= 3.12; its dependencies: docs/INTEGRATIONS.md)',
+    ),
+    "slime": ("torch", "pip install torch (slime itself is not needed to write its file)"),
+}
 
 
 def _plain(v):
@@ -94,28 +107,48 @@ def export(to: str, src: list[str], out: Path, fmt: str, missing_reward) -> dict
     if fmt == "jsonl":
         n = 0
         tmp = out.with_name(f".{out.name}.tmp")
-        with open(tmp, "w") as f:
-            for row in rows(to, samples, missing_reward):
-                f.write(json.dumps(row, default=_plain) + "\n")
-                n += 1
-        tmp.replace(out)
-    elif to == "verl":
-        from .verl import to_verl
-
-        to_verl(samples, missing_reward=missing_reward).save_to_disk(str(out))
-        n = len(samples)
-    elif to == "slime":
-        save_debug_rollout_data(out, 0, samples, missing_reward=missing_reward)
-        n = len(samples)
-    elif to == "skyrl":
-        from .skyrl import to_skyrl
-
-        with open(out, "wb") as f:
-            pickle.dump(to_skyrl(samples, missing_reward=missing_reward), f)
+        try:
+            with open(tmp, "w") as f:
+                for row in rows(to, samples, missing_reward):
+                    f.write(json.dumps(row, default=_plain) + "\n")
+                    n += 1
+            tmp.replace(out)
+        finally:
+            tmp.unlink(missing_ok=True)
+    elif to in NATIVE_NEEDS:
+        tmp = out.with_name(f".{out.name}.tmp")
+        try:
+            _write_native(to, samples, tmp, missing_reward)
+            tmp.replace(out)
+        except ImportError as err:
+            what, install = NATIVE_NEEDS[to]
+            raise S.SampleError(
+                f"--format native --to {to} needs {what}, and {sys.executable} cannot import "
+                f"{err.name or err}: install it with `{sys.executable} -m {install}`, "
+                f"or export --format jsonl (pyarrow and numpy only); nothing was written"
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
         n = len(samples)
     else:
         raise S.SampleError(f"--format native is for verl, slime and skyrl; {to!r} has jsonl")
     return {"to": to, "format": fmt, "samples": len(samples), "rows": n, "out": str(out)}
+
+
+def _write_native(to: str, samples, path: Path, missing_reward) -> None:
+    """The framework's own file for ``to`` at ``path`` (imports the framework)."""
+    if to == "verl":
+        from .verl import to_verl
+
+        to_verl(samples, missing_reward=missing_reward).save_to_disk(str(path))
+    elif to == "slime":
+        save_debug_rollout_data(path, 0, samples, missing_reward=missing_reward)
+    else:
+        from .skyrl import to_skyrl
+
+        output = to_skyrl(samples, missing_reward=missing_reward)
+        with open(path, "wb") as f:
+            pickle.dump(output, f)
 
 
 def main(argv=None) -> int:
