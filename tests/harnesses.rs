@@ -645,18 +645,9 @@ fn hermes_writes_the_file_through_chat_sse_in_exact_mode() {
 
 /// `graft harness ARGS` to completion: (exit ok, stdout, stderr), run in `cwd`.
 fn harness_cmd(args: &[&str], cwd: &Path) -> (bool, String, String) {
-    let o = std::process::Command::new(common::graft_bin())
-        .arg("harness")
-        .args(args)
-        .current_dir(cwd)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let mut all = vec!["harness"];
+    all.extend_from_slice(args);
+    common::graft_status(&all, Some(cwd))
 }
 
 /// `graft harness env openai` is what a generic OpenAI-compatible client needs: evaluated by

@@ -267,17 +267,9 @@ fn a_foreign_jsonl_log_gives_sft_samples() {
 
 /// `graft reconstruct` with its exit status and output (it may fail on purpose).
 fn reconstruct_status(args: &[&str]) -> (bool, String, String) {
-    let o = std::process::Command::new(common::graft_bin())
-        .arg("reconstruct")
-        .args(args)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    (
-        o.status.success(),
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
+    let mut all = vec!["reconstruct"];
+    all.extend_from_slice(args);
+    common::graft_status(&all, None)
 }
 
 /// Passthrough against a text-only upstream, with the shapes real clients send: OpenHands'

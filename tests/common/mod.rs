@@ -623,6 +623,22 @@ impl Stack {
     }
 }
 
+/// Runs `graft ARGS` to completion in `cwd` (this process's when `None`), stdin closed:
+/// (exited 0, stdout, stderr).
+pub fn graft_status(args: &[&str], cwd: Option<&Path>) -> (bool, String, String) {
+    let mut cmd = Command::new(graft_bin());
+    cmd.args(args).stdin(Stdio::null());
+    if let Some(dir) = cwd {
+        cmd.current_dir(dir);
+    }
+    let o = cmd.output().unwrap();
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
 /// Runs `graft ARGS` to completion and returns its stdout; fails the test on a non-zero exit.
 pub fn graft(args: &[&str]) -> String {
     let o = Command::new(graft_bin())
