@@ -2225,6 +2225,21 @@ async fn a_stop_string_ends_the_clients_text_before_it_while_the_record_keeps_it
     }
 }
 
+/// Checks a client's per-token logprob entries (`{token, logprob, bytes, top_logprobs}`,
+/// Chat's and Responses' shape) against a record: one per sampled token, the recorded
+/// logprob, the id decoded alone, its UTF-8 bytes, `top` alternatives each.
+fn assert_logprob_entries(entries: &[Value], rec: &Value, tok: &Tokenizer, top: usize) {
+    let ids = ids(&rec["completion_token_ids"]);
+    let lps = f32s(&rec["completion_logprobs"]);
+    assert_eq!(entries.len(), ids.len(), "one entry per sampled token");
+    for ((e, id), lp) in entries.iter().zip(&ids).zip(&lps) {
+        assert_eq!(e["logprob"].as_f64().unwrap() as f32, *lp, "{e}");
+        assert_eq!(e["token"], tok.decode(&[*id]).unwrap(), "{e}");
+        assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
+        assert_eq!(e["top_logprobs"].as_array().unwrap().len(), top, "{e}");
+    }
+}
+
 /// Issue 31: a Responses client that includes `message.output_text.logprobs` (with
 /// `top_logprobs: 2`) gets every output token's logprob on the message's `output_text`, as
 /// vLLM's Responses server gives them, equal to the recorded ones: whole; streamed, spread
@@ -2284,16 +2299,8 @@ async fn responses_logprobs_are_answered_when_included() {
         (&records[0], vec![whole_lps]),
         (&records[1], vec![done, completed]),
     ] {
-        let ids = ids(&r["completion_token_ids"]);
-        let lps = f32s(&r["completion_logprobs"]);
         for list in lists {
-            assert_eq!(list.len(), ids.len(), "one entry per sampled token");
-            for ((e, id), lp) in list.iter().zip(&ids).zip(&lps) {
-                assert_eq!(e["logprob"].as_f64().unwrap() as f32, *lp, "{e}");
-                assert_eq!(e["token"], tok.decode(&[*id]).unwrap(), "{e}");
-                assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
-                assert_eq!(e["top_logprobs"].as_array().unwrap().len(), 2, "{e}");
-            }
+            assert_logprob_entries(&list, r, &tok, 2);
         }
     }
     // The deltas carried them all, in order (the last ones may ride on `done` only).
@@ -2379,20 +2386,14 @@ async fn logprobs_reasoning_tokens_and_finish_reasons_are_answered_as_the_server
         assert_eq!(*finish, "tool_calls");
         assert_eq!(r["finish_reason"], "tool_calls", "{r}");
         assert_eq!(r["backend_finish_reason"], "stop", "{r}");
-        let ids = ids(&r["completion_token_ids"]);
-        let lps = f32s(&r["completion_logprobs"]);
-        assert_eq!(content.len(), ids.len(), "one entry per sampled token");
-        for ((e, id), lp) in content.iter().zip(&ids).zip(&lps) {
-            assert_eq!(e["logprob"].as_f64().unwrap() as f32, *lp, "{e}");
-            assert_eq!(e["token"], tok.decode(&[*id]).unwrap(), "{e}");
-            assert_eq!(e["bytes"], json!(e["token"].as_str().unwrap().as_bytes()));
-            let top = e["top_logprobs"].as_array().unwrap();
-            assert_eq!(top.len(), 2, "{e}");
+        assert_logprob_entries(&content, r, &tok, 2);
+        for e in &content {
             assert_eq!(
-                top[0]["token"], e["token"],
+                e["top_logprobs"][0]["token"], e["token"],
                 "the sampled token is the likeliest here"
             );
         }
+        let ids = ids(&r["completion_token_ids"]);
         let reasoning = ids.iter().position(|&i| i == think_end).unwrap() as u64 + 1;
         assert_eq!(
             usage["completion_tokens_details"]["reasoning_tokens"],

@@ -534,13 +534,7 @@ async fn leave_out_without_tools_on_a_text_only_agent_is_an_error_naming_the_fla
     let data = dir.path().join("data");
     let upstream = Proc::scripted_upstream(&["--script", common::script_path().to_str().unwrap()]);
     let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
-    let s = http::post_json(&format!("{}/graft/sessions", gw.url), &[], &json!({})).await;
-    assert_eq!(s.status, 201, "{}", s.text());
-    let s = s.json();
-    let (sid, base) = (
-        s["session_id"].as_str().unwrap().to_owned(),
-        s["base_url"].as_str().unwrap().to_owned(),
-    );
+    let (sid, base) = common::open_session(&gw.url).await;
     let mut messages =
         vec![json!({"role": "user", "content": "graft-completion: once upon a time"})];
     for _ in 0..2 {

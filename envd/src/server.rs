@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::{HeaderValue, Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited, StreamBody, combinators::BoxBody};
+use http_body_util::{BodyExt, Full, StreamBody, combinators::BoxBody};
 use hyper::body::{Frame, Incoming};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
@@ -203,15 +203,17 @@ fn query_secs(req: &Request<Incoming>, name: &str) -> Result<Option<Duration>, E
 }
 
 async fn read_body(req: Request<Incoming>, limit: usize) -> Result<Bytes, EnvdError> {
-    match Limited::new(req.into_body(), limit).collect().await {
-        Ok(c) => Ok(c.to_bytes()),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(EnvdError::TooLarge {
+    // No arrival deadline, as before: a file upload takes as long as the link needs.
+    match graft_http::read_body(req.into_body(), limit, std::time::Duration::MAX).await {
+        Ok(b) => Ok(b),
+        Err(graft_http::BodyError::TooLarge { limit }) => Err(EnvdError::TooLarge {
             limit,
             hint: "raise --max-file-bytes or send less",
         }),
-        Err(e) => Err(EnvdError::BadRequest(format!(
+        Err(graft_http::BodyError::Read(e)) => Err(EnvdError::BadRequest(format!(
             "could not read the request body: {e}"
         ))),
+        Err(e) => Err(EnvdError::BadRequest(e.to_string())),
     }
 }
 

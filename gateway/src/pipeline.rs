@@ -33,30 +33,22 @@ use crate::sse::{Event, Splitter};
 use crate::state::State;
 use crate::upstream::{snippet, upstream_message};
 
-/// Reads a request body within the size and time limits.
+/// Reads a request body within the size and time limits ([`graft_http::read_body`]), its
+/// faults in the gateway's words.
 pub async fn read_body(
     body: Incoming,
     limit: usize,
     timeout: Duration,
 ) -> Result<Bytes, GatewayError> {
-    let limited = http_body_util::Limited::new(body, limit);
-    match tokio::time::timeout(timeout, limited.collect()).await {
-        Err(_) => Err(GatewayError::BodyTimeout {
-            secs: timeout.as_secs(),
-        }),
-        Ok(Err(e)) => {
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some()
-            {
-                Err(GatewayError::BodyTooLarge { limit })
-            } else {
-                Err(GatewayError::BodyRead(crate::upstream::error_chain(
-                    e.as_ref(),
-                )))
-            }
-        }
-        Ok(Ok(c)) => Ok(c.to_bytes()),
-    }
+    graft_http::read_body(body, limit, timeout)
+        .await
+        .map_err(|e| match e {
+            graft_http::BodyError::TooLarge { limit } => GatewayError::BodyTooLarge { limit },
+            graft_http::BodyError::TimedOut { timeout } => GatewayError::BodyTimeout {
+                secs: timeout.as_secs(),
+            },
+            graft_http::BodyError::Read(chain) => GatewayError::BodyRead(chain),
+        })
 }
 
 /// Parses and checks the request body; returns it as JSON.

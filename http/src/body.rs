@@ -16,7 +16,7 @@ pub enum BodyError {
     TooLarge { limit: usize },
     /// The whole body did not arrive within `timeout`.
     TimedOut { timeout: Duration },
-    /// The connection failed while the body was read.
+    /// The connection failed while the body was read (the error and its sources).
     Read(String),
 }
 
@@ -51,8 +51,24 @@ where
         Err(_) => Err(BodyError::TimedOut { timeout }),
         Ok(Ok(c)) => Ok(c.to_bytes()),
         Ok(Err(e)) if e.is::<LengthLimitError>() => Err(BodyError::TooLarge { limit }),
-        Ok(Err(e)) => Err(BodyError::Read(e.to_string())),
+        Ok(Err(e)) => Err(BodyError::Read(chain(e.as_ref()))),
     }
+}
+
+/// An error and its sources in one line, each source once (one whose text the line already
+/// holds is not repeated).
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = e.to_string();
+    let mut source = e.source();
+    while let Some(inner) = source {
+        let text = inner.to_string();
+        if !line.contains(&text) {
+            line.push_str(": ");
+            line.push_str(&text);
+        }
+        source = inner.source();
+    }
+    line
 }
 
 #[cfg(test)]
@@ -72,6 +88,10 @@ mod tests {
         let body = Full::new(Bytes::from(vec![b'x'; 10]));
         let got = read_body(body, 10, Duration::from_secs(1)).await;
         assert_eq!(got.map(|b| b.len()).ok(), Some(10));
+        // No deadline at all (envd's uploads) is a timeout that never fires.
+        let body = Full::new(Bytes::from(vec![b'x'; 3]));
+        let got = read_body(body, 10, Duration::MAX).await;
+        assert_eq!(got.map(|b| b.len()).ok(), Some(3));
     }
 
     #[tokio::test]

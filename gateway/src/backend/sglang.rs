@@ -741,12 +741,15 @@ impl Sglang {
         if conv.prompt.is_none() {
             check_tool_choice(&conv)?;
         }
+        // `None`: the request names no template variables, the model's own apply.
         let kwargs = template_kwargs(&self.builder.model().extra, &conv)?;
         // The request thinks (`enable_thinking` is not `false`) and the model's reasoning
         // is separated: SGLang's chat server then sets `require_reasoning`, so a decode
         // constraint waits for the reasoning's end.
         let thinking = self.reasoning_format == ReasoningFormat::Think
-            && parse_rule::thinking_enabled(Some(&kwargs));
+            && parse_rule::thinking_enabled(Some(
+                kwargs.as_ref().unwrap_or(&self.builder.model().extra),
+            ));
         // Histories are being rebuilt from the records after a start: wait for them.
         let _ = self.ready.subscribe().wait_for(|done| *done).await;
         let (backend_index, history) = self.session(session);
@@ -813,8 +816,9 @@ impl Sglang {
                     Wire::Vllm => tools.clone(),
                 };
                 let (msgs, tls, kw) = (messages.clone(), rendered.clone(), kwargs.clone());
-                let prompt = tokio::task::spawn_blocking(move || {
-                    builder.prompt_with(&msgs, tls.as_deref(), &history, &kw)
+                let prompt = tokio::task::spawn_blocking(move || match &kw {
+                    Some(kw) => builder.prompt_with(&msgs, tls.as_deref(), &history, kw),
+                    None => builder.prompt(&msgs, tls.as_deref(), &history),
                 })
                 .await
                 .map_err(|e| GatewayError::Internal(format!("the prompt task failed: {e}")))?
@@ -1246,28 +1250,29 @@ fn deltas(pieces: Vec<Parsed>) -> Vec<Delta> {
         .collect()
 }
 
-/// The chat template's extra variables for one call: `exact.template_kwargs`, overlaid by
-/// the request's own `chat_template_kwargs` (SGLang's and vLLM's chat servers render with
-/// the request's, the server's defaults filling what it leaves unset).
+/// The chat template's extra variables for one call when the request names its own
+/// `chat_template_kwargs`: `exact.template_kwargs` overlaid by them (SGLang's and vLLM's
+/// chat servers render with the request's, the server's defaults filling what it leaves
+/// unset); `None` when it names none (the defaults apply as they are).
 fn template_kwargs(
     defaults: &serde_json::Map<String, Value>,
     conv: &crate::dialect::Conversation,
-) -> Result<serde_json::Map<String, Value>, GatewayError> {
-    let mut kwargs = defaults.clone();
+) -> Result<Option<serde_json::Map<String, Value>>, GatewayError> {
     match conv.extra.get("chat_template_kwargs") {
-        None | Some(Value::Null) => {}
-        Some(Value::Object(o)) => kwargs.extend(o.clone()),
-        Some(v) => {
-            return Err(GatewayError::field(
-                "chat_template_kwargs",
-                format!(
-                    "'chat_template_kwargs' must be an object of template variables, got {}",
-                    crate::dialect::kind(v)
-                ),
-            ));
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::Object(o)) => {
+            let mut kwargs = defaults.clone();
+            kwargs.extend(o.clone());
+            Ok(Some(kwargs))
         }
+        Some(v) => Err(GatewayError::field(
+            "chat_template_kwargs",
+            format!(
+                "'chat_template_kwargs' must be an object of template variables, got {}",
+                crate::dialect::kind(v)
+            ),
+        )),
     }
-    Ok(kwargs)
 }
 
 /// A `tool_choice` SGLang's and vLLM's chat servers refuse: `required` or a named function
