@@ -62,7 +62,9 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
 /// also under a named choice), with `at_least_one`; under `"auto"` only when a tool is
 /// `strict`, without it. A tool's schema is constrained only when it is `strict` (OpenAI's
 /// meaning); otherwise its arguments are any JSON. No constraint without tools, under
-/// `"none"`, or with no tool-call parser. The `qwen3_coder` format's constraint is
+/// `"none"`, or with no tool-call parser. The `llama3` format (SGLang's `Llama32Detector`)
+/// gets the same tag in its own syntax: `<|python_tag|>{"name":"NAME", "arguments":` … `}`,
+/// triggered by `<|python_tag|>`. The `qwen3_coder` format's constraint is
 /// xgrammar's built-in `qwen_3_coder` tag, which graft does not build: such calls go
 /// unconstrained (the parse is the same).
 pub fn tool_call_constraint(
@@ -70,7 +72,23 @@ pub fn tool_call_constraint(
     tools: &[Tool],
     choice: Option<&ToolChoice>,
 ) -> Option<String> {
-    if format != ToolCallFormat::Hermes || tools.is_empty() {
+    // (begin before the name, begin after it, end, trigger): `structure_info` of each detector.
+    let (open, after_name, end, trigger) = match format {
+        ToolCallFormat::Hermes => (
+            "<tool_call>\n{\"name\":\"",
+            "\", \"arguments\":",
+            "}\n</tool_call>",
+            "<tool_call>",
+        ),
+        ToolCallFormat::Llama3 => (
+            "<|python_tag|>{\"name\":\"",
+            "\", \"arguments\":",
+            "}",
+            "<|python_tag|>",
+        ),
+        ToolCallFormat::Qwen3Coder | ToolCallFormat::None => return None,
+    };
+    if tools.is_empty() {
         return None;
     }
     let required = match choice {
@@ -90,16 +108,16 @@ pub fn tool_call_constraint(
                 _ => Value::Object(serde_json::Map::new()),
             };
             serde_json::json!({
-                "begin": format!("<tool_call>\n{{\"name\":\"{}\", \"arguments\":", t.name),
+                "begin": format!("{open}{}{after_name}", t.name),
                 "schema": schema,
-                "end": "}\n</tool_call>",
+                "end": end,
             })
         })
         .collect();
     let tag = serde_json::json!({
         "type": "structural_tag",
         "structures": structures,
-        "triggers": ["<tool_call>"],
+        "triggers": [trigger],
         "at_least_one": required,
     });
     Some(tag.to_string())
@@ -558,6 +576,19 @@ mod tests {
                 None
             );
         }
+        // Llama 3 (`Llama32Detector.structure_info`): its own begin, end and trigger.
+        let llama: Value = serde_json::from_str(
+            &tool_call_constraint(ToolCallFormat::Llama3, &tools, Some(&ToolChoice::Required))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(llama["triggers"], json!(["<|python_tag|>"]));
+        assert_eq!(
+            llama["structures"][0]["begin"],
+            "<|python_tag|>{\"name\":\"get_weather\", \"arguments\":"
+        );
+        assert_eq!(llama["structures"][0]["end"], "}");
+        assert_eq!(llama["at_least_one"], true);
     }
 
     #[test]

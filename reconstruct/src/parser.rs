@@ -39,6 +39,17 @@
 //!   Each format falls back to the other's body syntax when its own fails to parse (Qwen3-Coder
 //!   models sometimes emit the JSON form and vice versa).
 //!
+//! - Tool calls [`ToolCallFormat::Llama3`] (Llama 3.1/3.2 JSON tool calling; SGLang's `llama3`
+//!   parser, `Llama32Detector`, vLLM's `llama3_json`): the calls are everything after
+//!   `<|python_tag|>` (a special token: the gateway keeps it in the decoded text when the
+//!   request parses calls, as both servers decode with `skip_special_tokens=False` then), or
+//!   the whole output when it starts with `{` (Llama 3.2 writes bare JSON). They are JSON
+//!   objects `{"name": …, "parameters": {…}}` (`arguments` accepted) separated by `;`,
+//!   read when the output ends, as SGLang's `detect_and_parse` reads them (`raw_decode` one
+//!   object after another; after one that does not parse, the next `{"name":`). Text after
+//!   the last object is content. An object that is not a call (no name, an undeclared
+//!   function) is content with a note, where SGLang drops it.
+//!
 //! A tool call is emitted whole ([`Piece::ToolCallStart`] then one [`Piece::ToolCallArgs`]
 //! with the complete compact JSON object) when its `</tool_call>` arrives: arguments are never
 //! streamed partially, so a call that turns out malformed never has to be retracted.
@@ -76,6 +87,7 @@ const FUNCTION_OPEN: &str = "<function=";
 const FUNCTION_CLOSE: &str = "</function>";
 const PARAM_OPEN: &str = "<parameter=";
 const PARAM_CLOSE: &str = "</parameter>";
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 /// How a model writes tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Deserialize, serde::Serialize)]
@@ -86,6 +98,10 @@ pub enum ToolCallFormat {
     /// Qwen3-Coder: `<tool_call>\n<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n...
     /// </function>\n</tool_call>`.
     Qwen3Coder,
+    /// Llama 3.1/3.2: `<|python_tag|>` or a bare `{` at the output's start, then `{"name": ...,
+    /// "parameters": {...}}` objects separated by `;` (SGLang's `llama3`, vLLM's
+    /// `llama3_json`).
+    Llama3,
     /// No tool calls: `<tool_call>` is plain text.
     None,
 }
@@ -255,6 +271,8 @@ pub struct OutputParser {
     /// Set: the answer's text is gathered in `forced_text` and read as calls at the end.
     forced: Option<ForcedCalls>,
     forced_text: String,
+    /// Nothing of the output has been looked at yet (Llama 3: a bare `{` here starts calls).
+    at_start: bool,
 }
 
 impl OutputParser {
@@ -285,6 +303,7 @@ impl OutputParser {
             reasoning_text: String::new(),
             forced: None,
             forced_text: String::new(),
+            at_start: true,
         };
         if starts_in_reasoning && reasoning == ReasoningFormat::Think {
             parser.enter_reasoning();
@@ -362,6 +381,11 @@ impl OutputParser {
         let mut out = Vec::new();
         self.drain(&mut out, true);
         match self.mode {
+            Mode::ToolCall if self.tools == ToolCallFormat::Llama3 => {
+                let body = std::mem::take(&mut self.call_body);
+                self.mode = Mode::Text;
+                self.close_llama_calls(&body, &mut out);
+            }
             Mode::ToolCall => {
                 let body = std::mem::take(&mut self.call_body);
                 self.mode = Mode::Text;
@@ -432,6 +456,15 @@ impl OutputParser {
         });
     }
 
+    /// The special tokens this parser must see in the decoded text (Llama 3's
+    /// `<|python_tag|>` when it parses calls); a decoder skips every other special token.
+    pub fn special_tokens(&self) -> &'static [&'static str] {
+        match self.tools {
+            ToolCallFormat::Llama3 => &[PYTHON_TAG],
+            _ => &[],
+        }
+    }
+
     /// Everything parsed so far, as a whole.
     pub fn parsed(&self) -> Parsed {
         let mut parsed = self.parsed.clone();
@@ -463,9 +496,19 @@ impl OutputParser {
         loop {
             match self.mode {
                 Mode::Text => {
+                    if self.at_start && !self.buf.is_empty() {
+                        self.at_start = false;
+                        // Llama 3.2 answers with bare JSON: an output that starts with `{` is
+                        // calls (SGLang's `Llama32Detector.has_tool_call`: `text.startswith`).
+                        if self.tools == ToolCallFormat::Llama3 && self.buf.starts_with('{') {
+                            self.mode = Mode::ToolCall;
+                            self.call_body.clear();
+                            continue;
+                        }
+                    }
                     let mut found: Option<(usize, Tag)> = None;
                     if self.tools != ToolCallFormat::None {
-                        found = self.buf.find(TOOL_OPEN).map(|i| (i, Tag::ToolOpen));
+                        found = self.buf.find(self.tool_open()).map(|i| (i, Tag::ToolOpen));
                     }
                     if let Some(i) = self.buf.find(THINK_OPEN)
                         && found.is_none_or(|(j, _)| i < j)
@@ -477,7 +520,7 @@ impl OutputParser {
                         Some((i, tag)) => {
                             let tag_len = match tag {
                                 Tag::ThinkOpen => THINK_OPEN.len(),
-                                Tag::ToolOpen => TOOL_OPEN.len(),
+                                Tag::ToolOpen => self.tool_open().len(),
                             };
                             let rest = self.buf.split_off(i + tag_len);
                             self.buf.truncate(i);
@@ -492,6 +535,10 @@ impl OutputParser {
                                     self.mode = Mode::ToolCall;
                                     self.call_body.clear();
                                     self.call_scan = 0;
+                                    if self.tools == ToolCallFormat::Llama3 {
+                                        // Whitespace before the calls is the template's.
+                                        self.text.pending.clear();
+                                    }
                                 }
                             }
                         }
@@ -552,6 +599,12 @@ impl OutputParser {
                         }
                     }
                 }
+                Mode::ToolCall if self.tools == ToolCallFormat::Llama3 => {
+                    // The calls run to the end of the output: read them at `finish`.
+                    self.call_body.push_str(&self.buf);
+                    self.buf.clear();
+                    return;
+                }
                 Mode::ToolCall => {
                     self.call_body.push_str(&self.buf);
                     self.buf.clear();
@@ -584,7 +637,7 @@ impl OutputParser {
     fn text_hold(&self) -> usize {
         let mut tags: Vec<&str> = Vec::with_capacity(2);
         if self.tools != ToolCallFormat::None {
-            tags.push(TOOL_OPEN);
+            tags.push(self.tool_open());
         }
         let held = partial_suffix(&self.buf, &tags);
         let think = partial_suffix(&self.buf, &[THINK_OPEN]);
@@ -655,6 +708,107 @@ impl OutputParser {
                 self.emit_text(&raw, out);
             }
         }
+    }
+
+    /// The tag that opens tool calls in this format.
+    fn tool_open(&self) -> &'static str {
+        match self.tools {
+            ToolCallFormat::Llama3 => PYTHON_TAG,
+            _ => TOOL_OPEN,
+        }
+    }
+
+    /// Llama 3's calls: `;`-separated JSON objects read as SGLang's
+    /// `Llama32Detector.detect_and_parse` reads them; what is not a call stays content.
+    fn close_llama_calls(&mut self, body: &str, out: &mut Vec<Piece>) {
+        let mut kept = String::new();
+        let mut at = 0;
+        while at < body.len() {
+            let rest = &body[at..];
+            let lead = rest.len() - rest.trim_start().len();
+            let mut objects =
+                serde_json::Deserializer::from_str(&rest[lead..]).into_iter::<Value>();
+            match objects.next() {
+                Some(Ok(value)) => {
+                    let end = at + lead + objects.byte_offset();
+                    // One separator (`;`) after each object, whitespace around it.
+                    let after = body[end..].trim_start();
+                    let after = after.strip_prefix(';').unwrap_or(after);
+                    let next = body.len() - after.len();
+                    match self.llama_call(value) {
+                        Ok((name, arguments)) => {
+                            self.seen_content = true;
+                            self.push_call(name, arguments, out);
+                        }
+                        Err(why) => {
+                            let number = self.parsed.tool_calls.len();
+                            self.parsed.notes.push(format!(
+                                "JSON object after {number} parsed calls kept as text: {why}"
+                            ));
+                            append_text(&mut kept, body[at + lead..next].trim_end());
+                        }
+                    }
+                    at = next;
+                }
+                _ => {
+                    // Not JSON here: SGLang looks for the next `{"name":`, and the text up to
+                    // it is lost there; graft keeps it as content.
+                    let from = at + body[at..].chars().next().map_or(1, char::len_utf8);
+                    let next = body[from..].find("{\"name\":").map(|i| from + i);
+                    let stop = next.unwrap_or(body.len());
+                    let skipped = body[at..stop].trim();
+                    if !skipped.is_empty() {
+                        self.parsed.notes.push(format!(
+                            "text in the tool calls that is not a call kept as text: {:?}",
+                            head(skipped)
+                        ));
+                        append_text(&mut kept, skipped);
+                    }
+                    at = stop;
+                }
+            }
+        }
+        if !kept.is_empty() {
+            self.text.lead = Trim::Nothing;
+            self.seen_content = true;
+            self.parsed.text.push_str(&kept);
+            push_piece(out, Piece::Text(kept));
+        }
+    }
+
+    /// One Llama 3 JSON object as a call: a non-empty string `name` (declared, when
+    /// [`OutputParser::declared_only`]), arguments from `parameters` or `arguments` (SGLang:
+    /// `act.get("parameters") or act.get("arguments", {})`).
+    fn llama_call(&self, value: Value) -> Result<(String, String), String> {
+        let Value::Object(mut object) = value else {
+            return Err("not a JSON object".to_owned());
+        };
+        let name = match object.get("name") {
+            Some(Value::String(name)) if !name.trim().is_empty() => name.clone(),
+            _ => return Err("missing or empty \"name\"".to_owned()),
+        };
+        if self.declared_only && !self.schemas.contains_key(&name) {
+            return Err(format!("{name:?} is not among the request's tools"));
+        }
+        let params = object.remove("parameters").filter(|p| match p {
+            Value::Null => false,
+            Value::Object(m) => !m.is_empty(),
+            Value::String(s) => !s.is_empty(),
+            _ => true,
+        });
+        let arguments = match params.or_else(|| object.remove("arguments")) {
+            None | Some(Value::Null) => Map::new(),
+            Some(Value::Object(map)) => map,
+            Some(Value::String(s)) if s.trim().is_empty() => Map::new(),
+            Some(Value::String(s)) => match serde_json::from_str::<Value>(&s) {
+                Ok(Value::Object(map)) => map,
+                _ => return Err("the arguments are a string that is not a JSON object".to_owned()),
+            },
+            Some(_) => return Err("the arguments are not an object".to_owned()),
+        };
+        let arguments =
+            serde_json::to_string(&Value::Object(arguments)).map_err(|e| e.to_string())?;
+        Ok((name, arguments))
     }
 
     /// Parses a tool call body: the configured format first, then the other as a fallback.
@@ -845,6 +999,14 @@ fn parse_qwen3_coder(
     Ok((name.to_owned(), arguments))
 }
 
+/// Appends `s` to `kept`, a space between two parts.
+fn append_text(kept: &mut String, s: &str) {
+    if !kept.is_empty() {
+        kept.push(' ');
+    }
+    kept.push_str(s);
+}
+
 fn head(s: &str) -> String {
     s.chars().take(40).collect()
 }
@@ -948,6 +1110,7 @@ mod tests {
 
     const H: ToolCallFormat = ToolCallFormat::Hermes;
     const X: ToolCallFormat = ToolCallFormat::Qwen3Coder;
+    const L: ToolCallFormat = ToolCallFormat::Llama3;
     const T: ReasoningFormat = ReasoningFormat::Think;
 
     /// Folds pieces into a `Parsed` (notes left empty), checking their order.
@@ -1575,6 +1738,63 @@ mod tests {
         }
     }
 
+    /// Llama 3: bare JSON at the start, or calls after `<|python_tag|>` with text before
+    /// them; `;` separates calls; what is not a call stays content (SGLang drops it).
+    #[test]
+    fn llama3_calls() {
+        let n = ReasoningFormat::None;
+        let call = |p: &Parsed, i: usize| {
+            (
+                p.tool_calls[i].name.clone(),
+                p.tool_calls[i].arguments.clone(),
+            )
+        };
+        let p = parse_whole(
+            r#"{"name": "get_weather", "parameters": {"city": "Paris"}}"#,
+            L,
+            n,
+            false,
+        );
+        assert_eq!(p.text, "");
+        assert_eq!(
+            call(&p, 0),
+            ("get_weather".into(), r#"{"city":"Paris"}"#.into())
+        );
+        let p = parse_whole(
+            "Let me check.\n<|python_tag|>{\"name\": \"a\", \"arguments\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}",
+            L,
+            n,
+            false,
+        );
+        assert_eq!(p.text, "Let me check.");
+        assert_eq!(p.tool_calls.len(), 2);
+        assert_eq!(call(&p, 0), ("a".into(), r#"{"x":1}"#.into()));
+        assert_eq!(call(&p, 1), ("b".into(), "{}".into()));
+        // Leading whitespace: not calls (SGLang's `text.startswith("{")`).
+        let p = parse_whole(" {\"name\": \"a\", \"parameters\": {}}", L, n, false);
+        assert!(p.tool_calls.is_empty());
+        assert_eq!(p.text, " {\"name\": \"a\", \"parameters\": {}}");
+        // A JSON answer that is not a call, and an undeclared function: content, noted.
+        let p = parse_whole(r#"{"answer": 42}"#, L, n, false);
+        assert!(p.tool_calls.is_empty());
+        assert_eq!(p.text, r#"{"answer": 42}"#);
+        assert_eq!(p.notes.len(), 1, "{:?}", p.notes);
+        let mut parser = OutputParser::new(L, n, false)
+            .with_schemas(&[json!({"name": "a", "parameters": {}})])
+            .declared_only();
+        parser.push(r#"<|python_tag|>{"name": "zz", "parameters": {}};{"name": "a", "parameters": {"k": "v"}} trailing"#);
+        parser.finish();
+        let p = parser.parsed();
+        assert_eq!(p.tool_calls.len(), 1);
+        assert_eq!(call(&p, 0), ("a".into(), r#"{"k":"v"}"#.into()));
+        assert_eq!(p.text, r#"{"name": "zz", "parameters": {}}; trailing"#);
+        // `<tool_call>` means nothing to Llama 3; `<|python_tag|>` nothing to Hermes.
+        let p = parse_whole("<tool_call>\n{\"name\": \"a\"}\n</tool_call>", L, n, false);
+        assert!(p.tool_calls.is_empty());
+        let p = parse_whole("<|python_tag|>{\"name\": \"a\"}", H, n, false);
+        assert!(p.tool_calls.is_empty());
+    }
+
     proptest! {
         #![proptest_config(ProptestConfig::with_cases(512))]
         #[test]
@@ -1618,6 +1838,10 @@ mod tests {
         let atoms = vec![
             "<tool_call>",
             "</tool_call>",
+            "<|python_tag|>",
+            "<|pyth",
+            ";",
+            "{\"name\": \"g\", \"parameters\": {\"a\": 1}}",
             "<think>",
             "</think>",
             "<function=f>",
@@ -1648,12 +1872,12 @@ mod tests {
         #[test]
         fn chopping_never_changes_anything(
             text in soup(),
-            xml in any::<bool>(),
+            fmt in 0..3u8,
             think in any::<bool>(),
             starts in any::<bool>(),
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
         ) {
-            let format = if xml { X } else { H };
+            let format = [H, X, L][usize::from(fmt)];
             let reasoning = if think { T } else { ReasoningFormat::None };
             let whole = parse_whole(&text, format, reasoning, starts);
             let mut points: Vec<usize> = cuts
@@ -1680,7 +1904,14 @@ mod tests {
             let no_reasoning = !think || (!starts && !text.contains("<think>"));
             if whole.tool_calls.is_empty() && no_reasoning {
                 let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
-                prop_assert_eq!(squeeze(&whole.text), squeeze(&text));
+                // Llama 3's first `<|python_tag|>` opens the calls and is not kept (unless the
+                // output opened them with a bare `{`).
+                let input = if format == L && !text.starts_with('{') {
+                    text.replacen(PYTHON_TAG, "", 1)
+                } else {
+                    text.clone()
+                };
+                prop_assert_eq!(squeeze(&whole.text), squeeze(&input));
             }
         }
     }

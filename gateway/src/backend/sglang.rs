@@ -963,7 +963,13 @@ impl Sglang {
             prompt,
             decoder: Decoder {
                 builder: self.builder.clone(),
-                detok: Detokenizer::new(),
+                detok: Detokenizer::keeping(
+                    parser
+                        .special_tokens()
+                        .iter()
+                        .filter_map(|t| self.builder.model().tokenizer.token_id(t))
+                        .collect(),
+                ),
                 parser,
                 stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
                 pending: String::new(),
