@@ -18,8 +18,8 @@
 //!   without a structural tag (e.g. `pythonic`) fall back to a JSON-schema constraint whose
 //!   output is read as a JSON list of `{"name", "parameters"}`. So the parse side of
 //!   `required` / named equals `auto` here. graft's exact mode sends the same structural
-//!   tag to `/generate` for the `hermes` format; `qwen3_coder`'s (xgrammar's built-in tag)
-//!   it does not build, so those calls go unconstrained.
+//!   tags to `/generate`: the legacy one for the `hermes` and `llama3` formats, xgrammar's
+//!   built-in `qwen_3_coder` tag for `qwen3_coder` (`gateway/src/sglang.rs`).
 //! - **Calls to undeclared functions** (Hermes JSON bodies) are not calls
 //!   (`BaseFormatDetector.parse_base_json` skips them); graft keeps their text, with a note,
 //!   where SGLang drops it from the message.

@@ -702,9 +702,12 @@ impl Sglang {
                 "a required or named 'tool_choice' cannot be combined with structured output (response_format): the tool-call constraint and the output constraint cannot both be honored",
             ));
         }
-        let Some(tag) =
-            sglang::tool_call_constraint(self.tool_format, &conv.tools, conv.tool_choice.as_ref())
-        else {
+        let Some(tag) = sglang::tool_call_constraint(
+            self.tool_format,
+            &conv.tools,
+            conv.tool_choice.as_ref(),
+            conv.parallel_tool_calls != Some(false),
+        ) else {
             return Ok(false);
         };
         if output_constrained {
