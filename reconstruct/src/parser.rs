@@ -266,6 +266,13 @@ pub struct OutputParser {
     think_open_pending: bool,
     /// Hermes calls must name a function of [`OutputParser::with_schemas`].
     declared_only: bool,
+    /// SGLang's message shape ([`OutputParser::sglang_message`]): after the first tool-call
+    /// tag only calls are kept.
+    sglang_message: bool,
+    /// A tool-call tag was met (the calls began).
+    calls_began: bool,
+    /// Text dropped for [`OutputParser::sglang_message`], for the note.
+    dropped: String,
     parsed: Parsed,
     reasoning_text: String,
     /// Set: the answer's text is gathered in `forced_text` and read as calls at the end.
@@ -299,6 +306,9 @@ impl OutputParser {
             reasoning_seen: false,
             think_open_pending: false,
             declared_only: false,
+            sglang_message: false,
+            calls_began: false,
+            dropped: String::new(),
             parsed: Parsed::default(),
             reasoning_text: String::new(),
             forced: None,
@@ -320,6 +330,18 @@ impl OutputParser {
     #[must_use]
     pub fn declared_only(mut self) -> Self {
         self.declared_only = true;
+        self
+    }
+
+    /// The message SGLang's chat server makes of the output (`_process_tool_calls` with the
+    /// detectors' `detect_and_parse`): the content is the text before the first tool-call tag
+    /// (Llama 3: and the text after the last JSON object), then only the calls that parse and
+    /// name a declared function; a malformed or undeclared call, and text between or after
+    /// the calls, are dropped from the message, with a note. Without it (the default) they
+    /// stay content.
+    #[must_use]
+    pub fn sglang_message(mut self) -> Self {
+        self.sglang_message = true;
         self
     }
 
@@ -400,9 +422,18 @@ impl OutputParser {
         if self.forced.is_some() {
             self.forced_text.push_str(&rest);
             self.close_forced(&mut out);
+        } else if self.sglang_message && self.calls_began {
+            self.dropped.push_str(&rest);
         } else if !rest.is_empty() {
             self.parsed.text.push_str(&rest);
             push_piece(&mut out, Piece::Text(rest));
+        }
+        let dropped = std::mem::take(&mut self.dropped);
+        if !dropped.trim().is_empty() {
+            self.parsed.notes.push(format!(
+                "not in the message (SGLang keeps only the calls after the first tool-call tag): {:?}",
+                head(dropped.trim())
+            ));
         }
         out
     }
@@ -502,6 +533,7 @@ impl OutputParser {
                         // calls (SGLang's `Llama32Detector.has_tool_call`: `text.startswith`).
                         if self.tools == ToolCallFormat::Llama3 && self.buf.starts_with('{') {
                             self.mode = Mode::ToolCall;
+                            self.calls_began = true;
                             self.call_body.clear();
                             continue;
                         }
@@ -533,6 +565,7 @@ impl OutputParser {
                                 }
                                 Tag::ToolOpen => {
                                     self.mode = Mode::ToolCall;
+                                    self.calls_began = true;
                                     self.call_body.clear();
                                     self.call_scan = 0;
                                     if self.tools == ToolCallFormat::Llama3 {
@@ -655,6 +688,10 @@ impl OutputParser {
             self.forced_text.push_str(&certain);
             return;
         }
+        if self.sglang_message && self.calls_began {
+            self.dropped.push_str(&certain);
+            return;
+        }
         if !certain.is_empty() {
             self.seen_content = true;
             self.parsed.text.push_str(&certain);
@@ -702,10 +739,20 @@ impl OutputParser {
                 } else {
                     "unterminated tool call at end of output"
                 };
+                let fate = if self.sglang_message {
+                    "dropped from the message, as SGLang drops it"
+                } else {
+                    "kept as text"
+                };
                 self.parsed.notes.push(format!(
-                    "{what} (after {number} parsed calls) kept as text: {why}"
+                    "{what} (after {number} parsed calls) {fate}: {why}"
                 ));
-                self.emit_text(&raw, out);
+                if self.sglang_message {
+                    // Not content: SGLang's message holds the calls that parse, nothing else.
+                    self.text.pending.clear();
+                } else {
+                    self.emit_text(&raw, out);
+                }
             }
         }
     }
@@ -723,6 +770,10 @@ impl OutputParser {
     fn close_llama_calls(&mut self, body: &str, out: &mut Vec<Piece>) {
         let mut kept = String::new();
         let mut at = 0;
+        // Past the last JSON value read (SGLang's `safe_idx`): what follows it is content.
+        let mut safe = 0;
+        // Text that is not JSON, by where it starts.
+        let mut skipped_at: Vec<(usize, String)> = Vec::new();
         while at < body.len() {
             let rest = &body[at..];
             let lead = rest.len() - rest.trim_start().len();
@@ -735,6 +786,7 @@ impl OutputParser {
                     let after = body[end..].trim_start();
                     let after = after.strip_prefix(';').unwrap_or(after);
                     let next = body.len() - after.len();
+                    safe = next;
                     match self.llama_call(value) {
                         Ok((name, arguments)) => {
                             self.seen_content = true;
@@ -745,7 +797,12 @@ impl OutputParser {
                             self.parsed.notes.push(format!(
                                 "JSON object after {number} parsed calls kept as text: {why}"
                             ));
-                            append_text(&mut kept, body[at + lead..next].trim_end());
+                            let raw = body[at + lead..next].trim_end();
+                            if self.sglang_message {
+                                self.dropped.push_str(raw);
+                            } else {
+                                append_text(&mut kept, raw);
+                            }
                         }
                     }
                     at = next;
@@ -757,7 +814,9 @@ impl OutputParser {
                     let next = body[from..].find("{\"name\":").map(|i| from + i);
                     let stop = next.unwrap_or(body.len());
                     let skipped = body[at..stop].trim();
-                    if !skipped.is_empty() {
+                    if !skipped.is_empty() && self.sglang_message {
+                        skipped_at.push((at, skipped.to_owned()));
+                    } else if !skipped.is_empty() {
                         self.parsed.notes.push(format!(
                             "text in the tool calls that is not a call kept as text: {:?}",
                             head(skipped)
@@ -767,6 +826,14 @@ impl OutputParser {
                     at = stop;
                 }
             }
+        }
+        if self.sglang_message {
+            // SGLang: the text after the last JSON value read (all of it when none was) is
+            // content; what lay before it and is not a call is dropped.
+            for (_, text) in skipped_at.iter().filter(|(start, _)| *start < safe) {
+                self.dropped.push_str(text);
+            }
+            kept = body[safe..].trim().to_owned();
         }
         if !kept.is_empty() {
             self.text.lead = Trim::Nothing;
@@ -1738,6 +1805,34 @@ mod tests {
         }
     }
 
+    /// SGLang's message: the text before the first tool-call tag, then only the calls that
+    /// parse and are declared; everything else is dropped, with notes.
+    #[test]
+    fn sglang_message_keeps_only_the_text_before_the_calls_and_the_calls() {
+        let n = ReasoningFormat::None;
+        let text = "I'll check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n<tool_call>\n{\"name\": \"zz\", \"arguments\": {}}\n</tool_call>\n<tool_call>\nnot json\n</tool_call>\nDone.";
+        let run = |sglang: bool| {
+            let p = OutputParser::new(H, n, false)
+                .with_schemas(&[json!({"name": "a", "parameters": {}})])
+                .declared_only();
+            let mut p = if sglang { p.sglang_message() } else { p };
+            p.push(text);
+            p.finish();
+            p.parsed()
+        };
+        let p = run(true);
+        assert_eq!(p.text, "I'll check.");
+        assert_eq!(p.tool_calls.len(), 1);
+        assert_eq!(p.notes.len(), 3, "{:?}", p.notes);
+        let kept = run(false);
+        assert!(
+            kept.text.contains("zz")
+                && kept.text.contains("not json")
+                && kept.text.ends_with("Done.")
+        );
+        assert_eq!(kept.tool_calls.len(), 1);
+    }
+
     /// Llama 3: bare JSON at the start, or calls after `<|python_tag|>` with text before
     /// them; `;` separates calls; what is not a call stays content (SGLang drops it).
     #[test]
@@ -1875,11 +1970,19 @@ mod tests {
             fmt in 0..3u8,
             think in any::<bool>(),
             starts in any::<bool>(),
+            sglang in any::<bool>(),
             cuts in prop::collection::vec(any::<prop::sample::Index>(), 0..12),
         ) {
             let format = [H, X, L][usize::from(fmt)];
             let reasoning = if think { T } else { ReasoningFormat::None };
-            let whole = parse_whole(&text, format, reasoning, starts);
+            let parser_of = || {
+                let p = OutputParser::new(format, reasoning, starts);
+                if sglang { p.sglang_message() } else { p }
+            };
+            let mut whole_parser = parser_of();
+            whole_parser.push(&text);
+            whole_parser.finish();
+            let whole = whole_parser.parsed();
             let mut points: Vec<usize> = cuts
                 .iter()
                 .map(|ix| ix.index(text.len() + 1))
@@ -1889,7 +1992,7 @@ mod tests {
             points.push(text.len());
             points.sort_unstable();
             points.dedup();
-            let mut parser = OutputParser::new(format, reasoning, starts);
+            let mut parser = parser_of();
             let mut pieces = Vec::new();
             for pair in points.windows(2) {
                 pieces.extend(parser.push(&text[pair[0]..pair[1]]));
@@ -1902,7 +2005,7 @@ mod tests {
             // Nothing is lost: every non-whitespace char of the input is accounted for
             // unless it belongs to a tag, a parsed call or trimmed whitespace.
             let no_reasoning = !think || (!starts && !text.contains("<think>"));
-            if whole.tool_calls.is_empty() && no_reasoning {
+            if whole.tool_calls.is_empty() && no_reasoning && !sglang {
                 let squeeze = |s: &str| s.chars().filter(|c| !c.is_whitespace()).collect::<String>();
                 // Llama 3's first `<|python_tag|>` opens the calls and is not kept (unless the
                 // output opened them with a bare `{`).
