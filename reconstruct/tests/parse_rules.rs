@@ -8,9 +8,10 @@
 //! `reasoning_parser.py` (`Qwen3Detector`, `BaseReasoningFormatDetector.detect_and_parse`),
 //! `qwen25_detector.py`, `qwen3_coder_detector.py` and `llama32_detector.py`
 //! (`detect_and_parse`). The model texts
-//! (`tests/fixtures/parse/sglang.jsonl`) come from those parsers' docstrings and the
-//! templates' own rendering; each names its source. Neither server ships its tests in its
-//! wheel, so there are no server test fixtures to take.
+//! (`tests/fixtures/parse/sglang.jsonl`) come from those parsers' docstrings, the templates'
+//! own rendering and, for Llama 3, SGLang's own detector tests
+//! (`test_llama32_detector.py`, read from its repository: the wheel ships no tests); each
+//! names its source.
 //!
 //! For each family × fixture × request (`tools` absent; tools with `tool_choice` absent,
 //! `"none"`, `"auto"`, `"required"`, a named function) × thinking on/off, graft's
@@ -92,6 +93,9 @@ fn tools() -> Vec<Value> {
             "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}),
         json!({"type": "function", "function": {"name": "get_time", "parameters": {
             "type": "object", "properties": {"tz": {"type": "string"}}}}}),
+        // SGLang's own Llama 3.2 detector tests call it.
+        json!({"type": "function", "function": {"name": "search", "parameters": {
+            "type": "object", "properties": {"query": {"type": "string"}}}}}),
     ]
 }
 
@@ -382,6 +386,33 @@ fn check_family(family: Family) {
             continue;
         }
         let text = fixture["text"].as_str().unwrap();
+        // What SGLang's own test asserts for this text (tools declared, `auto`) holds for the
+        // reference transcribed here (normal text compared untrimmed, as the test does).
+        if let Some(asserts) = fixture.get("sglang_test_asserts") {
+            let all = tools();
+            let (normal, calls, _) = match family.tools {
+                ToolCallFormat::Llama3 => llama32(text, &all),
+                _ => panic!("no detector test asserts for {}", family.name),
+            };
+            let names: Vec<&str> = calls.iter().map(|(n, _)| n.as_str()).collect();
+            let want: Vec<&str> = asserts["calls"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|v| v.as_str().unwrap())
+                .collect();
+            let has = text.contains(PYTHON_TAG) || text.starts_with('{');
+            assert_eq!(
+                if has { names } else { vec![] },
+                want,
+                "{}",
+                fixture["name"]
+            );
+            if let Some(n) = asserts.get("normal_text") {
+                let normal = if has { normal } else { text.to_owned() };
+                assert_eq!(normal, n.as_str().unwrap(), "{}", fixture["name"]);
+            }
+        }
         for (label, with_tools, choice) in requests() {
             let tools = if with_tools { &all_tools[..] } else { &[] };
             for thinking in [true, false] {
