@@ -12,6 +12,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub(crate) mod json;
 pub mod responses;
 
 #[cfg(test)]
@@ -330,29 +331,6 @@ impl OutputFormat {
                 serde_json::json!({"type": "json_schema", "json_schema": js})
             }
         }
-    }
-}
-
-/// `obj[key]` as a non-negative integer: absent or null is `None`; anything else (a
-/// negative or fractional number, a string) is a 400 naming the field. Shared by the
-/// OpenAI dialects (Chat, Completions, Responses); Anthropic words its errors its own way.
-pub(crate) fn non_negative_int(
-    obj: &Map<String, Value>,
-    key: &str,
-) -> Result<Option<u64>, GatewayError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            // A scalar as written; a list or an object by its kind (it may be large).
-            let got = match v {
-                Value::Array(_) | Value::Object(_) => kind(v).to_string(),
-                scalar => scalar.to_string(),
-            };
-            GatewayError::field(
-                key,
-                format!("'{key}' must be a non-negative integer, got {got}"),
-            )
-        }),
     }
 }
 

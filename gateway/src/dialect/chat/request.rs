@@ -4,8 +4,8 @@
 use serde_json::{Map, Value, json};
 
 use crate::dialect::{
-    Conversation, Message, Part, Reasoning, Role, Sampling, Tool, ToolCall, ToolChoice, kind,
-    non_negative_int,
+    Conversation, Message, Part, Reasoning, Role, Sampling, Tool, ToolCall, ToolChoice,
+    json::non_negative_int, kind,
 };
 use crate::error::GatewayError;
 
@@ -280,7 +280,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     // `logprobs: true` asks for the sampled tokens' logprobs, `top_logprobs: n` for the n
     // most likely tokens at each position too (kept in `extra` for the record and a Chat
     // upstream).
-    let top_logprobs = crate::dialect::non_negative_int(obj, "top_logprobs")?;
+    let top_logprobs = crate::dialect::json::non_negative_int(obj, "top_logprobs")?;
     let logprobs = match obj.get("logprobs") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => None,
         Some(Value::Bool(true)) => {
