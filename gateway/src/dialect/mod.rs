@@ -619,6 +619,19 @@ pub fn new_id(prefix: &str) -> String {
 /// One wire format clients speak. A fourth dialect = one folder + one `DialectKind` arm.
 pub trait Dialect: Send + Sync {
     fn kind(&self) -> DialectKind;
+    /// The shape checks made on every call of this dialect before anything else, whatever
+    /// the leg: passthrough relays Chat and Completions bodies without parsing them, so what
+    /// would make the upstream fail in its own words is refused here in graft's. Default:
+    /// none ([`Dialect::parse`] checks field by field).
+    fn check(&self, _body: &Map<String, Value>) -> Result<(), GatewayError> {
+        Ok(())
+    }
+    /// Whether an OpenAI-compatible upstream speaks this dialect itself, so a passthrough
+    /// sends its bodies as they are (Chat, Completions); otherwise they are parsed and
+    /// translated.
+    fn upstream_speaks(&self) -> bool {
+        false
+    }
     /// Validates a request body (already known to be a JSON object with a string `model`)
     /// and converts it into the internal conversation; errors name the JSON path.
     fn parse(&self, body: &Value) -> Result<Conversation, GatewayError>;

@@ -130,6 +130,22 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, GatewayError> {
 }
 
 /// Completions request → conversation (no messages; the raw prompt in `prompt`).
+/// What every Completions call is checked for before any leg (passthrough relays the body
+/// as it is): a `prompt`, a string or an array.
+pub(super) fn check(obj: &Map<String, Value>) -> Result<(), GatewayError> {
+    match obj.get("prompt") {
+        Some(Value::String(_)) | Some(Value::Array(_)) => {}
+        Some(p) => {
+            return Err(GatewayError::field(
+                "prompt",
+                format!("'prompt' must be a string or an array, got {}", kind(p)),
+            ));
+        }
+        None => return Err(GatewayError::field("prompt", "'prompt' is required")),
+    }
+    Ok(())
+}
+
 pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let Some(obj) = body.as_object() else {
         return Err(GatewayError::field(
