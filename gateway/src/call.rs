@@ -21,6 +21,17 @@ use crate::route::Route;
 use crate::sessions::{Session, now_us};
 use crate::state::State;
 
+/// How a call ended, for [`Call::finish`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum End {
+    /// A whole answer or a refusal, sent in one piece.
+    Whole,
+    /// A stream that ran to its end (time to first token observed).
+    Stream,
+    /// The client went away before the answer was complete.
+    ClientGone,
+}
+
 /// What is known about a call from its arrival until its record is written.
 pub(crate) struct Call {
     pub(crate) state: Arc<State>,
@@ -122,8 +133,27 @@ impl Call {
         }
     }
 
+    /// The last phase of every call, at each of its exits (like pingora's `logging` phase):
+    /// a generation whose client went away is told to stop, the record is committed (under
+    /// sync durability this returns once it is fsynced) and the metrics observed, each once.
+    /// The error is the record's, when it could not be written.
+    pub(crate) async fn finish(&mut self, o: &mut Outcome, end: End) -> Result<(), GatewayError> {
+        let client_gone = end == End::ClientGone;
+        if client_gone {
+            self.abort_generation();
+        }
+        let committed = self.commit(o, client_gone).await;
+        let ttft = if end == End::Whole { None } else { o.ttft };
+        self.observe(
+            o.upstream_time,
+            *committed.as_ref().unwrap_or(&Duration::ZERO),
+            ttft,
+        );
+        committed.map(|_| ())
+    }
+
     /// Hands the record to the recorder; under sync durability this returns once it is fsynced.
-    pub(crate) async fn commit(
+    async fn commit(
         &mut self,
         o: &mut Outcome,
         client_gone: bool,
@@ -150,7 +180,7 @@ impl Call {
 
     /// Tells an exact-mode backend to stop this call's generation (its client went away);
     /// in the background, so the client's side is not held up.
-    pub(crate) fn abort_generation(&self) {
+    fn abort_generation(&self) {
         if !matches!(
             self.upstream_dialect,
             Some(crate::backend::sglang::WIRE | crate::backend::sglang::VLLM_WIRE)
@@ -174,19 +204,14 @@ impl Call {
     pub(crate) async fn fail(&mut self, mut o: Outcome, e: GatewayError) -> GatewayError {
         o.status = e.status().as_u16();
         o.error = Some(e);
-        let wait = self.commit(&mut o, false).await.unwrap_or_default();
-        self.observe(o.upstream_time, wait, None);
+        // Best effort: the client gets the call's own error either way.
+        let _ = self.finish(&mut o, End::Whole).await;
         o.error
             .take()
             .unwrap_or_else(|| GatewayError::Internal("lost error".into()))
     }
 
-    pub(crate) fn observe(
-        &self,
-        upstream_time: Duration,
-        record_wait: Duration,
-        ttft: Option<Duration>,
-    ) {
+    fn observe(&self, upstream_time: Duration, record_wait: Duration, ttft: Option<Duration>) {
         let m = &self.state.metrics;
         let route = crate::metrics::RouteLabel {
             route: self.route.label(),
@@ -216,8 +241,7 @@ impl Call {
         content_type: HeaderValue,
         bytes: Bytes,
     ) -> Result<Response<GBody>, GatewayError> {
-        let wait = self.commit(o, false).await?;
-        self.observe(o.upstream_time, wait, None);
+        self.finish(o, End::Whole).await?;
         let mut resp = Response::new(full(bytes));
         *resp.status_mut() = status;
         resp.headers_mut()

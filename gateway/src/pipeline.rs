@@ -23,7 +23,7 @@ use tracing::{Instrument, debug, info_span, warn};
 
 use crate::backend::{Answering, Finished, InFlight, Leg, Piece, Plan, Whole};
 use crate::body::{GBody, full};
-use crate::call::Call;
+use crate::call::{Call, End};
 use crate::dialect::{Conversation, StreamAssembler, StreamEmitter, dialect, kind};
 use crate::error::GatewayError;
 use crate::outcome::Outcome;
@@ -272,9 +272,8 @@ async fn abandoned(call: &mut Call, t_up: Instant) -> GatewayError {
         status: StatusCode::OK.as_u16(),
         ..Default::default()
     };
-    call.abort_generation();
-    let wait = call.commit(&mut o, true).await.unwrap_or_default();
-    call.observe(o.upstream_time, wait, None);
+    // Best effort: the client is gone, nothing more can be told to it.
+    let _ = call.finish(&mut o, End::ClientGone).await;
     GatewayError::Internal("the client closed the connection before the answer was complete".into())
 }
 
@@ -613,19 +612,19 @@ async fn close_stream(
     if let Some(e) = &o.error {
         warn!(error = %e, "stream ended with an error");
     }
-    let wait = match call.commit(o, client_gone).await {
-        Ok(w) => w,
-        Err(e) => {
-            if !client_gone {
-                let _ = tx.send(call.error_event(&e)).await;
-            }
-            return;
-        }
+    let end = if client_gone {
+        End::ClientGone
+    } else {
+        End::Stream
     };
-    call.observe(o.upstream_time, wait, o.ttft);
+    if let Err(e) = call.finish(o, end).await {
+        if !client_gone {
+            let _ = tx.send(call.error_event(&e)).await;
+        }
+        return;
+    }
     if client_gone {
         debug!("client went away mid-stream; partial call recorded");
-        call.abort_generation();
         return;
     }
     match &o.error {
