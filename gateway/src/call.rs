@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use graft_recorder::{CallRecord, SCHEMA_VERSION, Usage};
+use graft_recorder::{CallOutcome, CallRecord, SCHEMA_VERSION, Usage};
 use http::{HeaderValue, Response, header};
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -72,14 +72,14 @@ impl Call {
         let usage = usage_of(o);
         let (outcome, error) = match (&o.error, &o.upstream_error_text) {
             _ if client_gone => (
-                "client_disconnected".to_string(),
+                CallOutcome::ClientDisconnected.as_str().to_string(),
                 o.error.as_ref().map(|e| e.to_string()).or(Some(
                     "the client closed the connection before the response ended".into(),
                 )),
             ),
             (Some(e), _) => (e.cause().outcome().to_string(), Some(e.to_string())),
             (None, Some(t)) => (Cause::Upstream.outcome().to_string(), Some(t.clone())),
-            (None, None) => ("ok".to_string(), None),
+            (None, None) => (CallOutcome::Ok.as_str().to_string(), None),
         };
         let mut request = std::mem::take(&mut self.request);
         graft_recorder::redact_json(&mut request);
@@ -161,7 +161,7 @@ impl Call {
         let rec = self.build_record(o, client_gone);
         self.state
             .retries
-            .settle(&self.session.id, &self.call_id, rec.outcome == "ok");
+            .settle(&self.session.id, &self.call_id, rec.is_ok());
         let t = Instant::now();
         self.session
             .count_call(rec.outcome == Cause::Upstream.outcome());

@@ -24,11 +24,13 @@ impl Cause {
 
     /// The outcome string stored in a `CallRecord`.
     pub fn outcome(self) -> &'static str {
+        use graft_recorder::CallOutcome;
         match self {
-            Cause::Client => "client_error",
-            Cause::Upstream => "upstream_error",
-            Cause::Graft => "graft_error",
+            Cause::Client => CallOutcome::ClientError,
+            Cause::Upstream => CallOutcome::UpstreamError,
+            Cause::Graft => CallOutcome::GraftError,
         }
+        .as_str()
     }
 }
 

@@ -26,7 +26,7 @@ pub fn left_out(records: &[CallRecord]) -> HashMap<String, &'static str> {
             retried.insert(turn(r));
         }
     }
-    for r in records.iter().filter(|r| r.outcome == "ok") {
+    for r in records.iter().filter(|r| r.is_ok()) {
         let key = (r.attempt.unwrap_or(1), r.seq, r.call_id.clone());
         let e = kept.entry(turn(r)).or_insert_with(|| key.clone());
         if (key.0, key.1) > (e.0, e.1) {
@@ -35,7 +35,7 @@ pub fn left_out(records: &[CallRecord]) -> HashMap<String, &'static str> {
     }
     let mut out = HashMap::new();
     for r in records {
-        if r.outcome == "client_disconnected" {
+        if r.outcome == graft_recorder::CallOutcome::ClientDisconnected.as_str() {
             out.insert(r.call_id.clone(), ABANDONED);
             continue;
         }

@@ -114,7 +114,7 @@ impl Model {
     /// A text-only record as tokens: the Chat conversation that reached the model (the
     /// translated upstream request when graft translated, else the client's) and its answer.
     pub fn record_tokens(&self, rec: &CallRecord) -> Result<CallTokens, Skip> {
-        if rec.outcome != "ok" {
+        if !rec.is_ok() {
             return Err(Skip::Failed);
         }
         let (messages, tools, answer) = chat_view(rec).ok_or(Skip::NotChat)?;
@@ -214,7 +214,11 @@ pub fn renderable(messages: &[Value]) -> Result<(), Skip> {
 /// The Chat-form messages, tools and assistant answer of a record.
 pub fn chat_view(rec: &CallRecord) -> Option<(Vec<Value>, Option<Vec<Value>>, Value)> {
     let req = match (&rec.upstream_request, rec.dialect.as_str()) {
-        (Some(up), _) if rec.upstream_dialect.as_deref() == Some("chat_completions") => up,
+        (Some(up), _)
+            if rec.upstream_dialect.as_deref() == Some(graft_recorder::wire::CHAT_COMPLETIONS) =>
+        {
+            up
+        }
         (None, "chat_completions") => &rec.request,
         _ => return None,
     };

@@ -760,7 +760,8 @@ pub(crate) fn scan_summaries(
                 group_id: opt_str_ref(group_id, row),
                 started_at_us,
                 finished_at_us: opt_prim(finished, row).unwrap_or(started_at_us),
-                ok: opt_str_ref(outcome, row).unwrap_or_default() == "ok",
+                ok: opt_str_ref(outcome, row).unwrap_or_default()
+                    == crate::CallOutcome::Ok.as_str(),
                 client: opt_str_ref(client, row),
                 weight_version: opt_str_ref(weight_version, row),
                 request_bytes: texts

@@ -430,7 +430,7 @@ pub fn list_sessions(dir: &Path) -> Result<Vec<SessionSummary>> {
                         group_id: r.group_id.as_deref(),
                         started_at_us: r.started_at_us,
                         finished_at_us: r.finished_at_us,
-                        ok: r.outcome == "ok",
+                        ok: r.outcome == crate::CallOutcome::Ok.as_str(),
                         client: r.client.as_deref(),
                         weight_version: r.weight_version.as_deref(),
                         request_bytes: json_len(&r.request_delta)

@@ -41,6 +41,54 @@ impl Usage {
     }
 }
 
+/// What a call came to: the words [`CallRecord::outcome`] holds, compared through this type
+/// rather than by spelling.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CallOutcome {
+    Ok,
+    ClientError,
+    UpstreamError,
+    GraftError,
+    ClientDisconnected,
+}
+
+impl CallOutcome {
+    pub const ALL: [CallOutcome; 5] = [
+        CallOutcome::Ok,
+        CallOutcome::ClientError,
+        CallOutcome::UpstreamError,
+        CallOutcome::GraftError,
+        CallOutcome::ClientDisconnected,
+    ];
+
+    /// The word the record keeps.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CallOutcome::Ok => "ok",
+            CallOutcome::ClientError => "client_error",
+            CallOutcome::UpstreamError => "upstream_error",
+            CallOutcome::GraftError => "graft_error",
+            CallOutcome::ClientDisconnected => "client_disconnected",
+        }
+    }
+
+    /// The outcome a record's word names (`None` for a word this build does not know).
+    pub fn parse(word: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|o| o.as_str() == word)
+    }
+}
+
+/// The wires graft speaks to a backend, as [`CallRecord::upstream_dialect`] names them when
+/// the call did not go upstream in the client's own dialect.
+pub mod wire {
+    /// OpenAI Chat Completions (translation of another dialect, passthrough with token ids).
+    pub const CHAT_COMPLETIONS: &str = "chat_completions";
+    /// Exact mode over SGLang's native `/generate`.
+    pub const SGLANG_GENERATE: &str = "sglang_generate";
+    /// Exact mode over vLLM's `/v1/completions` with prompt token ids.
+    pub const VLLM_COMPLETIONS: &str = "vllm_completions";
+}
+
 /// One inference call as the gateway saw it. `request`, `normalized_request` and
 /// `upstream_request` are always FULL values here; on disk each is stored as a delta
 /// against the same value of an earlier call of the session.
@@ -70,7 +118,8 @@ pub struct CallRecord {
     pub request: serde_json::Value,
     pub response: Option<serde_json::Value>,
     pub status: u16,
-    /// "ok" | "client_error" | "upstream_error" | "graft_error" | "client_disconnected"
+    /// [`CallOutcome::as_str`]: "ok" | "client_error" | "upstream_error" | "graft_error" |
+    /// "client_disconnected".
     pub outcome: String,
     pub error: Option<String>,
     pub prompt_token_ids: Option<Vec<u32>>,
@@ -141,6 +190,11 @@ pub struct CallRecord {
 }
 
 impl CallRecord {
+    /// Whether the call was answered ([`CallOutcome::Ok`]).
+    pub fn is_ok(&self) -> bool {
+        self.outcome == CallOutcome::Ok.as_str()
+    }
+
     /// Replaces credentials (see [`crate::redact_json`]) in every JSON value of the record:
     /// `request`, `response`, `normalized_request`, `normalized_response` and
     /// `upstream_request`.
@@ -407,5 +461,27 @@ impl StoredRecord {
             stop_matched: self.stop_matched,
             headers: self.headers,
         }
+    }
+}
+
+#[cfg(test)]
+mod outcome_tests {
+    use super::*;
+
+    /// Every outcome reads back from its word; a word this build does not know is none, and
+    /// a record is ok only with the word `ok`.
+    #[test]
+    fn outcomes_read_back_from_their_words() {
+        for o in CallOutcome::ALL {
+            assert_eq!(CallOutcome::parse(o.as_str()), Some(o));
+        }
+        assert_eq!(CallOutcome::parse("OK"), None);
+        let mut r = CallRecord {
+            outcome: "ok".into(),
+            ..CallRecord::default()
+        };
+        assert!(r.is_ok());
+        r.outcome = CallOutcome::ClientDisconnected.as_str().into();
+        assert!(!r.is_ok());
     }
 }

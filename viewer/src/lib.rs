@@ -191,7 +191,7 @@ impl Filters {
         let (page, per) = paging(&m)?;
         let outcome = m.get("outcome").cloned();
         if let Some(o) = &outcome
-            && o != "ok"
+            && o != graft_recorder::CallOutcome::Ok.as_str()
             && o != "errors"
         {
             return Err(ViewError::BadQuery(format!(

@@ -49,9 +49,9 @@ use crate::upstream::{HttpClient, error_chain, http_client, snippet, upstream_me
 const PROBE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// The upstream wire label exact-mode records carry (SGLang's `/generate`).
-pub const WIRE: &str = "sglang_generate";
+pub const WIRE: &str = graft_recorder::wire::SGLANG_GENERATE;
 /// The label of vLLM's `/v1/completions` with token ids.
-pub const VLLM_WIRE: &str = "vllm_completions";
+pub const VLLM_WIRE: &str = graft_recorder::wire::VLLM_COMPLETIONS;
 
 /// The backend wire a gateway's exact mode speaks (`exact.wire`): how a call's body is
 /// built, where it goes, how its answer is read and how a generation is aborted.
