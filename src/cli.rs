@@ -255,30 +255,8 @@ async fn gateway(args: GatewayArgs) -> anyhow::Result<()> {
         writeln!(out, "graft gateway listening on {}", gw.url())?;
         out.flush()?;
     }
-    gw.serve(shutdown_signal()).await?;
+    gw.serve(graft_http::shutdown_signal()).await?;
     Ok(())
-}
-
-/// Resolves on Ctrl-C or SIGTERM.
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        _ = ctrl_c => {},
-        _ = term => {},
-    }
 }
 
 fn init_tracing(default: &str) {

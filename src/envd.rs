@@ -244,7 +244,7 @@ pub async fn run(args: EnvdArgs) -> anyhow::Result<()> {
         writeln!(out, "graft envd listening on {}", envd.url())?;
         out.flush()?;
     }
-    envd.serve(crate::cli::shutdown_signal()).await;
+    envd.serve(graft_http::shutdown_signal()).await;
     Ok(())
 }
 

@@ -182,7 +182,7 @@ pub async fn run(cmd: RolloutsCommand) -> anyhow::Result<()> {
         listener,
         graft_http::Options::new("rollouts"),
         handler,
-        crate::cli::shutdown_signal(),
+        graft_http::shutdown_signal(),
     )
     .await;
     c.stop().await;
@@ -190,17 +190,9 @@ pub async fn run(cmd: RolloutsCommand) -> anyhow::Result<()> {
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
-    let mut resp = Response::new(
-        Full::new(Bytes::from(v.to_string()))
-            .map_err(|never| match never {})
-            .boxed_unsync(),
-    );
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
+    graft_http::json_response(status, v, |b| {
+        Full::new(b).map_err(|never| match never {}).boxed_unsync()
+    })
 }
 
 fn error(status: StatusCode, message: String) -> Response<RespBody> {

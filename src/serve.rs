@@ -160,7 +160,7 @@ async fn serve(listener: tokio::net::TcpListener, state: Arc<State>) -> anyhow::
         listener,
         graft_http::Options::new("serve"),
         handler,
-        crate::cli::shutdown_signal(),
+        graft_http::shutdown_signal(),
     )
     .await;
     Ok(())
@@ -171,13 +171,7 @@ fn full(bytes: impl Into<Bytes>) -> RespBody {
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
-    let mut resp = Response::new(full(v.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
+    graft_http::json_response(status, v, full)
 }
 
 /// SGLang's error shape.

@@ -93,7 +93,7 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
         listener,
         graft_http::Options::new("view"),
         handler,
-        crate::cli::shutdown_signal(),
+        graft_http::shutdown_signal(),
     )
     .await;
     Ok(())

@@ -148,7 +148,7 @@ fn full(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<Body> {
-    full(status, "application/json", v.to_string())
+    graft_http::json_response(status, v, |b| Full::new(b).boxed())
 }
 
 fn to_json<T: serde::Serialize>(status: StatusCode, v: &T) -> Response<Body> {

@@ -534,13 +534,7 @@ async fn resolve_session(
 }
 
 fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
-    let mut r = Response::new(full(Bytes::from(v.to_string())));
-    *r.status_mut() = status;
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("application/json"),
-    );
-    r
+    graft_http::json_response(status, v, full)
 }
 
 /// The one check in front of every admin route (`/graft/*`) and viewer page (`/ui`): with an

@@ -14,6 +14,44 @@ mod body;
 
 pub use body::{BodyError, read_body};
 
+/// A JSON answer: `v` with `status` and `Content-Type: application/json`, in the server's
+/// own body type (`body` makes it from the bytes, e.g. the server's `full`).
+pub fn json_response<B>(
+    status: hyper::StatusCode,
+    v: &serde_json::Value,
+    body: impl FnOnce(bytes::Bytes) -> B,
+) -> Response<B> {
+    let mut r = Response::new(body(bytes::Bytes::from(v.to_string())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+/// Resolves on Ctrl-C or SIGTERM: the shutdown future of graft's command-line servers.
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        _ = ctrl_c => {},
+        _ = term => {},
+    }
+}
+
 use std::error::Error as StdError;
 use std::future::Future;
 use std::net::SocketAddr;

@@ -292,13 +292,7 @@ pub(crate) fn full(bytes: impl Into<Bytes>) -> RespBody {
 }
 
 pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
-    let mut resp = Response::new(full(v.to_string()));
-    *resp.status_mut() = status;
-    resp.headers_mut().insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("application/json"),
-    );
-    resp
+    graft_http::json_response(status, v, full)
 }
 
 /// An error in OpenAI's shape: `{"error":{"message","type","param","code"}}`.
