@@ -129,6 +129,7 @@ header_timeout_secs = 2
     )
     .await;
     assert_eq!(a.status, 201, "{}", a.text());
+    let key_a = format!("Bearer {}", a.json()["api_key"].as_str().unwrap());
     let b = http::post_json(
         &format!("{base}/graft/sessions"),
         &admin,
@@ -186,7 +187,7 @@ header_timeout_secs = 2
     assert_eq!(r.status, 200);
     let r = http::post_json(
         &format!("{base}/s/sess-a/v1/chat/completions"),
-        &key,
+        &[("authorization", key_a.as_str())],
         &chat("m", "closed", false),
     )
     .await;
@@ -609,6 +610,144 @@ async fn hole2_session_ids_dot_and_dotdot_are_refused() {
     )
     .await;
     assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Issue 32, hole 3: on loopback with no `auth.admin_key`, a harness that dropped its
+/// session key (no key, or a made-up one) is no admin: it cannot list sessions, read or
+/// reward another session, pause backends, open `/ui`, or call into another session by URL
+/// or header; it reaches only the default session. A session's own key reaches only its own
+/// calls. graft's local tools take the key the gateway generated into the data dir (0600,
+/// the same across restarts) and still work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole3_without_an_admin_key_a_harness_without_its_key_reaches_only_the_default_session()
+{
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let mut gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let base = gw.url.clone();
+    let key_file = data.join("admin.key");
+    let admin_key = common::admin_key(&data).expect("the gateway generated an admin key");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    let admin_h = format!("Bearer {admin_key}");
+    let admin = [("authorization", admin_h.as_str())];
+    // The orchestrator, with the admin key, opens two sessions.
+    let mut keys = vec![];
+    for id in ["sess-a", "sess-b"] {
+        let r = http::send_bare(
+            "POST",
+            &format!("{base}/graft/sessions"),
+            &admin,
+            json!({"session_id": id}).to_string().into_bytes(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.text());
+        keys.push(r.json()["api_key"].as_str().unwrap().to_string());
+    }
+    let a_h = format!("Bearer {}", keys[0]);
+    let body = chat("m", "hi", false).to_string().into_bytes();
+    let reward = br#"{"reward": 1.0}"#.to_vec();
+    let admin_routes = [
+        ("GET", "/graft/sessions"),
+        ("POST", "/graft/sessions"),
+        ("GET", "/graft/sessions/sess-b"),
+        ("POST", "/graft/sessions/sess-b/reward"),
+        ("POST", "/graft/sessions/sess-b/calls/1/reward"),
+        ("POST", "/graft/sessions/sess-b/close"),
+        ("GET", "/graft/backend/status"),
+        ("GET", "/ui"),
+        ("GET", "/ui/session/sess-b"),
+    ];
+    // A harness without its key: no key, or a made-up one (what SDKs send when told none).
+    for headers in [vec![], vec![("authorization", "Bearer sk-made-up")]] {
+        for (method, path) in admin_routes {
+            let r = http::send_bare(method, &format!("{base}{path}"), &headers, reward.clone())
+                .await
+                .unwrap();
+            assert_eq!(r.status, 401, "{method} {path} {headers:?}: {}", r.text());
+            assert!(r.text().contains("admin.key"), "names where the key is: {}", r.text());
+            assert!(!r.text().contains(&admin_key));
+        }
+        let into_b = [
+            (format!("{base}/s/sess-b/v1/chat/completions"), None),
+            (format!("{base}/v1/chat/completions"), Some("sess-b")),
+        ];
+        for (url, header) in &into_b {
+            let mut h = headers.clone();
+            if let Some(s) = header {
+                h.push(("x-graft-session", s));
+            }
+            let r = http::send_bare("POST", url, &h, body.clone()).await.unwrap();
+            assert_error(&r, 401, "invalid_api_key", "takes only its own API key");
+        }
+        // The default session is the one a call without a key reaches.
+        let r = http::send_bare("POST", &format!("{base}/v1/chat/completions"), &headers, body.clone())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-graft-session").as_deref(), Some("default"));
+    }
+    // A session's key: its own calls, nothing else.
+    let a_auth = [("authorization", a_h.as_str())];
+    for (method, path) in admin_routes {
+        let r = http::send_bare(method, &format!("{base}{path}"), &a_auth, reward.clone())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.text());
+    }
+    let r = http::send_bare(
+        "POST",
+        &format!("{base}/s/sess-b/v1/chat/completions"),
+        &a_auth,
+        body.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = http::send_bare(
+        "POST",
+        &format!("{base}/s/sess-a/v1/chat/completions"),
+        &a_auth,
+        body.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Nothing above touched B. The key is the same after a restart; the admin API and a
+    // session's calls still work with the keys.
+    gw.stop();
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    assert_eq!(common::admin_key(&data).as_deref(), Some(admin_key.as_str()));
+    let b = http::send_bare("GET", &format!("{}/graft/sessions/sess-b", gw.url), &admin, vec![])
+        .await
+        .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b = b.json();
+    assert!(
+        b["calls"] == 0 && b["reward"].is_null() && b["call_rewards"] == 0 && b["closed"] == false,
+        "{b}"
+    );
+    let sessions: Vec<String> = graft_records(&data)
+        .iter()
+        .map(|r| r["session_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(sessions.iter().filter(|s| *s == "default").count(), 2, "{sessions:?}");
+    assert_eq!(sessions.iter().filter(|s| *s == "sess-a").count(), 1, "{sessions:?}");
+    assert!(!sessions.iter().any(|s| s == "sess-b"), "{sessions:?}");
+
+    // A local tool on its own data dir: `graft demo` opens a session, rewards and closes
+    // it through the admin API of a gateway given no key.
+    let demo = dir.path().join("demo");
+    let (ok, out) = graft_run(&["demo", "--data-dir", demo.to_str().unwrap()], &[]);
+    assert!(ok, "{out}");
+    assert!(out.contains("reward    1.0 posted, session closed"), "{out}");
+    assert!(demo.join("admin.key").is_file());
 }
 
 /// Issue 32, hole 4: an empty or whitespace-only key is refused at start, from graft.toml

@@ -47,6 +47,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Open(crate::config::ConfigError),
+    #[error(transparent)]
+    AdminKey(#[from] crate::admin_key::AdminKeyError),
     #[error("the viewer could not start: {0}")]
     Viewer(String),
     #[error("TLS set-up failed: {0}")]
@@ -66,7 +68,7 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub async fn bind(cfg: GatewayConfig) -> Result<Self, StartError> {
+    pub async fn bind(mut cfg: GatewayConfig) -> Result<Self, StartError> {
         // Closed by default, also for configs built in code (`graft rl`, tests).
         cfg.auth
             .check_listen("the gateway", cfg.server.listen)
@@ -97,6 +99,16 @@ impl Gateway {
                 })?;
         let (log, events) = SessionLog::open(&rs.data_dir)
             .map_err(|source| StartError::Recorder { dir, source })?;
+        // No admin key set: one generated into the data dir, so that no request without it
+        // (on loopback either) is an admin. Only the loudly named opt-out leaves it open.
+        if cfg.auth.admin_key.is_none() && !cfg.auth.insecure_open_admin {
+            let key = crate::admin_key::load_or_create(&rs.data_dir)?;
+            let file = crate::admin_key::path(&rs.data_dir);
+            info!(file = %file.display(), "no auth.admin_key set: the admin API and /ui take the key in this file");
+            cfg.auth.admin_key = Some(key);
+            cfg.auth.admin_key_file = Some(file);
+        }
+        let rs = &cfg.recorder;
         let sessions = Sessions::new(
             log,
             events,
@@ -178,6 +190,12 @@ impl Gateway {
 
     pub fn recovery(&self) -> &RecoveryReport {
         &self.recovery
+    }
+
+    /// The key the admin API (`/graft/*`) and `/ui` take: `auth.admin_key`, or the one
+    /// generated into `<data_dir>/admin.key`; `None` only under `insecure_open_admin`.
+    pub fn admin_key(&self) -> Option<&str> {
+        self.state.cfg.auth.admin_key.as_deref()
     }
 
     pub fn recorder(&self) -> Recorder {
@@ -462,7 +480,9 @@ fn websocket_refusal() -> Response<GBody> {
 }
 
 /// Which session a call belongs to: the URL prefix, then `x-graft-session`, then a session
-/// key, then the default session.
+/// key, then the default session. A session named by the URL or the header that has its own
+/// key needs that key (or the admin key); the default session and auto-created sessions have
+/// none, so a call without a key reaches only them.
 async fn resolve_session(
     state: &State,
     url_session: Option<String>,
@@ -495,7 +515,8 @@ async fn resolve_session(
             format!("session id '{n}' must be {SESSION_ID_RULE}"),
         ));
     }
-    if state.cfg.auth.require_client_key && key_session.is_none() {
+    let admin = is_admin(state, key);
+    if state.cfg.auth.require_client_key && key_session.is_none() && !admin {
         match key {
             None => {
                 return Err(GatewayError::Unauthorized(
@@ -519,7 +540,19 @@ async fn resolve_session(
                 ks.id
             )));
         }
-        (Some(n), _) => match state.sessions.get(&n) {
+        (Some(n), ks) => match state.sessions.get(&n) {
+            // A session with its own key answers only that key (or the admin key): a
+            // harness that dropped its key cannot call into another's session.
+            Some(s) if s.keyed && ks.is_none() && !admin => {
+                return Err(GatewayError::Unauthorized(format!(
+                    "session '{n}' takes only its own API key (the api_key of POST /graft/sessions); {}",
+                    if key.is_some() {
+                        "the key sent is not it"
+                    } else {
+                        "send it as 'Authorization: Bearer <key>'"
+                    }
+                )));
+            }
             Some(s) => s,
             None if state.cfg.sessions.auto_create => state.sessions.auto_create(&n).await?,
             None => return Err(GatewayError::UnknownSession(n)),
@@ -543,37 +576,60 @@ fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
     r
 }
 
-/// The one check in front of every admin route (`/graft/*`) and viewer page (`/ui`): with an
-/// admin key configured, a request without it is refused (401); a session's own key is never
-/// an admin key (403), with or without one configured, so a harness cannot read other
-/// sessions, post rewards or pause backends.
+/// The one check in front of every admin route (`/graft/*`) and viewer page (`/ui`): a
+/// request without the admin key is refused (401), on every address. The admin key is
+/// `auth.admin_key`, or the one the gateway generated into `<data_dir>/admin.key`; only
+/// `auth.insecure_open_admin` leaves the surface open. A session's own key is never an admin
+/// key (403), so a harness cannot read other sessions, post rewards or pause backends.
 pub fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), GatewayError> {
     let key = bearer(headers).filter(|k| !k.is_empty());
     let admin = state.cfg.auth.admin_key.as_deref();
     if let Some(k) = key
-        && admin != Some(k)
+        && !admin.is_some_and(|a| same_key(k, a))
         && state.sessions.by_key(k).is_some()
     {
         return Err(GatewayError::Forbidden(format!(
-            "{what} is not open to session keys: a session's key reaches only its own /v1 calls; use the admin key (auth.admin_key)"
+            "{what} is not open to session keys: a session's key reaches only its own /v1 calls; use the admin key ({})",
+            admin_key_hint(state)
         )));
     }
     if let Some(admin) = admin {
         match key {
             None => {
                 return Err(GatewayError::Unauthorized(format!(
-                    "{what} needs the admin key: send 'Authorization: Bearer <auth.admin_key>'"
+                    "{what} needs the admin key: send 'Authorization: Bearer <admin key>' ({})",
+                    admin_key_hint(state)
                 )));
             }
             Some(k) if !same_key(k, admin) => {
                 return Err(GatewayError::Unauthorized(format!(
-                    "that key is not the admin key; {what} needs 'Authorization: Bearer <auth.admin_key>'"
+                    "that key is not the admin key; {what} needs 'Authorization: Bearer <admin key>' ({})",
+                    admin_key_hint(state)
                 )));
             }
             Some(_) => {}
         }
     }
     Ok(())
+}
+
+/// Where the admin key is, for refusals: the setting, or the file it was generated into.
+fn admin_key_hint(state: &State) -> String {
+    match &state.cfg.auth.admin_key_file {
+        Some(f) => format!(
+            "no auth.admin_key is set, so the gateway generated one: it is in {} on the gateway's machine",
+            f.display()
+        ),
+        None => "auth.admin_key".into(),
+    }
+}
+
+/// Whether the request carries the admin key.
+fn is_admin(state: &State, key: Option<&str>) -> bool {
+    match (key, state.cfg.auth.admin_key.as_deref()) {
+        (Some(k), Some(a)) => same_key(k, a),
+        _ => false,
+    }
 }
 
 /// The viewer's pages under `/ui`, behind the admin key like every admin route. Its

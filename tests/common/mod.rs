@@ -417,6 +417,12 @@ impl Proc {
                 panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}")
             });
         proc.url = url.trim_end_matches('/').to_owned();
+        if args.first() == Some(&"gateway")
+            && let Some(data) = gateway_data_dir(args)
+            && let Some(key) = admin_key(&data)
+        {
+            http::carry_admin_key(&proc.url, &key);
+        }
         proc
     }
 
@@ -469,6 +475,32 @@ impl Drop for Proc {
             eprintln!("--- {} stderr ---\n{}", self.name, self.stderr());
         }
     }
+}
+
+/// The data dir of `graft gateway ARGS`: `--data-dir`, else the config file's
+/// `recorder.data_dir`.
+fn gateway_data_dir(args: &[&str]) -> Option<PathBuf> {
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| *a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from)
+    };
+    if let Some(d) = flag("--data-dir") {
+        return Some(d);
+    }
+    let config: toml::Value = toml::from_str(&std::fs::read_to_string(flag("--config")?).ok()?).ok()?;
+    config
+        .get("recorder")?
+        .get("data_dir")?
+        .as_str()
+        .map(PathBuf::from)
+}
+
+/// The admin key a gateway generated into `data_dir` (none when `auth.admin_key` is set), as
+/// graft's local tools read it.
+pub fn admin_key(data_dir: &Path) -> Option<String> {
+    graft_gateway::admin_key::read(data_dir).unwrap()
 }
 
 /// Every record in a data dir, via `graft records show --data-dir DIR --json`.
@@ -528,9 +560,10 @@ impl Stack {
         }
     }
 
-    /// Opens a session through the session API (`POST /graft/sessions`, no admin key is
-    /// configured here), as envd does before a rollout; returns the API's answer
-    /// (`session_id`, `base_url`, `api_key`).
+    /// Opens a session through the session API (`POST /graft/sessions`, with the admin key
+    /// the gateway generated into its data dir), as an orchestrator does before a rollout;
+    /// returns the API's answer (`session_id`, `base_url`, `api_key`); the session's key is
+    /// carried on its URLs from then on.
     pub fn open_session(&self, id: &str) -> Value {
         let url = format!("{}/graft/sessions", self.gateway.url);
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -561,11 +594,17 @@ impl Stack {
         }
     }
 
+    /// A client's target; its key is the session's own when the session was opened through
+    /// the session API (as an orchestrator hands it to the harness), else a made-up one.
     pub fn target(&self, url_session: Option<&str>, header_session: Option<&str>) -> Target {
+        let base_url = self.base_url(url_session);
+        let session_key = url_session
+            .or(header_session)
+            .and_then(|s| http::carried_key(&format!("{}/s/{s}/", self.gateway.url)));
         Target {
-            base_url: self.base_url(url_session),
+            base_url,
             session_header: header_session.map(str::to_owned),
-            api_key: "sk-graft-test-key".to_owned(),
+            api_key: session_key.unwrap_or_else(|| "sk-graft-test-key".to_owned()),
             model: "scripted".to_owned(),
         }
     }
