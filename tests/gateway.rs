@@ -52,7 +52,10 @@ async fn sessions_route_calls_and_survive_a_restart() {
     // (a session made by the session API takes its own key, also when named.)
     let by_header = http::post_json(
         &format!("{base}/v1/chat/completions"),
-        &[("x-graft-session", &id), ("authorization", &format!("Bearer {key}"))],
+        &[
+            ("x-graft-session", &id),
+            ("authorization", &format!("Bearer {key}")),
+        ],
         &chat("m", "by header", false),
     )
     .await;

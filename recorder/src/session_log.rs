@@ -555,7 +555,10 @@ mod tests {
             r#"{"event":"closed","session_id":"o","at_us":3,"extra":1}"#,
             r#"{"event":"reward","session_id":"o","reward":0.5,"inf0":null,"info":null,"at_us":2}"#,
         ] {
-            assert!(serde_json::from_str::<SessionEvent>(damaged).is_err(), "{damaged}");
+            assert!(
+                serde_json::from_str::<SessionEvent>(damaged).is_err(),
+                "{damaged}"
+            );
         }
     }
 

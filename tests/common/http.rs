@@ -99,9 +99,9 @@ pub async fn send(
     headers: &[(&str, &str)],
     body: Vec<u8>,
 ) -> Result<Resp, String> {
-    let own = headers
-        .iter()
-        .any(|(k, _)| k.eq_ignore_ascii_case("authorization") || k.eq_ignore_ascii_case("x-api-key"));
+    let own = headers.iter().any(|(k, _)| {
+        k.eq_ignore_ascii_case("authorization") || k.eq_ignore_ascii_case("x-api-key")
+    });
     let carried = if own { None } else { carried_auth(url) };
     let mut all: Vec<(&str, &str)> = headers.to_vec();
     if let Some(a) = &carried {
@@ -153,7 +153,6 @@ pub async fn send_bare(
     })
 }
 
-
 pub async fn try_post_json(
     url: &str,
     headers: &[(&str, &str)],
@@ -191,9 +190,7 @@ pub async fn post_stream(url: &str, body: &Value) -> hyper::Response<hyper::body
     if let Some(a) = carried_auth(url) {
         req = req.header("authorization", a);
     }
-    let req = req
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
+    let req = req.body(Full::new(Bytes::from(body.to_string()))).unwrap();
     client
         .request(req)
         .await

@@ -489,7 +489,8 @@ fn gateway_data_dir(args: &[&str]) -> Option<PathBuf> {
     if let Some(d) = flag("--data-dir") {
         return Some(d);
     }
-    let config: toml::Value = toml::from_str(&std::fs::read_to_string(flag("--config")?).ok()?).ok()?;
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(flag("--config")?).ok()?).ok()?;
     config
         .get("recorder")?
         .get("data_dir")?
@@ -975,7 +976,14 @@ impl Proc {
     }
 }
 
-/// Opens a session in group `g` through the session API; returns (session_id, base_url).
+/// The key of the session whose base URL (`…/s/{id}/v1`) is `base`, as the session API
+/// gave it (see `http`'s carried keys); what a harness in that session is handed.
+pub fn session_key(base: &str) -> String {
+    http::carried_key(base).unwrap_or_else(|| panic!("no session key is known for {base}"))
+}
+
+/// Opens a session in group `g` through the session API (its key is carried on its URLs
+/// from then on; [`session_key`] gives it); returns (session_id, base_url).
 pub async fn open_session(gw: &str) -> (String, String) {
     let s = http::post_json(
         &format!("{gw}/graft/sessions"),
