@@ -158,7 +158,14 @@ impl Gateway {
         };
         let retries =
             crate::retries::Retries::new(cfg.limits.retries).with_metrics(metrics.clone());
+        let ui_login = cfg
+            .auth
+            .admin_key
+            .as_deref()
+            .map(|k| graft_viewer::login::Login::new(k, "/ui"));
+        let viewer = viewer.keyed(ui_login.is_some());
         let state = Arc::new(State {
+            ui_login,
             retries,
             cfg,
             recorder,
@@ -632,35 +639,95 @@ fn is_admin(state: &State, key: Option<&str>) -> bool {
     }
 }
 
-/// The viewer's pages under `/ui`, behind the admin key like every admin route. Its
-/// refusals are viewer pages too (a browser's dialect is HTML), with the status and, for a
-/// missing key, `WWW-Authenticate`. Pages run no script and load nothing from elsewhere.
+/// The viewer's pages under `/ui`, behind the admin key like every admin route, with the
+/// browser login `graft view` has (`graft_viewer::login`: `POST /ui/login` with the key
+/// through a form, rate limited per client, sets an HttpOnly, SameSite=Strict cookie for
+/// `/ui`; `POST /ui/logout` ends it); `Authorization: Bearer <admin key>` works too, a
+/// session's key never (403). Refusals are viewer pages too (a browser's dialect is HTML).
+/// Pages run no script and load nothing from elsewhere.
 async fn ui(
     state: &Arc<State>,
     req: Request<Incoming>,
     path: &str,
 ) -> Result<Response<GBody>, GatewayError> {
     let viewer = state.viewer.clone();
-    let refused = if let Err(e) = check_admin(state, req.headers(), "the viewer (/ui)") {
-        Some(e)
-    } else if req.method() != Method::GET && req.method() != Method::HEAD {
-        Some(GatewayError::MethodNotAllowed {
+    let answer = |a: graft_viewer::login::Answer| {
+        let mut r = page_response(a.page);
+        for (name, value) in a.headers {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                r.headers_mut().insert(name, v);
+            }
+        }
+        Ok(r)
+    };
+    match (
+        check_admin(state, req.headers(), "the viewer (/ui)"),
+        &state.ui_login,
+    ) {
+        // A session's key: 403, never the login form.
+        (Err(e @ GatewayError::Forbidden(_)), _) => {
+            return Ok(page_response(
+                viewer.error_page(e.status().as_u16(), &e.to_string()),
+            ));
+        }
+        (_, Some(login)) => {
+            let cookies: Vec<&str> = req
+                .headers()
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            let step = login.step(
+                &viewer,
+                graft_viewer::login::Request {
+                    method: req.method().as_str(),
+                    path,
+                    path_and_query: req.uri().path_and_query().map_or(path, |pq| pq.as_str()),
+                    cookies: &cookies,
+                    bearer: bearer(req.headers()).filter(|k| !k.is_empty()),
+                },
+            );
+            match step {
+                graft_viewer::login::Step::ReadForm => {
+                    let peer = req.extensions().get::<graft_http::Peer>().map(|p| p.0.ip());
+                    let body = read_body(
+                        req.into_body(),
+                        graft_viewer::login::MAX_FORM_BYTES,
+                        state.cfg.limits.body_timeout,
+                    )
+                    .await?;
+                    return answer(login.post_form(&viewer, &body, peer));
+                }
+                graft_viewer::login::Step::Answer(a) => return answer(a),
+                graft_viewer::login::Step::Page => {}
+            }
+        }
+        (Err(e), None) => {
+            return Ok(page_response(
+                viewer.error_page(e.status().as_u16(), &e.to_string()),
+            ));
+        }
+        (Ok(()), None) => {}
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let e = GatewayError::MethodNotAllowed {
             method: req.method().to_string(),
             path: path.to_string(),
-        })
-    } else {
-        None
-    };
-    let page = match &refused {
-        Some(e) => viewer.error_page(e.status().as_u16(), &e.to_string()),
-        None => {
-            let sub = path.trim_start_matches("/ui").to_string();
-            let query = req.uri().query().unwrap_or("").to_string();
-            tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
-                .await
-                .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?
-        }
-    };
+        };
+        return Ok(page_response(
+            viewer.error_page(e.status().as_u16(), &e.to_string()),
+        ));
+    }
+    let sub = path.trim_start_matches("/ui").to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let page = tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?;
+    Ok(page_response(page))
+}
+
+/// A viewer page as a response, with the viewer's headers.
+fn page_response(page: graft_viewer::Page) -> Response<GBody> {
     let mut r = Response::new(full(Bytes::from(page.body)));
     *r.status_mut() =
         StatusCode::from_u16(page.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -672,10 +739,7 @@ async fn ui(
     for (name, value) in graft_viewer::RESPONSE_HEADERS {
         h.insert(name, HeaderValue::from_static(value));
     }
-    if matches!(refused, Some(GatewayError::Unauthorized(_))) {
-        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    Ok(r)
+    r
 }
 
 /// Exact mode's backend control, for weight updates: `POST /graft/backend/pause` holds new
