@@ -628,9 +628,11 @@ impl Drop for TinyFs {
 /// Issue 32, hole 1 on a real full disk (a 16 MiB tmpfs filled to the last byte while the
 /// gateway runs): session creations and rewards fail while it is full (the session log's
 /// appends cross into pages there is no room for, so some fail part-way), calls fail or
-/// succeed, and once space is back everything goes on; after a restart, with no repair,
-/// every acknowledged session is there with its key, the last acknowledged reward and
-/// every acknowledged call, and every line of the session log is one whole event. Skipped,
+/// succeed (the WAL), and once space is back everything goes on; after a restart, with no
+/// repair, every acknowledged session is there with its key, the last acknowledged reward
+/// and every acknowledged call, and every line of the session log is one whole event. The
+/// same for `steps.jsonl`'s `LineFile` on the full disk: every acknowledged line, whole, and
+/// the one after. Skipped,
 /// loudly, only where this process cannot mount a tmpfs (the injected-fault tests in
 /// `recorder/src/{lines,session_log}.rs` cover the same path everywhere).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -679,6 +681,13 @@ async fn hole1_on_a_real_full_filesystem_nothing_acknowledged_is_lost_and_the_lo
     assert_eq!(r.status, 200, "{}", r.text());
     acked_calls += 1;
 
+    let steps = fs.path().join("steps.jsonl");
+    let (mut lines, _) = graft_recorder::LineFile::open(&steps).unwrap();
+    lines
+        .append(format!("{{\"step\":0,\"pad\":\"{pad}\"}}\n").as_bytes())
+        .unwrap();
+    let mut steps_acked = vec![0];
+
     // Full.
     let filler = fs.fill();
     let mut failed = 0;
@@ -721,8 +730,43 @@ async fn hole1_on_a_real_full_filesystem_nothing_acknowledged_is_lost_and_the_lo
         acked.len() - 1
     );
 
+    // `graft rl`'s steps.jsonl is the same LineFile: on the full disk, appends fail (some
+    // part-way) and leave no torn line behind for the next one.
+    let mut steps_failed = 0;
+    for i in 1..200 {
+        let line = format!("{{\"step\":{i},\"pad\":\"{pad}\"}}\n");
+        match lines.append(line.as_bytes()) {
+            Ok(()) => steps_acked.push(i),
+            Err(_) => {
+                steps_failed += 1;
+                if steps_failed == 3 {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(
+        steps_failed > 0,
+        "the full filesystem failed no steps.jsonl append"
+    );
+
     // Space again: everything goes on in the same process.
     std::fs::remove_file(filler).unwrap();
+    lines.append(b"{\"step\":\"after\"}\n").unwrap();
+    drop(lines);
+    let text = std::fs::read_to_string(&steps).unwrap();
+    let got: Vec<Value> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("steps.jsonl line not whole: {e}"))
+        })
+        .collect();
+    let mut want: Vec<Value> = steps_acked.iter().map(|i| json!(i)).collect();
+    want.push(json!("after"));
+    assert_eq!(
+        got.iter().map(|v| v["step"].clone()).collect::<Vec<_>>(),
+        want
+    );
     let r = create("after".into()).await;
     assert_eq!(r.status, 201, "{}", r.text());
     acked.push((

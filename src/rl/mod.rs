@@ -606,9 +606,15 @@ fn rewind_to_checkpoint(out: &Path, state: &mut State) -> anyhow::Result<()> {
         })
         .map(|l| format!("{l}\n"))
         .collect();
+    // Whole and on disk before it replaces the old file (no empty steps.jsonl after a crash).
     let tmp = out.join("steps.jsonl.tmp");
-    std::fs::write(&tmp, kept)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(kept.as_bytes())?;
+    f.sync_all()?;
     std::fs::rename(&tmp, &path)?;
+    if let Ok(d) = std::fs::File::open(out) {
+        d.sync_all()?;
+    }
     state.next_step = back;
     state.weight_version = state.checkpoint_version.clone();
     let v = state
