@@ -1578,7 +1578,7 @@ async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     chat_content(&mut body, &mut buf, &mut text, true).await;
     // The stream is held by the backend until new weights land. A draining push would wait
     // for it (and it for the push): this one returns.
-    let gateway = Api::new(&s.gateway.url, None);
+    let gateway = Api::new(&s.gateway.url, common::admin_auth(&s.data));
     let pushed = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         shared.push(

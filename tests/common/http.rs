@@ -85,6 +85,24 @@ pub fn carry_session_key(gateway_url: &str, session_id: &str, key: &str) {
     carry_key(&format!("{gateway_url}/s/{session_id}/"), key);
 }
 
+/// Carries the session keys known for the gateway at `from` to the gateway at `to` too (a
+/// restart on the same data dir: the sessions and their keys come back there).
+pub fn carry_session_keys_over(from: &str, to: &str) {
+    let mut keys = KEYS.lock().unwrap();
+    let old = format!("{from}/s/");
+    let moved: Vec<(String, String)> = keys
+        .iter()
+        .filter_map(|(p, k)| {
+            p.strip_prefix(&old)
+                .map(|rest| (format!("{to}/s/{rest}"), k.clone()))
+        })
+        .collect();
+    for (p, k) in moved {
+        keys.retain(|(q, _)| *q != p);
+        keys.push((p, k));
+    }
+}
+
 /// The `Authorization` value carried for `url` (`Bearer <key>`), if any.
 pub fn carried_auth(url: &str) -> Option<String> {
     carried_key(url).map(|k| format!("Bearer {k}"))

@@ -419,9 +419,18 @@ impl Proc {
         proc.url = url.trim_end_matches('/').to_owned();
         if args.first() == Some(&"gateway")
             && let Some(data) = gateway_data_dir(args)
-            && let Some(key) = admin_key(&data)
         {
-            http::carry_admin_key(&proc.url, &key);
+            if let Some(key) = admin_key(&data) {
+                http::carry_admin_key(&proc.url, &key);
+            }
+            // A restart on the same data dir: the sessions' keys hold there too.
+            let mut started = GATEWAYS.lock().unwrap();
+            for (url, dir) in started.iter() {
+                if *dir == data {
+                    http::carry_session_keys_over(url, &proc.url);
+                }
+            }
+            started.push((proc.url.clone(), data));
         }
         proc
     }
@@ -477,6 +486,9 @@ impl Drop for Proc {
     }
 }
 
+/// The gateways started so far and their data dirs.
+static GATEWAYS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
 /// The data dir of `graft gateway ARGS`: `--data-dir`, else the config file's
 /// `recorder.data_dir`.
 fn gateway_data_dir(args: &[&str]) -> Option<PathBuf> {
@@ -502,6 +514,12 @@ fn gateway_data_dir(args: &[&str]) -> Option<PathBuf> {
 /// graft's local tools read it.
 pub fn admin_key(data_dir: &Path) -> Option<String> {
     graft_gateway::admin_key::read(data_dir).unwrap()
+}
+
+/// The `authorization` header with the admin key a gateway generated into `data_dir`, for
+/// graft's own clients (`graft::rl::rollout::Api`).
+pub fn admin_auth(data_dir: &Path) -> Option<(&'static str, String)> {
+    admin_key(data_dir).map(|k| ("authorization", format!("Bearer {k}")))
 }
 
 /// Every record in a data dir, via `graft records show --data-dir DIR --json`.
