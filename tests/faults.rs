@@ -853,7 +853,8 @@ async fn hole2_session_ids_dot_and_dotdot_are_refused() {
 /// reward another session, pause backends, open `/ui`, or call into another session by URL
 /// or header; it reaches only the default session. A session's own key reaches only its own
 /// calls. graft's local tools take the key the gateway generated into the data dir (0600,
-/// the same across restarts) and still work.
+/// the same across restarts) and still work. A session whose creation is no longer in the
+/// log (a damaged line dropped by a repair) answers only the admin key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hole3_without_an_admin_key_a_harness_without_its_key_reaches_only_the_default_session() {
     let dir = tempfile::tempdir().unwrap();
@@ -968,7 +969,7 @@ async fn hole3_without_an_admin_key_a_harness_without_its_key_reaches_only_the_d
     // Nothing above touched B. The key is the same after a restart; the admin API and a
     // session's calls still work with the keys.
     gw.stop();
-    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let mut gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
     assert_eq!(
         common::admin_key(&data).as_deref(),
         Some(admin_key.as_str())
@@ -1002,6 +1003,40 @@ async fn hole3_without_an_admin_key_a_harness_without_its_key_reaches_only_the_d
         "{sessions:?}"
     );
     assert!(!sessions.iter().any(|s| s == "sess-b"), "{sessions:?}");
+    let r = http::send_bare(
+        "POST",
+        &format!("{}/s/sess-a/v1/chat/completions", gw.url),
+        &a_auth,
+        body.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A session whose `created` line is gone (dropped by a repair as damaged) but whose
+    // records are there may have had a key, now unknown: no call without a key gets in,
+    // nor its old key; the admin key does.
+    gw.stop();
+    let log = data.join("sessions.log");
+    let kept: String = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| !(l.contains("\"created\"") && l.contains("\"sess-a\"")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&log, kept).unwrap();
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let url = format!("{}/s/sess-a/v1/chat/completions", gw.url);
+    for headers in [vec![], a_auth.to_vec()] {
+        let r = http::send_bare("POST", &url, &headers, body.clone())
+            .await
+            .unwrap();
+        assert_error(&r, 401, "invalid_api_key", "takes only its own API key");
+    }
+    let r = http::send_bare("POST", &url, &admin, body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
 
     // A local tool on its own data dir: `graft demo` opens a session, rewards and closes
     // it through the admin API of a gateway given no key.

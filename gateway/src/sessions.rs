@@ -243,11 +243,13 @@ impl Sessions {
                 }
             }
         }
+        // A session with records but no `created` event (its line dropped by a repair, or
+        // the log deleted) may have had a key, now unknown: only the admin key reaches it,
+        // never a call without a key. The default session has none.
         for (id, state) in recovered {
-            let s = inner
-                .by_id
-                .entry(id.clone())
-                .or_insert_with(|| Arc::new(Session::new(id.clone(), None, 0, Value::Null)));
+            let s = inner.by_id.entry(id.clone()).or_insert_with(|| {
+                Arc::new(Session::new(id.clone(), None, 0, Value::Null).with_key(*id != default_id))
+            });
             s.calls.store(state.records, Ordering::Relaxed);
         }
         inner.by_id.entry(default_id.clone()).or_insert_with(|| {
