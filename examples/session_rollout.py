@@ -1,6 +1,9 @@
 """One rollout as a graft session, with an unmodified openai-SDK agent.
 
-Usage: python examples/session_rollout.py GATEWAY_URL [ADMIN_KEY]
+Usage: python examples/session_rollout.py GATEWAY_URL [ADMIN_KEY | DATA_DIR]
+
+The session API takes the gateway's admin key: `auth.admin_key`, or, when none is set, the key
+the gateway generated into `<data dir>/admin.key` (the default: `graft-data/admin.key`).
 
 Creates a session, runs a tiny tool-using agent through the session's base URL (the agent
 only sees an OpenAI base URL and key), posts a reward, closes the session. Afterwards:
@@ -8,6 +11,7 @@ only sees an OpenAI base URL and key), posts a reward, closes the session. After
 """
 
 import json
+import os
 import sys
 import urllib.request
 
@@ -43,9 +47,18 @@ def agent(base_url, api_key, task):
     return None
 
 
+def admin_key(arg):
+    """The key given, or the one a gateway generated into a data dir (graft-data by default)."""
+    where = arg or "graft-data"
+    if os.path.isdir(where):
+        with open(os.path.join(where, "admin.key")) as f:
+            return f.read().strip()
+    return arg
+
+
 def main():
     url = sys.argv[1].rstrip("/")
-    key = sys.argv[2] if len(sys.argv) > 2 else None
+    key = admin_key(sys.argv[2] if len(sys.argv) > 2 else None)
     session = admin(url, "/graft/sessions", {"group_id": "weather-task"}, key)
     answer = agent(session["base_url"], session["api_key"], "What is the weather in Lisbon?")
     reward = 1.0 if answer and "18" in answer else 0.0

@@ -303,7 +303,10 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
                   "graft envd listening on", d / "envd.log", env={"GRAFT_ENVD_API_KEY": ENVD_KEY})
         procs.append(ev)
         sid = f"{h.name}-{mode}"
-        st, body = call("POST", f"{gw.url}/graft/sessions", {"session_id": sid})
+        # The session API takes the admin key the gateway generated into its data dir.
+        admin_key = (d / "data" / "admin.key").read_text().strip()
+        st, body = call("POST", f"{gw.url}/graft/sessions", {"session_id": sid},
+                        headers={"authorization": f"Bearer {admin_key}"})
         assert st == 201, body
         sess = json.loads(body)
         # envd mounts nothing over a rootfs's own folders (its /mnt included): the clients go

@@ -52,15 +52,19 @@ def main() -> None:
         if config:
             gw_cmd += ["--config", config[0]]
         gw, gw_url = start(gw_cmd)
+        # The admin key the gateway generated into its data dir (none when the config sets one).
+        key_file = Path(d) / "data" / "admin.key"
+        admin = {"authorization": "Bearer " + key_file.read_text().strip()} if key_file.exists() else {}
         c = httpx.Client(timeout=60)
         text = "x " * (kb * 512)
 
         def session(i: int) -> None:
-            s = c.post(gw_url + "/graft/sessions", json={"group_id": "g"}).json()
+            s = c.post(gw_url + "/graft/sessions", json={"group_id": "g"}, headers=admin).json()
             msgs = [{"role": "user", "content": f"{i} {text}"}]
             for t in range(calls):
                 r = c.post(f"{gw_url}/s/{s['session_id']}/v1/chat/completions",
-                           json={"model": "m", "messages": msgs})
+                           json={"model": "m", "messages": msgs},
+                           headers={"authorization": "Bearer " + s["api_key"]})
                 r.raise_for_status()
                 msgs += [r.json()["choices"][0]["message"], {"role": "user", "content": f"more {t}"}]
 

@@ -80,6 +80,8 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     )?;
     let gw = Gateway::bind(cfg).await?;
     let gateway_url = gw.url();
+    // The session API takes the admin key the gateway generated into the data dir.
+    let admin = gw.admin_key().map(str::to_string);
     println!(
         "graft gateway       {gateway_url}  (records in {})",
         args.data_dir.display()
@@ -91,7 +93,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
     // 3. A short client run through a session.
     let client: HttpClient = Client::builder(TokioExecutor::new()).build_http();
-    let result = conversation(&client, &gateway_url).await;
+    let result = conversation(&client, &gateway_url, admin.as_deref()).await;
     let _ = stop_tx.send(());
     serving.await??;
     let _ = upstream.kill().await;
@@ -176,11 +178,15 @@ async fn post(
     Ok((status, resp.into_body().collect().await?.to_bytes()))
 }
 
-async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<String> {
+async fn conversation(
+    client: &HttpClient,
+    gateway: &str,
+    admin: Option<&str>,
+) -> anyhow::Result<String> {
     let (status, body) = post(
         client,
         &format!("{gateway}/graft/sessions"),
-        None,
+        admin,
         &json!({"group_id": "demo"}),
     )
     .await?;
@@ -286,7 +292,7 @@ async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<Stri
     let (status, _) = post(
         client,
         &format!("{gateway}/graft/sessions/{session_id}/reward"),
-        None,
+        admin,
         &json!({"reward": 1.0}),
     )
     .await?;
@@ -294,7 +300,7 @@ async fn conversation(client: &HttpClient, gateway: &str) -> anyhow::Result<Stri
     let (status, _) = post(
         client,
         &format!("{gateway}/graft/sessions/{session_id}/close"),
-        None,
+        admin,
         &json!({}),
     )
     .await?;

@@ -2,8 +2,9 @@
 //! and samples files, on their own listener. Closed by default like the gateway: beyond
 //! loopback it needs an admin key (from the environment) or the loudly named
 //! `--insecure-open-admin`. With a key, a browser logs in through a form (`POST /login`,
-//! which sets an HttpOnly, SameSite=Strict cookie holding a random token, never the key:
-//! `graft_viewer::login`); `Authorization: Bearer <key>` works too.
+//! rate limited per client, which sets an HttpOnly, SameSite=Strict cookie holding a random
+//! token of that login, never the key; `POST /logout` ends it: `graft_viewer::login`, which
+//! the gateway's `/ui` shares); `Authorization: Bearer <key>` works too.
 
 use std::convert::Infallible;
 use std::io::Write;
@@ -74,7 +75,8 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
     }
     let viewer =
         graft_viewer::Viewer::new(&a.data_dir, a.run.as_deref(), a.model_dir.as_deref(), "")?
-            .with_samples(&a.samples)?;
+            .with_samples(&a.samples)?
+            .keyed(key.is_some());
     let listener = tokio::net::TcpListener::bind(a.listen)
         .await
         .with_context(|| format!("cannot listen on {}; pick another --listen", a.listen))?;
@@ -84,7 +86,7 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
         writeln!(out, "graft view listening on http://{addr}")?;
         out.flush()?;
     }
-    let state = Arc::new((viewer, key.as_deref().map(Login::new)));
+    let state = Arc::new((viewer, key.as_deref().map(|k| Login::new(k, ""))));
     let handler = move |req| {
         let state = Arc::clone(&state);
         async move { Ok::<_, Infallible>(handle(&state, req).await) }
@@ -116,27 +118,18 @@ fn respond(page: graft_viewer::Page) -> Response<Full<Bytes>> {
 
 type State = (graft_viewer::Viewer, Option<Login>);
 
-fn redirect(to: &str) -> Response<Full<Bytes>> {
-    let mut r = Response::new(Full::new(Bytes::new()));
-    *r.status_mut() = StatusCode::SEE_OTHER;
-    if let Ok(v) = HeaderValue::from_str(to) {
-        r.headers_mut().insert(header::LOCATION, v);
+/// A login's answer (a login page, a refusal, a redirect) as a response.
+fn answer(a: login::Answer) -> Response<Full<Bytes>> {
+    let mut r = respond(a.page);
+    for (name, value) in a.headers {
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            r.headers_mut().insert(name, v);
+        }
     }
-    r.headers_mut()
-        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     r
 }
 
-/// A login page (401) that also names the Bearer scheme for scripts.
-fn login_page(viewer: &graft_viewer::Viewer, message: &str, next: &str) -> Response<Full<Bytes>> {
-    let mut r = respond(viewer.login_page(message, next));
-    r.headers_mut()
-        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    r
-}
-
-/// `POST /login`: the key from the form; right, a cookie and back to where the browser was
-/// going; wrong or missing, the form again with why (401). The key is never echoed.
+/// The body of `POST /login`, read up to `login::MAX_FORM_BYTES`, then the login's answer.
 async fn post_login<B>(
     viewer: &graft_viewer::Viewer,
     login: &Login,
@@ -146,11 +139,12 @@ where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let body = match Limited::new(req.into_body(), login::MAX_FORM_BYTES)
+    let peer = req.extensions().get::<graft_http::Peer>().map(|p| p.0.ip());
+    match Limited::new(req.into_body(), login::MAX_FORM_BYTES)
         .collect()
         .await
     {
-        Ok(b) => b.to_bytes(),
+        Ok(b) => answer(login.post_form(viewer, &b.to_bytes(), peer)),
         Err(e) => {
             let mut r = respond(viewer.error_page(
                 413,
@@ -161,30 +155,14 @@ where
             ));
             r.headers_mut()
                 .insert(header::CONNECTION, HeaderValue::from_static("close"));
-            return r;
-        }
-    };
-    let form = Login::form(&body);
-    match form.key {
-        None => login_page(viewer, "type the admin key to log in", &form.next),
-        Some(k) if !login.key_matches(&k) => login_page(
-            viewer,
-            "that is not the admin key of this viewer; try again",
-            &form.next,
-        ),
-        Some(_) => {
-            let mut r = redirect(&form.next);
-            if let Ok(v) = HeaderValue::from_str(&login.set_cookie()) {
-                r.headers_mut().insert(header::SET_COOKIE, v);
-            }
             r
         }
     }
 }
 
-/// Answers one request: the admin key first (when one is set: a login cookie or a Bearer
-/// header, and `POST /login` for the form), GET only, then the page. Refusals are viewer
-/// pages that say why (a browser's dialect is HTML).
+/// Answers one request: with a key set, the login first (`graft_viewer::login`: a login
+/// cookie or a Bearer header, `POST /login` for the form, `POST /logout`), GET only, then
+/// the page. Refusals are viewer pages that say why (a browser's dialect is HTML).
 async fn handle<B>(state: &Arc<State>, req: Request<B>) -> Response<Full<Bytes>>
 where
     B: hyper::body::Body,
@@ -192,31 +170,26 @@ where
 {
     let (viewer, login) = &**state;
     if let Some(login) = login {
-        if req.uri().path() == "/login" && req.method() == Method::POST {
-            return post_login(viewer, login, req).await;
-        }
-        let cookie_ok = req
+        let cookies: Vec<&str> = req
             .headers()
             .get_all(header::COOKIE)
             .iter()
             .filter_map(|v| v.to_str().ok())
-            .any(|c| login.cookie_matches(c));
-        let sent = bearer(req.headers()).filter(|k| !k.is_empty());
-        let bearer_ok = sent.is_some_and(|s| login.key_matches(s));
-        if !cookie_ok && !bearer_ok {
-            let next = match req.uri().path_and_query() {
-                Some(pq) if req.uri().path() != "/login" => pq.as_str(),
-                _ => "/",
-            };
-            let reason = if sent.is_some() {
-                "that key is not the admin key of this viewer: log in with the admin key, or send 'Authorization: Bearer <key>'"
-            } else {
-                "this viewer needs the admin key: log in with it below, or send 'Authorization: Bearer <key>'"
-            };
-            return login_page(viewer, reason, next);
-        }
-        if req.uri().path() == "/login" && req.method() == Method::GET {
-            return redirect("/");
+            .collect();
+        let step = login.step(
+            viewer,
+            login::Request {
+                method: req.method().as_str(),
+                path: req.uri().path(),
+                path_and_query: req.uri().path_and_query().map_or("/", |pq| pq.as_str()),
+                cookies: &cookies,
+                bearer: bearer(req.headers()).filter(|k| !k.is_empty()),
+            },
+        );
+        match step {
+            login::Step::ReadForm => return post_login(viewer, login, req).await,
+            login::Step::Answer(a) => return answer(a),
+            login::Step::Page => {}
         }
     }
     if req.method() != Method::GET && req.method() != Method::HEAD {

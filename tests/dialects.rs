@@ -609,10 +609,10 @@ fn block_on<F: std::future::Future>(f: F) -> F::Output {
 #[test]
 fn bad_input_on_messages_gets_anthropic_errors_naming_the_field() {
     let stack = Stack::start();
-    stack.open_session("bad-anth");
+    let session = stack.open_session("bad-anth");
     let url = format!("{}/messages", stack.base_url(Some("bad-anth")));
     let key = [
-        ("x-api-key", "sk-graft-test-key"),
+        ("x-api-key", session["api_key"].as_str().unwrap()),
         ("anthropic-version", "2023-06-01"),
     ];
     let good =
@@ -644,9 +644,10 @@ fn bad_input_on_messages_gets_anthropic_errors_naming_the_field() {
 #[test]
 fn bad_input_on_responses_gets_openai_errors_naming_the_field() {
     let stack = Stack::start();
-    stack.open_session("bad-resp");
+    let session = stack.open_session("bad-resp");
     let url = format!("{}/responses", stack.base_url(Some("bad-resp")));
-    let key = [("authorization", "Bearer sk-graft-test-key")];
+    let auth = format!("Bearer {}", session["api_key"].as_str().unwrap());
+    let key = [("authorization", auth.as_str())];
     let good = json!({"model": "m", "input": "hi"});
     block_on(async {
         let r = http::post_raw(&url, &key, b"{\"model\": \"m\", \"input\": [".to_vec()).await;

@@ -805,7 +805,7 @@ async fn completions_in_exact_mode_send_the_raw_prompt_ids_through_the_openai_sd
     let target = common::Target {
         base_url: base.clone(),
         session_header: None,
-        api_key: "sk-graft-test".into(),
+        api_key: common::session_key(&base),
         model: "qwen3".into(),
     };
     let out = tokio::task::spawn_blocking(move || {
@@ -1104,7 +1104,7 @@ fn a_codex_session_goes_on_after_kill_9_of_the_gateway_between_its_turns() {
     let target = common::Target {
         base_url: base.clone(),
         session_header: None,
-        api_key: "sk-graft-test-key".to_owned(),
+        api_key: common::session_key(&base),
         model: "scripted".to_owned(),
     };
     let config_text = common::graft(&[
@@ -1578,7 +1578,7 @@ async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     chat_content(&mut body, &mut buf, &mut text, true).await;
     // The stream is held by the backend until new weights land. A draining push would wait
     // for it (and it for the push): this one returns.
-    let gateway = Api::new(&s.gateway.url, None);
+    let gateway = Api::new(&s.gateway.url, common::admin_auth(&s.data));
     let pushed = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         shared.push(

@@ -276,7 +276,8 @@ async fn vllm_wire_stream_abandoned_mid_way_is_aborted_at_the_backend() {
         &json!({"rules": [{"match": LONG, "reply": {"content": "Once upon a time there was a gateway that recorded every single token the policy sampled, and the researchers who trained on them never again wondered what the model had really seen."}}]}),
         &["--chunk-delay-ms", "300"],
     );
-    let (sid, _) = common::open_session(&s.gateway.url).await;
+    let (sid, base) = common::open_session(&s.gateway.url).await;
+    let key = common::session_key(&base);
     let body = json!({"model": "qwen3", "stream": true,
         "messages": [{"role": "user", "content": LONG}]})
     .to_string();
@@ -286,7 +287,7 @@ async fn vllm_wire_stream_abandoned_mid_way_is_aborted_at_the_backend() {
         let mut c = std::net::TcpStream::connect(&addr).unwrap();
         write!(
             c,
-            "POST /s/{sid2}/v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "POST /s/{sid2}/v1/chat/completions HTTP/1.1\r\nhost: {addr}\r\nauthorization: Bearer {key}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
             body.len()
         )
         .unwrap();
@@ -754,7 +755,7 @@ async fn vllm_wire_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     }
     // The stream is held by the backend until new weights land. A draining push would wait
     // for it (and it for the push): this one returns.
-    let gateway = Api::new(&s.gateway.url, None);
+    let gateway = Api::new(&s.gateway.url, common::admin_auth(&s.data_dir));
     tokio::time::timeout(
         Duration::from_secs(30),
         shared.push(
@@ -940,7 +941,7 @@ async fn vllm_before_0_34_is_drained_for_a_push_and_the_gateway_labels_its_calls
     assert_eq!(r.status, 400, "{}", r.text());
     assert!(r.text().contains("weight_version"), "{}", r.text());
 
-    let gateway = Api::new(&s.gateway.url, None);
+    let gateway = Api::new(&s.gateway.url, common::admin_auth(&s.data_dir));
     tokio::time::timeout(
         Duration::from_secs(30),
         Shared::default().push(

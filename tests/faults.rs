@@ -129,6 +129,7 @@ header_timeout_secs = 2
     )
     .await;
     assert_eq!(a.status, 201, "{}", a.text());
+    let key_a = format!("Bearer {}", a.json()["api_key"].as_str().unwrap());
     let b = http::post_json(
         &format!("{base}/graft/sessions"),
         &admin,
@@ -186,7 +187,7 @@ header_timeout_secs = 2
     assert_eq!(r.status, 200);
     let r = http::post_json(
         &format!("{base}/s/sess-a/v1/chat/completions"),
-        &key,
+        &[("authorization", key_a.as_str())],
         &chat("m", "closed", false),
     )
     .await;
@@ -579,6 +580,242 @@ async fn hole1_a_session_log_torn_by_a_full_disk_is_repaired_keeping_every_whole
     }
 }
 
+/// A tmpfs of `size` mounted on a fresh temp dir, unmounted on drop; `None` when this
+/// process may not mount (not root, no mount namespace rights).
+struct TinyFs {
+    dir: tempfile::TempDir,
+}
+
+impl TinyFs {
+    fn mount(size: &str) -> Result<TinyFs, String> {
+        let dir = tempfile::tempdir().unwrap();
+        let o = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .map_err(|e| format!("cannot run mount: {e}"))?;
+        if !o.status.success() {
+            return Err(String::from_utf8_lossy(&o.stderr).trim().to_string());
+        }
+        Ok(TinyFs { dir })
+    }
+
+    fn path(&self) -> &std::path::Path {
+        self.dir.path()
+    }
+
+    /// Writes a file until the filesystem is full (down to the last byte).
+    fn fill(&self) -> std::path::PathBuf {
+        use std::io::Write;
+        let p = self.path().join("filler");
+        let mut f = std::fs::File::create(&p).unwrap();
+        for chunk in [64 * 1024, 4096, 1] {
+            let buf = vec![7u8; chunk];
+            while f.write_all(&buf).is_ok() {}
+        }
+        p
+    }
+}
+
+impl Drop for TinyFs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+/// Issue 32, hole 1 on a real full disk (a 16 MiB tmpfs filled to the last byte while the
+/// gateway runs): session creations and rewards fail while it is full (the session log's
+/// appends cross into pages there is no room for, so some fail part-way), calls fail or
+/// succeed (the WAL), and once space is back everything goes on; after a restart, with no
+/// repair, every acknowledged session is there with its key, the last acknowledged reward
+/// and every acknowledged call, and every line of the session log is one whole event. The
+/// same for `steps.jsonl`'s `LineFile` on the full disk: every acknowledged line, whole, and
+/// the one after. Skipped,
+/// loudly, only where this process cannot mount a tmpfs (the injected-fault tests in
+/// `recorder/src/{lines,session_log}.rs` cover the same path everywhere).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole1_on_a_real_full_filesystem_nothing_acknowledged_is_lost_and_the_log_stays_whole() {
+    let fs = match TinyFs::mount("16m") {
+        Ok(fs) => fs,
+        Err(why) => {
+            eprintln!(
+                "SKIPPED hole1_on_a_real_full_filesystem_…: cannot mount a tmpfs here ({why}); run as root to test a real full disk"
+            );
+            return;
+        }
+    };
+    let data = fs.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let mut gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let base = gw.url.clone();
+    let pad = "x".repeat(900);
+    let create = |id: String| {
+        let base = base.clone();
+        let pad = pad.clone();
+        async move {
+            http::post_json(
+                &format!("{base}/graft/sessions"),
+                &[],
+                &json!({"session_id": id, "metadata": {"pad": pad}}),
+            )
+            .await
+        }
+    };
+    let call = |sid: &str, key: &str, text: &str| {
+        let url = format!("{base}/s/{sid}/v1/chat/completions");
+        let auth = format!("Bearer {key}");
+        let body = chat("m", text, false);
+        async move { http::post_json(&url, &[("authorization", auth.as_str())], &body).await }
+    };
+    let mut acked: Vec<(String, String)> = vec![];
+    let mut acked_calls = 0usize;
+    let r = create("s-0".into()).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    acked.push((
+        "s-0".into(),
+        r.json()["api_key"].as_str().unwrap().to_string(),
+    ));
+    let r = call("s-0", &acked[0].1, "before").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    acked_calls += 1;
+
+    let steps = fs.path().join("steps.jsonl");
+    let (mut lines, _) = graft_recorder::LineFile::open(&steps).unwrap();
+    lines
+        .append(format!("{{\"step\":0,\"pad\":\"{pad}\"}}\n").as_bytes())
+        .unwrap();
+    let mut steps_acked = vec![0];
+
+    // Full.
+    let filler = fs.fill();
+    let mut failed = 0;
+    for i in 1..=60 {
+        let r = create(format!("s-{i}")).await;
+        match r.status {
+            201 => acked.push((
+                format!("s-{i}"),
+                r.json()["api_key"].as_str().unwrap().to_string(),
+            )),
+            s => {
+                assert!(s >= 500, "{s}: {}", r.text());
+                failed += 1;
+                if failed == 3 {
+                    break;
+                }
+            }
+        }
+        let r = http::post_json(
+            &format!("{base}/graft/sessions/s-0/reward"),
+            &[],
+            &json!({"reward": i as f64 / 100.0, "info": {"pad": pad}}),
+        )
+        .await;
+        assert!(r.status == 200 || r.status >= 500, "{}", r.text());
+        let r = call("s-0", &acked[0].1, &format!("full {i}")).await;
+        if r.status == 200 {
+            acked_calls += 1;
+        } else {
+            assert_eq!(r.status, 503, "{}", r.text());
+        }
+    }
+    assert!(
+        failed > 0,
+        "the full filesystem failed no session creation: {} acknowledged",
+        acked.len()
+    );
+    eprintln!(
+        "while full: {} sessions acknowledged, {failed} refused",
+        acked.len() - 1
+    );
+
+    // `graft rl`'s steps.jsonl is the same LineFile: on the full disk, appends fail (some
+    // part-way) and leave no torn line behind for the next one.
+    let mut steps_failed = 0;
+    for i in 1..200 {
+        let line = format!("{{\"step\":{i},\"pad\":\"{pad}\"}}\n");
+        match lines.append(line.as_bytes()) {
+            Ok(()) => steps_acked.push(i),
+            Err(_) => {
+                steps_failed += 1;
+                if steps_failed == 3 {
+                    break;
+                }
+            }
+        }
+    }
+    assert!(
+        steps_failed > 0,
+        "the full filesystem failed no steps.jsonl append"
+    );
+
+    // Space again: everything goes on in the same process.
+    std::fs::remove_file(filler).unwrap();
+    lines.append(b"{\"step\":\"after\"}\n").unwrap();
+    drop(lines);
+    let text = std::fs::read_to_string(&steps).unwrap();
+    let got: Vec<Value> = text
+        .lines()
+        .map(|l| {
+            serde_json::from_str(l).unwrap_or_else(|e| panic!("steps.jsonl line not whole: {e}"))
+        })
+        .collect();
+    let mut want: Vec<Value> = steps_acked.iter().map(|i| json!(i)).collect();
+    want.push(json!("after"));
+    assert_eq!(
+        got.iter().map(|v| v["step"].clone()).collect::<Vec<_>>(),
+        want
+    );
+    let r = create("after".into()).await;
+    assert_eq!(r.status, 201, "{}", r.text());
+    acked.push((
+        "after".into(),
+        r.json()["api_key"].as_str().unwrap().to_string(),
+    ));
+    let r = http::post_json(
+        &format!("{base}/graft/sessions/s-0/reward"),
+        &[],
+        &json!({"reward": 0.99}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = call("s-0", &acked[0].1, "after").await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    acked_calls += 1;
+    gw.stop();
+
+    // Every line of the log is a whole event: nothing glued onto a torn append.
+    let log = std::fs::read_to_string(data.join("sessions.log")).unwrap();
+    for (n, line) in log.lines().enumerate() {
+        serde_json::from_str::<Value>(line)
+            .unwrap_or_else(|e| panic!("sessions.log line {} is not whole: {e}", n + 1));
+    }
+    // A restart, no repair: every acknowledged session, key, reward and call.
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let s0 = http::get(&format!("{}/graft/sessions/s-0", gw.url), &[])
+        .await
+        .json();
+    assert_eq!(s0["reward"], 0.99, "the last acknowledged reward: {s0}");
+    for (id, key) in &acked {
+        let r = http::post_json(
+            &format!("{}/s/{id}/v1/chat/completions", gw.url),
+            &[("authorization", &format!("Bearer {key}"))],
+            &chat("m", "after restart", false),
+        )
+        .await;
+        assert_eq!(r.status, 200, "{id}: {}", r.text());
+    }
+    drop(gw);
+    let recs = graft_records(&data);
+    let s0_calls = recs.iter().filter(|r| r["session_id"] == "s-0").count();
+    assert_eq!(
+        s0_calls,
+        acked_calls + 1,
+        "every acknowledged call of s-0 (and the one after the restart)"
+    );
+}
+
 /// Issue 32, hole 2: `.` and `..` are dot-segments that HTTP clients remove from a base URL
 /// (`/s/../v1` is sent as `/v1`, the default session): refused as session and group ids,
 /// by name.
@@ -609,6 +846,208 @@ async fn hole2_session_ids_dot_and_dotdot_are_refused() {
     )
     .await;
     assert_eq!(r.status, 201, "{}", r.text());
+}
+
+/// Issue 32, hole 3: on loopback with no `auth.admin_key`, a harness that dropped its
+/// session key (no key, or a made-up one) is no admin: it cannot list sessions, read or
+/// reward another session, pause backends, open `/ui`, or call into another session by URL
+/// or header; it reaches only the default session. A session's own key reaches only its own
+/// calls. graft's local tools take the key the gateway generated into the data dir (0600,
+/// the same across restarts) and still work. A session whose creation is no longer in the
+/// log (a damaged line dropped by a repair) answers only the admin key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hole3_without_an_admin_key_a_harness_without_its_key_reaches_only_the_default_session() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let upstream = Proc::scripted_upstream(&[]);
+    let mut gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let base = gw.url.clone();
+    let key_file = data.join("admin.key");
+    let admin_key = common::admin_key(&data).expect("the gateway generated an admin key");
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&key_file).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    let admin_h = format!("Bearer {admin_key}");
+    let admin = [("authorization", admin_h.as_str())];
+    // The orchestrator, with the admin key, opens two sessions.
+    let mut keys = vec![];
+    for id in ["sess-a", "sess-b"] {
+        let r = http::send_bare(
+            "POST",
+            &format!("{base}/graft/sessions"),
+            &admin,
+            json!({"session_id": id}).to_string().into_bytes(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 201, "{}", r.text());
+        keys.push(r.json()["api_key"].as_str().unwrap().to_string());
+    }
+    let a_h = format!("Bearer {}", keys[0]);
+    let body = chat("m", "hi", false).to_string().into_bytes();
+    let reward = br#"{"reward": 1.0}"#.to_vec();
+    let admin_routes = [
+        ("GET", "/graft/sessions"),
+        ("POST", "/graft/sessions"),
+        ("GET", "/graft/sessions/sess-b"),
+        ("POST", "/graft/sessions/sess-b/reward"),
+        ("POST", "/graft/sessions/sess-b/calls/1/reward"),
+        ("POST", "/graft/sessions/sess-b/close"),
+        ("GET", "/graft/backend/status"),
+        ("GET", "/ui"),
+        ("GET", "/ui/session/sess-b"),
+    ];
+    // A harness without its key: no key, or a made-up one (what SDKs send when told none).
+    for headers in [vec![], vec![("authorization", "Bearer sk-made-up")]] {
+        for (method, path) in admin_routes {
+            let r = http::send_bare(method, &format!("{base}{path}"), &headers, reward.clone())
+                .await
+                .unwrap();
+            assert_eq!(r.status, 401, "{method} {path} {headers:?}: {}", r.text());
+            assert!(
+                r.text().contains("admin.key"),
+                "names where the key is: {}",
+                r.text()
+            );
+            assert!(!r.text().contains(&admin_key));
+        }
+        let into_b = [
+            (format!("{base}/s/sess-b/v1/chat/completions"), None),
+            (format!("{base}/v1/chat/completions"), Some("sess-b")),
+        ];
+        for (url, header) in &into_b {
+            let mut h = headers.clone();
+            if let Some(s) = header {
+                h.push(("x-graft-session", s));
+            }
+            let r = http::send_bare("POST", url, &h, body.clone())
+                .await
+                .unwrap();
+            assert_error(&r, 401, "invalid_api_key", "takes only its own API key");
+        }
+        // The default session is the one a call without a key reaches.
+        let r = http::send_bare(
+            "POST",
+            &format!("{base}/v1/chat/completions"),
+            &headers,
+            body.clone(),
+        )
+        .await
+        .unwrap();
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-graft-session").as_deref(), Some("default"));
+    }
+    // A session's key: its own calls, nothing else.
+    let a_auth = [("authorization", a_h.as_str())];
+    for (method, path) in admin_routes {
+        let r = http::send_bare(method, &format!("{base}{path}"), &a_auth, reward.clone())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 403, "{method} {path}: {}", r.text());
+    }
+    let r = http::send_bare(
+        "POST",
+        &format!("{base}/s/sess-b/v1/chat/completions"),
+        &a_auth,
+        body.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    let r = http::send_bare(
+        "POST",
+        &format!("{base}/s/sess-a/v1/chat/completions"),
+        &a_auth,
+        body.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // Nothing above touched B. The key is the same after a restart; the admin API and a
+    // session's calls still work with the keys.
+    gw.stop();
+    let mut gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    assert_eq!(
+        common::admin_key(&data).as_deref(),
+        Some(admin_key.as_str())
+    );
+    let b = http::send_bare(
+        "GET",
+        &format!("{}/graft/sessions/sess-b", gw.url),
+        &admin,
+        vec![],
+    )
+    .await
+    .unwrap();
+    assert_eq!(b.status, 200, "{}", b.text());
+    let b = b.json();
+    assert!(
+        b["calls"] == 0 && b["reward"].is_null() && b["call_rewards"] == 0 && b["closed"] == false,
+        "{b}"
+    );
+    let sessions: Vec<String> = graft_records(&data)
+        .iter()
+        .map(|r| r["session_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(
+        sessions.iter().filter(|s| *s == "default").count(),
+        2,
+        "{sessions:?}"
+    );
+    assert_eq!(
+        sessions.iter().filter(|s| *s == "sess-a").count(),
+        1,
+        "{sessions:?}"
+    );
+    assert!(!sessions.iter().any(|s| s == "sess-b"), "{sessions:?}");
+    let r = http::send_bare(
+        "POST",
+        &format!("{}/s/sess-a/v1/chat/completions", gw.url),
+        &a_auth,
+        body.clone(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A session whose `created` line is gone (dropped by a repair as damaged) but whose
+    // records are there may have had a key, now unknown: no call without a key gets in,
+    // nor its old key; the admin key does.
+    gw.stop();
+    let log = data.join("sessions.log");
+    let kept: String = std::fs::read_to_string(&log)
+        .unwrap()
+        .lines()
+        .filter(|l| !(l.contains("\"created\"") && l.contains("\"sess-a\"")))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    std::fs::write(&log, kept).unwrap();
+    let gw = Proc::gateway_with(&upstream.url, &data, &[], &[]);
+    let url = format!("{}/s/sess-a/v1/chat/completions", gw.url);
+    for headers in [vec![], a_auth.to_vec()] {
+        let r = http::send_bare("POST", &url, &headers, body.clone())
+            .await
+            .unwrap();
+        assert_error(&r, 401, "invalid_api_key", "takes only its own API key");
+    }
+    let r = http::send_bare("POST", &url, &admin, body.clone())
+        .await
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    // A local tool on its own data dir: `graft demo` opens a session, rewards and closes
+    // it through the admin API of a gateway given no key.
+    let demo = dir.path().join("demo");
+    let (ok, out) = graft_run(&["demo", "--data-dir", demo.to_str().unwrap()], &[]);
+    assert!(ok, "{out}");
+    assert!(
+        out.contains("reward    1.0 posted, session closed"),
+        "{out}"
+    );
+    assert!(demo.join("admin.key").is_file());
 }
 
 /// Issue 32, hole 4: an empty or whitespace-only key is refused at start, from graft.toml

@@ -49,9 +49,13 @@ async fn sessions_route_calls_and_survive_a_restart() {
         by_url.header("x-graft-session").as_deref(),
         Some(id.as_str())
     );
+    // (a session made by the session API takes its own key, also when named.)
     let by_header = http::post_json(
         &format!("{base}/v1/chat/completions"),
-        &[("x-graft-session", &id)],
+        &[
+            ("x-graft-session", &id),
+            ("authorization", &format!("Bearer {key}")),
+        ],
         &chat("m", "by header", false),
     )
     .await;
@@ -128,7 +132,7 @@ async fn sessions_route_calls_and_survive_a_restart() {
     assert_eq!(closed.json()["closed"], true);
     let refused = http::post_json(
         &format!("{base}/s/{id}/v1/chat/completions"),
-        &[],
+        &[("authorization", &format!("Bearer {key}"))],
         &chat("m", "too late", false),
     )
     .await;
@@ -651,16 +655,27 @@ async fn beyond_loopback_the_admin_surface_is_closed_by_default() {
         "/v1/chat/completions".to_string(),
         format!("/s/{a}/v1/chat/completions"),
     ] {
-        let r = http::post_json(&format!("{base}{path}"), &[], &chat("m", "hi", false)).await;
+        let r = http::send_bare(
+            "POST",
+            &format!("{base}{path}"),
+            &[],
+            chat("m", "hi", false).to_string().into_bytes(),
+        )
+        .await
+        .unwrap();
         assert_eq!(r.status, 401, "{path}: {}", r.text());
         assert_eq!(r.json()["error"]["type"], "authentication_error");
     }
-    let r = http::post_json(
+    let r = http::send_bare(
+        "POST",
         &format!("{base}/s/{a}/v1/messages"),
         &[("anthropic-version", "2023-06-01")],
-        &json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]}),
+        json!({"model": "m", "max_tokens": 16, "messages": [{"role": "user", "content": "hi"}]})
+            .to_string()
+            .into_bytes(),
     )
-    .await;
+    .await
+    .unwrap();
     assert_eq!(r.status, 401, "{}", r.text());
     let v = r.json();
     assert_eq!(v["type"], "error", "{v}");

@@ -666,7 +666,7 @@ fn harness_env_openai_points_an_argumentless_openai_sdk_at_the_session() {
         "--session",
         base,
         "--api-key",
-        "sk-graft-test-key",
+        session["api_key"].as_str().unwrap(),
         "--model",
         "scripted",
     ]);

@@ -91,7 +91,7 @@ fn sdk_call(
         .arg(mode)
         .arg(signal)
         .env("GRAFT_BASE_URL", &base)
-        .env("GRAFT_API_KEY", "sk-graft-test")
+        .env("GRAFT_API_KEY", common::session_key(&base))
         .env("GRAFT_MODEL", "qwen3")
         .env("GRAFT_TIMEOUT", "1.5")
         .env("GRAFT_TEXT", &text)

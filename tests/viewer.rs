@@ -627,3 +627,167 @@ fn keyed_viewer_logs_in_through_the_form_shows_reconstruct_samples_and_pages_a_l
             .all(|f| f["overflow"] == false)
     );
 }
+
+/// Issue 32, the gateway's `/ui` in a browser: no key is the same login form as `graft
+/// view` (shared code), the admin key the gateway generated into its data dir logs in and
+/// sets an HttpOnly, SameSite=Strict cookie for `/ui` (a token, not the key); over HTTP, a
+/// logout ends that login, wrong keys past the limit get 429 with `Retry-After`, a session's
+/// key is still 403, and a damaged samples file is a 422 page naming it, not a 500.
+#[test]
+fn gateway_ui_logs_in_through_the_form_logs_out_limits_attempts_and_names_a_corrupt_file() {
+    let env = TestEnv::get();
+    let stack = Stack::start();
+    let gw = stack.gateway.url.clone();
+    let key = common::admin_key(&stack.data_dir).unwrap();
+    let session = stack.open_session("s-ui");
+    env.py_client(
+        "openai_sdk.py",
+        &["chat"],
+        &stack.target(Some("s-ui"), None),
+    );
+    std::fs::write(
+        stack.data_dir.join("broken.parquet"),
+        b"PAR1 not really parquet",
+    )
+    .unwrap();
+    let shots = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gateway-ui-screenshots");
+    let pages =
+        json!([{"name": "ui-sessions", "path": "/"}, {"name": "ui-groups", "path": "/groups"}]);
+    let out = env.browse_with_login(&format!("{gw}/ui"), Some(&key), &pages, &shots);
+    let l = &out["_login"];
+    assert_eq!(l["first_status"], 401, "{l}");
+    assert_eq!(
+        (&l["form"], &l["password"]),
+        (&json!(true), &json!(true)),
+        "{l}"
+    );
+    assert_eq!(l["wrong_status"], 401, "{l}");
+    assert_eq!(l["after_status"], 200, "{l}");
+    assert!(l["after_url"].as_str().unwrap().ends_with("/ui/"), "{l}");
+    assert_eq!(l["after_h1"], "sessions", "{l}");
+    let cookies = l["cookies"].as_array().unwrap();
+    assert_eq!(cookies.len(), 1, "{l}");
+    let c = &cookies[0];
+    assert_eq!(
+        (&c["name"], &c["httpOnly"], &c["sameSite"], &c["path"]),
+        (
+            &json!("graft_view"),
+            &json!(true),
+            &json!("Strict"),
+            &json!("/ui")
+        )
+    );
+    assert_ne!(c["value"], key.as_str());
+    assert!(
+        out["ui-sessions"]["sessions"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("s-ui")),
+        "{out}"
+    );
+
+    // Over HTTP: log in, use the cookie, log out.
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let form = |k: &str| format!("key={k}&next=%2Fui%2Fgroups").into_bytes();
+    let ct = ("content-type", "application/x-www-form-urlencoded");
+    let r = rt
+        .block_on(http::send_bare(
+            "POST",
+            &format!("{gw}/ui/login"),
+            &[ct],
+            form(&key),
+        ))
+        .unwrap();
+    assert_eq!(r.status, 303, "{}", r.text());
+    assert_eq!(r.header("location").as_deref(), Some("/ui/groups"));
+    let set = r.header("set-cookie").unwrap();
+    assert!(
+        !set.contains(&key) && set.contains("HttpOnly") && set.contains("Path=/ui"),
+        "{set}"
+    );
+    let cookie = set.split(';').next().unwrap().to_string();
+    let with_cookie = [("cookie", cookie.as_str())];
+    let page = rt
+        .block_on(http::send_bare(
+            "GET",
+            &format!("{gw}/ui/groups"),
+            &with_cookie,
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(page.status, 200, "{}", page.text());
+    assert!(
+        page.text().contains("id=\"logout\""),
+        "a keyed page offers a log-out"
+    );
+    // The damaged samples file: 422, named.
+    let bad = rt
+        .block_on(http::send_bare(
+            "GET",
+            &format!("{gw}/ui/samples?file=broken.parquet"),
+            &with_cookie,
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(bad.status, 422, "{}", bad.text());
+    assert!(bad.text().contains("broken.parquet") && bad.text().contains("not a samples file"));
+    let out = rt
+        .block_on(http::send_bare(
+            "POST",
+            &format!("{gw}/ui/logout"),
+            &with_cookie,
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(out.status, 303);
+    assert!(out.header("set-cookie").unwrap().contains("Max-Age=0"));
+    let after = rt
+        .block_on(http::send_bare(
+            "GET",
+            &format!("{gw}/ui/groups"),
+            &with_cookie,
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(after.status, 401, "the logged-out cookie opens nothing");
+    // A session's key is no admin, with or without the login.
+    let sk = format!("Bearer {}", session["api_key"].as_str().unwrap());
+    let r = rt
+        .block_on(http::send_bare(
+            "GET",
+            &format!("{gw}/ui/groups"),
+            &[("authorization", &sk)],
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(r.status, 403, "{}", r.text());
+    // Wrong keys: the form again, then 429 with Retry-After (the right key too, then).
+    let mut limited = None;
+    for _ in 0..20 {
+        let r = rt
+            .block_on(http::send_bare(
+                "POST",
+                &format!("{gw}/ui/login"),
+                &[ct],
+                form("wrong"),
+            ))
+            .unwrap();
+        if r.status == 429 {
+            limited = Some(r);
+            break;
+        }
+        assert_eq!(r.status, 401, "{}", r.text());
+    }
+    let r = limited.expect("no 429 after 20 wrong keys");
+    assert!(r.header("retry-after").is_some());
+    assert!(r.text().contains("too many login attempts"), "{}", r.text());
+    let r = rt
+        .block_on(http::send_bare(
+            "POST",
+            &format!("{gw}/ui/login"),
+            &[ct],
+            form(&key),
+        ))
+        .unwrap();
+    assert_eq!(r.status, 429, "{}", r.text());
+}

@@ -284,8 +284,10 @@ pub struct RecorderSection {
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct AuthSection {
-    /// Required on `/graft/*` and `/ui` when set. A gateway that listens beyond loopback
-    /// refuses to start without one (unless `insecure_open_admin`).
+    /// Required on `/graft/*` and `/ui`. Unset, the gateway generates one at its first start
+    /// and keeps it in `<data_dir>/admin.key` (mode 0600), where graft's local tools read it.
+    /// A gateway that listens beyond loopback refuses to start without one set here (unless
+    /// `insecure_open_admin`).
     pub admin_key: Option<SecretRef>,
     /// Keys accepted on `/v1/*` besides session keys.
     #[serde(default)]
@@ -293,8 +295,9 @@ pub struct AuthSection {
     /// When true, `/v1/*` needs a client key or a session key. Default: on when the gateway
     /// listens beyond loopback, off on loopback.
     pub require_client_key: Option<bool>,
-    /// Start beyond loopback with no admin key: anyone who reaches the port can read every
-    /// recorded call, post rewards and pause backends. Loudly named on purpose.
+    /// No admin key at all (none set, none generated): anyone who reaches the port, on
+    /// loopback or beyond it, can read every recorded call, post rewards and pause backends.
+    /// Loudly named on purpose.
     #[serde(default)]
     pub insecure_open_admin: bool,
 }
@@ -429,10 +432,13 @@ pub struct RecordingConfig {
 
 #[derive(Clone, Default)]
 pub struct AuthConfig {
+    /// `auth.admin_key`; once the gateway is bound, the generated one if none was set.
     pub admin_key: Option<String>,
+    /// Set when the gateway generated `admin_key` and keeps it in this file.
+    pub admin_key_file: Option<PathBuf>,
     pub client_keys: Vec<String>,
     pub require_client_key: bool,
-    /// Allow a listen address beyond loopback without an admin key.
+    /// No admin key at all: the admin surface is open to any request but a session's.
     pub insecure_open_admin: bool,
 }
 
@@ -441,6 +447,7 @@ impl std::fmt::Debug for AuthConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AuthConfig")
             .field("admin_key", &self.admin_key.as_ref().map(|_| "<set>"))
+            .field("admin_key_file", &self.admin_key_file)
             .field("client_keys", &self.client_keys.len())
             .field("require_client_key", &self.require_client_key)
             .field("insecure_open_admin", &self.insecure_open_admin)
@@ -684,6 +691,7 @@ impl GatewayConfig {
             },
             auth: AuthConfig {
                 admin_key,
+                admin_key_file: None,
                 client_keys,
                 require_client_key: file
                     .auth

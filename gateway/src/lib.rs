@@ -4,6 +4,7 @@
 //! `Dialect` → a `Backend` leg (passthrough, translation, exact mode) → one relay → the
 //! record committed → the last event released. See `docs/ARCHITECTURE.md`.
 
+pub mod admin_key;
 pub mod backend;
 pub mod body;
 mod call;

@@ -47,6 +47,8 @@ pub enum StartError {
     },
     #[error(transparent)]
     Open(crate::config::ConfigError),
+    #[error(transparent)]
+    AdminKey(#[from] crate::admin_key::AdminKeyError),
     #[error("the viewer could not start: {0}")]
     Viewer(String),
     #[error("TLS set-up failed: {0}")]
@@ -66,7 +68,7 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub async fn bind(cfg: GatewayConfig) -> Result<Self, StartError> {
+    pub async fn bind(mut cfg: GatewayConfig) -> Result<Self, StartError> {
         // Closed by default, also for configs built in code (`graft rl`, tests).
         cfg.auth
             .check_listen("the gateway", cfg.server.listen)
@@ -97,6 +99,16 @@ impl Gateway {
                 })?;
         let (log, events) = SessionLog::open(&rs.data_dir)
             .map_err(|source| StartError::Recorder { dir, source })?;
+        // No admin key set: one generated into the data dir, so that no request without it
+        // (on loopback either) is an admin. Only the loudly named opt-out leaves it open.
+        if cfg.auth.admin_key.is_none() && !cfg.auth.insecure_open_admin {
+            let key = crate::admin_key::load_or_create(&rs.data_dir)?;
+            let file = crate::admin_key::path(&rs.data_dir);
+            info!(file = %file.display(), "no auth.admin_key set: the admin API and /ui take the key in this file");
+            cfg.auth.admin_key = Some(key);
+            cfg.auth.admin_key_file = Some(file);
+        }
+        let rs = &cfg.recorder;
         let sessions = Sessions::new(
             log,
             events,
@@ -146,7 +158,14 @@ impl Gateway {
         };
         let retries =
             crate::retries::Retries::new(cfg.limits.retries).with_metrics(metrics.clone());
+        let ui_login = cfg
+            .auth
+            .admin_key
+            .as_deref()
+            .map(|k| graft_viewer::login::Login::new(k, "/ui"));
+        let viewer = viewer.keyed(ui_login.is_some());
         let state = Arc::new(State {
+            ui_login,
             retries,
             cfg,
             recorder,
@@ -178,6 +197,12 @@ impl Gateway {
 
     pub fn recovery(&self) -> &RecoveryReport {
         &self.recovery
+    }
+
+    /// The key the admin API (`/graft/*`) and `/ui` take: `auth.admin_key`, or the one
+    /// generated into `<data_dir>/admin.key`; `None` only under `insecure_open_admin`.
+    pub fn admin_key(&self) -> Option<&str> {
+        self.state.cfg.auth.admin_key.as_deref()
     }
 
     pub fn recorder(&self) -> Recorder {
@@ -462,7 +487,9 @@ fn websocket_refusal() -> Response<GBody> {
 }
 
 /// Which session a call belongs to: the URL prefix, then `x-graft-session`, then a session
-/// key, then the default session.
+/// key, then the default session. A session named by the URL or the header that has its own
+/// key needs that key (or the admin key); the default session and auto-created sessions have
+/// none, so a call without a key reaches only them.
 async fn resolve_session(
     state: &State,
     url_session: Option<String>,
@@ -495,7 +522,8 @@ async fn resolve_session(
             format!("session id '{n}' must be {SESSION_ID_RULE}"),
         ));
     }
-    if state.cfg.auth.require_client_key && key_session.is_none() {
+    let admin = is_admin(state, key);
+    if state.cfg.auth.require_client_key && key_session.is_none() && !admin {
         match key {
             None => {
                 return Err(GatewayError::Unauthorized(
@@ -519,7 +547,19 @@ async fn resolve_session(
                 ks.id
             )));
         }
-        (Some(n), _) => match state.sessions.get(&n) {
+        (Some(n), ks) => match state.sessions.get(&n) {
+            // A session with its own key answers only that key (or the admin key): a
+            // harness that dropped its key cannot call into another's session.
+            Some(s) if s.keyed && ks.is_none() && !admin => {
+                return Err(GatewayError::Unauthorized(format!(
+                    "session '{n}' takes only its own API key (the api_key of POST /graft/sessions); {}",
+                    if key.is_some() {
+                        "the key sent is not it"
+                    } else {
+                        "send it as 'Authorization: Bearer <key>'"
+                    }
+                )));
+            }
             Some(s) => s,
             None if state.cfg.sessions.auto_create => state.sessions.auto_create(&n).await?,
             None => return Err(GatewayError::UnknownSession(n)),
@@ -537,31 +577,35 @@ fn json_response(status: StatusCode, v: &Value) -> Response<GBody> {
     graft_http::json_response(status, v, full)
 }
 
-/// The one check in front of every admin route (`/graft/*`) and viewer page (`/ui`): with an
-/// admin key configured, a request without it is refused (401); a session's own key is never
-/// an admin key (403), with or without one configured, so a harness cannot read other
-/// sessions, post rewards or pause backends.
+/// The one check in front of every admin route (`/graft/*`) and viewer page (`/ui`): a
+/// request without the admin key is refused (401), on every address. The admin key is
+/// `auth.admin_key`, or the one the gateway generated into `<data_dir>/admin.key`; only
+/// `auth.insecure_open_admin` leaves the surface open. A session's own key is never an admin
+/// key (403), so a harness cannot read other sessions, post rewards or pause backends.
 pub fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(), GatewayError> {
     let key = bearer(headers).filter(|k| !k.is_empty());
     let admin = state.cfg.auth.admin_key.as_deref();
     if let Some(k) = key
-        && admin != Some(k)
+        && !admin.is_some_and(|a| same_key(k, a))
         && state.sessions.by_key(k).is_some()
     {
         return Err(GatewayError::Forbidden(format!(
-            "{what} is not open to session keys: a session's key reaches only its own /v1 calls; use the admin key (auth.admin_key)"
+            "{what} is not open to session keys: a session's key reaches only its own /v1 calls; use the admin key ({})",
+            admin_key_hint(state)
         )));
     }
     if let Some(admin) = admin {
         match key {
             None => {
                 return Err(GatewayError::Unauthorized(format!(
-                    "{what} needs the admin key: send 'Authorization: Bearer <auth.admin_key>'"
+                    "{what} needs the admin key: send 'Authorization: Bearer <admin key>' ({})",
+                    admin_key_hint(state)
                 )));
             }
             Some(k) if !same_key(k, admin) => {
                 return Err(GatewayError::Unauthorized(format!(
-                    "that key is not the admin key; {what} needs 'Authorization: Bearer <auth.admin_key>'"
+                    "that key is not the admin key; {what} needs 'Authorization: Bearer <admin key>' ({})",
+                    admin_key_hint(state)
                 )));
             }
             Some(_) => {}
@@ -570,35 +614,114 @@ pub fn check_admin(state: &State, headers: &HeaderMap, what: &str) -> Result<(),
     Ok(())
 }
 
-/// The viewer's pages under `/ui`, behind the admin key like every admin route. Its
-/// refusals are viewer pages too (a browser's dialect is HTML), with the status and, for a
-/// missing key, `WWW-Authenticate`. Pages run no script and load nothing from elsewhere.
+/// Where the admin key is, for refusals: the setting, or the file it was generated into.
+fn admin_key_hint(state: &State) -> String {
+    match &state.cfg.auth.admin_key_file {
+        Some(f) => format!(
+            "no auth.admin_key is set, so the gateway generated one: it is in {} on the gateway's machine",
+            f.display()
+        ),
+        None => "auth.admin_key".into(),
+    }
+}
+
+/// Whether the request carries the admin key.
+fn is_admin(state: &State, key: Option<&str>) -> bool {
+    match (key, state.cfg.auth.admin_key.as_deref()) {
+        (Some(k), Some(a)) => same_key(k, a),
+        _ => false,
+    }
+}
+
+/// The viewer's pages under `/ui`, behind the admin key like every admin route, with the
+/// browser login `graft view` has (`graft_viewer::login`: `POST /ui/login` with the key
+/// through a form, rate limited per client, sets an HttpOnly, SameSite=Strict cookie for
+/// `/ui`; `POST /ui/logout` ends it); `Authorization: Bearer <admin key>` works too, a
+/// session's key never (403). Refusals are viewer pages too (a browser's dialect is HTML).
+/// Pages run no script and load nothing from elsewhere.
 async fn ui(
     state: &Arc<State>,
     req: Request<Incoming>,
     path: &str,
 ) -> Result<Response<GBody>, GatewayError> {
     let viewer = state.viewer.clone();
-    let refused = if let Err(e) = check_admin(state, req.headers(), "the viewer (/ui)") {
-        Some(e)
-    } else if req.method() != Method::GET && req.method() != Method::HEAD {
-        Some(GatewayError::MethodNotAllowed {
+    let answer = |a: graft_viewer::login::Answer| {
+        let mut r = page_response(a.page);
+        for (name, value) in a.headers {
+            if let Ok(v) = HeaderValue::from_str(&value) {
+                r.headers_mut().insert(name, v);
+            }
+        }
+        Ok(r)
+    };
+    match (
+        check_admin(state, req.headers(), "the viewer (/ui)"),
+        &state.ui_login,
+    ) {
+        // A session's key: 403, never the login form.
+        (Err(e @ GatewayError::Forbidden(_)), _) => {
+            return Ok(page_response(
+                viewer.error_page(e.status().as_u16(), &e.to_string()),
+            ));
+        }
+        (_, Some(login)) => {
+            let cookies: Vec<&str> = req
+                .headers()
+                .get_all(header::COOKIE)
+                .iter()
+                .filter_map(|v| v.to_str().ok())
+                .collect();
+            let step = login.step(
+                &viewer,
+                graft_viewer::login::Request {
+                    method: req.method().as_str(),
+                    path,
+                    path_and_query: req.uri().path_and_query().map_or(path, |pq| pq.as_str()),
+                    cookies: &cookies,
+                    bearer: bearer(req.headers()).filter(|k| !k.is_empty()),
+                },
+            );
+            match step {
+                graft_viewer::login::Step::ReadForm => {
+                    let peer = req.extensions().get::<graft_http::Peer>().map(|p| p.0.ip());
+                    let body = read_body(
+                        req.into_body(),
+                        graft_viewer::login::MAX_FORM_BYTES,
+                        state.cfg.limits.body_timeout,
+                    )
+                    .await?;
+                    return answer(login.post_form(&viewer, &body, peer));
+                }
+                graft_viewer::login::Step::Answer(a) => return answer(a),
+                graft_viewer::login::Step::Page => {}
+            }
+        }
+        (Err(e), None) => {
+            return Ok(page_response(
+                viewer.error_page(e.status().as_u16(), &e.to_string()),
+            ));
+        }
+        (Ok(()), None) => {}
+    }
+    if req.method() != Method::GET && req.method() != Method::HEAD {
+        let e = GatewayError::MethodNotAllowed {
             method: req.method().to_string(),
             path: path.to_string(),
-        })
-    } else {
-        None
-    };
-    let page = match &refused {
-        Some(e) => viewer.error_page(e.status().as_u16(), &e.to_string()),
-        None => {
-            let sub = path.trim_start_matches("/ui").to_string();
-            let query = req.uri().query().unwrap_or("").to_string();
-            tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
-                .await
-                .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?
-        }
-    };
+        };
+        return Ok(page_response(
+            viewer.error_page(e.status().as_u16(), &e.to_string()),
+        ));
+    }
+    let sub = path.trim_start_matches("/ui").to_string();
+    let query = req.uri().query().unwrap_or("").to_string();
+    let page = tokio::task::spawn_blocking(move || viewer.page(&sub, &query))
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the viewer task failed: {e}")))?;
+    Ok(page_response(page))
+}
+
+/// A viewer page as a response, with the viewer's headers.
+fn page_response(page: graft_viewer::Page) -> Response<GBody> {
     let mut r = Response::new(full(Bytes::from(page.body)));
     *r.status_mut() =
         StatusCode::from_u16(page.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
@@ -610,10 +733,7 @@ async fn ui(
     for (name, value) in graft_viewer::RESPONSE_HEADERS {
         h.insert(name, HeaderValue::from_static(value));
     }
-    if matches!(refused, Some(GatewayError::Unauthorized(_))) {
-        h.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    }
-    Ok(r)
+    r
 }
 
 /// Exact mode's backend control, for weight updates: `POST /graft/backend/pause` holds new

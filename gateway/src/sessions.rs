@@ -32,6 +32,9 @@ pub struct Session {
     /// The exact-mode backend the session named for itself at creation (a trainer's own
     /// server); `None`: the gateway pins it to one of its configured backends.
     pub backend: Option<String>,
+    /// The session has its own API key (made by `POST /graft/sessions`): its calls need that
+    /// key (or the admin key). The default session and auto-created ones have none.
+    pub keyed: bool,
 }
 
 impl Session {
@@ -48,11 +51,17 @@ impl Session {
             upstream_errors: AtomicU64::new(0),
             sampling: RwLock::new(None),
             backend: None,
+            keyed: false,
         }
     }
 
     fn with_backend(mut self, backend: Option<String>) -> Self {
         self.backend = backend;
+        self
+    }
+
+    fn with_key(mut self, keyed: bool) -> Self {
+        self.keyed = keyed;
         self
     }
 
@@ -193,11 +202,13 @@ impl Sessions {
                     backend,
                     at_us,
                 } => {
+                    let keyed = key_sha256.is_some();
                     if let Some(h) = key_sha256 {
                         inner.by_key.insert(h, session_id.clone());
                     }
                     let s = Session::new(session_id.clone(), group_id, at_us, metadata)
-                        .with_backend(backend);
+                        .with_backend(backend)
+                        .with_key(keyed);
                     s.set_sampling(policy_of(&session_id, sampling));
                     inner.by_id.insert(session_id, Arc::new(s));
                 }
@@ -232,11 +243,13 @@ impl Sessions {
                 }
             }
         }
+        // A session with records but no `created` event (its line dropped by a repair, or
+        // the log deleted) may have had a key, now unknown: only the admin key reaches it,
+        // never a call without a key. The default session has none.
         for (id, state) in recovered {
-            let s = inner
-                .by_id
-                .entry(id.clone())
-                .or_insert_with(|| Arc::new(Session::new(id.clone(), None, 0, Value::Null)));
+            let s = inner.by_id.entry(id.clone()).or_insert_with(|| {
+                Arc::new(Session::new(id.clone(), None, 0, Value::Null).with_key(*id != default_id))
+            });
             s.calls.store(state.records, Ordering::Relaxed);
         }
         inner.by_id.entry(default_id.clone()).or_insert_with(|| {
@@ -364,7 +377,9 @@ impl Sessions {
         };
         self.append(&ev).await?;
         let session = Arc::new(
-            Session::new(id.clone(), req.group_id, at_us, metadata).with_backend(req.backend),
+            Session::new(id.clone(), req.group_id, at_us, metadata)
+                .with_backend(req.backend)
+                .with_key(true),
         );
         session.set_sampling(req.sampling);
         let mut inner = self.inner.write().map_err(|_| poisoned())?;

@@ -22,4 +22,7 @@ pub struct State {
     pub retries: crate::retries::Retries,
     /// The pages under `/ui`, over this gateway's data dir.
     pub viewer: Arc<graft_viewer::Viewer>,
+    /// The browser login of `/ui` (the admin key through a form, a cookie per login);
+    /// `None` only under `auth.insecure_open_admin`, where no key exists.
+    pub ui_login: Option<graft_viewer::login::Login>,
 }

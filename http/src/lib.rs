@@ -73,6 +73,11 @@ type BoxError = Box<dyn StdError + Send + Sync>;
 /// before it tries again, instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(20);
 
+/// The address of the client a request came from, in every request's extensions (for
+/// limits kept per client, such as the viewer's login attempts).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Peer(pub SocketAddr);
+
 /// How a server's connections are run.
 #[derive(Debug, Clone, Copy)]
 pub struct Options {
@@ -210,7 +215,13 @@ where
                 return;
             };
             let conn = builder
-                .serve_connection(TokioIo::new(io), service_fn(move |req| handler.call(req)))
+                .serve_connection(
+                    TokioIo::new(io),
+                    service_fn(move |mut req: Request<Incoming>| {
+                        req.extensions_mut().insert(Peer(peer));
+                        handler.call(req)
+                    }),
+                )
                 .into_owned();
             // Client disconnects, resets and timed-out heads: the client's doing, not ours.
             if let Err(e) = watcher.watch(conn).await {

@@ -19,8 +19,15 @@ use crate::wal;
 pub(crate) const SESSION_LOG: &str = "sessions.log";
 
 /// What happened to a session, in the order it happened.
+///
+/// Strict: a field this build does not know is an error, not ignored, so a line whose field
+/// name was damaged (`key_sha256` → `key_shXXa256`) never loads as a session without its
+/// key; the error names the line and its byte offset, and `graft records repair` drops the
+/// line (keeping it in the original beside the log). Fields are only ever added, so every
+/// log an older graft wrote still reads (`tests/fixtures/v*/sessions.log`); a log written by
+/// a newer graft with a field this one lacks is refused by name instead of half-read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "event", rename_all = "snake_case")]
+#[serde(tag = "event", rename_all = "snake_case", deny_unknown_fields)]
 pub enum SessionEvent {
     Created {
         session_id: String,
@@ -477,6 +484,82 @@ mod tests {
             again.dropped.is_empty() && again.original.is_none(),
             "{again:?}"
         );
+    }
+
+    /// Issue 32: a line whose field name was damaged (`key_sha256` → `key_shXXa256`) is no
+    /// event: opening the log names the line, its byte offset and the field; the repair drops
+    /// that line only (the original is kept beside the log). Every event kind, as written,
+    /// still reads, also without the fields older grafts did not write.
+    #[test]
+    fn a_damaged_field_name_is_a_named_error_never_a_session_without_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(SESSION_LOG);
+        let mut keyed = created("k");
+        if let SessionEvent::Created { key_sha256, .. } = &mut keyed {
+            *key_sha256 = Some("ab".repeat(32));
+        }
+        let mut bytes = line(&created("a"));
+        let at = bytes.len();
+        let damaged = String::from_utf8(line(&keyed))
+            .unwrap()
+            .replace("key_sha256", "key_shXXa256");
+        bytes.extend_from_slice(damaged.as_bytes());
+        bytes.extend(line(&created("c")));
+        std::fs::write(&path, &bytes).unwrap();
+        let err = SessionLog::open(dir.path()).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2")
+                && err.contains(&format!("byte {at}"))
+                && err.contains("key_shXXa256")
+                && err.contains("graft records repair"),
+            "{err}"
+        );
+        assert!(read_session_events(dir.path()).is_err());
+        let r = repair(dir.path()).unwrap();
+        assert_eq!((r.kept, r.recovered), (2, 0), "{r:?}");
+        assert_eq!(r.dropped, vec![(at as u64, damaged.len() as u64 - 1)]);
+        let (_, evs) = SessionLog::open(dir.path()).unwrap();
+        assert_eq!(evs, vec![created("a"), created("c")]);
+
+        // Every kind as this build writes it, and as the first graft wrote them (no
+        // sampling, backend, call_id or seq), reads back.
+        let all = [
+            keyed,
+            SessionEvent::Sampling {
+                session_id: "k".into(),
+                policy: None,
+                at_us: 1,
+            },
+            SessionEvent::CallReward {
+                session_id: "k".into(),
+                call_id: Some("c1".into()),
+                seq: Some(2),
+                reward: 1.0,
+                info: json!({"any": {"nested": "keys"}}),
+                at_us: 2,
+            },
+        ];
+        for e in &all {
+            let back: SessionEvent = serde_json::from_slice(&line(e)).unwrap();
+            assert_eq!(&back, e);
+        }
+        for old in [
+            r#"{"event":"created","session_id":"o","group_id":null,"key_sha256":null,"metadata":{},"at_us":1}"#,
+            r#"{"event":"reward","session_id":"o","reward":0.5,"info":null,"at_us":2}"#,
+            r#"{"event":"call_reward","session_id":"o","reward":0.5,"info":null,"at_us":2}"#,
+            r#"{"event":"closed","session_id":"o","at_us":3}"#,
+        ] {
+            serde_json::from_str::<SessionEvent>(old).unwrap_or_else(|e| panic!("{old}: {e}"));
+        }
+        for damaged in [
+            r#"{"event":"closed","session_id":"o","at_us":3,"extra":1}"#,
+            r#"{"event":"reward","session_id":"o","reward":0.5,"inf0":null,"info":null,"at_us":2}"#,
+        ] {
+            assert!(
+                serde_json::from_str::<SessionEvent>(damaged).is_err(),
+                "{damaged}"
+            );
+        }
     }
 
     #[test]

@@ -211,7 +211,6 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         }
     }
     // The gateway, exact mode, in this process.
-    let admin = format!("gk-admin-{}", uuid::Uuid::new_v4().simple());
     let data_dir = cfg.run.out_dir.join("data");
     let mut exact = ExactConfig::new(cfg.backend.model_dir.clone(), backends.clone())?;
     exact.backend_api_key = keys.api.clone();
@@ -221,11 +220,15 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
     let mut gcfg = GatewayConfig::new(BackendConfig::Sglang(exact))?;
     gcfg.server.listen = ([127, 0, 0, 1], 0).into();
     gcfg.recorder.data_dir = data_dir;
-    // Closed: the admin API behind a generated key, model calls behind each session's key.
-    gcfg.auth.admin_key = Some(admin.clone());
+    // Closed: the admin API behind the key the gateway keeps in OUT/data/admin.key (where an
+    // operator finds it for /ui), model calls behind each session's key.
     gcfg.auth.require_client_key = true;
     let gw = Gateway::bind(gcfg).await?;
     let gateway_url = gw.url();
+    let admin = gw
+        .admin_key()
+        .context("the run's gateway has no admin key")?
+        .to_string();
     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
     stops.push(tx);
     tasks.push(tokio::spawn(async move {
@@ -606,9 +609,15 @@ fn rewind_to_checkpoint(out: &Path, state: &mut State) -> anyhow::Result<()> {
         })
         .map(|l| format!("{l}\n"))
         .collect();
+    // Whole and on disk before it replaces the old file (no empty steps.jsonl after a crash).
     let tmp = out.join("steps.jsonl.tmp");
-    std::fs::write(&tmp, kept)?;
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(kept.as_bytes())?;
+    f.sync_all()?;
     std::fs::rename(&tmp, &path)?;
+    if let Ok(d) = std::fs::File::open(out) {
+        d.sync_all()?;
+    }
     state.next_step = back;
     state.weight_version = state.checkpoint_version.clone();
     let v = state

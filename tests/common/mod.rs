@@ -430,6 +430,21 @@ impl Proc {
                 panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}")
             });
         proc.url = url.trim_end_matches('/').to_owned();
+        if args.first() == Some(&"gateway")
+            && let Some(data) = gateway_data_dir(args)
+        {
+            if let Some(key) = admin_key(&data) {
+                http::carry_admin_key(&proc.url, &key);
+            }
+            // A restart on the same data dir: the sessions' keys hold there too.
+            let mut started = GATEWAYS.lock().unwrap();
+            for (url, dir) in started.iter() {
+                if *dir == data {
+                    http::carry_session_keys_over(url, &proc.url);
+                }
+            }
+            started.push((proc.url.clone(), data));
+        }
         proc
     }
 
@@ -482,6 +497,42 @@ impl Drop for Proc {
             eprintln!("--- {} stderr ---\n{}", self.name, self.stderr());
         }
     }
+}
+
+/// The gateways started so far and their data dirs.
+static GATEWAYS: std::sync::Mutex<Vec<(String, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// The data dir of `graft gateway ARGS`: `--data-dir`, else the config file's
+/// `recorder.data_dir`.
+fn gateway_data_dir(args: &[&str]) -> Option<PathBuf> {
+    let flag = |name: &str| {
+        args.iter()
+            .position(|a| *a == name)
+            .and_then(|i| args.get(i + 1))
+            .map(PathBuf::from)
+    };
+    if let Some(d) = flag("--data-dir") {
+        return Some(d);
+    }
+    let config: toml::Value =
+        toml::from_str(&std::fs::read_to_string(flag("--config")?).ok()?).ok()?;
+    config
+        .get("recorder")?
+        .get("data_dir")?
+        .as_str()
+        .map(PathBuf::from)
+}
+
+/// The admin key a gateway generated into `data_dir` (none when `auth.admin_key` is set), as
+/// graft's local tools read it.
+pub fn admin_key(data_dir: &Path) -> Option<String> {
+    graft_gateway::admin_key::read(data_dir).unwrap()
+}
+
+/// The `authorization` header with the admin key a gateway generated into `data_dir`, for
+/// graft's own clients (`graft::rl::rollout::Api`).
+pub fn admin_auth(data_dir: &Path) -> Option<(&'static str, String)> {
+    admin_key(data_dir).map(|k| ("authorization", format!("Bearer {k}")))
 }
 
 /// Every record in a data dir, via `graft records show --data-dir DIR --json`.
@@ -541,9 +592,10 @@ impl Stack {
         }
     }
 
-    /// Opens a session through the session API (`POST /graft/sessions`, no admin key is
-    /// configured here), as envd does before a rollout; returns the API's answer
-    /// (`session_id`, `base_url`, `api_key`).
+    /// Opens a session through the session API (`POST /graft/sessions`, with the admin key
+    /// the gateway generated into its data dir), as an orchestrator does before a rollout;
+    /// returns the API's answer (`session_id`, `base_url`, `api_key`); the session's key is
+    /// carried on its URLs from then on.
     pub fn open_session(&self, id: &str) -> Value {
         let url = format!("{}/graft/sessions", self.gateway.url);
         let rt = tokio::runtime::Builder::new_current_thread()
@@ -574,11 +626,17 @@ impl Stack {
         }
     }
 
+    /// A client's target; its key is the session's own when the session was opened through
+    /// the session API (as an orchestrator hands it to the harness), else a made-up one.
     pub fn target(&self, url_session: Option<&str>, header_session: Option<&str>) -> Target {
+        let base_url = self.base_url(url_session);
+        let session_key = url_session
+            .or(header_session)
+            .and_then(|s| http::carried_key(&format!("{}/s/{s}/", self.gateway.url)));
         Target {
-            base_url: self.base_url(url_session),
+            base_url,
             session_header: header_session.map(str::to_owned),
-            api_key: "sk-graft-test-key".to_owned(),
+            api_key: session_key.unwrap_or_else(|| "sk-graft-test-key".to_owned()),
             model: "scripted".to_owned(),
         }
     }
@@ -949,7 +1007,14 @@ impl Proc {
     }
 }
 
-/// Opens a session in group `g` through the session API; returns (session_id, base_url).
+/// The key of the session whose base URL (`…/s/{id}/v1`) is `base`, as the session API
+/// gave it (see `http`'s carried keys); what a harness in that session is handed.
+pub fn session_key(base: &str) -> String {
+    http::carried_key(base).unwrap_or_else(|| panic!("no session key is known for {base}"))
+}
+
+/// Opens a session in group `g` through the session API (its key is carried on its URLs
+/// from then on; [`session_key`] gives it); returns (session_id, base_url).
 pub async fn open_session(gw: &str) -> (String, String) {
     let s = http::post_json(
         &format!("{gw}/graft/sessions"),

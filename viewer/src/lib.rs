@@ -32,6 +32,10 @@ pub enum ViewError {
     },
     #[error("cannot read {path}: {message}")]
     Read { path: PathBuf, message: String },
+    /// A file the page names is there but is not what it should be (a damaged or foreign
+    /// `.parquet`): the request's fault as much as anyone's, never a 500.
+    #[error("{path} {message}")]
+    BadFile { path: PathBuf, message: String },
     #[error("{0}")]
     NotFound(String),
     #[error("bad query: {0}")]
@@ -45,6 +49,7 @@ impl ViewError {
         match self {
             ViewError::NotFound(_) => 404,
             ViewError::BadQuery(_) => 400,
+            ViewError::BadFile { .. } => 422,
             _ => 500,
         }
     }
@@ -125,6 +130,8 @@ pub struct Viewer {
     /// Samples files named on the command line (`graft view --samples FILE`).
     samples: Vec<SamplesFile>,
     rows: Mutex<RowCache>,
+    /// Served behind a [`login::Login`]: pages show a log-out button.
+    keyed: bool,
 }
 
 fn q(s: &str) -> String {
@@ -337,7 +344,14 @@ impl Viewer {
             env,
             samples: Vec::new(),
             rows: Mutex::new(HashMap::new()),
+            keyed: false,
         })
+    }
+
+    /// Marks the viewer as served behind a [`login::Login`] (its pages then offer a log-out).
+    pub fn keyed(mut self, keyed: bool) -> Viewer {
+        self.keyed = keyed;
+        self
     }
 
     /// Adds samples files (written by `graft reconstruct --out FILE`), shown by their file
@@ -435,6 +449,7 @@ impl Viewer {
         if let Some(o) = ctx.as_object_mut() {
             o.insert("base".into(), json!(self.base));
             o.insert("has_run".into(), json!(self.run_dir.is_some()));
+            o.insert("keyed".into(), json!(self.keyed));
         }
         self.env
             .get_template(name)
@@ -1142,9 +1157,11 @@ fn id_in_path(what: &str, raw: &str) -> Result<String, ViewError> {
 }
 
 fn read_samples_at(path: &Path) -> Result<Vec<Sample>, ViewError> {
-    graft_reconstruct::sample::read_samples_parquet(path).map_err(|e| ViewError::Read {
+    graft_reconstruct::sample::read_samples_parquet(path).map_err(|e| ViewError::BadFile {
         path: path.to_path_buf(),
-        message: format!("not a samples file graft can read: {e}"),
+        message: format!(
+            "is not a samples file graft can read ({e}); it may be damaged, still being written, or another program's Parquet: `graft reconstruct --out FILE` writes one"
+        ),
     })
 }
 

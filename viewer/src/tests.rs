@@ -631,16 +631,17 @@ fn missing_or_bad_names_are_404_or_400_everywhere() {
 }
 
 /// Issue 32, hole 6: once a key was set no browser could get in. The login form posts the
-/// key; the cookie it sets is a random token (never the key), HttpOnly, SameSite=Strict,
-/// and only this login's token opens the pages.
+/// key; the cookie it sets is a random token of that login (never the key), HttpOnly,
+/// SameSite=Strict, scoped to the pages' base; only a live login's token opens the pages,
+/// and a logout ends that login alone.
 #[test]
 fn login_cookie_is_a_token_not_the_key() {
     let key = "admin-key-0123456789";
-    let l = login::Login::new(key);
+    let l = login::Login::new(key, "");
     assert!(l.key_matches(key));
     assert!(!l.key_matches("admin-key-012345678"));
     assert!(!l.key_matches(""));
-    let set = l.set_cookie();
+    let set = l.start();
     assert!(!set.contains(key), "{set}");
     assert!(
         set.contains("; HttpOnly") && set.contains("; SameSite=Strict") && set.contains("; Path=/")
@@ -649,15 +650,24 @@ fn login_cookie_is_a_token_not_the_key() {
     let (name, token) = pair.split_once('=').unwrap();
     assert_eq!(name, login::COOKIE);
     assert_eq!(token.len(), 64);
-    assert!(l.cookie_matches(pair));
-    assert!(l.cookie_matches(&format!("theme=dark; {pair}; other=1")));
-    assert!(!l.cookie_matches(&format!("{}=x{token}", login::COOKIE)));
-    assert!(!l.cookie_matches(&format!("{}={key}", login::COOKIE)));
-    assert!(!l.cookie_matches(&format!("other={token}")));
-    assert!(!l.cookie_matches(""));
-    // Another login (a restarted viewer) has another token.
-    let again = login::Login::new(key);
-    assert!(!again.cookie_matches(pair));
+    assert!(l.cookie_matches(&[pair]));
+    assert!(l.cookie_matches(&["theme=dark", &format!("a=1; {pair}; other=1")]));
+    assert!(!l.cookie_matches(&[&format!("{}=x{token}", login::COOKIE)]));
+    assert!(!l.cookie_matches(&[&format!("{}={key}", login::COOKIE)]));
+    assert!(!l.cookie_matches(&[&format!("other={token}")]));
+    assert!(!l.cookie_matches(&[""]));
+    // A second browser gets its own token; logging one out leaves the other in.
+    let other = l.start();
+    let other_pair = other.split(';').next().unwrap();
+    assert_ne!(other_pair, pair);
+    let gone = l.end(&[pair]);
+    assert!(gone.contains("Max-Age=0") && gone.starts_with(&format!("{}=;", login::COOKIE)));
+    assert!(!l.cookie_matches(&[pair]));
+    assert!(l.cookie_matches(&[other_pair]));
+    // Another login (a restarted viewer) knows none of them; under /ui the cookie is /ui's.
+    let again = login::Login::new(key, "/ui");
+    assert!(!again.cookie_matches(&[other_pair]));
+    assert!(again.start().ends_with("; Path=/ui"));
     // The form: the key and where to go next, never another site.
     let f = login::Login::form(b"key=a+b%26c&next=%2Fsession%2Fs-a%3Fpage%3D2");
     assert_eq!(f.key.as_deref(), Some("a b&c"));
@@ -692,6 +702,137 @@ fn login_cookie_is_a_token_not_the_key() {
     );
     assert!(p.body.contains("that is not the admin key"));
     assert!(!p.body.contains(key));
+}
+
+/// The login's steps, as a server takes them: no key or cookie is the login page (401,
+/// `WWW-Authenticate`); the form with the right key is a redirect that sets a cookie; the
+/// cookie or the Bearer key opens pages; a logout deletes it; past the attempts' limit a
+/// client gets a 429 page with `Retry-After`, and another client does not.
+#[test]
+fn login_steps_form_cookie_logout_and_the_attempts_limit() {
+    let d = data_dir();
+    let v = Viewer::new(d.path(), None, None, "/ui")
+        .unwrap()
+        .keyed(true);
+    let key = "k-0123456789abcdef";
+    let l = login::Login::new(key, "/ui");
+    let req = |method, path, cookies: &'static [&'static str], bearer| login::Request {
+        method,
+        path,
+        path_and_query: path,
+        cookies,
+        bearer,
+    };
+    let header = |a: &login::Answer, name: &str| {
+        a.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .map(|(_, v)| v.clone())
+    };
+    let login::Step::Answer(a) = l.step(&v, req("GET", "/ui/groups", &[], None)) else {
+        panic!("no key: the login page")
+    };
+    assert_eq!(a.page.status, 401);
+    assert_eq!(header(&a, "www-authenticate").as_deref(), Some("Bearer"));
+    assert!(
+        a.page.body.contains("action=\"&#x2f;ui/login\""),
+        "{}",
+        a.page.body
+    );
+    assert!(matches!(
+        l.step(&v, req("GET", "/ui/groups", &[], Some(key))),
+        login::Step::Page
+    ));
+    assert!(matches!(
+        l.step(&v, req("POST", "/ui/login", &[], None)),
+        login::Step::ReadForm
+    ));
+    let peer = Some(std::net::IpAddr::from([10, 0, 0, 1]));
+    let a = l.post_form(
+        &v,
+        format!("key={key}&next=%2Fui%2Fgroups").as_bytes(),
+        peer,
+    );
+    assert_eq!(a.page.status, 303);
+    assert_eq!(header(&a, "location").as_deref(), Some("/ui/groups"));
+    let set = header(&a, "set-cookie").unwrap();
+    let pair: &'static str = Box::leak(set.split(';').next().unwrap().to_owned().into_boxed_str());
+    let cookies: &'static [&'static str] = Box::leak(Box::new([pair]));
+    assert!(matches!(
+        l.step(&v, req("GET", "/ui/groups", cookies, None)),
+        login::Step::Page
+    ));
+    // The pages of a keyed viewer offer a log-out.
+    assert!(
+        v.page("/groups", "")
+            .body
+            .contains("action=\"&#x2f;ui/logout\"")
+    );
+    let login::Step::Answer(out) = l.step(&v, req("POST", "/ui/logout", cookies, None)) else {
+        panic!("logout answers")
+    };
+    assert_eq!(out.page.status, 303);
+    assert!(header(&out, "set-cookie").unwrap().contains("Max-Age=0"));
+    assert!(matches!(
+        l.step(&v, req("GET", "/ui/groups", cookies, None)),
+        login::Step::Answer(_)
+    ));
+    // Wrong keys from one address: the form again, then 429 (even for the right key).
+    let mut limited = None;
+    for _ in 0..(login::LOGIN_BURST * 4) {
+        let a = l.post_form(&v, b"key=wrong", peer);
+        assert!(!a.page.body.contains(key));
+        if a.page.status == 429 {
+            limited = Some(a);
+            break;
+        }
+        assert_eq!(a.page.status, 401);
+    }
+    let a = limited.expect("the attempts' limit never answered 429");
+    assert!(
+        a.page.body.contains("too many login attempts"),
+        "{}",
+        a.page.body
+    );
+    assert!(header(&a, "retry-after").is_some());
+    assert_eq!(
+        l.post_form(&v, format!("key={key}").as_bytes(), peer)
+            .page
+            .status,
+        429
+    );
+    let elsewhere = Some(std::net::IpAddr::from([10, 0, 0, 2]));
+    assert_eq!(
+        l.post_form(&v, format!("key={key}").as_bytes(), elsewhere)
+            .page
+            .status,
+        303
+    );
+}
+
+/// Issue 32, hole 6: a samples file that is there but is no samples file (damaged, or
+/// another program's Parquet) is a 422 page naming the file and the fault, never a 500.
+#[test]
+fn a_corrupt_samples_file_is_a_422_page_naming_it() {
+    let d = data_dir();
+    std::fs::write(d.path().join("broken.parquet"), b"PAR1 this is not parquet").unwrap();
+    let v = Viewer::new(d.path(), None, None, "").unwrap();
+    for (path, query) in [
+        ("/samples", "file=broken.parquet"),
+        ("/sample", "file=broken.parquet&id=s-a%2F0"),
+    ] {
+        let p = v.page(path, query);
+        assert_eq!(p.status, 422, "{path}?{query}: {}", p.body);
+        assert!(
+            p.body.contains("broken.parquet")
+                && p.body.contains("is not a samples file graft can read"),
+            "{}",
+            p.body
+        );
+    }
+    // The list still shows it, and a session's page names it as unreadable.
+    assert_eq!(v.page("/samples", "").status, 200);
+    assert_eq!(v.page("/session/s-a", "").status, 200);
 }
 
 /// Issue 32, hole 6: the session page showed no finish reason or call reward.
