@@ -602,6 +602,7 @@ async fn run_one_group(
         .join("rollouts")
         .join(format!("{group}.parquet"));
     let (model, data) = (state.model.clone(), cfg.run.out_dir.join("data"));
+    let side_threads = cfg.run.side_threads.policy();
     let sessions: Vec<String> = rollouts
         .iter()
         .map(|(_, _, r)| r.session_id.clone())
@@ -614,6 +615,7 @@ async fn run_one_group(
                 sessions: Some(&scored),
                 without_token_ids: WithoutTokenIds::Skip,
                 count_versions_of: Some(&all),
+                side_threads,
                 ..FromRecords::all()
             },
             &path,

@@ -335,6 +335,7 @@ impl Gen {
                     finish_reason: Some("stop".to_owned()),
                     root: None,
                     reward: None,
+                    ..Default::default()
                 },
                 new_from,
             });

@@ -52,6 +52,32 @@ pub struct RunSection {
     /// always kept. 0: keep every one.
     #[serde(default = "default_keep_checkpoints")]
     pub keep_checkpoints: usize,
+    /// What side threads train on (a harness's titles, sub-agents, memory extraction:
+    /// `graft reconstruct --side-threads`): `own` (the default: only side samples with a
+    /// reward posted for one of their calls, on that reward), `leave-out` or `session`.
+    #[serde(default)]
+    pub side_threads: SideThreadsPolicy,
+}
+
+/// `[run] side_threads`, as [`graft_reconstruct::threads::SideThreads`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SideThreadsPolicy {
+    #[default]
+    Own,
+    LeaveOut,
+    Session,
+}
+
+impl SideThreadsPolicy {
+    pub fn policy(self) -> graft_reconstruct::threads::SideThreads {
+        use graft_reconstruct::threads::SideThreads;
+        match self {
+            SideThreadsPolicy::Own => SideThreads::Own,
+            SideThreadsPolicy::LeaveOut => SideThreads::LeaveOut,
+            SideThreadsPolicy::Session => SideThreads::Session,
+        }
+    }
 }
 
 fn default_keep_checkpoints() -> usize {

@@ -701,6 +701,7 @@ async fn collect(
         &selected,
         &all,
         &samples_path,
+        cfg.run.side_threads.policy(),
     )?;
     Ok(Collected {
         step,
@@ -1179,6 +1180,7 @@ fn samples(
     sessions: &HashSet<String>,
     all: &HashSet<String>,
     path: &Path,
+    side_threads: graft_reconstruct::threads::SideThreads,
 ) -> anyhow::Result<(Summary, Counts, Counts)> {
     let done = samples_from_records(
         model,
@@ -1187,6 +1189,7 @@ fn samples(
             sessions: Some(sessions),
             without_token_ids: WithoutTokenIds::Skip,
             count_versions_of: Some(all),
+            side_threads,
             ..FromRecords::all()
         },
         path,
