@@ -154,7 +154,7 @@ impl Msg {
                 .all(|(a, b)| a.0 == b.0 && same_json(&a.1, &b.1))
     }
 
-    /// The message as one line: its text, else its tool calls.
+    /// The message as one line: its text, then its tool calls.
     fn shown(&self) -> String {
         let mut s = self.text.trim().to_owned();
         for (name, args) in &self.tool_calls {
@@ -163,7 +163,7 @@ impl Msg {
             }
             s.push_str(&format!("{name}({args})"));
         }
-        excerpt(&s, 120)
+        s.split_whitespace().collect::<Vec<_>>().join(" ")
     }
 }
 
@@ -173,6 +173,27 @@ fn same_json(a: &str, b: &str) -> bool {
             (serde_json::from_str::<Value>(a), serde_json::from_str::<Value>(b)),
             (Ok(x), Ok(y)) if x == y
         )
+}
+
+/// Characters of a rewrite's excerpt, each side.
+pub const EXCERPT_CHARS: usize = 120;
+
+/// Excerpts of two versions of a message (one line each): from a little before where they
+/// first differ (`…` where cut), so the change is in view.
+fn excerpts(before: &str, after: &str) -> (String, String) {
+    let (b, a): (Vec<char>, Vec<char>) = (before.chars().collect(), after.chars().collect());
+    let same = b.iter().zip(&a).take_while(|(x, y)| x == y).count();
+    let from = if same > EXCERPT_CHARS / 2 && b != a && !b.is_empty() && !a.is_empty() {
+        same - EXCERPT_CHARS / 4
+    } else {
+        0
+    };
+    let cut = |c: &[char]| {
+        let rest: String = c[from.min(c.len())..].iter().collect();
+        let text = excerpt(&rest, EXCERPT_CHARS - usize::from(from > 0));
+        if from > 0 { format!("…{text}") } else { text }
+    };
+    (cut(&b), cut(&a))
 }
 
 /// `text` on one line, at most `max` characters (`…` when cut).
@@ -197,17 +218,24 @@ pub struct CallView {
 }
 
 impl CallView {
-    /// The call's thread key (its system prompt and tools).
+    /// The call's thread key (its system prompt and tools). Lines that change from request
+    /// to request of one agent are not part of it: Claude Code starts its system prompt
+    /// with a billing line holding a per-request checksum (`x-anthropic-billing-header:
+    /// cc_version=2.1.197.127; ...`).
     pub fn key(&self) -> ThreadKey {
         let system: Vec<&str> = self
             .messages
             .iter()
             .filter(|m| matches!(m.role.as_str(), "system" | "developer"))
-            .map(|m| m.text.as_str())
+            .flat_map(|m| m.text.lines())
+            .filter(|l| !VOLATILE_LINES.iter().any(|p| l.trim_start().starts_with(p)))
             .collect();
         ThreadKey::new(system.join("\n"), self.tools.clone())
     }
 }
+
+/// Starts of system-prompt lines that differ between requests of one agent.
+const VOLATILE_LINES: [&str; 1] = ["x-anthropic-billing-header:"];
 
 fn text_of(content: Option<&Value>) -> String {
     match content {
@@ -423,14 +451,20 @@ pub fn rewrites(prev: &CallView, prev_id: &str, next: &CallView, next_id: &str) 
     let expected: Vec<&Msg> = prev.messages.iter().chain(prev.answer.as_ref()).collect();
     let got: Vec<&Msg> = next.messages.iter().collect();
     let mut out = Vec::new();
-    let mk = |kind, message: usize, before: Option<&Msg>, after: Option<&Msg>| Rewrite {
-        kind,
-        call_id: next_id.to_owned(),
-        against_call: prev_id.to_owned(),
-        message: u32::try_from(message).unwrap_or(u32::MAX),
-        role: before.or(after).map(|m| m.role.clone()).unwrap_or_default(),
-        before: before.map(Msg::shown).unwrap_or_default(),
-        after: after.map(Msg::shown).unwrap_or_default(),
+    let mk = |kind, message: usize, before: Option<&Msg>, after: Option<&Msg>| {
+        let (b, a) = excerpts(
+            &before.map(Msg::shown).unwrap_or_default(),
+            &after.map(Msg::shown).unwrap_or_default(),
+        );
+        Rewrite {
+            kind,
+            call_id: next_id.to_owned(),
+            against_call: prev_id.to_owned(),
+            message: u32::try_from(message).unwrap_or(u32::MAX),
+            role: before.or(after).map(|m| m.role.clone()).unwrap_or_default(),
+            before: b,
+            after: a,
+        }
     };
     macro_rules! push {
         ($($a:expr),*) => { out.push(mk($($a),*)) };
@@ -520,12 +554,14 @@ pub fn rewrites(prev: &CallView, prev_id: &str, next: &CallView, next_id: &str) 
         };
         push!(kind, j, Some(e), Some(g));
         used[j] = true;
-        last_calls = !e.tool_calls.is_empty();
+        last_calls = !e.tool_calls.is_empty()
+            || (kind == RewriteKind::AssistantReserialized && calls_as_text(g));
         i += 1;
         j += 1;
     }
-    // After an assistant turn with tool calls, its results should come as tool messages:
-    // one re-sent as a user message is re-wrapped (smolagents' "Observation: ...").
+    // After an assistant turn with tool calls (sampled as such, or written into its text
+    // when re-sent), their results should come as tool messages: one sent as a user message
+    // is re-wrapped (smolagents' "Observation: ...").
     if last_calls
         && let Some(g) = got.get(j)
         && g.role == "user"
@@ -538,6 +574,13 @@ pub fn rewrites(prev: &CallView, prev_id: &str, next: &CallView, next_id: &str) 
         push!(RewriteKind::ToolResultRewrapped, j, Some(&tool), Some(g));
     }
     out
+}
+
+/// Whether an assistant message's text holds tool calls written as text: OpenAI tool-call
+/// objects (`{'id': ..., 'type': 'function', 'function': {...}}`, as smolagents writes its
+/// "Calling tools: [...]", whatever its agent sampled).
+fn calls_as_text(m: &Msg) -> bool {
+    m.text.contains("'type': 'function'") || m.text.contains("\"type\": \"function\"")
 }
 
 /// Whether `g`'s text holds `e`'s (a re-wrapped tool result), or shares a long stretch.
@@ -604,6 +647,48 @@ mod tests {
         assert!(r[0].after.starts_with("Calling tools:"), "{}", r[0]);
         assert_eq!(r[1].message, 3);
         assert!(r[1].after.starts_with("Observation:"), "{}", r[1]);
+    }
+
+    #[test]
+    fn a_code_agents_text_turn_with_calling_tools_appended_and_its_observation_are_named() {
+        let code = "Thought: write it.\n<code>\nprint(shell(command='echo x'))\n</code>";
+        let prev = CallView {
+            messages: vec![
+                m("system", "You are an expert assistant"),
+                m("user", "New task"),
+            ],
+            answer: Some(m("assistant", code)),
+            tools: vec![],
+        };
+        let next = CallView {
+            messages: vec![
+                m("system", "You are an expert assistant"),
+                m("user", "New task"),
+                m(
+                    "assistant",
+                    &format!(
+                        "{code}\nCalling tools:\n[{{'id': 'call_1', 'type': 'function', 'function': {{'name': 'python_interpreter', 'arguments': \"print(shell(command='echo x'))\"}}}}]"
+                    ),
+                ),
+                m(
+                    "user",
+                    "Observation:\nExecution logs:\nx\nLast output from code snippet:\nNone",
+                ),
+            ],
+            answer: None,
+            tools: vec![],
+        };
+        let kinds: Vec<_> = rewrites(&prev, "a", &next, "b")
+            .iter()
+            .map(|r| r.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                RewriteKind::AssistantReserialized,
+                RewriteKind::ToolResultRewrapped
+            ]
+        );
     }
 
     #[test]

@@ -184,6 +184,7 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
         template_fingerprint: "t".into(),
         schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
         logprob_kind: Default::default(),
+        ..Sample::default()
     };
     let samples = run.path().join("samples/step-00000.parquet");
     graft_reconstruct::sample::write_samples_parquet(&[sample], &samples).unwrap();
@@ -501,6 +502,7 @@ fn write_samples(path: &Path) {
         template_fingerprint: "t".into(),
         schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
         logprob_kind: Default::default(),
+        ..Sample::default()
     };
     graft_reconstruct::sample::write_samples_parquet(
         &[mk("s-a/0", "s-a", 1.0), mk("s-b/0", "s-b", 0.0)],
