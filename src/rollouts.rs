@@ -757,6 +757,14 @@ fn sample_json(s: &Sample) -> Value {
         "template_fingerprint": s.template_fingerprint,
         "schema_version": s.schema_version,
         "logprob_kind": s.logprob_kind.as_str(),
+        "thread": s.thread,
+        "thread_id": s.thread_id,
+        "thread_name": s.thread_name,
+        "parent_sample": s.parent_sample,
+        "rewrites": s.rewrites.iter().map(|r| json!({
+            "kind": r.kind.as_str(), "call_id": r.call_id, "against_call": r.against_call,
+            "message": r.message, "role": r.role, "before": r.before, "after": r.after,
+        })).collect::<Vec<_>>(),
     })
 }
 
