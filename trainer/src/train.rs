@@ -755,6 +755,30 @@ mod tests {
     }
 
     #[test]
+    fn a_side_thread_kept_for_its_call_rewards_gets_no_share_of_the_sessions_outcome() {
+        let mut side = two_turns("a", None, [None, Some(1.0)]);
+        side.thread = "side".into();
+        side.sample_id = "a/1".into();
+        let mut main = two_turns("a", Some(1.0), [None, None]);
+        main.thread = "main".into();
+        let sel = select_samples(
+            &[
+                main,
+                side,
+                two_turns("b", Some(0.0), [None, None]),
+                two_turns("b", None, [None, Some(0.0)]),
+            ],
+            None,
+            1e-6,
+        );
+        let adv: Vec<f64> = sel.samples.iter().map(|s| s.advantage).collect();
+        assert!(adv[0] > 0.0, "the main sample: the session's advantage: {adv:?}");
+        assert_eq!(adv[1], 0.0, "the side sample: its turn term only");
+        let t = sel.samples[1].turn_advantages.as_ref().expect("its turn term");
+        assert!(t[4] > 0.0, "{t:?}");
+    }
+
+    #[test]
     fn call_rewards_add_a_per_turn_term_on_the_tokens_each_call_sampled() -> Result<()> {
         // Session rewards alone: no turn term.
         let plain = select_samples(
