@@ -772,9 +772,15 @@ mod tests {
             1e-6,
         );
         let adv: Vec<f64> = sel.samples.iter().map(|s| s.advantage).collect();
-        assert!(adv[0] > 0.0, "the main sample: the session's advantage: {adv:?}");
+        assert!(
+            adv[0] > 0.0,
+            "the main sample: the session's advantage: {adv:?}"
+        );
         assert_eq!(adv[1], 0.0, "the side sample: its turn term only");
-        let t = sel.samples[1].turn_advantages.as_ref().expect("its turn term");
+        let t = sel.samples[1]
+            .turn_advantages
+            .as_ref()
+            .expect("its turn term");
         assert!(t[4] > 0.0, "{t:?}");
     }
 
