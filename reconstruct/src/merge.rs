@@ -59,7 +59,16 @@
 //!    `prompt_len <= sample_len * COMPACTION_MAX_RATIO_NUM / COMPACTION_MAX_RATIO_DEN`
 //!    (at most 3/4). History was dropped or summarised.
 //! 4. [`ForkReason::Other`]: anything else (also recorded as a [`Drift`] event, with
-//!    `first_diff_at` = the common prefix and `len` = the sample tokens after it).
+//!    `first_diff_at` = the common prefix and `len` = the sample tokens after it);
+//!    [`ForkReason::Rewritten`] when the calls' messages name a change the harness made.
+//!
+//! Every fork and drift event of rules 1 and 4 names what changed, message by message
+//! ([`crate::threads::rewrites`]: the sample's last call's messages and answer against the
+//! forking call's messages), in the new (or realigned) sample's `rewrites`. Every call is
+//! in a thread ([`crate::threads`]): a fork of rules 1-4 stays in its sample's, a new root
+//! goes to the thread of its shape; after the merge the main thread is chosen, side
+//! samples are linked to their parent and kept or left out by
+//! [`MergeOptions::side_threads`].
 //!
 //! With [`OnDrift::Realign`] a call classified by rule 1 (template drift or reordered)
 //! does not fork: it continues the drifted sample, whose tokens become the prompt's own
