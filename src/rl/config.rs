@@ -728,6 +728,20 @@ mod tests {
         }
     }
 
+    /// `[run] side_threads`: `own` by default, `leave-out` and `session` by name, nothing else.
+    #[test]
+    fn run_side_threads_defaults_to_own_and_takes_the_reconstruct_names() {
+        use graft_reconstruct::threads::SideThreads;
+        let run = |extra: &str| toml::from_str::<RunSection>(&format!("out_dir = \"o\"\n{extra}"));
+        assert_eq!(run("").unwrap().side_threads.policy(), SideThreads::Own);
+        for p in SideThreads::ALL {
+            let r = run(&format!("side_threads = \"{}\"", p.as_str())).unwrap();
+            assert_eq!(r.side_threads.policy(), p);
+        }
+        let e = run("side_threads = \"all\"").unwrap_err().to_string();
+        assert!(e.contains("leave-out"), "{e}");
+    }
+
     #[test]
     fn one_harness_or_several_each_with_a_label() {
         let dir = tempfile::tempdir().unwrap();
