@@ -62,7 +62,7 @@
 //!    `first_diff_at` = the common prefix and `len` = the sample tokens after it);
 //!    [`ForkReason::Rewritten`] when the calls' messages name a change the harness made.
 //!
-//! Every fork and drift event of rules 1 and 4 names what changed, message by message
+//! Every fork and drift event of rules 1, 3 and 4 names what changed, message by message
 //! ([`crate::threads::rewrites`]: the sample's last call's messages and answer against the
 //! forking call's messages), in the new (or realigned) sample's `rewrites`. Every call is
 //! in a thread ([`crate::threads`]): a fork of rules 1-4 stays in its sample's, a new root
@@ -532,13 +532,15 @@ pub fn merge_session_with(
                     let against = own[c.against];
                     thread = Some(opens[against].thread);
                     let against_id = opens[against].sample.sample_id.clone();
-                    if c.drift_len.is_some() {
-                        // What the harness changed, message by message.
-                        if let (Some((prev_id, Some(prev))), Some(next)) =
+                    // What the harness changed, message by message (a parallel branch
+                    // changed nothing: it extends an earlier state).
+                    if c.reason != ForkReason::ParallelBranch
+                        && let (Some((prev_id, Some(prev))), Some(next)) =
                             (&opens[against].last_call, &call.view)
-                        {
-                            rewrites = crate::threads::rewrites(prev, prev_id, next, &call.call_id);
-                        }
+                    {
+                        rewrites = crate::threads::rewrites(prev, prev_id, next, &call.call_id);
+                    }
+                    if c.drift_len.is_some() {
                         if c.reason == ForkReason::Other
                             && rewrites.iter().any(|r| r.kind.by_harness())
                         {

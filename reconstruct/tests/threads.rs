@@ -178,3 +178,67 @@ fn a_new_conversation_with_the_agents_shape_stays_in_the_main_thread() {
     assert_eq!(r.samples[1].fork_reason.as_deref(), Some("new_root"));
     assert_eq!(r.threads.len(), 1);
 }
+
+/// A fork whose prompt the harness rewrote names the change on the new sample and in the
+/// result, and a rule-4 fork so explained is `rewritten`, not `other`.
+#[test]
+fn a_fork_names_what_the_harness_rewrote_and_is_rewritten_not_other() {
+    let view = |messages: Vec<Msg>, answer: Option<Msg>| CallView {
+        messages,
+        answer,
+        tools: vec!["shell".into()],
+    };
+    let task = || vec![msg("system", "You are an agent."), msg("user", "do it")];
+    let first = CallTokens {
+        call_id: "c1".into(),
+        seq: 1,
+        prompt_ids: vec![1, 2, 3, 4],
+        completion_ids: vec![50, 51, 52, 53],
+        root: Some("r".into()),
+        ..CallTokens::default()
+    }
+    .with_view(Some(view(
+        task(),
+        Some(Msg {
+            role: "assistant".into(),
+            tool_calls: vec![("shell".into(), r#"{"command": "ls"}"#.into())],
+            ..Msg::default()
+        }),
+    )));
+    let mut again = task();
+    again.push(msg(
+        "assistant",
+        "Calling tools:\n[{'id': 'call_1', 'type': 'function', 'function': {'name': 'shell', 'arguments': {'command': 'ls'}}}]",
+    ));
+    again.push(msg("user", "Observation:\na.txt"));
+    let second = CallTokens {
+        call_id: "c2".into(),
+        seq: 2,
+        // The start, then other tokens where the sampled tool call was.
+        prompt_ids: vec![1, 2, 3, 4, 90, 91, 92, 93, 94, 95, 96],
+        completion_ids: vec![60],
+        root: Some("r".into()),
+        ..CallTokens::default()
+    }
+    .with_view(Some(view(again, None)));
+    let r = merge_session_with(
+        "s",
+        None,
+        &[first, second],
+        Some(1.0),
+        FP,
+        MergeOptions::default(),
+    );
+    assert_eq!(r.samples.len(), 2);
+    assert_eq!(r.samples[1].fork_reason.as_deref(), Some("rewritten"));
+    let kinds: Vec<&str> = r.samples[1]
+        .rewrites
+        .iter()
+        .map(|w| w.kind.as_str())
+        .collect();
+    assert_eq!(kinds, ["assistant_reserialized", "tool_result_rewrapped"]);
+    assert_eq!(r.rewrites.len(), 2);
+    assert_eq!(r.drift.len(), 1);
+    assert_eq!(r.rewrites[0].against_call, "c1");
+    assert!(r.samples.iter().all(|s| s.thread == "main"));
+}
