@@ -1,15 +1,20 @@
-//! Real agent harnesses (Claude Code, OpenHands SDK, pi, opencode, OpenClaw, Hermes) through
-//! graft in exact mode, each inside an envd sandbox (local backend, as root, network = only
-//! the gateway, so a harness that phones home reaches nothing else). envd fills the harness's
-//! config from `harness-configs/` (`gateway_session.harness`); the scripted upstream plays the
-//! model from `tests/clients/harnesses/script.json`: ONE call of the harness's own shell tool
-//! that writes `graft_done.txt`, then a finishing answer. Each test checks the file the tool
-//! wrote, the records, and that `graft reconstruct` merges the session's tool loop into one
-//! sample with no drift whose trained tokens are exactly the sampled ids; side calls the
-//! harness makes on its own (Claude Code's and opencode's session titles) are their own
-//! samples (`new_root`), and with `--leave-out-without-tools` the tool loop is the session's
-//! one trained sample. OpenClaw rewrites the history it re-sends (it keeps its
-//! internal-context message last), so its calls fork, named `reordered`.
+//! Real agent harnesses (Claude Code, OpenHands SDK, pi, opencode, OpenClaw, Hermes,
+//! qwen-code, smolagents) through graft in exact mode, each inside an envd sandbox (local
+//! backend, as root, network = only the gateway, so a harness that phones home reaches
+//! nothing else). envd fills the harness's config from `harness-configs/`
+//! (`gateway_session.harness`; `openai` for qwen-code and smolagents); the scripted upstream
+//! plays the model from `tests/clients/harnesses/script.json`: ONE call of the harness's own
+//! shell tool that writes `graft_done.txt`, then a finishing answer. Each test checks the
+//! file the tool wrote, the records, and that `graft reconstruct` merges the session's tool
+//! loop into one sample with no drift, with the task's reward, whose trained tokens are
+//! exactly the sampled ids; side calls the harness makes on its own (Claude Code's and
+//! opencode's session titles, qwen-code's memory-extraction sub-agent) are side threads,
+//! named, linked to their parent sample and left out by default (`--side-threads session`
+//! trains them), and with `--leave-out-without-tools` the tool loop is the session's one
+//! trained sample. OpenClaw rewrites the history it re-sends (it keeps its internal-context
+//! message last), so its calls fork, named `reordered` with the moved message; smolagents
+//! re-sends its assistant turn as text and its tool results as user messages, so each call
+//! is a sample whose fork names both rewrites.
 //!
 //! The OpenHands SDK also runs in passthrough against a text-only upstream: reconstruct
 //! re-tokenizes every call with the model's template, skips none and names every fork.
