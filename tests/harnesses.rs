@@ -1051,6 +1051,10 @@ fn qwen_code_memory_sub_agent_is_a_side_thread_linked_to_its_parent_and_left_out
 /// result as a user "Observation:" message, so each call starts a sample of its own; each
 /// such fork names both rewrites, with an excerpt of each side, and none is `other`.
 fn smolagents(kind: &'static str) {
+    smolagents_in(kind, Mode::Exact);
+}
+
+fn smolagents_in(kind: &'static str, mode: Mode) {
     let base = venv_base(&TestEnv::get(), "smolagents");
     let name: &'static str = Box::leak(format!("smolagents-{kind}").into_boxed_str());
     let h = Harness {
@@ -1073,7 +1077,7 @@ fn smolagents(kind: &'static str) {
         data,
         sid,
         recs,
-    } = run_in_sandbox(&h, Mode::Exact);
+    } = run_in_sandbox(&h, mode);
     let q = TestEnv::get().qwen3_dir();
     let (def, samples) = reconstruct(
         &data,
@@ -1082,6 +1086,9 @@ fn smolagents(kind: &'static str) {
         &sid,
         &[],
     );
+    if mode == Mode::Passthrough {
+        assert_eq!(def["retokenized_calls"], recs.len(), "{def}");
+    }
     assert_eq!(def["forks_by_reason"]["other"], 0, "{def}");
     assert_eq!(samples.len(), recs.len(), "one sample per call: {def}");
     assert!(samples.iter().all(|s| s.thread == "main"), "{def}");
@@ -1116,4 +1123,11 @@ fn smolagents_tool_calling_agent_forks_name_the_re_serialized_turn_and_the_re_wr
 #[test]
 fn smolagents_code_agent_forks_name_the_re_serialized_turn_and_the_re_wrapped_result() {
     smolagents("code");
+}
+
+/// The same in passthrough: the text-only records are re-tokenized, and the forks name the
+/// same rewrites (they compare messages, not tokens).
+#[test]
+fn smolagents_in_passthrough_forks_name_the_re_serialized_turn_and_the_re_wrapped_result() {
+    smolagents_in("tool-calling", Mode::Passthrough);
 }
