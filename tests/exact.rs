@@ -2491,3 +2491,267 @@ async fn healthz_answers_ok_only_once_an_exact_mode_gateway_can_take_a_call() {
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
 }
+
+/// Every text the client was shown, whole or streamed, in any dialect: the string values of
+/// `content`, `text` and `delta` keys of the answer (or of each `data:` event), in order.
+fn visible_text(body: &str) -> String {
+    fn walk(v: &Value, out: &mut String) {
+        match v {
+            Value::Object(o) => {
+                for (k, v) in o {
+                    match (k.as_str(), v) {
+                        ("content" | "text" | "delta", Value::String(s)) => out.push_str(s),
+                        _ => walk(v, out),
+                    }
+                }
+            }
+            Value::Array(a) => a.iter().for_each(|v| walk(v, out)),
+            _ => {}
+        }
+    }
+    let mut out = String::new();
+    let docs: Vec<Value> = match serde_json::from_str::<Value>(body) {
+        Ok(v) => vec![v],
+        Err(_) => body
+            .lines()
+            .filter_map(|l| l.strip_prefix("data: "))
+            .filter_map(|d| serde_json::from_str(d).ok())
+            .collect(),
+    };
+    for d in &docs {
+        walk(d, &mut out);
+    }
+    out
+}
+
+const LLAMA3_SCRIPT: &str = r#"{"rules": [
+  {"role": "tool", "reply": {"content": "It is sunny in Paris."}},
+  {"match": "weather in Paris", "reply": {"tool_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}},
+  {"match": "time in Tokyo", "reply": {"content": "Let me look that up.", "tool_calls": [{"name": "get_time", "arguments": {"tz": "Asia/Tokyo"}}]}}
+]}"#;
+
+/// The Llama 3 family (`exact.tool_call_format = "llama3"`, no reasoning parser) on Llama
+/// 3.2's own tokenizer and tool-calling template, as SGLang's `llama3` parser reads its
+/// answers (`reconstruct/tests/parse_rules.rs` holds the reference table): a bare
+/// `{"name", "parameters"}` answer and one after `<|python_tag|>` are calls in every
+/// dialect, whole and streamed, when the request lets the server parse calls; otherwise the
+/// JSON is content and the special `<|python_tag|>` is not in it. A forced call gets the
+/// `llama3` structural tag. A tool session merges into one sample with the sampled ids.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama3_tool_calls_are_read_as_sglangs_llama3_parser_reads_them() {
+    let env = TestEnv::get();
+    let llama = env.llama3_dir();
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let script = dir.path().join("script.json");
+    std::fs::write(&script, LLAMA3_SCRIPT).unwrap();
+    let cfg = dir.path().join("graft.toml");
+    std::fs::write(
+        &cfg,
+        "[exact]\ntool_call_format = \"llama3\"\nreasoning_format = \"none\"\n",
+    )
+    .unwrap();
+    let l = llama.to_str().unwrap();
+    let upstream =
+        Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", l]);
+    let gateway = Proc::gateway_with(
+        &upstream.url,
+        &data,
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            l,
+            "--config",
+            cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (sid, base) = common::open_session(&gateway.url).await;
+    let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "tz": {"type": "string"}}});
+    for (question, name, content) in [
+        ("the weather in Paris?", "get_weather", ""),
+        ("the time in Tokyo?", "get_time", "Let me look that up."),
+    ] {
+        for (dialect, path) in [
+            ("chat", "chat/completions"),
+            ("responses", "responses"),
+            ("messages", "messages"),
+        ] {
+            for (tools, choice, parsed) in [
+                (false, None, false),
+                (true, Some("none"), false),
+                (true, Some("auto"), true),
+            ] {
+                for stream in [false, true] {
+                    let mut body = weather_request(dialect, tools, choice, stream);
+                    if tools {
+                        // Both functions, in the dialect's shape.
+                        let mut second = body["tools"][0].clone();
+                        for t in [&mut body["tools"][0], &mut second] {
+                            let f = if dialect == "chat" {
+                                &mut t["function"]
+                            } else {
+                                t
+                            };
+                            for key in ["parameters", "input_schema"] {
+                                if f.get(key).is_some() {
+                                    f[key] = schema.clone();
+                                }
+                            }
+                        }
+                        let f = if dialect == "chat" {
+                            &mut second["function"]
+                        } else {
+                            &mut second
+                        };
+                        f["name"] = json!("get_time");
+                        body["tools"].as_array_mut().unwrap().push(second);
+                    }
+                    match dialect {
+                        "responses" => body["input"] = json!(question),
+                        _ => body["messages"][0]["content"] = json!(question),
+                    }
+                    let r = http::post_json(
+                        &format!("{base}/{path}"),
+                        &[("anthropic-version", "2023-06-01")],
+                        &body,
+                    )
+                    .await;
+                    let text = r.text();
+                    let ctx = format!(
+                        "{question} {dialect} tools={tools} choice={choice:?} stream={stream}: {text}"
+                    );
+                    assert_eq!(r.status, 200, "{ctx}");
+                    assert!(!text.contains("python_tag"), "{ctx}");
+                    let call_marker = match dialect {
+                        "chat" => "\"tool_calls\"",
+                        "responses" => "\"function_call\"",
+                        _ => "\"tool_use\"",
+                    };
+                    assert_eq!(text.contains(call_marker), parsed, "{ctx}");
+                    // The call's JSON is content exactly when it is not parsed.
+                    let shown = visible_text(&text);
+                    assert_eq!(shown.contains("\"parameters\""), !parsed, "{ctx}");
+                    if parsed {
+                        assert!(text.contains(name), "{ctx}");
+                    }
+                    if !content.is_empty() {
+                        assert!(shown.contains("Let me look that up."), "{ctx}");
+                    }
+                    if parsed && !stream && dialect == "chat" {
+                        let msg = &r.json()["choices"][0]["message"];
+                        let want_content = if content.is_empty() {
+                            Value::Null
+                        } else {
+                            json!(content)
+                        };
+                        assert_eq!(msg["content"], want_content, "{ctx}");
+                        assert_eq!(msg["tool_calls"].as_array().unwrap().len(), 1, "{ctx}");
+                        assert_eq!(msg["tool_calls"][0]["function"]["name"], name, "{ctx}");
+                        assert_eq!(
+                            r.json()["choices"][0]["finish_reason"],
+                            "tool_calls",
+                            "{ctx}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // A forced call is constrained with the `llama3` detector's structural tag.
+    let mut forced = weather_request("chat", true, Some("required"), false);
+    forced["tools"][0]["function"]["parameters"] = schema.clone();
+    let r = http::post_json(&format!("{base}/chat/completions"), &[], &forced).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let log = http::get(&format!("{}/testkit/requests", upstream.url), &[])
+        .await
+        .json();
+    let last = log["generate"].as_array().unwrap().last().unwrap().clone();
+    let tag: Value =
+        serde_json::from_str(last["sampling_params"]["structural_tag"].as_str().unwrap()).unwrap();
+    assert_eq!(tag["triggers"], json!(["<|python_tag|>"]), "{tag}");
+    assert_eq!(tag["at_least_one"], true, "{tag}");
+    // The prompts are Llama 3.2's: tools in the first user turn.
+    let prompt = log["prompts"].as_array().unwrap().last().unwrap()["text"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        prompt.starts_with("<|begin_of_text|><|start_header_id|>system<|end_header_id|>"),
+        "{prompt}"
+    );
+    assert!(prompt.contains("Given the following functions"), "{prompt}");
+
+    // A tool session: the call, its result as an `ipython` turn, the answer. One sample,
+    // trained tokens equal to the sampled ids (`<|python_tag|>`-free here: a bare call).
+    let (sid2, base2) = common::open_session(&gateway.url).await;
+    let tools =
+        json!([{"type": "function", "function": {"name": "get_weather", "parameters": schema}}]);
+    let mut messages = vec![json!({"role": "user", "content": "the weather in Paris?"})];
+    for turn in 0..2 {
+        let body =
+            json!({"model": "llama", "tools": tools, "messages": messages, "stream": turn == 1});
+        let r = http::post_json(&format!("{base2}/chat/completions"), &[], &body).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let msg = if turn == 1 {
+            let data = r.sse_data();
+            let chunks: Vec<Value> = data[..data.len() - 1]
+                .iter()
+                .map(|d| serde_json::from_str(d).unwrap())
+                .collect();
+            common::assemble_chat(&chunks)
+        } else {
+            r.json()["choices"][0]["message"].clone()
+        };
+        messages.push(msg.clone());
+        if turn == 0 {
+            let call = &msg["tool_calls"][0];
+            assert_eq!(call["function"]["name"], "get_weather", "{msg}");
+            messages.push(json!({"role": "tool", "tool_call_id": call["id"], "content": "sunny"}));
+        } else {
+            assert_eq!(msg["content"], "It is sunny in Paris.", "{msg}");
+        }
+    }
+    drop(gateway);
+    drop(upstream);
+    let records = common::records_show(&data);
+    let tok = Tokenizer::from_dir(&llama).unwrap();
+    let mut recs: Vec<&Value> = records.iter().filter(|r| r["session_id"] == sid2).collect();
+    recs.sort_by_key(|r| r["seq"].as_u64().unwrap());
+    assert_eq!(recs.len(), 2);
+    assert_eq!(
+        tok.decode(&ids(&recs[0]["completion_token_ids"])).unwrap(),
+        "{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Paris\"}}<|eot_id|>"
+    );
+    assert_eq!(recs[0]["finish_reason"], "tool_calls", "{:#}", recs[0]);
+    let mut sampled = ids(&recs[0]["prompt_token_ids"]);
+    sampled.extend(ids(&recs[0]["completion_token_ids"]));
+    assert!(ids(&recs[1]["prompt_token_ids"]).starts_with(&sampled));
+    // The first session's python-tag answers keep the tag in their recorded ids.
+    let tag_id = tok.token_id("<|python_tag|>").unwrap();
+    assert!(
+        records
+            .iter()
+            .filter(|r| r["session_id"] == sid)
+            .any(|r| ids(&r["completion_token_ids"]).contains(&tag_id))
+    );
+    let out = dir.path().join("samples.parquet");
+    let summary = reconstruct(&data, &llama, &out);
+    assert_eq!(summary["exact_calls"], records.len(), "{summary}");
+    let samples = read_samples_parquet(&out).unwrap();
+    let mine: Vec<_> = samples.iter().filter(|x| x.session_id == sid2).collect();
+    assert_eq!(mine.len(), 1, "one sample for the tool session: {summary}");
+    let x = mine[0];
+    assert_eq!(x.fork_reason, None);
+    let trained: Vec<u32> = x
+        .tokens
+        .iter()
+        .zip(&x.loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(t, _)| *t)
+        .collect();
+    let mut want = ids(&recs[0]["completion_token_ids"]);
+    want.extend(ids(&recs[1]["completion_token_ids"]));
+    assert_eq!(trained, want);
+}

@@ -131,7 +131,8 @@ pub struct ExactSection {
     /// first call went to. Default: `upstream.url` without its `/v1`.
     #[serde(default)]
     pub backends: Vec<String>,
-    /// How the model writes tool calls: `hermes` (Qwen2.5/Qwen3, default), `qwen3_coder`, `none`.
+    /// How the model writes tool calls: `hermes` (Qwen2.5/Qwen3, default), `qwen3_coder`,
+    /// `llama3` (Llama 3.1/3.2 JSON calls), `none`.
     pub tool_call_format: Option<graft_reconstruct::parser::ToolCallFormat>,
     /// How the model writes reasoning: `think` (default) or `none`.
     pub reasoning_format: Option<graft_reconstruct::parser::ReasoningFormat>,

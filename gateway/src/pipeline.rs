@@ -94,59 +94,8 @@ pub fn parse_request(route: Route, bytes: &[u8]) -> Result<Value, GatewayError> 
             format!("'stream_options' must be an object, got {}", kind(s)),
         ));
     }
-    match route {
-        Route::ChatCompletions => {
-            let Some(msgs) = obj.get("messages") else {
-                return Err(GatewayError::field("messages", "'messages' is required"));
-            };
-            let Some(msgs) = msgs.as_array() else {
-                return Err(GatewayError::field(
-                    "messages",
-                    format!("'messages' must be an array, got {}", kind(msgs)),
-                ));
-            };
-            for (i, m) in msgs.iter().enumerate() {
-                match m.get("role") {
-                    Some(Value::String(_)) => {}
-                    Some(r) => {
-                        return Err(GatewayError::field(
-                            format!("messages[{i}].role"),
-                            format!("'messages[{i}].role' must be a string, got {}", kind(r)),
-                        ));
-                    }
-                    None => {
-                        return Err(GatewayError::field(
-                            format!("messages[{i}]"),
-                            format!(
-                                "'messages[{i}]' must be an object with a 'role', got {}",
-                                kind(m)
-                            ),
-                        ));
-                    }
-                }
-            }
-            if let Some(t) = obj.get("tools")
-                && !t.is_array()
-                && !t.is_null()
-            {
-                return Err(GatewayError::field(
-                    "tools",
-                    format!("'tools' must be an array, got {}", kind(t)),
-                ));
-            }
-        }
-        Route::Completions => match obj.get("prompt") {
-            Some(Value::String(_)) | Some(Value::Array(_)) => {}
-            Some(p) => {
-                return Err(GatewayError::field(
-                    "prompt",
-                    format!("'prompt' must be a string or an array, got {}", kind(p)),
-                ));
-            }
-            None => return Err(GatewayError::field("prompt", "'prompt' is required")),
-        },
-        // Responses and Messages are checked field by field by their dialect's parser.
-        Route::Models | Route::Responses | Route::Messages => {}
+    if let Some(kind) = route.dialect() {
+        dialect(kind).check(obj)?;
     }
     Ok(v)
 }

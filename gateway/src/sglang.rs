@@ -62,15 +62,36 @@ pub fn sampling_params(s: &Sampling, default_max_new_tokens: u64) -> Value {
 /// also under a named choice), with `at_least_one`; under `"auto"` only when a tool is
 /// `strict`, without it. A tool's schema is constrained only when it is `strict` (OpenAI's
 /// meaning); otherwise its arguments are any JSON. No constraint without tools, under
-/// `"none"`, or with no tool-call parser. The `qwen3_coder` format's constraint is
-/// xgrammar's built-in `qwen_3_coder` tag, which graft does not build: such calls go
-/// unconstrained (the parse is the same).
+/// `"none"`, or with no tool-call parser. The `llama3` format (SGLang's `Llama32Detector`)
+/// gets the same tag in its own syntax: `<|python_tag|>{"name":"NAME", "arguments":` … `}`,
+/// triggered by `<|python_tag|>`. The `qwen3_coder` format's is xgrammar's built-in
+/// `qwen_3_coder` tag ([`qwen3_coder_tag`]), under the same conditions.
 pub fn tool_call_constraint(
     format: ToolCallFormat,
     tools: &[Tool],
     choice: Option<&ToolChoice>,
+    parallel_tool_calls: bool,
 ) -> Option<String> {
-    if format != ToolCallFormat::Hermes || tools.is_empty() {
+    if format == ToolCallFormat::Qwen3Coder {
+        return qwen3_coder_tag(tools, choice, parallel_tool_calls).map(|t| t.to_string());
+    }
+    // (begin before the name, begin after it, end, trigger): `structure_info` of each detector.
+    let (open, after_name, end, trigger) = match format {
+        ToolCallFormat::Hermes => (
+            "<tool_call>\n{\"name\":\"",
+            "\", \"arguments\":",
+            "}\n</tool_call>",
+            "<tool_call>",
+        ),
+        ToolCallFormat::Llama3 => (
+            "<|python_tag|>{\"name\":\"",
+            "\", \"arguments\":",
+            "}",
+            "<|python_tag|>",
+        ),
+        ToolCallFormat::Qwen3Coder | ToolCallFormat::None => return None,
+    };
+    if tools.is_empty() {
         return None;
     }
     let required = match choice {
@@ -90,19 +111,74 @@ pub fn tool_call_constraint(
                 _ => Value::Object(serde_json::Map::new()),
             };
             serde_json::json!({
-                "begin": format!("<tool_call>\n{{\"name\":\"{}\", \"arguments\":", t.name),
+                "begin": format!("{open}{}{after_name}", t.name),
                 "schema": schema,
-                "end": "}\n</tool_call>",
+                "end": end,
             })
         })
         .collect();
     let tag = serde_json::json!({
         "type": "structural_tag",
         "structures": structures,
-        "triggers": ["<tool_call>"],
+        "triggers": [trigger],
         "at_least_one": required,
     });
     Some(tag.to_string())
+}
+
+/// xgrammar 0.2.7's built-in `qwen_3_coder` structural tag
+/// (`builtin_structural_tag.get_qwen_3_5_structural_tag`), as SGLang 0.5.23 asks for it
+/// (`BaseFormatDetector.get_structural_tag` with `reasoning` off, since `--reasoning-parser`
+/// owns the think prefix; sent as `model_dump(by_alias=True)`): under `"required"` (and
+/// `"auto"` with a strict tool) triggered tags `<tool_call>\n<function=NAME>\n` … `\n</function>\n</tool_call>`,
+/// one per tool, their arguments held to the tool's schema in Qwen's XML style (any
+/// arguments where the tool is `strict: false` or has no schema), `at_least_one` under
+/// `"required"`, `stop_after_first` without `parallel_tool_calls`; a named function gets its
+/// one tag alone. `None` where SGLang adds no constraint.
+pub fn qwen3_coder_tag(
+    tools: &[Tool],
+    choice: Option<&ToolChoice>,
+    parallel_tool_calls: bool,
+) -> Option<Value> {
+    use serde_json::json;
+    const BEGIN: &str = "<tool_call>\n<function=";
+    const END: &str = "\n</function>\n</tool_call>";
+    let tag = |t: &Tool| {
+        let schema = match (&t.parameters, t.strict) {
+            (_, Some(false)) | (Value::Null, _) => Value::Bool(true),
+            (p, _) => p.clone(),
+        };
+        json!({
+            "type": "tag",
+            "begin": format!("{BEGIN}{}>\n", t.name),
+            "content": {"type": "json_schema", "json_schema": schema, "style": "qwen_xml",
+                        "any_order": false, "max_whitespace_cnt": null},
+            "end": END,
+        })
+    };
+    if tools.is_empty() {
+        return None;
+    }
+    let required = match choice {
+        Some(ToolChoice::None) => return None,
+        Some(ToolChoice::Function { name }) => {
+            let t = tools.iter().find(|t| &t.name == name)?;
+            return Some(json!({"type": "structural_tag", "format": tag(t)}));
+        }
+        Some(ToolChoice::Required) => true,
+        None | Some(ToolChoice::Auto) => false,
+    };
+    if !required && !tools.iter().any(|t| t.strict == Some(true)) {
+        return None;
+    }
+    Some(json!({"type": "structural_tag", "format": {
+        "type": "triggered_tags",
+        "triggers": [BEGIN],
+        "tags": tools.iter().map(tag).collect::<Vec<_>>(),
+        "at_least_one": required,
+        "stop_after_first": !parallel_tool_calls,
+        "excludes": ["<think>", "</think>"],
+    }}))
 }
 
 /// The `/generate` body.
@@ -518,7 +594,7 @@ mod tests {
     fn required_and_named_tool_choices_constrain_the_decode_as_sglang_does() {
         let tools = [tool("get_weather", None), tool("get_time", Some(true))];
         let tag = |choice: Option<ToolChoice>| {
-            tool_call_constraint(ToolCallFormat::Hermes, &tools, choice.as_ref())
+            tool_call_constraint(ToolCallFormat::Hermes, &tools, choice.as_ref(), true)
                 .map(|t| serde_json::from_str::<Value>(&t).unwrap())
         };
         let structures = json!([
@@ -545,19 +621,105 @@ mod tests {
         // `auto` without a strict tool, no tools, or no call format: no constraint.
         let loose = [tool("get_weather", Some(false))];
         assert_eq!(
-            tool_call_constraint(ToolCallFormat::Hermes, &loose, Some(&ToolChoice::Auto)),
+            tool_call_constraint(
+                ToolCallFormat::Hermes,
+                &loose,
+                Some(&ToolChoice::Auto),
+                true
+            ),
             None
         );
         assert_eq!(
-            tool_call_constraint(ToolCallFormat::Hermes, &[], Some(&ToolChoice::Required)),
+            tool_call_constraint(
+                ToolCallFormat::Hermes,
+                &[],
+                Some(&ToolChoice::Required),
+                true
+            ),
             None
         );
-        for format in [ToolCallFormat::None, ToolCallFormat::Qwen3Coder] {
-            assert_eq!(
-                tool_call_constraint(format, &tools, Some(&ToolChoice::Required)),
-                None
-            );
+        assert_eq!(
+            tool_call_constraint(
+                ToolCallFormat::None,
+                &tools,
+                Some(&ToolChoice::Required),
+                true
+            ),
+            None
+        );
+        // Llama 3 (`Llama32Detector.structure_info`): its own begin, end and trigger.
+        let llama: Value = serde_json::from_str(
+            &tool_call_constraint(
+                ToolCallFormat::Llama3,
+                &tools,
+                Some(&ToolChoice::Required),
+                true,
+            )
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(llama["triggers"], json!(["<|python_tag|>"]));
+        assert_eq!(
+            llama["structures"][0]["begin"],
+            "<|python_tag|>{\"name\":\"get_weather\", \"arguments\":"
+        );
+        assert_eq!(llama["structures"][0]["end"], "}");
+        assert_eq!(llama["at_least_one"], true);
+    }
+
+    /// The `qwen_3_coder` tag equals what xgrammar 0.2.7's own code builds for SGLang
+    /// (`tests/fixtures/xgrammar_qwen_3_coder.json`, made by running its
+    /// `get_model_structural_tag` on SGLang's dumped tools), for every tool choice and both
+    /// `parallel_tool_calls`; under `none`, without tools or for an undeclared name, none.
+    #[test]
+    fn qwen3_coder_forced_calls_get_xgrammars_own_tag() {
+        let doc: Value =
+            serde_json::from_str(include_str!("../tests/fixtures/xgrammar_qwen_3_coder.json"))
+                .unwrap();
+        let tools: Vec<Tool> = doc["tools"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| {
+                let f = &t["function"];
+                Tool {
+                    name: f["name"].as_str().unwrap().into(),
+                    description: f["description"].as_str().map(Into::into),
+                    parameters: f["parameters"].clone(),
+                    strict: f["strict"].as_bool(),
+                }
+            })
+            .collect();
+        let cases = doc["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 5);
+        for case in cases {
+            let choice = match &case["tool_choice"] {
+                Value::String(s) if s == "required" => ToolChoice::Required,
+                Value::String(s) if s == "auto" => ToolChoice::Auto,
+                named => ToolChoice::Function {
+                    name: named["function"]["name"].as_str().unwrap().into(),
+                },
+            };
+            let parallel = case["parallel_tool_calls"].as_bool().unwrap();
+            let got =
+                tool_call_constraint(ToolCallFormat::Qwen3Coder, &tools, Some(&choice), parallel)
+                    .map(|t| serde_json::from_str::<Value>(&t).unwrap());
+            assert_eq!(got.as_ref(), Some(&case["structural_tag"]), "{case:#}");
         }
+        assert_eq!(qwen3_coder_tag(&tools, Some(&ToolChoice::None), true), None);
+        assert_eq!(
+            qwen3_coder_tag(&[], Some(&ToolChoice::Required), true),
+            None
+        );
+        let undeclared = ToolChoice::Function {
+            name: "nope".into(),
+        };
+        assert_eq!(qwen3_coder_tag(&tools, Some(&undeclared), true), None);
+        // `auto` with no strict tool: unconstrained.
+        assert_eq!(
+            qwen3_coder_tag(&tools[..1], Some(&ToolChoice::Auto), true),
+            None
+        );
     }
 
     #[test]

@@ -358,11 +358,21 @@ pub struct Detokenizer {
     ids: Vec<u32>,
     prefix_offset: usize,
     read_offset: usize,
+    /// Special tokens written out ([`crate::template::Tokenizer::decode_visible_keeping`]).
+    keep: Vec<u32>,
 }
 
 impl Detokenizer {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A detokenizer that writes out the special tokens `keep` (all others are skipped).
+    pub fn keeping(keep: Vec<u32>) -> Self {
+        Self {
+            keep,
+            ..Self::default()
+        }
     }
 
     /// All ids pushed so far.
@@ -393,8 +403,9 @@ impl Detokenizer {
         if self.read_offset >= self.ids.len() {
             return Ok(String::new());
         }
-        let before = tok.decode_visible(&self.ids[self.prefix_offset..self.read_offset])?;
-        let now = tok.decode_visible(&self.ids[self.prefix_offset..])?;
+        let before = tok
+            .decode_visible_keeping(&self.ids[self.prefix_offset..self.read_offset], &self.keep)?;
+        let now = tok.decode_visible_keeping(&self.ids[self.prefix_offset..], &self.keep)?;
         if !last && now.ends_with('\u{FFFD}') {
             return Ok(String::new());
         }

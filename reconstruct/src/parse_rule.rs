@@ -18,11 +18,13 @@
 //!   without a structural tag (e.g. `pythonic`) fall back to a JSON-schema constraint whose
 //!   output is read as a JSON list of `{"name", "parameters"}`. So the parse side of
 //!   `required` / named equals `auto` here. graft's exact mode sends the same structural
-//!   tag to `/generate` for the `hermes` format; `qwen3_coder`'s (xgrammar's built-in tag)
-//!   it does not build, so those calls go unconstrained.
-//! - **Calls to undeclared functions** (Hermes JSON bodies) are not calls
-//!   (`BaseFormatDetector.parse_base_json` skips them); graft keeps their text, with a note,
-//!   where SGLang drops it from the message.
+//!   tags to `/generate`: the legacy one for the `hermes` and `llama3` formats, xgrammar's
+//!   built-in `qwen_3_coder` tag for `qwen3_coder` (`gateway/src/sglang.rs`).
+//! - **Calls to undeclared functions** (Hermes and Llama 3 JSON bodies) are not calls
+//!   (`BaseFormatDetector.parse_base_json` skips them). SGLang's message holds the text before
+//!   the first tool-call tag and the calls that parse, nothing else
+//!   (`_process_tool_calls`, the detectors' `detect_and_parse`); so does graft's for the
+//!   SGLang rule, with a note for each thing dropped (the recorded ids keep everything).
 //! - **Reasoning** (`--reasoning-parser qwen3`, `Qwen3Detector`): `force_reasoning` is on
 //!   when the template opens the think block itself or thinking is on for the request
 //!   (`_get_reasoning_from_request`: `chat_template_kwargs.enable_thinking` is not `false`,
@@ -90,6 +92,8 @@ pub struct ParseRule {
     tools: Vec<Value>,
     /// vLLM's reading of forced calls ([`ParseRule::as_vllm`]).
     pub forced: Option<ForcedCalls>,
+    /// The rule is vLLM's ([`ParseRule::as_vllm`]); else SGLang's.
+    vllm: bool,
 }
 
 impl ParseRule {
@@ -112,6 +116,7 @@ impl ParseRule {
             tool_choice,
             tools: tools.to_vec(),
             forced: None,
+            vllm: false,
         }
     }
 
@@ -120,6 +125,7 @@ impl ParseRule {
     /// ([`ForcedCalls`]) instead of parsing the model's tool-call markup.
     #[must_use]
     pub fn as_vllm(mut self) -> Self {
+        self.vllm = true;
         if self.parses_tool_calls() {
             self.forced = match &self.tool_choice {
                 ToolChoice::Required => Some(ForcedCalls::Required),
@@ -143,16 +149,24 @@ impl ParseRule {
         self.tool_format != ToolCallFormat::None
     }
 
-    /// The streaming parser for this call (tool schemas known, undeclared Hermes calls text).
+    /// The streaming parser for this call (tool schemas known, undeclared JSON calls not
+    /// calls). SGLang's rule gives SGLang's message ([`OutputParser::sglang_message`]: after
+    /// the first tool-call tag only the calls that parse); vLLM's keeps what is not a call as
+    /// content, with a note (vLLM's own handling is not transcribed here).
     pub fn parser(&self) -> OutputParser {
-        OutputParser::new(
+        let parser = OutputParser::new(
             self.tool_format,
             self.reasoning_format,
             self.force_reasoning,
         )
         .with_schemas(&self.tools)
         .declared_only()
-        .with_forced(self.forced.clone())
+        .with_forced(self.forced.clone());
+        if self.vllm {
+            parser
+        } else {
+            parser.sglang_message()
+        }
     }
 }
 

@@ -410,6 +410,30 @@ impl Tokenizer {
         self.inner.decode(ids, true).map_err(|e| self.err(e))
     }
 
+    /// [`Tokenizer::decode_visible`], except that the special tokens `keep` are written out:
+    /// the servers decode with `skip_special_tokens=False` where a tool parser needs a special
+    /// token (Llama 3's `<|python_tag|>`), and the end-of-turn token is not in their text.
+    pub fn decode_visible_keeping(
+        &self,
+        ids: &[u32],
+        keep: &[u32],
+    ) -> Result<String, TemplateError> {
+        if !ids.iter().any(|i| keep.contains(i)) {
+            return self.decode_visible(ids);
+        }
+        let mut out = String::new();
+        let mut from = 0;
+        for (at, id) in ids.iter().enumerate() {
+            if keep.contains(id) {
+                out.push_str(&self.decode_visible(&ids[from..at])?);
+                out.push_str(&self.inner.id_to_token(*id).unwrap_or_default());
+                from = at + 1;
+            }
+        }
+        out.push_str(&self.decode_visible(&ids[from..])?);
+        Ok(out)
+    }
+
     /// The id of a token (e.g. `<|im_end|>`), if the vocabulary or added tokens have it.
     pub fn token_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)

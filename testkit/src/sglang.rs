@@ -410,9 +410,25 @@ pub(crate) async fn route(
     Ok(Some(resp))
 }
 
-/// The prompt decoded into ChatML turns, as the script sees it.
-pub(crate) fn prompt_of(text: &str) -> Prompt {
+/// Llama 3's end of turn; a model whose template ends turns with it answers in Llama 3's
+/// form ([`raw_output`]).
+const LLAMA3_EOT: &str = "<|eot_id|>";
+
+/// The turns of a prompt: ChatML blocks (Qwen), or Llama 3's
+/// `<|start_header_id|>ROLE<|end_header_id|>\n\n…<|eot_id|>` blocks (`ipython` is a tool
+/// turn). Whether the prompt offered tools: Qwen's `<tools>`, Llama 3's `Environment: ipython`.
+fn turns_of(text: &str) -> (Vec<(String, String)>, bool, bool) {
     let mut turns: Vec<(String, String)> = vec![];
+    if text.contains("<|start_header_id|>") {
+        for block in text.split("<|start_header_id|>").skip(1) {
+            let block = block.split(LLAMA3_EOT).next().unwrap_or_default();
+            let (role, body) = block.split_once("<|end_header_id|>").unwrap_or((block, ""));
+            let role = if role == "ipython" { "tool" } else { role };
+            let body = body.strip_prefix("\n\n").unwrap_or(body);
+            turns.push((role.to_string(), body.to_string()));
+        }
+        return (turns, true, text.contains("Environment: ipython"));
+    }
     for block in text.split("<|im_start|>").skip(1) {
         let block = block.split("<|im_end|>").next().unwrap_or_default();
         let (role, body) = block.split_once('\n').unwrap_or((block, ""));
@@ -423,12 +439,22 @@ pub(crate) fn prompt_of(text: &str) -> Prompt {
         };
         turns.push((role.to_string(), body.to_string()));
     }
+    (
+        turns,
+        text.contains("<|im_start|>"),
+        text.contains("<tools>"),
+    )
+}
+
+/// The prompt decoded into turns (ChatML, or Llama 3's), as the script sees it.
+pub(crate) fn prompt_of(text: &str) -> Prompt {
+    let (mut turns, templated, has_tools) = turns_of(text);
     // The last turn is the generation prompt (`assistant`, maybe an empty think block).
     if turns.last().is_some_and(|(r, _)| r == "assistant") {
         turns.pop();
     }
     // A raw prompt (Completions: no chat template) is the user's text as it is.
-    if turns.is_empty() && !text.contains("<|im_start|>") {
+    if turns.is_empty() && !templated {
         turns.push(("user".to_string(), text.to_string()));
     }
     // System turns after the last turn (Claude Code sends one) are skipped, as on the
@@ -452,15 +478,41 @@ pub(crate) fn prompt_of(text: &str) -> Prompt {
         last_role: Some(last.0),
         last_user_text: last_user,
         message_count: turns.iter().filter(|(r, _)| r != "system").count(),
-        has_tools: text.contains("<tools>"),
+        has_tools,
         prompt_text: text.to_string(),
         ..Prompt::default()
     }
 }
 
 /// The model's raw output for a reply: reasoning in `<think>`, then what the chat stream's
-/// pieces stand for (content, Hermes tool calls, the end-of-turn token).
+/// pieces stand for (content, Hermes tool calls, the end-of-turn token). A Llama 3 model
+/// (`eos` `<|eot_id|>`) writes no reasoning, and its calls as Llama 3.2 does: bare
+/// `{"name": …, "parameters": …}` objects joined by `; ` when they are the whole answer,
+/// after `<|python_tag|>` when content comes first.
 pub(crate) fn raw_output(reply: &Reply, eos: &str) -> String {
+    if eos == LLAMA3_EOT {
+        let mut out = reply.content.clone().unwrap_or_default();
+        let calls: Vec<String> = reply
+            .tool_calls
+            .iter()
+            .map(|c| {
+                let args = c.arguments_string();
+                let args = if args.trim().is_empty() {
+                    "{}".to_owned()
+                } else {
+                    args
+                };
+                format!("{{\"name\": \"{}\", \"parameters\": {args}}}", c.name)
+            })
+            .collect();
+        if !calls.is_empty() {
+            if !out.is_empty() {
+                out.push_str("<|python_tag|>");
+            }
+            out.push_str(&calls.join("; "));
+        }
+        return out + eos;
+    }
     let meta = Meta {
         id: 0,
         created: 0,

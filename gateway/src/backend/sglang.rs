@@ -702,9 +702,12 @@ impl Sglang {
                 "a required or named 'tool_choice' cannot be combined with structured output (response_format): the tool-call constraint and the output constraint cannot both be honored",
             ));
         }
-        let Some(tag) =
-            sglang::tool_call_constraint(self.tool_format, &conv.tools, conv.tool_choice.as_ref())
-        else {
+        let Some(tag) = sglang::tool_call_constraint(
+            self.tool_format,
+            &conv.tools,
+            conv.tool_choice.as_ref(),
+            conv.parallel_tool_calls != Some(false),
+        ) else {
             return Ok(false);
         };
         if output_constrained {
@@ -963,7 +966,13 @@ impl Sglang {
             prompt,
             decoder: Decoder {
                 builder: self.builder.clone(),
-                detok: Detokenizer::new(),
+                detok: Detokenizer::keeping(
+                    parser
+                        .special_tokens()
+                        .iter()
+                        .filter_map(|t| self.builder.model().tokenizer.token_id(t))
+                        .collect(),
+                ),
                 parser,
                 stops: stops.into_iter().filter(|s| !s.is_empty()).collect(),
                 pending: String::new(),

@@ -12,6 +12,7 @@
 pub mod anthropic;
 pub mod chat;
 pub mod completions;
+pub(crate) mod json;
 pub mod responses;
 
 #[cfg(test)]
@@ -333,29 +334,6 @@ impl OutputFormat {
     }
 }
 
-/// `obj[key]` as a non-negative integer: absent or null is `None`; anything else (a
-/// negative or fractional number, a string) is a 400 naming the field. Shared by the
-/// OpenAI dialects (Chat, Completions, Responses); Anthropic words its errors its own way.
-pub(crate) fn non_negative_int(
-    obj: &Map<String, Value>,
-    key: &str,
-) -> Result<Option<u64>, GatewayError> {
-    match obj.get(key) {
-        None | Some(Value::Null) => Ok(None),
-        Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-            // A scalar as written; a list or an object by its kind (it may be large).
-            let got = match v {
-                Value::Array(_) | Value::Object(_) => kind(v).to_string(),
-                scalar => scalar.to_string(),
-            };
-            GatewayError::field(
-                key,
-                format!("'{key}' must be a non-negative integer, got {got}"),
-            )
-        }),
-    }
-}
-
 /// OpenAI's `logit_bias` (`{"token id": bias}`), checked: an object of numbers. `None` when
 /// absent or `null`.
 pub(crate) fn logit_bias_of(v: Option<&Value>) -> Result<Option<Map<String, Value>>, GatewayError> {
@@ -641,6 +619,19 @@ pub fn new_id(prefix: &str) -> String {
 /// One wire format clients speak. A fourth dialect = one folder + one `DialectKind` arm.
 pub trait Dialect: Send + Sync {
     fn kind(&self) -> DialectKind;
+    /// The shape checks made on every call of this dialect before anything else, whatever
+    /// the leg: passthrough relays Chat and Completions bodies without parsing them, so what
+    /// would make the upstream fail in its own words is refused here in graft's. Default:
+    /// none ([`Dialect::parse`] checks field by field).
+    fn check(&self, _body: &Map<String, Value>) -> Result<(), GatewayError> {
+        Ok(())
+    }
+    /// Whether an OpenAI-compatible upstream speaks this dialect itself, so a passthrough
+    /// sends its bodies as they are (Chat, Completions); otherwise they are parsed and
+    /// translated.
+    fn upstream_speaks(&self) -> bool {
+        false
+    }
     /// Validates a request body (already known to be a JSON object with a string `model`)
     /// and converts it into the internal conversation; errors name the JSON path.
     fn parse(&self, body: &Value) -> Result<Conversation, GatewayError>;

@@ -2,10 +2,13 @@
 
 use serde_json::{Map, Value};
 
+use crate::dialect::json::{Fields, Wording, given};
 use crate::dialect::{
     Conversation, Message, Part, Reasoning, Role, Tool, ToolCall, ToolChoice, kind,
 };
 use crate::error::GatewayError;
+
+const F: Fields = Fields(Wording::Anthropic);
 
 /// Top-level request keys this parser maps; every other key is kept in `Conversation::extra`.
 const MAPPED_KEYS: &[&str] = &[
@@ -24,81 +27,6 @@ const MAPPED_KEYS: &[&str] = &[
     "output_config",
 ];
 
-/// An invalid-field error whose message starts with the field's path.
-fn bad(path: &str, message: impl AsRef<str>) -> GatewayError {
-    GatewayError::field(path, format!("{path} {}", message.as_ref()))
-}
-
-/// A present, non-null value (absent and `null` both read as "not given").
-fn given<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
-}
-
-fn req_str<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<&'a str, GatewayError> {
-    match given(obj, key) {
-        Some(Value::String(s)) => Ok(s),
-        Some(other) => Err(bad(path, format!("must be a string, got {}", kind(other)))),
-        None => Err(bad(path, "is required")),
-    }
-}
-
-fn opt_str<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<&'a str>, GatewayError> {
-    match given(obj, key) {
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(other) => Err(bad(path, format!("must be a string, got {}", kind(other)))),
-        None => Ok(None),
-    }
-}
-
-fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<bool>, GatewayError> {
-    match given(obj, key) {
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(other) => Err(bad(path, format!("must be a boolean, got {}", kind(other)))),
-        None => Ok(None),
-    }
-}
-
-fn opt_f64(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<f64>, GatewayError> {
-    match given(obj, key) {
-        Some(Value::Number(n)) => match n.as_f64() {
-            Some(f) => Ok(Some(f)),
-            None => Err(bad(path, "must be a finite number")),
-        },
-        Some(other) => Err(bad(path, format!("must be a number, got {}", kind(other)))),
-        None => Ok(None),
-    }
-}
-
-fn opt_u64(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<u64>, GatewayError> {
-    match given(obj, key) {
-        Some(v @ Value::Number(n)) => match n.as_u64() {
-            Some(u) => Ok(Some(u)),
-            None => Err(bad(
-                path,
-                format!("must be a non-negative integer, got {v}"),
-            )),
-        },
-        Some(other) => Err(bad(
-            path,
-            format!("must be a non-negative integer, got {}", kind(other)),
-        )),
-        None => Ok(None),
-    }
-}
-
-fn as_obj<'a>(v: &'a Value, path: &str) -> Result<&'a Map<String, Value>, GatewayError> {
-    v.as_object()
-        .ok_or_else(|| bad(path, format!("must be an object, got {}", kind(v))))
-}
-
 /// Parses an Anthropic Messages request body into the internal conversation.
 pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let obj = body.as_object().ok_or_else(|| {
@@ -109,17 +37,17 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     })?;
     let mut conv = Conversation::default();
 
-    let model = req_str(obj, "model", "model")?;
+    let model = F.req_str(obj, "model", "model")?;
     if model.is_empty() {
-        return Err(bad("model", "must not be empty"));
+        return Err(F.bad("model", "must not be empty"));
     }
     conv.model = model.to_string();
 
-    match opt_u64(obj, "max_tokens", "max_tokens")? {
-        Some(0) => return Err(bad("max_tokens", "must be at least 1")),
+    match F.opt_u64(obj, "max_tokens", "max_tokens")? {
+        Some(0) => return Err(F.bad("max_tokens", "must be at least 1")),
         Some(n) => conv.sampling.max_tokens = Some(n),
         None => {
-            return Err(bad(
+            return Err(F.bad(
                 "max_tokens",
                 "is required by the Anthropic Messages API (the most tokens the answer may have)",
             ));
@@ -131,16 +59,16 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     parse_tools(obj, &mut conv)?;
     parse_tool_choice(obj, &mut conv)?;
 
-    conv.sampling.temperature = opt_f64(obj, "temperature", "temperature")?;
-    conv.sampling.top_p = opt_f64(obj, "top_p", "top_p")?;
-    conv.sampling.top_k = opt_u64(obj, "top_k", "top_k")?;
+    conv.sampling.temperature = F.opt_f64(obj, "temperature", "temperature")?;
+    conv.sampling.top_p = F.opt_f64(obj, "top_p", "top_p")?;
+    conv.sampling.top_k = F.opt_u64(obj, "top_k", "top_k")?;
     match given(obj, "stop_sequences") {
         Some(Value::Array(items)) => {
             for (k, item) in items.iter().enumerate() {
                 match item {
                     Value::String(s) => conv.sampling.stop.push(s.clone()),
                     other => {
-                        return Err(bad(
+                        return Err(F.bad(
                             &format!("stop_sequences[{k}]"),
                             format!("must be a string, got {}", kind(other)),
                         ));
@@ -149,7 +77,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
             }
         }
         Some(other) => {
-            return Err(bad(
+            return Err(F.bad(
                 "stop_sequences",
                 format!("must be an array of strings, got {}", kind(other)),
             ));
@@ -159,7 +87,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
 
     parse_thinking(obj, &mut conv)?;
     parse_output_config(obj, &mut conv)?;
-    conv.stream = opt_bool(obj, "stream", "stream")?.unwrap_or(false);
+    conv.stream = F.opt_bool(obj, "stream", "stream")?.unwrap_or(false);
 
     let mut kept = Vec::new();
     for (key, value) in obj {
@@ -190,9 +118,9 @@ fn parse_output_config(
     let Some(cfg) = given(obj, "output_config") else {
         return Ok(());
     };
-    let cfg = as_obj(cfg, "output_config")?;
+    let cfg = F.as_obj(cfg, "output_config")?;
     if let Some(format) = given(cfg, "format") {
-        let f = as_obj(format, "output_config.format")?;
+        let f = F.as_obj(format, "output_config.format")?;
         match f.get("type").and_then(Value::as_str) {
             Some("json_schema") => match f.get("schema") {
                 Some(s @ (Value::Object(_) | Value::Bool(_))) => {
@@ -203,14 +131,14 @@ fn parse_output_config(
                     });
                 }
                 _ => {
-                    return Err(bad(
+                    return Err(F.bad(
                         "output_config.format.schema",
                         "must be a JSON schema (an object)",
                     ));
                 }
             },
             other => {
-                return Err(bad(
+                return Err(F.bad(
                     "output_config.format.type",
                     format!(
                         "must be \"json_schema\", got {}",
@@ -245,15 +173,15 @@ fn parse_system(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(),
             let mut parts = Vec::new();
             for (j, block) in blocks.iter().enumerate() {
                 let path = format!("system[{j}]");
-                let b = as_obj(block, &path)?;
-                let ty = req_str(b, "type", &format!("{path}.type"))?;
+                let b = F.as_obj(block, &path)?;
+                let ty = F.req_str(b, "type", &format!("{path}.type"))?;
                 if ty != "text" {
-                    return Err(bad(
+                    return Err(F.bad(
                         &format!("{path}.type"),
                         format!("must be \"text\", got \"{ty}\""),
                     ));
                 }
-                let text = req_str(b, "text", &format!("{path}.text"))?;
+                let text = F.req_str(b, "text", &format!("{path}.text"))?;
                 parts.push(Part::Text {
                     text: text.to_string(),
                 });
@@ -261,7 +189,7 @@ fn parse_system(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(),
             parts
         }
         Some(other) => {
-            return Err(bad(
+            return Err(F.bad(
                 "system",
                 format!(
                     "must be a string or an array of text blocks, got {}",
@@ -298,20 +226,17 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
     let messages = match given(obj, "messages") {
         Some(Value::Array(m)) => m,
         Some(other) => {
-            return Err(bad(
-                "messages",
-                format!("must be an array, got {}", kind(other)),
-            ));
+            return Err(F.bad("messages", format!("must be an array, got {}", kind(other))));
         }
-        None => return Err(bad("messages", "is required")),
+        None => return Err(F.bad("messages", "is required")),
     };
     if messages.is_empty() {
-        return Err(bad("messages", "must contain at least one message"));
+        return Err(F.bad("messages", "must contain at least one message"));
     }
     for (i, message) in messages.iter().enumerate() {
         let path = format!("messages[{i}]");
-        let m = as_obj(message, &path)?;
-        let role = match req_str(m, "role", &format!("{path}.role"))? {
+        let m = F.as_obj(message, &path)?;
+        let role = match F.req_str(m, "role", &format!("{path}.role"))? {
             "user" => Role::User,
             "assistant" => Role::Assistant,
             // Claude Code (2.1) sends mid-conversation `system` messages (text only), e.g.
@@ -321,7 +246,7 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
                 continue;
             }
             other => {
-                return Err(bad(
+                return Err(F.bad(
                     &format!("{path}.role"),
                     format!("must be \"user\", \"assistant\" or \"system\", got \"{other}\""),
                 ));
@@ -337,7 +262,7 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
                 }
             }
             Some(other) => {
-                return Err(bad(
+                return Err(F.bad(
                     &format!("{path}.content"),
                     format!(
                         "must be a string or an array of content blocks, got {}",
@@ -345,7 +270,7 @@ fn parse_messages(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
                     ),
                 ));
             }
-            None => return Err(bad(&format!("{path}.content"), "is required")),
+            None => return Err(F.bad(&format!("{path}.content"), "is required")),
         }
     }
     Ok(())
@@ -359,21 +284,21 @@ fn parse_system_message(m: &Map<String, Value>, path: &str) -> Result<Message, G
         Some(Value::Array(blocks)) => {
             for (j, block) in blocks.iter().enumerate() {
                 let bpath = format!("{path}.content[{j}]");
-                let b = as_obj(block, &bpath)?;
+                let b = F.as_obj(block, &bpath)?;
                 let ty = block_type(b, &bpath)?;
                 if ty != "text" {
-                    return Err(bad(
+                    return Err(F.bad(
                         &format!("{bpath}.type"),
                         format!("must be \"text\" in a system message, got \"{ty}\""),
                     ));
                 }
                 msg.content.push(Part::Text {
-                    text: req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
+                    text: F.req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
                 });
             }
         }
         Some(other) => {
-            return Err(bad(
+            return Err(F.bad(
                 &format!("{path}.content"),
                 format!(
                     "must be a string or an array of text blocks, got {}",
@@ -381,14 +306,14 @@ fn parse_system_message(m: &Map<String, Value>, path: &str) -> Result<Message, G
                 ),
             ));
         }
-        None => return Err(bad(&format!("{path}.content"), "is required")),
+        None => return Err(F.bad(&format!("{path}.content"), "is required")),
     }
     Ok(msg)
 }
 
 /// A block's `type`, required to be a string.
 fn block_type<'a>(b: &'a Map<String, Value>, path: &str) -> Result<&'a str, GatewayError> {
-    req_str(b, "type", &format!("{path}.type"))
+    F.req_str(b, "type", &format!("{path}.type"))
 }
 
 fn parse_user_blocks(
@@ -400,7 +325,7 @@ fn parse_user_blocks(
     let mut user = empty_message(Role::User);
     for (j, block) in blocks.iter().enumerate() {
         let bpath = format!("{path}.content[{j}]");
-        let b = as_obj(block, &bpath)?;
+        let b = F.as_obj(block, &bpath)?;
         let ty = block_type(b, &bpath)?;
         if push_content_block(ty, b, &bpath, &mut user.content, &mut conv.notes)? {
             continue;
@@ -408,7 +333,7 @@ fn parse_user_blocks(
         match ty {
             "tool_result" => results.push(parse_tool_result(b, &bpath, &mut conv.notes)?),
             ty @ ("tool_use" | "thinking" | "redacted_thinking") => {
-                return Err(bad(
+                return Err(F.bad(
                     &format!("{bpath}.type"),
                     format!("\"{ty}\" blocks belong in assistant messages, not user messages"),
                 ));
@@ -434,19 +359,19 @@ fn parse_assistant_blocks(
     let mut msg = empty_message(Role::Assistant);
     for (j, block) in blocks.iter().enumerate() {
         let bpath = format!("{path}.content[{j}]");
-        let b = as_obj(block, &bpath)?;
+        let b = F.as_obj(block, &bpath)?;
         match block_type(b, &bpath)? {
             "text" => msg.content.push(Part::Text {
-                text: req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
+                text: F.req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
             }),
             "image" => msg.content.push(parse_image(b, &bpath)?),
             "tool_use" => {
-                let id = req_str(b, "id", &format!("{bpath}.id"))?;
-                let name = req_str(b, "name", &format!("{bpath}.name"))?;
+                let id = F.req_str(b, "id", &format!("{bpath}.id"))?;
+                let name = F.req_str(b, "name", &format!("{bpath}.name"))?;
                 let arguments = match given(b, "input") {
                     Some(input @ Value::Object(_)) => input.to_string(),
                     Some(other) => {
-                        return Err(bad(
+                        return Err(F.bad(
                             &format!("{bpath}.input"),
                             format!("must be an object, got {}", kind(other)),
                         ));
@@ -460,7 +385,7 @@ fn parse_assistant_blocks(
                 });
             }
             "thinking" => {
-                let thinking = req_str(b, "thinking", &format!("{bpath}.thinking"))?;
+                let thinking = F.req_str(b, "thinking", &format!("{bpath}.thinking"))?;
                 match &mut msg.reasoning {
                     Some(r) => {
                         r.push('\n');
@@ -473,7 +398,7 @@ fn parse_assistant_blocks(
                 "{bpath}: a redacted_thinking block was dropped (its reasoning is encrypted; there is no text to keep)"
             )),
             "tool_result" => {
-                return Err(bad(
+                return Err(F.bad(
                     &format!("{bpath}.type"),
                     "\"tool_result\" blocks belong in user messages, not assistant messages",
                 ));
@@ -490,21 +415,23 @@ fn parse_assistant_blocks(
 fn parse_image(b: &Map<String, Value>, path: &str) -> Result<Part, GatewayError> {
     let spath = format!("{path}.source");
     let source = match given(b, "source") {
-        Some(s) => as_obj(s, &spath)?,
-        None => return Err(bad(&spath, "is required")),
+        Some(s) => F.as_obj(s, &spath)?,
+        None => return Err(F.bad(&spath, "is required")),
     };
-    match req_str(source, "type", &format!("{spath}.type"))? {
+    match F.req_str(source, "type", &format!("{spath}.type"))? {
         "base64" => {
-            let media_type = req_str(source, "media_type", &format!("{spath}.media_type"))?;
-            let data = req_str(source, "data", &format!("{spath}.data"))?;
+            let media_type = F.req_str(source, "media_type", &format!("{spath}.media_type"))?;
+            let data = F.req_str(source, "data", &format!("{spath}.data"))?;
             Ok(Part::Image {
                 url: format!("data:{media_type};base64,{data}"),
             })
         }
         "url" => Ok(Part::Image {
-            url: req_str(source, "url", &format!("{spath}.url"))?.to_string(),
+            url: F
+                .req_str(source, "url", &format!("{spath}.url"))?
+                .to_string(),
         }),
-        other => Err(bad(
+        other => Err(F.bad(
             &format!("{spath}.type"),
             format!("\"{other}\" image sources are not supported; send \"base64\" or \"url\""),
         )),
@@ -516,11 +443,11 @@ fn parse_image(b: &Map<String, Value>, path: &str) -> Result<Part, GatewayError>
 fn parse_document(b: &Map<String, Value>, path: &str) -> Result<Option<Part>, GatewayError> {
     let spath = format!("{path}.source");
     let Some(source) = given(b, "source") else {
-        return Err(bad(&spath, "is required"));
+        return Err(F.bad(&spath, "is required"));
     };
-    let source = as_obj(source, &spath)?;
-    if opt_str(source, "type", &format!("{spath}.type"))? == Some("text") {
-        let data = req_str(source, "data", &format!("{spath}.data"))?;
+    let source = F.as_obj(source, &spath)?;
+    if F.opt_str(source, "type", &format!("{spath}.type"))? == Some("text") {
+        let data = F.req_str(source, "data", &format!("{spath}.data"))?;
         return Ok(Some(Part::Text {
             text: data.to_string(),
         }));
@@ -540,7 +467,7 @@ fn push_content_block(
 ) -> Result<bool, GatewayError> {
     match ty {
         "text" => content.push(Part::Text {
-            text: req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
+            text: F.req_str(b, "text", &format!("{bpath}.text"))?.to_string(),
         }),
         "image" => content.push(parse_image(b, bpath)?),
         "document" => match parse_document(b, bpath)? {
@@ -559,7 +486,7 @@ fn parse_tool_result(
     path: &str,
     notes: &mut Vec<String>,
 ) -> Result<Message, GatewayError> {
-    let id = req_str(b, "tool_use_id", &format!("{path}.tool_use_id"))?;
+    let id = F.req_str(b, "tool_use_id", &format!("{path}.tool_use_id"))?;
     let mut msg = empty_message(Role::Tool);
     msg.tool_call_id = Some(id.to_string());
     match given(b, "content") {
@@ -568,7 +495,7 @@ fn parse_tool_result(
         Some(Value::Array(blocks)) => {
             for (k, block) in blocks.iter().enumerate() {
                 let cpath = format!("{path}.content[{k}]");
-                let c = as_obj(block, &cpath)?;
+                let c = F.as_obj(block, &cpath)?;
                 let ty = block_type(c, &cpath)?;
                 if !push_content_block(ty, c, &cpath, &mut msg.content, notes)? {
                     notes.push(format!(
@@ -578,7 +505,7 @@ fn parse_tool_result(
             }
         }
         Some(other) => {
-            return Err(bad(
+            return Err(F.bad(
                 &format!("{path}.content"),
                 format!(
                     "must be a string or an array of content blocks, got {}",
@@ -587,7 +514,7 @@ fn parse_tool_result(
             ));
         }
     }
-    if opt_bool(b, "is_error", &format!("{path}.is_error"))? == Some(true) {
+    if F.opt_bool(b, "is_error", &format!("{path}.is_error"))? == Some(true) {
         notes.push(format!(
             "{path}: tool_result is_error=true has no equivalent in other dialects; its content was passed on unchanged"
         ));
@@ -602,43 +529,40 @@ fn parse_tools(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(), 
         None => return Ok(()),
         Some(Value::Array(t)) => t,
         Some(other) => {
-            return Err(bad(
-                "tools",
-                format!("must be an array, got {}", kind(other)),
-            ));
+            return Err(F.bad("tools", format!("must be an array, got {}", kind(other))));
         }
     };
     let mut dropped = Vec::new();
     for (i, tool) in tools.iter().enumerate() {
         let path = format!("tools[{i}]");
-        let t = as_obj(tool, &path)?;
-        let ty = opt_str(t, "type", &format!("{path}.type"))?;
+        let t = F.as_obj(tool, &path)?;
+        let ty = F.opt_str(t, "type", &format!("{path}.type"))?;
         let client = matches!(ty, None | Some("custom")) || given(t, "input_schema").is_some();
         if !client {
             let name = t.get("name").and_then(Value::as_str).unwrap_or("?");
             dropped.push(format!("{name} ({})", ty.unwrap_or("?")));
             continue;
         }
-        let name = req_str(t, "name", &format!("{path}.name"))?;
+        let name = F.req_str(t, "name", &format!("{path}.name"))?;
         if name.is_empty() {
-            return Err(bad(&format!("{path}.name"), "must not be empty"));
+            return Err(F.bad(&format!("{path}.name"), "must not be empty"));
         }
-        let description = opt_str(t, "description", &format!("{path}.description"))?;
+        let description = F.opt_str(t, "description", &format!("{path}.description"))?;
         let schema = match given(t, "input_schema") {
             Some(s @ Value::Object(_)) => s.clone(),
             Some(other) => {
-                return Err(bad(
+                return Err(F.bad(
                     &format!("{path}.input_schema"),
                     format!("must be a JSON Schema object, got {}", kind(other)),
                 ));
             }
-            None => return Err(bad(&format!("{path}.input_schema"), "is required")),
+            None => return Err(F.bad(&format!("{path}.input_schema"), "is required")),
         };
         conv.tools.push(Tool {
             name: name.to_string(),
             description: description.map(str::to_string),
             parameters: schema,
-            strict: opt_bool(t, "strict", &format!("{path}.strict"))?,
+            strict: F.opt_bool(t, "strict", &format!("{path}.strict"))?,
         });
     }
     if !dropped.is_empty() {
@@ -657,13 +581,13 @@ fn parse_tool_choice(
     let Some(choice) = given(obj, "tool_choice") else {
         return Ok(());
     };
-    let c = as_obj(choice, "tool_choice")?;
-    conv.tool_choice = Some(match req_str(c, "type", "tool_choice.type")? {
+    let c = F.as_obj(choice, "tool_choice")?;
+    conv.tool_choice = Some(match F.req_str(c, "type", "tool_choice.type")? {
         "auto" => ToolChoice::Auto,
         "any" => ToolChoice::Required,
         "none" => ToolChoice::None,
         "tool" => {
-            let name = req_str(c, "name", "tool_choice.name")?;
+            let name = F.req_str(c, "name", "tool_choice.name")?;
             if conv.tools.iter().any(|t| t.name == name) {
                 ToolChoice::Function {
                     name: name.to_string(),
@@ -676,13 +600,13 @@ fn parse_tool_choice(
             }
         }
         other => {
-            return Err(bad(
+            return Err(F.bad(
                 "tool_choice.type",
                 format!("must be one of \"auto\", \"any\", \"tool\", \"none\", got \"{other}\""),
             ));
         }
     });
-    if let Some(disable) = opt_bool(
+    if let Some(disable) = F.opt_bool(
         c,
         "disable_parallel_tool_use",
         "tool_choice.disable_parallel_tool_use",
@@ -696,11 +620,11 @@ fn parse_thinking(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
     let Some(thinking) = given(obj, "thinking") else {
         return Ok(());
     };
-    let t = as_obj(thinking, "thinking")?;
-    match req_str(t, "type", "thinking.type")? {
+    let t = F.as_obj(thinking, "thinking")?;
+    match F.req_str(t, "type", "thinking.type")? {
         "enabled" => {
-            let Some(budget) = opt_u64(t, "budget_tokens", "thinking.budget_tokens")? else {
-                return Err(bad(
+            let Some(budget) = F.opt_u64(t, "budget_tokens", "thinking.budget_tokens")? else {
+                return Err(F.bad(
                     "thinking.budget_tokens",
                     "is required when thinking is enabled",
                 ));
@@ -718,7 +642,7 @@ fn parse_thinking(obj: &Map<String, Value>, conv: &mut Conversation) -> Result<(
             );
         }
         other => {
-            return Err(bad(
+            return Err(F.bad(
                 "thinking.type",
                 format!("must be \"enabled\", \"disabled\" or \"adaptive\", got \"{other}\""),
             ));

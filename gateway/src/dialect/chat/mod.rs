@@ -28,6 +28,14 @@ impl Dialect for Chat {
         DialectKind::ChatCompletions
     }
 
+    fn check(&self, body: &serde_json::Map<String, Value>) -> Result<(), GatewayError> {
+        request::check(body)
+    }
+
+    fn upstream_speaks(&self) -> bool {
+        true
+    }
+
     fn parse(&self, body: &Value) -> Result<Conversation, GatewayError> {
         parse_request(body)
     }

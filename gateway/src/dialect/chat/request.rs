@@ -4,8 +4,8 @@
 use serde_json::{Map, Value, json};
 
 use crate::dialect::{
-    Conversation, Message, Part, Reasoning, Role, Sampling, Tool, ToolCall, ToolChoice, kind,
-    non_negative_int,
+    Conversation, Message, Part, Reasoning, Role, Sampling, Tool, ToolCall, ToolChoice,
+    json::non_negative_int, kind,
 };
 use crate::error::GatewayError;
 
@@ -80,6 +80,50 @@ fn parts(v: &Value, path: &str) -> Result<Vec<Part>, GatewayError> {
 }
 
 /// Chat Completions request → conversation.
+/// What every Chat call is checked for before any leg (passthrough relays the body as it
+/// is): `messages` an array of objects with a string `role`, `tools` an array.
+pub(super) fn check(obj: &Map<String, Value>) -> Result<(), GatewayError> {
+    let Some(msgs) = obj.get("messages") else {
+        return Err(GatewayError::field("messages", "'messages' is required"));
+    };
+    let Some(msgs) = msgs.as_array() else {
+        return Err(GatewayError::field(
+            "messages",
+            format!("'messages' must be an array, got {}", kind(msgs)),
+        ));
+    };
+    for (i, m) in msgs.iter().enumerate() {
+        match m.get("role") {
+            Some(Value::String(_)) => {}
+            Some(r) => {
+                return Err(GatewayError::field(
+                    format!("messages[{i}].role"),
+                    format!("'messages[{i}].role' must be a string, got {}", kind(r)),
+                ));
+            }
+            None => {
+                return Err(GatewayError::field(
+                    format!("messages[{i}]"),
+                    format!(
+                        "'messages[{i}]' must be an object with a 'role', got {}",
+                        kind(m)
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(t) = obj.get("tools")
+        && !t.is_array()
+        && !t.is_null()
+    {
+        return Err(GatewayError::field(
+            "tools",
+            format!("'tools' must be an array, got {}", kind(t)),
+        ));
+    }
+    Ok(())
+}
+
 pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let obj = body.as_object().ok_or_else(|| {
         GatewayError::field(
@@ -280,7 +324,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     // `logprobs: true` asks for the sampled tokens' logprobs, `top_logprobs: n` for the n
     // most likely tokens at each position too (kept in `extra` for the record and a Chat
     // upstream).
-    let top_logprobs = crate::dialect::non_negative_int(obj, "top_logprobs")?;
+    let top_logprobs = crate::dialect::json::non_negative_int(obj, "top_logprobs")?;
     let logprobs = match obj.get("logprobs") {
         None | Some(Value::Null) | Some(Value::Bool(false)) => None,
         Some(Value::Bool(true)) => {

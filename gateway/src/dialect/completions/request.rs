@@ -3,8 +3,11 @@
 
 use serde_json::{Map, Value};
 
-use crate::dialect::{Conversation, RawPrompt, Sampling, kind, non_negative_int};
+use crate::dialect::json::{Fields, Wording, given, non_negative_int};
+use crate::dialect::{Conversation, RawPrompt, Sampling, kind};
 use crate::error::GatewayError;
+
+const F: Fields = Fields(Wording::Quoted);
 
 /// Top-level keys this parser maps or refuses; every other key (`logprobs`, `user`, server
 /// extensions) is kept in `Conversation::extra`.
@@ -32,34 +35,6 @@ const MAPPED_KEYS: &[&str] = &[
 ];
 
 const PROMPT_SHAPES: &str = "a string, an array with one string, or an array of token ids";
-
-fn wrong(path: &str, expected: &str, got: &Value) -> GatewayError {
-    GatewayError::field(
-        path,
-        format!("'{path}' must be {expected}, got {}", kind(got)),
-    )
-}
-
-/// A present, non-null field of `obj`.
-fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
-}
-
-fn opt_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(v) => Err(wrong(key, "a number", v)),
-    }
-}
-
-fn opt_bool(obj: &Map<String, Value>, key: &str, path: &str) -> Result<Option<bool>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(wrong(path, "a boolean", v)),
-    }
-}
 
 /// `n` and `best_of`: at least 1; more than 1 is refused (`why` says why).
 fn one_at_most(obj: &Map<String, Value>, key: &str, why: &str) -> Result<(), GatewayError> {
@@ -112,7 +87,7 @@ fn parse_prompt(v: Option<&Value>) -> Result<RawPrompt, GatewayError> {
         }
         Some(Value::String(s)) => return Ok(RawPrompt::Text(s.clone())),
         Some(Value::Array(items)) => items,
-        Some(other) => return Err(wrong("prompt", PROMPT_SHAPES, other)),
+        Some(other) => return Err(F.wrong("prompt", PROMPT_SHAPES, other)),
     };
     match items.as_slice() {
         [] => Err(GatewayError::field(
@@ -130,7 +105,7 @@ fn parse_prompt(v: Option<&Value>) -> Result<RawPrompt, GatewayError> {
                 items.len()
             ),
         )),
-        [other, ..] => Err(wrong(
+        [other, ..] => Err(F.wrong(
             "prompt[0]",
             "a string, a token id or an array of token ids",
             other,
@@ -147,14 +122,30 @@ fn parse_stop(v: Option<&Value>) -> Result<Vec<String>, GatewayError> {
             .enumerate()
             .map(|(i, s)| match s {
                 Value::String(s) => Ok(s.clone()),
-                other => Err(wrong(&format!("stop[{i}]"), "a string", other)),
+                other => Err(F.wrong(&format!("stop[{i}]"), "a string", other)),
             })
             .collect(),
-        Some(other) => Err(wrong("stop", "a string or an array of strings", other)),
+        Some(other) => Err(F.wrong("stop", "a string or an array of strings", other)),
     }
 }
 
 /// Completions request → conversation (no messages; the raw prompt in `prompt`).
+/// What every Completions call is checked for before any leg (passthrough relays the body
+/// as it is): a `prompt`, a string or an array.
+pub(super) fn check(obj: &Map<String, Value>) -> Result<(), GatewayError> {
+    match obj.get("prompt") {
+        Some(Value::String(_)) | Some(Value::Array(_)) => {}
+        Some(p) => {
+            return Err(GatewayError::field(
+                "prompt",
+                format!("'prompt' must be a string or an array, got {}", kind(p)),
+            ));
+        }
+        None => return Err(GatewayError::field("prompt", "'prompt' is required")),
+    }
+    Ok(())
+}
+
 pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let Some(obj) = body.as_object() else {
         return Err(GatewayError::field(
@@ -164,19 +155,19 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     };
     let model = match obj.get("model") {
         Some(Value::String(m)) => m.clone(),
-        Some(o) => return Err(wrong("model", "a string", o)),
+        Some(o) => return Err(F.wrong("model", "a string", o)),
         None => return Err(GatewayError::field("model", "'model' is required")),
     };
-    let prompt = parse_prompt(get(obj, "prompt"))?;
+    let prompt = parse_prompt(given(obj, "prompt"))?;
 
-    if opt_bool(obj, "echo", "echo")? == Some(true) {
+    if F.opt_bool(obj, "echo", "echo")? == Some(true) {
         return Err(GatewayError::field(
             "echo",
             "'echo': true is not supported: graft answers with the completion only; drop `echo` \
              (the prompt is the one you sent)",
         ));
     }
-    match get(obj, "suffix") {
+    match given(obj, "suffix") {
         None => {}
         Some(Value::String(s)) if s.is_empty() => {}
         Some(Value::String(_)) => {
@@ -186,7 +177,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
                  `suffix` or put the text in the prompt",
             ));
         }
-        Some(v) => return Err(wrong("suffix", "a string", v)),
+        Some(v) => return Err(F.wrong("suffix", "a string", v)),
     }
     one_at_most(
         obj,
@@ -199,46 +190,46 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         "n",
         "graft records one completion per call; send n requests",
     )?;
-    if let Some(v) = get(obj, "logprobs")
+    if let Some(v) = given(obj, "logprobs")
         && v.as_u64().is_none()
     {
-        return Err(wrong("logprobs", "a non-negative integer", v));
+        return Err(F.wrong("logprobs", "a non-negative integer", v));
     }
 
-    let include_usage = match get(obj, "stream_options") {
+    let include_usage = match given(obj, "stream_options") {
         None => false,
-        Some(Value::Object(o)) => {
-            opt_bool(o, "include_usage", "stream_options.include_usage")?.unwrap_or(false)
-        }
-        Some(v) => return Err(wrong("stream_options", "an object", v)),
+        Some(Value::Object(o)) => F
+            .opt_bool(o, "include_usage", "stream_options.include_usage")?
+            .unwrap_or(false),
+        Some(v) => return Err(F.wrong("stream_options", "an object", v)),
     };
-    let top_k = match get(obj, "top_k") {
+    let top_k = match given(obj, "top_k") {
         None => None,
         // vLLM's -1 (and SGLang's) means "no top-k".
         Some(Value::Number(n)) if n.as_i64() == Some(-1) => None,
         Some(Value::Number(n)) if n.as_u64().is_some() => n.as_u64(),
-        Some(v) => return Err(wrong("top_k", "a non-negative integer (or -1 for none)", v)),
+        Some(v) => return Err(F.wrong("top_k", "a non-negative integer (or -1 for none)", v)),
     };
-    let seed = match get(obj, "seed") {
+    let seed = match given(obj, "seed") {
         None => None,
         Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
-        Some(v) => return Err(wrong("seed", "an integer", v)),
+        Some(v) => return Err(F.wrong("seed", "an integer", v)),
     };
     let sampling = Sampling {
-        temperature: opt_f64(obj, "temperature")?,
-        top_p: opt_f64(obj, "top_p")?,
+        temperature: F.opt_f64(obj, "temperature", "temperature")?,
+        top_p: F.opt_f64(obj, "top_p", "top_p")?,
         top_k,
         max_tokens: non_negative_int(obj, "max_tokens")?,
-        stop: parse_stop(get(obj, "stop"))?,
+        stop: parse_stop(given(obj, "stop"))?,
         seed,
-        presence_penalty: opt_f64(obj, "presence_penalty")?,
-        frequency_penalty: opt_f64(obj, "frequency_penalty")?,
-        min_p: opt_f64(obj, "min_p")?,
-        repetition_penalty: opt_f64(obj, "repetition_penalty")?,
-        logit_bias: crate::dialect::logit_bias_of(get(obj, "logit_bias"))?,
+        presence_penalty: F.opt_f64(obj, "presence_penalty", "presence_penalty")?,
+        frequency_penalty: F.opt_f64(obj, "frequency_penalty", "frequency_penalty")?,
+        min_p: F.opt_f64(obj, "min_p", "min_p")?,
+        repetition_penalty: F.opt_f64(obj, "repetition_penalty", "repetition_penalty")?,
+        logit_bias: crate::dialect::logit_bias_of(given(obj, "logit_bias"))?,
         // SGLang's and vLLM's Completions take Chat's `response_format` too.
         format: crate::dialect::OutputFormat::from_openai(
-            get(obj, "response_format"),
+            given(obj, "response_format"),
             "response_format",
             true,
         )?,
@@ -252,12 +243,12 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         model,
         messages: vec![],
         sampling,
-        stream: opt_bool(obj, "stream", "stream")?.unwrap_or(false),
+        stream: F.opt_bool(obj, "stream", "stream")?.unwrap_or(false),
         extra,
         include_usage,
         prompt: Some(prompt),
         // `logprobs: n`: the sampled tokens' logprobs and the n most likely at each position.
-        logprobs: get(obj, "logprobs")
+        logprobs: given(obj, "logprobs")
             .and_then(Value::as_u64)
             .map(|n| u32::try_from(n).unwrap_or(u32::MAX)),
         ..Conversation::default()

@@ -2,11 +2,13 @@
 
 use serde_json::{Map, Value, json};
 
+use crate::dialect::json::{Fields, Wording, given, non_negative_int};
 use crate::dialect::{
     Conversation, Message, Part, Reasoning, Role, Tool, ToolCall, ToolChoice, kind,
-    non_negative_int,
 };
 use crate::error::GatewayError;
+
+const F: Fields = Fields(Wording::Plain);
 
 /// `conv.extra` key listing the names of Codex freeform (`custom`) tools that were mapped to
 /// a function with one string argument, so answers calling them are rendered as
@@ -33,70 +35,18 @@ const EXTRA_FIELDS: &[&str] = &[
     "stream_options",
 ];
 
-fn wrong(path: &str, expected: &str, got: &Value) -> GatewayError {
-    GatewayError::field(
-        path,
-        format!("{path} must be {expected}, got {}", kind(got)),
-    )
-}
-
-fn missing(path: &str, expected: &str) -> GatewayError {
-    GatewayError::field(path, format!("{path} is required and must be {expected}"))
-}
-
-/// A present, non-null field of `obj`.
-fn get<'a>(obj: &'a Map<String, Value>, key: &str) -> Option<&'a Value> {
-    obj.get(key).filter(|v| !v.is_null())
-}
-
-fn opt_str<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<Option<&'a str>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s)),
-        Some(v) => Err(wrong(path, "a string", v)),
-    }
-}
-
-fn req_str<'a>(
-    obj: &'a Map<String, Value>,
-    key: &str,
-    path: &str,
-) -> Result<&'a str, GatewayError> {
-    opt_str(obj, key, path)?.ok_or_else(|| missing(path, "a string"))
-}
-
-fn opt_f64(obj: &Map<String, Value>, key: &str) -> Result<Option<f64>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::Number(n)) => Ok(n.as_f64()),
-        Some(v) => Err(wrong(key, "a number", v)),
-    }
-}
-
-fn opt_bool(obj: &Map<String, Value>, key: &str) -> Result<Option<bool>, GatewayError> {
-    match get(obj, key) {
-        None => Ok(None),
-        Some(Value::Bool(b)) => Ok(Some(*b)),
-        Some(v) => Err(wrong(key, "a boolean", v)),
-    }
-}
-
 /// Parses a Responses request body.
 pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     let Some(obj) = body.as_object() else {
-        return Err(wrong("body", "a JSON object", body));
+        return Err(F.wrong("body", "a JSON object", body));
     };
     let mut conv = Conversation {
-        model: req_str(obj, "model", "model")?.to_string(),
+        model: F.req_str(obj, "model", "model")?.to_string(),
         ..Conversation::default()
     };
 
     for key in ["previous_response_id", "conversation"] {
-        if let Some(v) = get(obj, key) {
+        if let Some(v) = given(obj, key) {
             return Err(GatewayError::field(
                 key,
                 format!(
@@ -107,7 +57,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
             ));
         }
     }
-    if let Some(v) = get(obj, "prompt") {
+    if let Some(v) = given(obj, "prompt") {
         return Err(GatewayError::field(
             "prompt",
             format!(
@@ -118,7 +68,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
     }
 
     let mut parser = InputParser::default();
-    match get(obj, "instructions") {
+    match given(obj, "instructions") {
         None => {}
         Some(Value::String(s)) if s.is_empty() => {}
         Some(Value::String(s)) => parser.messages.push(Message::text(Role::System, s.clone())),
@@ -128,31 +78,31 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
             }
             parser.end_run();
         }
-        Some(v) => return Err(wrong("instructions", "a string or an array of items", v)),
+        Some(v) => return Err(F.wrong("instructions", "a string or an array of items", v)),
     }
-    match get(obj, "input") {
-        None => return Err(missing("input", "a string or an array of items")),
+    match given(obj, "input") {
+        None => return Err(F.missing("input", "a string or an array of items")),
         Some(Value::String(s)) => parser.messages.push(Message::text(Role::User, s.clone())),
         Some(Value::Array(items)) => {
             for (i, item) in items.iter().enumerate() {
                 parser.item(item, &format!("input[{i}]"))?;
             }
         }
-        Some(v) => return Err(wrong("input", "a string or an array of items", v)),
+        Some(v) => return Err(F.wrong("input", "a string or an array of items", v)),
     }
     parser.finish();
     conv.messages = parser.messages;
     conv.notes = parser.notes;
 
     let mut custom_tools = Vec::new();
-    match get(obj, "tools") {
+    match given(obj, "tools") {
         None => {}
         Some(Value::Array(tools)) => {
             for (i, t) in tools.iter().enumerate() {
                 parse_tool(t, &format!("tools[{i}]"), &mut conv, &mut custom_tools)?;
             }
         }
-        Some(v) => return Err(wrong("tools", "an array", v)),
+        Some(v) => return Err(F.wrong("tools", "an array", v)),
     }
     if !custom_tools.is_empty() {
         conv.extra.insert(
@@ -161,35 +111,38 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
         );
     }
 
-    conv.tool_choice = parse_tool_choice(get(obj, "tool_choice"), &mut conv.notes)?;
-    conv.parallel_tool_calls = opt_bool(obj, "parallel_tool_calls")?;
-    conv.sampling.temperature = opt_f64(obj, "temperature")?;
-    conv.sampling.top_p = opt_f64(obj, "top_p")?;
+    conv.tool_choice = parse_tool_choice(given(obj, "tool_choice"), &mut conv.notes)?;
+    conv.parallel_tool_calls = F.opt_bool(obj, "parallel_tool_calls", "parallel_tool_calls")?;
+    conv.sampling.temperature = F.opt_f64(obj, "temperature", "temperature")?;
+    conv.sampling.top_p = F.opt_f64(obj, "top_p", "top_p")?;
     conv.sampling.max_tokens = non_negative_int(obj, "max_output_tokens")?;
-    conv.stream = opt_bool(obj, "stream")?.unwrap_or(false);
+    conv.stream = F.opt_bool(obj, "stream", "stream")?.unwrap_or(false);
     // `include: ["message.output_text.logprobs"]` asks for the sampled tokens' logprobs,
     // `top_logprobs: n` for the n most likely alternatives of each (OpenAI's and vLLM's
     // Responses; exact mode answers them).
     let top_logprobs = non_negative_int(obj, "top_logprobs")?;
-    let include_logprobs = match get(obj, "include") {
+    let include_logprobs = match given(obj, "include") {
         None => false,
         Some(Value::Array(items)) => items
             .iter()
             .any(|i| i.as_str() == Some("message.output_text.logprobs")),
-        Some(v) => return Err(wrong("include", "an array of strings", v)),
+        Some(v) => return Err(F.wrong("include", "an array of strings", v)),
     };
     if include_logprobs {
         conv.logprobs = Some(u32::try_from(top_logprobs.unwrap_or(0)).unwrap_or(u32::MAX));
     }
 
-    match get(obj, "reasoning") {
+    match given(obj, "reasoning") {
         None => {}
         Some(Value::Object(r)) => {
-            let effort = opt_str(r, "effort", "reasoning.effort")?.map(str::to_string);
+            let effort = F
+                .opt_str(r, "effort", "reasoning.effort")?
+                .map(str::to_string);
             // `generate_summary` is the deprecated spelling of `summary`.
-            let summary = match opt_str(r, "summary", "reasoning.summary")? {
+            let summary = match F.opt_str(r, "summary", "reasoning.summary")? {
                 Some(s) => Some(s.to_string()),
-                None => opt_str(r, "generate_summary", "reasoning.generate_summary")?
+                None => F
+                    .opt_str(r, "generate_summary", "reasoning.generate_summary")?
                     .map(str::to_string),
             };
             if effort.is_some() || summary.is_some() {
@@ -200,10 +153,10 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
                 });
             }
         }
-        Some(v) => return Err(wrong("reasoning", "an object", v)),
+        Some(v) => return Err(F.wrong("reasoning", "an object", v)),
     }
 
-    match get(obj, "text") {
+    match given(obj, "text") {
         None | Some(Value::Null) => {}
         Some(Value::Object(text)) => {
             conv.sampling.format = crate::dialect::OutputFormat::from_openai(
@@ -212,14 +165,14 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
                 false,
             )?;
         }
-        Some(v) => return Err(wrong("text", "an object", v)),
+        Some(v) => return Err(F.wrong("text", "an object", v)),
     }
-    if get(obj, "background") == Some(&Value::Bool(true)) {
+    if given(obj, "background") == Some(&Value::Bool(true)) {
         conv.notes
             .push("background: true is not supported; the response is produced inline".into());
     }
     for key in EXTRA_FIELDS {
-        if let Some(v) = get(obj, key) {
+        if let Some(v) = given(obj, key) {
             conv.extra.insert((*key).to_string(), v.clone());
         }
     }
@@ -294,12 +247,12 @@ impl InputParser {
 
     fn item(&mut self, item: &Value, path: &str) -> Result<(), GatewayError> {
         let Some(obj) = item.as_object() else {
-            return Err(wrong(path, "an object (an input item)", item));
+            return Err(F.wrong(path, "an object (an input item)", item));
         };
-        let ty = opt_str(obj, "type", &format!("{path}.type"))?;
+        let ty = F.opt_str(obj, "type", &format!("{path}.type"))?;
         match ty {
             None | Some("message") => {
-                if ty.is_none() && get(obj, "role").is_none() {
+                if ty.is_none() && given(obj, "role").is_none() {
                     return Err(GatewayError::field(
                         format!("{path}.type"),
                         format!(
@@ -311,15 +264,17 @@ impl InputParser {
             }
             Some("function_call") => {
                 let call = ToolCall {
-                    id: req_str(obj, "call_id", &format!("{path}.call_id"))?.to_string(),
-                    name: req_str(obj, "name", &format!("{path}.name"))?.to_string(),
-                    arguments: match get(obj, "arguments") {
+                    id: F
+                        .req_str(obj, "call_id", &format!("{path}.call_id"))?
+                        .to_string(),
+                    name: F.req_str(obj, "name", &format!("{path}.name"))?.to_string(),
+                    arguments: match given(obj, "arguments") {
                         None => String::new(),
                         Some(Value::String(s)) => s.clone(),
                         // Some clients send the arguments as an object: keep its JSON text.
                         Some(v @ Value::Object(_)) => v.to_string(),
                         Some(v) => {
-                            return Err(wrong(&format!("{path}.arguments"), "a JSON string", v));
+                            return Err(F.wrong(&format!("{path}.arguments"), "a JSON string", v));
                         }
                     },
                 };
@@ -327,28 +282,32 @@ impl InputParser {
                 Ok(())
             }
             Some("custom_tool_call") => {
-                let input = match get(obj, "input") {
+                let input = match given(obj, "input") {
                     None => "",
                     Some(Value::String(s)) => s.as_str(),
-                    Some(v) => return Err(wrong(&format!("{path}.input"), "a string", v)),
+                    Some(v) => return Err(F.wrong(&format!("{path}.input"), "a string", v)),
                 };
                 let call = ToolCall {
-                    id: req_str(obj, "call_id", &format!("{path}.call_id"))?.to_string(),
-                    name: req_str(obj, "name", &format!("{path}.name"))?.to_string(),
+                    id: F
+                        .req_str(obj, "call_id", &format!("{path}.call_id"))?
+                        .to_string(),
+                    name: F.req_str(obj, "name", &format!("{path}.name"))?.to_string(),
                     arguments: json!({ "input": input }).to_string(),
                 };
                 self.assistant(true).tool_calls.push(call);
                 Ok(())
             }
             Some("function_call_output") | Some("custom_tool_call_output") => {
-                let call_id = req_str(obj, "call_id", &format!("{path}.call_id"))?.to_string();
+                let call_id = F
+                    .req_str(obj, "call_id", &format!("{path}.call_id"))?
+                    .to_string();
                 let out_path = format!("{path}.output");
-                let content = match get(obj, "output") {
+                let content = match given(obj, "output") {
                     None => vec![],
                     Some(Value::String(s)) => vec![Part::Text { text: s.clone() }],
                     Some(Value::Array(parts)) => self.parts(parts, &out_path)?,
                     Some(v) => {
-                        return Err(wrong(&out_path, "a string or an array of content parts", v));
+                        return Err(F.wrong(&out_path, "a string or an array of content parts", v));
                     }
                 };
                 self.end_run();
@@ -393,7 +352,7 @@ impl InputParser {
 
     fn message(&mut self, obj: &Map<String, Value>, path: &str) -> Result<(), GatewayError> {
         let role_path = format!("{path}.role");
-        let role = match req_str(obj, "role", &role_path)? {
+        let role = match F.req_str(obj, "role", &role_path)? {
             "user" => Role::User,
             "assistant" => Role::Assistant,
             "system" => Role::System,
@@ -408,16 +367,12 @@ impl InputParser {
             }
         };
         let content_path = format!("{path}.content");
-        let content = match get(obj, "content") {
+        let content = match given(obj, "content") {
             None => vec![],
             Some(Value::String(s)) => vec![Part::Text { text: s.clone() }],
             Some(Value::Array(parts)) => self.parts(parts, &content_path)?,
             Some(v) => {
-                return Err(wrong(
-                    &content_path,
-                    "a string or an array of content parts",
-                    v,
-                ));
+                return Err(F.wrong(&content_path, "a string or an array of content parts", v));
             }
         };
         if role == Role::Assistant {
@@ -447,23 +402,23 @@ impl InputParser {
         for (i, p) in parts.iter().enumerate() {
             let ppath = format!("{path}[{i}]");
             let Some(pobj) = p.as_object() else {
-                return Err(wrong(&ppath, "an object (a content part)", p));
+                return Err(F.wrong(&ppath, "an object (a content part)", p));
             };
-            let ty = req_str(pobj, "type", &format!("{ppath}.type"))?;
+            let ty = F.req_str(pobj, "type", &format!("{ppath}.type"))?;
             match ty {
                 "input_text" | "output_text" | "text" | "summary_text" | "reasoning_text" => {
-                    let text = req_str(pobj, "text", &format!("{ppath}.text"))?;
+                    let text = F.req_str(pobj, "text", &format!("{ppath}.text"))?;
                     out.push(Part::Text {
                         text: text.to_string(),
                     });
                 }
                 "refusal" => {
-                    let text = req_str(pobj, "refusal", &format!("{ppath}.refusal"))?;
+                    let text = F.req_str(pobj, "refusal", &format!("{ppath}.refusal"))?;
                     out.push(Part::Text {
                         text: text.to_string(),
                     });
                 }
-                "input_image" => match get(pobj, "image_url") {
+                "input_image" => match given(pobj, "image_url") {
                     Some(Value::String(url)) => out.push(Part::Image { url: url.clone() }),
                     // The Chat shape `{image_url: {url}}` turns up from some clients.
                     Some(Value::Object(o)) if o.get("url").is_some_and(Value::is_string) => {
@@ -473,7 +428,7 @@ impl InputParser {
                         });
                     }
                     Some(v) => {
-                        return Err(wrong(&format!("{ppath}.image_url"), "a string (URL)", v));
+                        return Err(F.wrong(&format!("{ppath}.image_url"), "a string (URL)", v));
                     }
                     None => self.notes.push(format!(
                         "{ppath}: input_image without image_url (file_id?) cannot be resolved by graft; dropped"
@@ -492,25 +447,28 @@ impl InputParser {
         obj: &Map<String, Value>,
         path: &str,
     ) -> Result<String, GatewayError> {
-        if get(obj, "encrypted_content").is_some() {
+        if given(obj, "encrypted_content").is_some() {
             self.encrypted_reasoning += 1;
         }
         let texts = |key: &str| -> Result<Vec<String>, GatewayError> {
             let kpath = format!("{path}.{key}");
-            match get(obj, key) {
+            match given(obj, key) {
                 None => Ok(vec![]),
                 Some(Value::Array(parts)) => {
                     let mut out = Vec::new();
                     for (i, p) in parts.iter().enumerate() {
                         let ppath = format!("{kpath}[{i}]");
                         let Some(pobj) = p.as_object() else {
-                            return Err(wrong(&ppath, "an object", p));
+                            return Err(F.wrong(&ppath, "an object", p));
                         };
-                        out.push(req_str(pobj, "text", &format!("{ppath}.text"))?.to_string());
+                        out.push(
+                            F.req_str(pobj, "text", &format!("{ppath}.text"))?
+                                .to_string(),
+                        );
                     }
                     Ok(out)
                 }
-                Some(v) => Err(wrong(&kpath, "an array", v)),
+                Some(v) => Err(F.wrong(&kpath, "an array", v)),
             }
         };
         // The raw reasoning (`content`) when present, else the summary.
@@ -532,39 +490,39 @@ fn parse_tool(
     custom_tools: &mut Vec<String>,
 ) -> Result<(), GatewayError> {
     let Some(obj) = t.as_object() else {
-        return Err(wrong(path, "an object (a tool)", t));
+        return Err(F.wrong(path, "an object (a tool)", t));
     };
-    let ty = req_str(obj, "type", &format!("{path}.type"))?;
+    let ty = F.req_str(obj, "type", &format!("{path}.type"))?;
     match ty {
         "function" => {
             // Tolerate the Chat Completions shape `{type: function, function: {...}}`.
-            let f = match get(obj, "function") {
-                Some(Value::Object(f)) if get(obj, "name").is_none() => f,
+            let f = match given(obj, "function") {
+                Some(Value::Object(f)) if given(obj, "name").is_none() => f,
                 _ => obj,
             };
-            let parameters = match get(f, "parameters") {
+            let parameters = match given(f, "parameters") {
                 None => json!({"type": "object", "properties": {}}),
                 Some(v @ Value::Object(_)) => v.clone(),
-                Some(v) => return Err(wrong(&format!("{path}.parameters"), "an object", v)),
+                Some(v) => return Err(F.wrong(&format!("{path}.parameters"), "an object", v)),
             };
             conv.tools.push(Tool {
-                name: req_str(f, "name", &format!("{path}.name"))?.to_string(),
-                description: opt_str(f, "description", &format!("{path}.description"))?
+                name: F.req_str(f, "name", &format!("{path}.name"))?.to_string(),
+                description: F.opt_str(f, "description", &format!("{path}.description"))?
                     .map(str::to_string),
                 parameters,
-                strict: match get(f, "strict") {
+                strict: match given(f, "strict") {
                     None => None,
                     Some(Value::Bool(b)) => Some(*b),
-                    Some(v) => return Err(wrong(&format!("{path}.strict"), "a boolean", v)),
+                    Some(v) => return Err(F.wrong(&format!("{path}.strict"), "a boolean", v)),
                 },
             });
         }
         "custom" => {
-            let name = req_str(obj, "name", &format!("{path}.name"))?.to_string();
-            let mut description = opt_str(obj, "description", &format!("{path}.description"))?
+            let name = F.req_str(obj, "name", &format!("{path}.name"))?.to_string();
+            let mut description = F.opt_str(obj, "description", &format!("{path}.description"))?
                 .unwrap_or_default()
                 .to_string();
-            if let Some(Value::Object(format)) = get(obj, "format")
+            if let Some(Value::Object(format)) = given(obj, "format")
                 && format.get("type").and_then(Value::as_str) == Some("grammar")
                 && let Some(def) = format.get("definition").and_then(Value::as_str)
             {
@@ -594,7 +552,7 @@ fn parse_tool(
             custom_tools.push(name);
         }
         "namespace" => {
-            let name = opt_str(obj, "name", &format!("{path}.name"))?.unwrap_or("?");
+            let name = F.opt_str(obj, "name", &format!("{path}.name"))?.unwrap_or("?");
             let inner: Vec<&str> = obj
                 .get("tools")
                 .and_then(Value::as_array)
@@ -634,10 +592,10 @@ fn parse_tool_choice(
             )),
         },
         Value::Object(o) => {
-            let ty = req_str(o, "type", "tool_choice.type")?;
+            let ty = F.req_str(o, "type", "tool_choice.type")?;
             match ty {
                 "function" | "custom" => {
-                    let name = match get(o, "name") {
+                    let name = match given(o, "name") {
                         Some(Value::String(n)) => n.clone(),
                         // Chat shape: {type: function, function: {name}}
                         _ => match o
@@ -646,7 +604,7 @@ fn parse_tool_choice(
                             .and_then(Value::as_str)
                         {
                             Some(n) => n.to_string(),
-                            None => return Err(missing("tool_choice.name", "a string")),
+                            None => return Err(F.missing("tool_choice.name", "a string")),
                         },
                     };
                     Ok(Some(ToolChoice::Function { name }))
@@ -659,6 +617,6 @@ fn parse_tool_choice(
                 }
             }
         }
-        other => Err(wrong("tool_choice", "a string or an object", other)),
+        other => Err(F.wrong("tool_choice", "a string or an object", other)),
     }
 }
