@@ -382,8 +382,10 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
             rewrites += 1
     row["history_rewrites"] = rewrites
     out = d / "samples.parquet"
+    # Every sample of the session, side threads included (the column counts them all).
     rc = subprocess.run([graft, "reconstruct", "--data-dir", str(d / "data"), "--tokenizer", qwen3,
-                         "--out", str(out), "--json"], capture_output=True, text=True)
+                         "--out", str(out), "--json", "--side-threads", "session"],
+                        capture_output=True, text=True)
     try:
         summary = json.loads(rc.stdout.strip().splitlines()[-1])
     except (json.JSONDecodeError, IndexError):
@@ -489,8 +491,9 @@ def write_doc(rows, path: Path, run: str, rootfs: bool = False):
         "- **mode**: `passthrough` (the scripted upstream's OpenAI/Chat wire; records are text, so",
         "  reconstruct re-tokenizes with Qwen3 and counts drift) or `exact` (the gateway renders",
         "  Qwen3's template and calls SGLang `/generate`; records hold the sampled ids).",
-        "- **samples (session)**: samples of the session; side calls with a different prompt",
-        "  (titles, summaries) start samples of their own (`new_root`).",
+        "- **samples (session)**: samples of the session, side threads included",
+        "  (`--side-threads session`); side calls with a different prompt (titles, summaries)",
+        "  start samples of their own (`new_root`).",
         "- **trained samples**: the same with `graft reconstruct --leave-out-without-tools` (the",
         "  side calls offer no tools), as an RL user trains the rollout; n/a where no call",
         "  offers tools (aider edits by text) and in rows of runs made before this column.",
@@ -513,7 +516,42 @@ def write_doc(rows, path: Path, run: str, rootfs: bool = False):
     for r in rows:
         if r.get("models"):
             lines.append(f"- {r['harness']} ({r['mode']}): {cell(r['models'])}; sample fork reasons: {cell(r.get('fork_reasons'))}")
+    lines += THREADS_NOTE.split("\n")
     path.write_text("\n".join(lines) + "\n")
+
+
+# Per harness: its threads and samples per rollout, as tests/harnesses.rs shows them (kept
+# in the generated page; update it when a harness's shape changes).
+THREADS_NOTE = """
+## Threads and samples per rollout
+
+What `graft reconstruct` makes of one rollout of each harness in exact mode, with its
+defaults (side threads left out unless rewarded per call), as `tests/harnesses.rs` runs
+them (qwen-code 0.15.10 and smolagents 1.26.0 there only, not yet in the table above):
+
+- **claude-code**: one sample per rollout, the tool loop (main thread). Its session-title
+  call (system prompt "Generate a concise, sentence-case title …", no tools) is a side
+  thread linked to that sample, left out. Task sub-agents would be side threads too (their
+  own system prompt, a subset of the tools).
+- **qwen-code**: one sample per rollout. After a turn that ends without a tool call its
+  managed-memory extraction sub-agent runs (its own system prompt, the same model, seven
+  tools, no header): a side thread linked to the turn's sample, left out.
+- **opencode**: one sample per rollout; its title call is a side thread, left out.
+- **openhands-sdk, pi, hermes, codex, mini-swe-agent, zeroclaw, aider, the SDKs**: one
+  sample per rollout, no side thread on this task.
+- **openclaw**: one sample per call: it moves its internal-context message to the end of
+  the history every turn (fork `reordered`, rewrite `reordered` naming the moved message).
+  `--on-drift realign` makes the rollout one sample (the moved message at mask 0).
+- **smolagents** (ToolCallingAgent and CodeAgent): one sample per call: it re-sends its own
+  assistant turn as text ("Calling tools: [...]", rewrite `assistant_reserialized`) and the
+  tool result as a user "Observation: ..." message (`tool_result_rewrapped`), so no call's
+  prompt extends the one before (fork `rewritten`). Each sample is what the model saw and
+  sampled; train per call, or fix the harness's history.
+
+In passthrough (text-only records, re-tokenized with Qwen3) every multi-turn harness forks
+at each turn with `template_drift` (the live turn's `<think>` is not in history), the rest
+as above."""
+
 
 
 def previous_rows(path: Path) -> list:

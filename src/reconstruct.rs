@@ -12,6 +12,7 @@ use graft_reconstruct::records::{
     write_results,
 };
 use graft_reconstruct::retokenize::{Model, conversation_calls};
+use graft_reconstruct::threads::SideThreads;
 use serde_json::Value;
 
 #[derive(Debug, clap::Args)]
@@ -65,6 +66,14 @@ pub struct ReconstructArgs {
     /// `--leave-out-header 'x-codex-turn-metadata!~"agent_name":"/root"'`.
     #[arg(long = "leave-out-header", value_name = "RULE")]
     pub leave_out_headers: Vec<String>,
+    /// What side threads train on: the calls that start a conversation of their own with
+    /// another system prompt or tool set than the main agent's (session titles, sub-agents,
+    /// memory extraction; each sample names its `thread` and `parent_sample`). `own`: only
+    /// a side sample with a reward posted for one of its calls is kept (trained on that
+    /// reward, not the session's); `leave-out`: none is kept; `session`: all are kept with
+    /// the session's reward.
+    #[arg(long, default_value = "own", value_parser = ["own", "leave-out", "session"])]
+    pub side_threads: String,
 }
 
 fn count(skipped: &mut BTreeMap<String, u64>, why: &str) {
@@ -84,6 +93,7 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
     let done = if let Some(path) = &a.from_jsonl {
         let options = MergeOptions {
             on_drift: OnDrift::parse(&a.on_drift).unwrap_or_default(),
+            side_threads: SideThreads::parse(&a.side_threads).unwrap_or_default(),
         };
         from_jsonl(&model, path, &a.out, options)?
     } else if let Some(dir) = &a.data_dir {
@@ -101,6 +111,7 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
         let how = FromRecords {
             on_drift: OnDrift::parse(&a.on_drift).unwrap_or_default(),
             leave_out: Some(&leave_out),
+            side_threads: SideThreads::parse(&a.side_threads).unwrap_or_default(),
             ..FromRecords::all()
         };
         samples_from_records(&model, dir, how, &a.out)?
@@ -137,6 +148,33 @@ pub fn run(a: ReconstructArgs) -> anyhow::Result<()> {
                 "sessions_left_out": sessions_left_out,
                 "call_rewards": call_rewards,
                 "call_rewards_unmatched": call_rewards_unmatched,
+                "threads": {
+                    "main": summary.main_threads,
+                    "side": summary.side_threads,
+                    "side_policy": summary.side_policy.as_str(),
+                    "side_samples_trained": summary.side_samples_trained,
+                    "side_samples_left_out": summary.side_samples_left_out,
+                    "side_calls_left_out": summary.side_calls_left_out,
+                    "side_threads": summary.side_thread_examples.iter().map(|(session, t)| serde_json::json!({
+                        "session_id": session,
+                        "thread_id": t.id,
+                        "name": t.name,
+                        "calls": t.calls,
+                        "samples": t.samples,
+                        "parent_samples": t.parents,
+                        "trained": t.trained,
+                    })).collect::<Vec<_>>(),
+                },
+                "rewrites_by_kind": summary.rewrites_by_kind,
+                "rewrites": summary.rewrite_examples.iter().map(|r| serde_json::json!({
+                    "kind": r.kind.as_str(),
+                    "call_id": r.call_id,
+                    "against_call": r.against_call,
+                    "message": r.message,
+                    "role": r.role,
+                    "before": r.before,
+                    "after": r.after,
+                })).collect::<Vec<_>>(),
                 "out": a.out,
             })
         );

@@ -594,6 +594,7 @@ async fn run_one_group(
         .join("rollouts")
         .join(format!("{group}.parquet"));
     let (model, data) = (state.model.clone(), cfg.run.out_dir.join("data"));
+    let side_threads = cfg.run.side_threads.policy();
     let sessions: Vec<String> = rollouts
         .iter()
         .map(|(_, _, r)| r.session_id.clone())
@@ -606,6 +607,7 @@ async fn run_one_group(
                 sessions: Some(&scored),
                 without_token_ids: WithoutTokenIds::Skip,
                 count_versions_of: Some(&all),
+                side_threads,
                 ..FromRecords::all()
             },
             &path,
@@ -747,6 +749,14 @@ fn sample_json(s: &Sample) -> Value {
         "template_fingerprint": s.template_fingerprint,
         "schema_version": s.schema_version,
         "logprob_kind": s.logprob_kind.as_str(),
+        "thread": s.thread,
+        "thread_id": s.thread_id,
+        "thread_name": s.thread_name,
+        "parent_sample": s.parent_sample,
+        "rewrites": s.rewrites.iter().map(|r| json!({
+            "kind": r.kind.as_str(), "call_id": r.call_id, "against_call": r.against_call,
+            "message": r.message, "role": r.role, "before": r.before, "after": r.after,
+        })).collect::<Vec<_>>(),
     })
 }
 

@@ -1,15 +1,20 @@
-//! Real agent harnesses (Claude Code, OpenHands SDK, pi, opencode, OpenClaw, Hermes) through
-//! graft in exact mode, each inside an envd sandbox (local backend, as root, network = only
-//! the gateway, so a harness that phones home reaches nothing else). envd fills the harness's
-//! config from `harness-configs/` (`gateway_session.harness`); the scripted upstream plays the
-//! model from `tests/clients/harnesses/script.json`: ONE call of the harness's own shell tool
-//! that writes `graft_done.txt`, then a finishing answer. Each test checks the file the tool
-//! wrote, the records, and that `graft reconstruct` merges the session's tool loop into one
-//! sample with no drift whose trained tokens are exactly the sampled ids; side calls the
-//! harness makes on its own (Claude Code's and opencode's session titles) are their own
-//! samples (`new_root`), and with `--leave-out-without-tools` the tool loop is the session's
-//! one trained sample. OpenClaw rewrites the history it re-sends (it keeps its
-//! internal-context message last), so its calls fork, named `reordered`.
+//! Real agent harnesses (Claude Code, OpenHands SDK, pi, opencode, OpenClaw, Hermes,
+//! qwen-code, smolagents) through graft in exact mode, each inside an envd sandbox (local
+//! backend, as root, network = only the gateway, so a harness that phones home reaches
+//! nothing else). envd fills the harness's config from `harness-configs/`
+//! (`gateway_session.harness`; `openai` for qwen-code and smolagents); the scripted upstream
+//! plays the model from `tests/clients/harnesses/script.json`: ONE call of the harness's own
+//! shell tool that writes `graft_done.txt`, then a finishing answer. Each test checks the
+//! file the tool wrote, the records, and that `graft reconstruct` merges the session's tool
+//! loop into one sample with no drift, with the task's reward, whose trained tokens are
+//! exactly the sampled ids; side calls the harness makes on its own (Claude Code's and
+//! opencode's session titles, qwen-code's memory-extraction sub-agent) are side threads,
+//! named, linked to their parent sample and left out by default (`--side-threads session`
+//! trains them), and with `--leave-out-without-tools` the tool loop is the session's one
+//! trained sample. OpenClaw rewrites the history it re-sends (it keeps its internal-context
+//! message last), so its calls fork, named `reordered` with the moved message; smolagents
+//! re-sends its assistant turn as text and its tool results as user messages, so each call
+//! is a sample whose fork names both rewrites.
 //!
 //! The OpenHands SDK also runs in passthrough against a text-only upstream: reconstruct
 //! re-tokenizes every call with the model's template, skips none and names every fork.
@@ -32,9 +37,12 @@ use serde_json::{Value, json};
 
 const MODEL: &str = "my-policy";
 const KEY: &str = "graft-harness-test-envd-key";
+/// The reward posted for every harness run's session.
+const TASK_REWARD: f64 = 1.0;
 
 /// One harness run: what to mount (under the test env, or absolute), the argv (`TASK` is
 /// replaced by the task), the dialect and streaming it must speak.
+#[derive(Default)]
 struct Harness {
     name: &'static str,
     mounts: Vec<(&'static str, &'static str)>,
@@ -48,6 +56,16 @@ struct Harness {
     /// it rewrites the history it re-sends, and every later tool-loop call forks with
     /// reason `r`.
     rewrites_history: Option<&'static str>,
+    /// The `harness-configs/` entry envd fills; the harness's name when `None` (`openai` for
+    /// a generic OpenAI-compatible client).
+    config: Option<&'static str>,
+    /// The scripted model's rules, under `tests/clients/harnesses/`; `script.json` when
+    /// `None`.
+    script: Option<&'static str>,
+    /// The scripted model answers the task without a tool call: no file is written.
+    writes_no_file: bool,
+    /// Words the name of its side thread holds (the side calls' system prompt).
+    side_thread_name: Option<&'static str>,
 }
 
 fn task(name: &str) -> String {
@@ -117,7 +135,9 @@ fn run_in_sandbox(h: &Harness, mode: Mode) -> Ran {
     )
     .unwrap();
     let data = dir.path().join("data");
-    let script = repo_root().join("tests/clients/harnesses/script.json");
+    let script = repo_root()
+        .join("tests/clients/harnesses")
+        .join(h.script.unwrap_or("script.json"));
     let (upstream, gateway) = match mode {
         Mode::Exact => {
             let up =
@@ -177,7 +197,7 @@ fn run_in_sandbox(h: &Harness, mode: Mode) -> Ran {
         "/sandboxes",
         Some(json!({
             "gateway_session": {"session_id": sid, "api_key": session.json()["api_key"],
-                                "model": MODEL, "harness": h.name},
+                                "model": MODEL, "harness": h.config.unwrap_or(h.name)},
             "mounts": mounts, "memory_mb": 4096, "network": "gateway"
         })),
     );
@@ -206,13 +226,16 @@ fn run_in_sandbox(h: &Harness, mode: Mode) -> Ran {
         &format!("/sandboxes/{sb}/files/graft_done.txt"),
         None,
     );
-    assert_eq!(
-        file.status, 200,
-        "{}'s shell tool did not write graft_done.txt: {out:#}",
-        h.name
-    );
-    assert_eq!(file.text().trim(), format!("graft-done-{}", h.name));
-    drop(envd);
+    if h.writes_no_file {
+        assert_eq!(file.status, 404, "{out:#}");
+    } else {
+        assert_eq!(
+            file.status, 200,
+            "{}'s shell tool did not write graft_done.txt: {out:#}",
+            h.name
+        );
+        assert_eq!(file.text().trim(), format!("graft-done-{}", h.name));
+    }
 
     // Records: every call ok, in the harness's dialect.
     std::thread::sleep(std::time::Duration::from_millis(500));
@@ -228,6 +251,14 @@ fn run_in_sandbox(h: &Harness, mode: Mode) -> Ran {
         assert_eq!(r["stream"], h.stream, "{r:#}");
         assert_eq!(r["request"]["model"], MODEL, "the user's model name: {r:#}");
     }
+    // The task's reward, as a reward command would post it.
+    let posted = envd.rt.block_on(http::post_json(
+        &format!("{}/graft/sessions/{sid}/reward", gateway.url),
+        &[],
+        &json!({"reward": TASK_REWARD}),
+    ));
+    assert!(posted.status < 300, "{}", posted.text());
+    drop(envd);
     drop(gateway);
     drop(upstream);
     Ran {
@@ -346,8 +377,15 @@ fn run(h: Harness) {
             .collect()
     };
 
-    // Every call trained: the side calls are samples of their own (`new_root`).
-    let (summary, samples) = reconstruct(&data, q, &dir.path().join("all.parquet"), &sid, &[]);
+    // Every call trained when side threads train with the session's reward: the side calls
+    // are samples of their own (`new_root`) in side threads, each linked to its parent.
+    let (summary, samples) = reconstruct(
+        &data,
+        q,
+        &dir.path().join("all.parquet"),
+        &sid,
+        &["--side-threads", "session"],
+    );
     assert_eq!(summary["exact_calls"], recs.len(), "{summary}");
     assert_eq!(summary["retokenized_calls"], 0, "{summary}");
     let masked: usize = samples.iter().map(|s| s.trained_tokens()).sum();
@@ -395,6 +433,80 @@ fn run(h: Harness) {
             assert_eq!(summary["forks_by_reason"]["template_drift"], 0, "{summary}");
             assert_eq!(samples.len(), main.len() + side, "{summary}");
         }
+    }
+
+    // The main thread is the calls that offer the harness's tools; the side calls are side
+    // threads, named, each sample linked to a main sample.
+    let main_sample_ids: Vec<&str> = samples
+        .iter()
+        .filter(|s| s.thread == "main")
+        .map(|s| s.sample_id.as_str())
+        .collect();
+    let main_calls: Vec<&str> = samples
+        .iter()
+        .filter(|s| s.thread == "main")
+        .flat_map(|s| s.call_ids.iter().map(String::as_str))
+        .collect();
+    assert_eq!(main_calls, main_ids, "{summary}");
+    for s in samples.iter().filter(|s| s.thread == "side") {
+        assert_eq!(s.call_ids.len(), 1, "a side call is a sample of its own");
+        assert!(!s.thread_name.is_empty() && s.thread_id != "unknown");
+        let parent = s
+            .parent_sample
+            .as_deref()
+            .expect("a side sample has a parent");
+        assert!(main_sample_ids.contains(&parent), "{parent}");
+        assert_eq!(s.reward, Some(TASK_REWARD), "--side-threads session");
+    }
+    assert_eq!(
+        samples.iter().filter(|s| s.thread == "side").count(),
+        side,
+        "{summary}"
+    );
+    // The harness's rewrites are named, message by message.
+    if let Some(reason) = h.rewrites_history {
+        for s in samples
+            .iter()
+            .filter(|s| s.fork_reason.as_deref() == Some(reason))
+        {
+            assert!(
+                s.rewrites.iter().any(|r| r.kind.as_str() == reason
+                    && !r.before.is_empty()
+                    && r.before == r.after),
+                "the moved message, unchanged, named with its excerpt: {:?}",
+                s.rewrites
+            );
+        }
+    }
+
+    // By default side threads are left out (no reward was posted for their calls): the
+    // main thread alone is trained, with the task's reward, and the summary says so.
+    let (def, def_samples) = reconstruct(&data, q, &dir.path().join("def.parquet"), &sid, &[]);
+    let threads = &def["threads"];
+    assert_eq!(threads["side_policy"], "own", "{def}");
+    assert_eq!(threads["side_samples_left_out"], side, "{def}");
+    assert_eq!(threads["side_samples_trained"], 0, "{def}");
+    for t in threads["side_threads"].as_array().unwrap() {
+        assert_eq!(t["trained"], false, "{def}");
+        assert!(!t["name"].as_str().unwrap().is_empty(), "{def}");
+        if let Some(words) = h.side_thread_name {
+            assert!(t["name"].as_str().unwrap().contains(words), "{def}");
+        }
+        for p in t["parent_samples"].as_array().unwrap() {
+            assert!(main_sample_ids.contains(&p.as_str().unwrap()), "{def}");
+        }
+    }
+    assert!(
+        def_samples
+            .iter()
+            .all(|s| s.thread == "main" && s.reward == Some(TASK_REWARD)),
+        "{def}"
+    );
+    assert_eq!(def["trained_tokens"], want.len(), "{def}");
+    if h.rewrites_history.is_none() {
+        assert_eq!(def_samples.len(), 1, "one sample per rollout: {def}");
+        assert_eq!(def_samples[0].call_ids, main_ids);
+        assert_eq!(trained(&def_samples[0]), want);
     }
 
     // Side calls left out by the rule an RL user sets for them (they offer no tools): the
@@ -517,6 +629,8 @@ fn claude_code_writes_the_file_through_anthropic_messages_in_exact_mode() {
         stream: true,
         side_calls: true,
         rewrites_history: None,
+        side_thread_name: Some("Generate a concise, sentence-case title"),
+        ..Harness::default()
     });
 }
 
@@ -547,6 +661,7 @@ fn openhands() -> Harness {
         stream: false,
         side_calls: false,
         rewrites_history: None,
+        ..Harness::default()
     }
 }
 
@@ -570,6 +685,7 @@ fn pi_writes_the_file_through_chat_sse_in_exact_mode() {
         stream: true,
         side_calls: false,
         rewrites_history: None,
+        ..Harness::default()
     });
 }
 
@@ -589,6 +705,7 @@ fn opencode_writes_the_file_through_chat_sse_in_exact_mode() {
         stream: true,
         side_calls: true,
         rewrites_history: None,
+        ..Harness::default()
     });
 }
 
@@ -615,6 +732,7 @@ fn openclaw_writes_the_file_through_chat_sse_and_its_reordered_history_is_named(
         stream: true,
         side_calls: false,
         rewrites_history: Some("reordered"),
+        ..Harness::default()
     });
 }
 
@@ -640,6 +758,7 @@ fn hermes_writes_the_file_through_chat_sse_in_exact_mode() {
         stream: true,
         side_calls: false,
         rewrites_history: None,
+        ..Harness::default()
     });
 }
 
@@ -820,4 +939,195 @@ fn harness_config_prints_the_file_alone_and_write_puts_it_in_place() {
     // --home and --force only mean something with --write.
     let (ok, _, stderr) = run(with(&["config", "pi"], &["--home", h]));
     assert!(!ok && stderr.contains("--write"), "{stderr}");
+}
+
+/// The first sample of `samples` in `thread`.
+fn in_thread<'a>(
+    samples: &'a [graft_reconstruct::sample::Sample],
+    thread: &str,
+) -> Vec<&'a graft_reconstruct::sample::Sample> {
+    samples.iter().filter(|s| s.thread == thread).collect()
+}
+
+/// qwen-code (`graft harness env openai`), whose first answer has no tool call: the turn
+/// ends, and its managed-memory extraction sub-agent runs (its own system prompt, the same
+/// model, seven tools, no header that tells it apart). The agent's turn is the main thread,
+/// one sample with the task's reward; the sub-agent is a side thread, named after its
+/// system prompt, linked to that sample, and left out of training by default.
+#[test]
+fn qwen_code_memory_sub_agent_is_a_side_thread_linked_to_its_parent_and_left_out_by_default() {
+    let h = Harness {
+        name: "qwen-code",
+        mounts: vec![("qwen-code", "/mnt/h")],
+        argv: vec![
+            "/usr/bin/node",
+            "/mnt/h/node_modules/@qwen-code/qwen-code/cli.js",
+            "-p",
+            "TASK",
+            "--yolo",
+            "--auth-type",
+            "openai",
+        ],
+        dialect: "chat_completions",
+        stream: true,
+        config: Some("openai"),
+        script: Some("qwen_code_script.json"),
+        writes_no_file: true,
+        ..Harness::default()
+    };
+    let Ran {
+        dir,
+        data,
+        sid,
+        recs,
+    } = run_in_sandbox(&h, Mode::Exact);
+    let q = TestEnv::get().qwen3_dir();
+    let q = q.to_str().unwrap();
+    let tools = |r: &Value| r["request"]["tools"].as_array().map_or(0, Vec::len);
+    let most = recs.iter().map(tools).max().unwrap();
+    let main: Vec<&str> = recs
+        .iter()
+        .filter(|r| tools(r) == most)
+        .map(|r| r["call_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(main.len(), 1, "one turn, no tool call: {recs:#?}");
+    let memory: Vec<&Value> = recs
+        .iter()
+        .filter(|r| r.to_string().contains("managed memory extraction subagent"))
+        .collect();
+    assert!(!memory.is_empty(), "the memory sub-agent ran: {recs:#?}");
+    assert!(memory.iter().all(|r| tools(r) == 7), "{memory:#?}");
+
+    let (def, samples) = reconstruct(&data, q, &dir.path().join("def.parquet"), &sid, &[]);
+    assert_eq!(samples.len(), 1, "{def}");
+    let m = &samples[0];
+    assert_eq!(
+        (m.thread.as_str(), m.call_ids.as_slice()),
+        (
+            "main",
+            &main[..].iter().map(|c| c.to_string()).collect::<Vec<_>>()[..]
+        )
+    );
+    assert_eq!(m.reward, Some(TASK_REWARD));
+    let threads = &def["threads"];
+    assert_eq!(threads["side_samples_trained"], 0, "{def}");
+    let side = threads["side_threads"].as_array().unwrap();
+    let mem = side
+        .iter()
+        .find(|t| {
+            t["name"]
+                .as_str()
+                .unwrap()
+                .contains("managed memory extraction subagent")
+        })
+        .unwrap_or_else(|| panic!("the memory sub-agent's thread is named: {def}"));
+    assert_eq!(mem["trained"], false, "{def}");
+    assert!(
+        mem["name"].as_str().unwrap().ends_with("(7 tools)"),
+        "{def}"
+    );
+    for p in mem["parent_samples"].as_array().unwrap() {
+        assert_eq!(p, m.sample_id.as_str(), "{def}");
+    }
+
+    // Trained with the session's reward on request, each side sample names its parent.
+    let (all, samples) = reconstruct(
+        &data,
+        q,
+        &dir.path().join("all.parquet"),
+        &sid,
+        &["--side-threads", "session"],
+    );
+    let side = in_thread(&samples, "side");
+    assert!(!side.is_empty(), "{all}");
+    for s in side {
+        assert_eq!(s.parent_sample.as_deref(), Some(m.sample_id.as_str()));
+        assert_eq!(s.reward, Some(TASK_REWARD));
+    }
+    assert_eq!(in_thread(&samples, "main").len(), 1, "{all}");
+}
+
+/// smolagents re-sends its own assistant turn as text ("Calling tools: [...]") and the tool
+/// result as a user "Observation:" message, so each call starts a sample of its own; each
+/// such fork names both rewrites, with an excerpt of each side, and none is `other`.
+fn smolagents(kind: &'static str) {
+    smolagents_in(kind, Mode::Exact);
+}
+
+fn smolagents_in(kind: &'static str, mode: Mode) {
+    let base = venv_base(&TestEnv::get(), "smolagents");
+    let name: &'static str = Box::leak(format!("smolagents-{kind}").into_boxed_str());
+    let h = Harness {
+        name,
+        mounts: vec![("smolagents", "/mnt/h"), (base, base)],
+        argv: vec![
+            "/mnt/h/bin/python",
+            "/mnt/clients/smolagents_task.py",
+            kind,
+            "TASK",
+        ],
+        dialect: "chat_completions",
+        stream: false,
+        config: Some("openai"),
+        script: Some("smolagents_script.json"),
+        ..Harness::default()
+    };
+    let Ran {
+        dir,
+        data,
+        sid,
+        recs,
+    } = run_in_sandbox(&h, mode);
+    let q = TestEnv::get().qwen3_dir();
+    let (def, samples) = reconstruct(
+        &data,
+        q.to_str().unwrap(),
+        &dir.path().join("def.parquet"),
+        &sid,
+        &[],
+    );
+    if mode == Mode::Passthrough {
+        assert_eq!(def["retokenized_calls"], recs.len(), "{def}");
+    }
+    assert_eq!(def["forks_by_reason"]["other"], 0, "{def}");
+    assert_eq!(samples.len(), recs.len(), "one sample per call: {def}");
+    assert!(samples.iter().all(|s| s.thread == "main"), "{def}");
+    for s in &samples[1..] {
+        let kinds: Vec<&str> = s.rewrites.iter().map(|r| r.kind.as_str()).collect();
+        let reserialized = s
+            .rewrites
+            .iter()
+            .find(|r| r.kind.as_str() == "assistant_reserialized")
+            .unwrap_or_else(|| panic!("{kinds:?}: {def}"));
+        assert!(
+            reserialized.after.contains("Calling tools:"),
+            "{reserialized}"
+        );
+        assert_eq!(reserialized.role, "assistant");
+        assert!(!reserialized.before.is_empty());
+        let rewrapped = s
+            .rewrites
+            .iter()
+            .find(|r| r.kind.as_str() == "tool_result_rewrapped")
+            .unwrap_or_else(|| panic!("{kinds:?}: {def}"));
+        assert!(rewrapped.after.starts_with("Observation:"), "{rewrapped}");
+        assert_eq!(rewrapped.message, reserialized.message + 1);
+    }
+}
+
+#[test]
+fn smolagents_tool_calling_agent_forks_name_the_re_serialized_turn_and_the_re_wrapped_result() {
+    smolagents("tool-calling");
+}
+
+#[test]
+fn smolagents_code_agent_forks_name_the_re_serialized_turn_and_the_re_wrapped_result() {
+    smolagents("code");
+}
+
+/// The same in passthrough: the text-only records are re-tokenized, and the forks name the
+/// same rewrites (they compare messages, not tokens).
+#[test]
+fn smolagents_in_passthrough_forks_name_the_re_serialized_turn_and_the_re_wrapped_result() {
+    smolagents_in("tool-calling", Mode::Passthrough);
 }

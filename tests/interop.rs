@@ -161,7 +161,7 @@ fn graft_rl_samples_pass_every_exporters_properties_and_graft_export_writes_each
     assert_eq!(samples.len(), 4);
 
     let out = pytest(&py, "test_properties.py", &file);
-    assert!(out.contains("12 passed"), "{out}");
+    assert!(out.contains("13 passed"), "{out}");
 
     let f = file.to_str().unwrap();
     for to in graft::export::FORMATS {

@@ -454,7 +454,7 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
         .iter()
         .map(|r| r["call_id"].as_str().unwrap())
         .collect();
-    let s = run(&[]);
+    let s = run(&["--side-threads", "session"]);
     let drift = s["forks_by_reason"]["template_drift"].as_u64().unwrap();
     assert_eq!(s["forks_by_reason"]["new_root"], 1, "{s}");
     assert_eq!(s["forks_by_reason"]["other"], 0, "{s}");
@@ -472,9 +472,35 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
         .collect();
     assert_eq!(side.len(), 1);
     assert_eq!(side[0].call_ids, [ids[1]]);
+    // A conversation of its own without the agent's tools: a side thread, whose parent is
+    // the main sample that was running when it started.
+    assert_eq!(side[0].thread, "side");
+    assert_eq!(
+        side[0].parent_sample.as_deref(),
+        Some(samples[0].sample_id.as_str())
+    );
+    assert!(
+        samples
+            .iter()
+            .filter(|x| x.call_ids != [ids[1]])
+            .all(|x| x.thread == "main")
+    );
+
+    // By default a side thread without call rewards of its own is left out, and the
+    // summary says so.
+    let s = run(&[]);
+    assert_eq!(s["samples"].as_u64().unwrap(), 1 + drift, "{s}");
+    assert_eq!(s["threads"]["side_samples_left_out"], 1, "{s}");
+    assert_eq!(s["threads"]["side_policy"], "own", "{s}");
+    let (ok, text, _) = reconstruct_status(&base[..base.len() - 1]);
+    assert!(ok);
+    assert!(
+        text.contains("side threads are left out of training unless a reward was posted for one of their calls (--side-threads own): 1 samples (1 calls) left out, 0 trained"),
+        "{text}"
+    );
 
     // Realigned instead of forked, the main conversation is one sample again.
-    let s = run(&["--on-drift", "realign"]);
+    let s = run(&["--on-drift", "realign", "--side-threads", "session"]);
     assert_eq!(s["realigned"].as_u64().unwrap(), drift, "{s}");
     assert_eq!(s["forks_by_reason"]["template_drift"], 0, "{s}");
     assert_eq!(s["samples"], 2, "{s}");
@@ -514,7 +540,12 @@ fn side_conversations_are_new_roots_and_rules_leave_them_out() {
         assert_eq!(s["sessions_without_samples"], json!([]), "{s}");
     }
     // A rule that matches nothing leaves nothing out; a malformed one is refused.
-    let s = run(&["--leave-out-header", "x-graft-purpose=summary"]);
+    let s = run(&[
+        "--leave-out-header",
+        "x-graft-purpose=summary",
+        "--side-threads",
+        "session",
+    ]);
     assert_eq!(s["samples"].as_u64().unwrap(), 2 + drift, "{s}");
     let mut args = base.to_vec();
     args.extend_from_slice(&["--leave-out-header", "no such=header"]);

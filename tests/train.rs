@@ -73,6 +73,7 @@ fn rollouts() -> anyhow::Result<(Vec<Sample>, Vec<f64>)> {
             template_fingerprint: "test".to_owned(),
             schema_version: SAMPLE_SCHEMA_VERSION,
             logprob_kind: Default::default(),
+            ..Sample::default()
         });
     }
     let rewards: Vec<f64> = samples.iter().filter_map(|s| s.reward).collect();

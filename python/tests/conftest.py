@@ -54,14 +54,36 @@ GRAFT_SCHEMA = pa.schema(
             nullable=False,
         ),
         pa.field("logprob_kind", pa.utf8(), nullable=False),
+        pa.field("thread", pa.utf8(), nullable=False),
+        pa.field("thread_id", pa.utf8(), nullable=False),
+        pa.field("thread_name", pa.utf8(), nullable=False),
+        pa.field("parent_sample", pa.utf8(), nullable=True),
+        pa.field(
+            "rewrites",
+            _list(
+                pa.struct(
+                    [
+                        pa.field("kind", pa.utf8(), nullable=False),
+                        pa.field("call_id", pa.utf8(), nullable=False),
+                        pa.field("against_call", pa.utf8(), nullable=False),
+                        pa.field("message", pa.uint32(), nullable=False),
+                        pa.field("role", pa.utf8(), nullable=False),
+                        pa.field("before", pa.utf8(), nullable=False),
+                        pa.field("after", pa.utf8(), nullable=False),
+                    ]
+                )
+            ),
+            nullable=False,
+        ),
     ]
 )
 
 
 def write_graft_samples(rows: list[dict], path: Path, schema: pa.Schema = GRAFT_SCHEMA) -> Path:
     """Rows (dicts by column name) as graft writes them, or in an older ``schema`` (a subset
-    of the columns). Left out of a row: ``events`` (none), ``token_calls`` (unknown), ``call_rewards`` (none)
-and ``logprob_kind`` (``post_temperature``)."""
+    of the columns). Left out of a row: ``events`` (none), ``token_calls`` (unknown), ``call_rewards`` (none),
+``logprob_kind`` (``post_temperature``), ``thread`` (``main``), ``thread_id`` (``unknown``),
+``thread_name`` (empty), ``parent_sample`` (null) and ``rewrites`` (none)."""
 
     def value(r: dict, name: str):
         if name in r:
@@ -74,6 +96,9 @@ and ``logprob_kind`` (``post_temperature``)."""
             return [None] * len(r["tokens"])
         if name == "logprob_kind":
             return "post_temperature"
+        defaults = {"thread": "main", "thread_id": "unknown", "thread_name": "", "parent_sample": None, "rewrites": []}
+        if name in defaults:
+            return defaults[name]
         raise KeyError(name)
 
     cols = {f.name: [value(r, f.name) for r in rows] for f in schema}

@@ -34,7 +34,7 @@ from graft_rl import (
     to_trl_sft,
     verl_layout,
 )
-from graft_rl.samples import group_key
+from graft_rl.samples import group_key, rewards
 
 f32 = lambda x: float(np.float32(x))  # noqa: E731  graft stores logprobs as float32
 
@@ -278,12 +278,35 @@ def test_events_read_back_and_files_before_v3_have_none(tmp_path):
     ev = {"kind": "fork", "at": 1, "len": 0, "reason": "template_drift", "call_id": "c", "other_sample": "x/0"}
     [s] = read_samples(write_graft_samples([_one_turn_row(events=[ev])], tmp_path / "v3.parquet"))
     assert s.events == [ev]
-    v2 = pa.schema([f for f in GRAFT_SCHEMA if f.name not in ("events", "token_calls", "call_rewards", "logprob_kind")])
+    v2 = pa.schema([f for f in GRAFT_SCHEMA if f.name not in ("events", "token_calls", "call_rewards", "logprob_kind") + V4])
     [old] = read_samples(write_graft_samples([_one_turn_row(schema_version=2)], tmp_path / "v2.parquet", v2))
     assert old.events == [] and old.schema_version == 2
     assert old.logprob_kind == "post_temperature", "a file without the column: post-temperature"
     # One run of sampled tokens, one call: the call of each sampled token is known.
     assert old.token_calls == [None, 0, 0] and old.call_rewards == [None]
+
+
+V4 = ("thread", "thread_id", "thread_name", "parent_sample", "rewrites")
+
+
+def test_threads_and_rewrites_read_back_and_files_before_v4_are_main(tmp_path):
+    rw = {"kind": "assistant_reserialized", "call_id": "c", "against_call": "b", "message": 2,
+          "role": "assistant", "before": "shell({})", "after": "Calling tools: [...]"}
+    main = _one_turn_row(schema_version=4, rewrites=[rw], thread_id="abc")
+    side = _one_turn_row(
+        sample_id="x/2", schema_version=4, thread="side", thread_id="def", thread_name="title (0 tools)",
+        parent_sample="x/1", reward=None, call_rewards=[0.5], token_calls=[None, 0, 0],
+    )
+    got = read_samples(write_graft_samples([main, side], tmp_path / "v4.parquet"))
+    assert [(s.thread, s.parent_sample) for s in got] == [("main", None), ("side", "x/1")]
+    assert got[0].rewrites == [rw] and got[1].thread_name == "title (0 tools)"
+    # A side sample kept for its own call rewards has no outcome of its own: 0.0.
+    assert rewards(got) == [1.0, 0.0]
+    lay = to_trl(got)
+    assert lay["graft_thread"] == ["main", "side"] and lay["graft_parent_sample"] == [None, "x/1"]
+    v3 = pa.schema([f for f in GRAFT_SCHEMA if f.name not in V4])
+    [old] = read_samples(write_graft_samples([_one_turn_row()], tmp_path / "v3.parquet", v3))
+    assert (old.thread, old.thread_id, old.parent_sample, old.rewrites) == ("main", "unknown", None, [])
 
 
 def test_call_rewards_and_token_calls_read_back(tmp_path):

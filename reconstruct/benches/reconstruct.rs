@@ -335,6 +335,7 @@ impl Gen {
                     finish_reason: Some("stop".to_owned()),
                     root: None,
                     reward: None,
+                    ..Default::default()
                 },
                 new_from,
             });
@@ -419,6 +420,7 @@ fn baseline_pass(sessions: &[GenSession]) -> Vec<Sample> {
                 template_fingerprint: FINGERPRINTS.1.to_owned(),
                 schema_version: SAMPLE_SCHEMA_VERSION,
                 logprob_kind: Default::default(),
+                ..Sample::default()
             }
         })
         .collect()

@@ -13,3 +13,4 @@ pub mod records;
 pub mod retokenize;
 pub mod sample;
 pub mod template;
+pub mod threads;

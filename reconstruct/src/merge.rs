@@ -59,7 +59,16 @@
 //!    `prompt_len <= sample_len * COMPACTION_MAX_RATIO_NUM / COMPACTION_MAX_RATIO_DEN`
 //!    (at most 3/4). History was dropped or summarised.
 //! 4. [`ForkReason::Other`]: anything else (also recorded as a [`Drift`] event, with
-//!    `first_diff_at` = the common prefix and `len` = the sample tokens after it).
+//!    `first_diff_at` = the common prefix and `len` = the sample tokens after it);
+//!    [`ForkReason::Rewritten`] when the calls' messages name a change the harness made.
+//!
+//! Every fork and drift event of rules 1, 3 and 4 names what changed, message by message
+//! ([`crate::threads::rewrites`]: the sample's last call's messages and answer against the
+//! forking call's messages), in the new (or realigned) sample's `rewrites`. Every call is
+//! in a thread ([`crate::threads`]): a fork of rules 1-4 stays in its sample's, a new root
+//! goes to the thread of its shape; after the merge the main thread is chosen, side
+//! samples are linked to their parent and kept or left out by
+//! [`MergeOptions::side_threads`].
 //!
 //! With [`OnDrift::Realign`] a call classified by rule 1 (template drift or reordered)
 //! does not fork: it continues the drifted sample, whose tokens become the prompt's own
@@ -72,7 +81,10 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
+use std::sync::Arc;
+
 use crate::sample::{EventKind, LogprobKind, SAMPLE_SCHEMA_VERSION, Sample, SampleEvent};
+use crate::threads::{CallView, Rewrite, SideThreads, ThreadKey};
 
 /// Anchor length (tokens) the drift alignment resynchronises on between differing regions.
 pub const DRIFT_ANCHOR: usize = 8;
@@ -123,6 +135,13 @@ pub struct CallTokens {
     pub root: Option<String>,
     /// The reward posted for this call (a process reward for its turn), if any.
     pub reward: Option<f64>,
+    /// The call's shape (system prompt and tools), which places a call that starts its own
+    /// conversation in a thread ([`crate::threads`]); `None` when unknown (every such call
+    /// is one thread).
+    pub thread: Option<ThreadKey>,
+    /// The call's messages and answer, to name the rewrites of a fork or drift
+    /// ([`crate::threads::rewrites`]); `None` when unknown.
+    pub view: Option<Arc<CallView>>,
 }
 
 impl CallTokens {
@@ -145,19 +164,31 @@ impl CallTokens {
     /// cannot name).
     pub fn from_record(rec: &graft_recorder::CallRecord) -> Option<CallTokens> {
         let kind = record_logprob_kind(rec);
-        Some(CallTokens {
-            call_id: rec.call_id.clone(),
-            seq: rec.seq,
-            prompt_ids: rec.prompt_token_ids.clone()?,
-            completion_ids: rec.completion_token_ids.clone()?,
-            completion_logprobs: rec.completion_logprobs.clone().filter(|_| kind.is_some()),
-            logprob_kind: kind.unwrap_or_default(),
-            weight_version: rec.weight_version.clone(),
-            weight_version_spans: rec.weight_version_spans.clone(),
-            finish_reason: rec.finish_reason.clone(),
-            root: conversation_root(rec),
-            reward: None,
-        })
+        Some(
+            CallTokens {
+                call_id: rec.call_id.clone(),
+                seq: rec.seq,
+                prompt_ids: rec.prompt_token_ids.clone()?,
+                completion_ids: rec.completion_token_ids.clone()?,
+                completion_logprobs: rec.completion_logprobs.clone().filter(|_| kind.is_some()),
+                logprob_kind: kind.unwrap_or_default(),
+                weight_version: rec.weight_version.clone(),
+                weight_version_spans: rec.weight_version_spans.clone(),
+                finish_reason: rec.finish_reason.clone(),
+                root: conversation_root(rec),
+                reward: None,
+                thread: None,
+                view: None,
+            }
+            .with_view(crate::threads::call_view(rec)),
+        )
+    }
+
+    /// The call with its conversation (`view`) and the thread key it gives.
+    pub fn with_view(mut self, view: Option<CallView>) -> CallTokens {
+        self.thread = view.as_ref().map(CallView::key);
+        self.view = view.map(Arc::new);
+        self
     }
 }
 
@@ -255,16 +286,21 @@ pub enum ForkReason {
     ParallelBranch,
     /// The call starts its own conversation beside the open ones (rule 0).
     NewRoot,
+    /// Rule 4's fork, where comparing the calls' messages names what the harness rewrote
+    /// (its assistant turn re-serialized, a tool result re-wrapped, ...: the sample's
+    /// `rewrites`).
+    Rewritten,
     Other,
 }
 
 impl ForkReason {
-    pub const ALL: [ForkReason; 6] = [
+    pub const ALL: [ForkReason; 7] = [
         ForkReason::Compaction,
         ForkReason::TemplateDrift,
         ForkReason::Reordered,
         ForkReason::ParallelBranch,
         ForkReason::NewRoot,
+        ForkReason::Rewritten,
         ForkReason::Other,
     ];
 
@@ -276,6 +312,7 @@ impl ForkReason {
             ForkReason::Reordered => "reordered",
             ForkReason::ParallelBranch => "parallel_branch",
             ForkReason::NewRoot => "new_root",
+            ForkReason::Rewritten => "rewritten",
             ForkReason::Other => "other",
         }
     }
@@ -320,10 +357,42 @@ pub struct MergeResult {
     /// (call_id, sampled tokens) of every call whose logprobs were dropped (made unknown)
     /// because their convention ([`LogprobKind`]) is not their sample's.
     pub logprob_kind_dropped: Vec<(String, usize)>,
+    /// What every fork and drift event changed in the history, message by message.
+    pub rewrites: Vec<Rewrite>,
+    /// The session's threads, the main one first.
+    pub threads: Vec<ThreadInfo>,
+    /// Side-thread samples the policy ([`MergeOptions::side_threads`]) left out: not in
+    /// `samples`.
+    pub side_left_out: Vec<Sample>,
+}
+
+/// One thread of a session ([`crate::threads`]).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct ThreadInfo {
+    /// `main` or `side`.
+    pub kind: &'static str,
+    /// The fingerprint of its shape ([`ThreadKey::id`]); `unknown` when the calls' shape
+    /// is not known.
+    pub id: String,
+    /// Its name ([`ThreadKey::name`]).
+    pub name: String,
+    pub calls: usize,
+    /// Its samples' ids, in the order they were started.
+    pub samples: Vec<String>,
+    /// The `parent_sample` of each side sample, aligned to `samples` (empty for main).
+    pub parents: Vec<Option<String>>,
+    /// Whether its samples are in the output (a side thread left out by the policy is not).
+    pub trained: bool,
 }
 
 struct Open {
     sample: Sample,
+    /// Index of its thread.
+    thread: usize,
+    /// Merge index of its first call.
+    first_k: usize,
+    /// The last call merged into it: its id and conversation.
+    last_call: Option<(String, Option<Arc<CallView>>)>,
     /// The conversation root of the call that started it.
     root: Option<String>,
     /// (prompt end, completion end) in `sample.tokens` of each call merged into it.
@@ -363,6 +432,15 @@ impl OnDrift {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct MergeOptions {
     pub on_drift: OnDrift,
+    /// What side threads' samples train on ([`crate::threads`]).
+    pub side_threads: SideThreads,
+}
+
+/// A thread while merging: its shape, calls, and the merge index of its first call.
+struct Thread {
+    key: Option<ThreadKey>,
+    calls: usize,
+    first_k: usize,
 }
 
 /// Merges one session's calls into samples (see the module docs for the rule).
@@ -397,6 +475,9 @@ pub fn merge_session_with(
     order.sort_by_key(|c| c.seq);
 
     let mut opens: Vec<Open> = Vec::new();
+    let mut threads: Vec<Thread> = Vec::new();
+    // (merge index, open index) of every call.
+    let mut placed: Vec<(usize, usize)> = Vec::new();
     let mut result = MergeResult::default();
     for (k, call) in order.into_iter().enumerate() {
         let prompt = &call.prompt_ids[..];
@@ -427,6 +508,9 @@ pub fn merge_session_with(
                 let mut realigned = None;
                 let new_id = format!("{session_id}/{}", opens.len());
                 let mut fork_event = None;
+                let mut rewrites = Vec::new();
+                // The thread of a sample it forks from; else the thread of its shape.
+                let mut thread = None;
                 let fork_reason = if opens.is_empty() {
                     None
                 } else if own.is_empty() {
@@ -444,15 +528,29 @@ pub fn merge_session_with(
                     Some(ForkReason::NewRoot.as_str().to_owned())
                 } else {
                     let refs: Vec<&Open> = own.iter().map(|&i| &opens[i]).collect();
-                    let c = classify(&refs, prompt);
+                    let mut c = classify(&refs, prompt);
                     let against = own[c.against];
+                    thread = Some(opens[against].thread);
                     let against_id = opens[against].sample.sample_id.clone();
-                    if let Some(len) = c.drift_len {
+                    // What the harness changed, message by message (a parallel branch
+                    // changed nothing: it extends an earlier state).
+                    if c.reason != ForkReason::ParallelBranch
+                        && let (Some((prev_id, Some(prev))), Some(next)) =
+                            (&opens[against].last_call, &call.view)
+                    {
+                        rewrites = crate::threads::rewrites(prev, prev_id, next, &call.call_id);
+                    }
+                    if c.drift_len.is_some() {
+                        if c.reason == ForkReason::Other
+                            && rewrites.iter().any(|r| r.kind.by_harness())
+                        {
+                            c.reason = ForkReason::Rewritten;
+                        }
                         result.drift.push(Drift {
                             call_id: call.call_id.clone(),
                             against_sample: against_id.clone(),
                             first_diff_at: c.first_diff_at,
-                            len,
+                            len: c.drift_len.unwrap_or(0),
                             reason: c.reason,
                         });
                     }
@@ -474,6 +572,10 @@ pub fn merge_session_with(
                             .sample
                             .events
                             .push(event(EventKind::Drift, None));
+                        opens[against]
+                            .sample
+                            .rewrites
+                            .extend(rewrites.iter().cloned());
                         result.realigned.push((call.call_id.clone(), lost));
                         realigned = Some(against);
                         None
@@ -492,9 +594,30 @@ pub fn merge_session_with(
                         Some(c.reason.as_str().to_owned())
                     }
                 };
+                result.rewrites.extend(rewrites.iter().cloned());
                 match realigned {
                     Some(i) => i,
                     None => {
+                        let thread = match thread {
+                            Some(t) => t,
+                            None => {
+                                let id = call.thread.as_ref().map(|t| &t.id);
+                                match threads
+                                    .iter()
+                                    .position(|t| t.key.as_ref().map(|t| &t.id) == id)
+                                {
+                                    Some(t) => t,
+                                    None => {
+                                        threads.push(Thread {
+                                            key: call.thread.clone(),
+                                            calls: 0,
+                                            first_k: k,
+                                        });
+                                        threads.len() - 1
+                                    }
+                                }
+                            }
+                        };
                         opens.push(Open {
                             sample: Sample {
                                 sample_id: new_id,
@@ -515,7 +638,12 @@ pub fn merge_session_with(
                                 template_fingerprint: fingerprints.1.to_owned(),
                                 schema_version: SAMPLE_SCHEMA_VERSION,
                                 logprob_kind: LogprobKind::default(),
+                                rewrites,
+                                ..Sample::default()
                             },
+                            thread,
+                            first_k: k,
+                            last_call: None,
                             root: call.root.clone(),
                             bounds: Vec::new(),
                             last_touched: k,
@@ -529,9 +657,115 @@ pub fn merge_session_with(
         if let Some(n) = push_completion(&mut opens[index], call, k) {
             result.logprob_kind_dropped.push((call.call_id.clone(), n));
         }
+        opens[index].last_call = Some((call.call_id.clone(), call.view.clone()));
+        threads[opens[index].thread].calls += 1;
+        placed.push((k, index));
     }
-    result.samples = opens.into_iter().map(|o| o.sample).collect();
+    assign_threads(
+        &mut opens,
+        &threads,
+        &placed,
+        options.side_threads,
+        &mut result,
+    );
     result
+}
+
+/// Names each sample's thread, links side samples to their parent, and applies the side
+/// threads' policy (see [`crate::threads`]).
+fn assign_threads(
+    opens: &mut Vec<Open>,
+    threads: &[Thread],
+    placed: &[(usize, usize)],
+    policy: SideThreads,
+    result: &mut MergeResult,
+) {
+    // The main thread: the most tools, then the most calls, then the first started.
+    let main = (0..threads.len()).max_by_key(|&t| {
+        let th = &threads[t];
+        (
+            th.key.as_ref().map_or(0, |k| k.tools.len()),
+            th.calls,
+            std::cmp::Reverse(th.first_k),
+        )
+    });
+    let main_key = main.and_then(|m| threads[m].key.as_ref());
+    let first_main = opens.iter().position(|o| Some(o.thread) == main);
+    let parent_of = |opens: &[Open], o: &Open| -> Option<String> {
+        placed
+            .iter()
+            .rev()
+            .find(|&&(k, i)| k < o.first_k && Some(opens[i].thread) == main)
+            .map(|&(_, i)| i)
+            .or(first_main)
+            .map(|i| opens[i].sample.sample_id.clone())
+    };
+    let parents: Vec<Option<String>> = opens
+        .iter()
+        .map(|o| {
+            if Some(o.thread) == main {
+                None
+            } else {
+                parent_of(opens, o)
+            }
+        })
+        .collect();
+    let mut infos: Vec<ThreadInfo> = threads
+        .iter()
+        .enumerate()
+        .map(|(t, th)| ThreadInfo {
+            kind: if Some(t) == main { "main" } else { "side" },
+            id: th
+                .key
+                .as_ref()
+                .map_or_else(|| "unknown".to_owned(), |k| k.id.clone()),
+            name: th
+                .key
+                .as_ref()
+                .map(|k| k.name(main_key))
+                .unwrap_or_default(),
+            calls: th.calls,
+            samples: Vec::new(),
+            parents: Vec::new(),
+            trained: false,
+        })
+        .collect();
+    for (o, parent) in opens.drain(..).zip(parents) {
+        let info = &mut infos[o.thread];
+        let mut s = o.sample;
+        s.thread = info.kind.to_owned();
+        s.thread_id = info.id.clone();
+        s.thread_name = info.name.clone();
+        s.parent_sample = parent.clone();
+        info.samples.push(s.sample_id.clone());
+        if info.kind == "side" {
+            info.parents.push(parent);
+        }
+        let keep = info.kind == "main"
+            || match policy {
+                SideThreads::Session => true,
+                SideThreads::LeaveOut => false,
+                SideThreads::Own => {
+                    let own = s.call_rewards.iter().any(|r| r.is_some_and(f64::is_finite));
+                    if own {
+                        // Trained on its own call rewards, not the session's.
+                        s.reward = None;
+                    }
+                    own
+                }
+            };
+        if keep {
+            info.trained = true;
+            result.samples.push(s);
+        } else {
+            result.side_left_out.push(s);
+        }
+    }
+    if let Some(m) = main {
+        let info = infos.remove(m);
+        infos.insert(0, info);
+    }
+    result.threads = infos;
 }
 
 /// Makes `open`'s sample the drifted `prompt` (see [`OnDrift::Realign`]): the sample's
@@ -975,7 +1209,25 @@ pub struct Summary {
     /// ([`MergeResult::logprob_kind_dropped`]), and their sampled tokens.
     pub logprob_kind_dropped: u64,
     pub logprob_kind_dropped_tokens: u64,
+    /// Rewrites named at forks and drift events, per [`crate::threads::RewriteKind`] name.
+    pub rewrites_by_kind: BTreeMap<String, u64>,
+    /// The first [`SUMMARY_EXAMPLES`] rewrites, with their excerpts.
+    pub rewrite_examples: Vec<Rewrite>,
+    /// Threads of the merged sessions: main ones (one per session with calls) and side ones.
+    pub main_threads: u64,
+    pub side_threads: u64,
+    /// What side threads trained on ([`MergeOptions::side_threads`]).
+    pub side_policy: SideThreads,
+    /// Side-thread samples kept in the output, and those the policy left out (with their calls).
+    pub side_samples_trained: u64,
+    pub side_samples_left_out: u64,
+    pub side_calls_left_out: u64,
+    /// The first [`SUMMARY_EXAMPLES`] side threads: (session, thread).
+    pub side_thread_examples: Vec<(String, ThreadInfo)>,
 }
+
+/// Rewrites and side threads a summary shows one by one.
+pub const SUMMARY_EXAMPLES: usize = 20;
 
 impl Summary {
     /// Adds one session's result.
@@ -1001,6 +1253,41 @@ impl Summary {
         self.realigned += result.realigned.len() as u64;
         self.realigned_untrained_tokens +=
             result.realigned.iter().map(|(_, n)| *n as u64).sum::<u64>();
+        for r in &result.rewrites {
+            *self
+                .rewrites_by_kind
+                .entry(r.kind.as_str().to_owned())
+                .or_insert(0) += 1;
+            if self.rewrite_examples.len() < SUMMARY_EXAMPLES {
+                self.rewrite_examples.push(r.clone());
+            }
+        }
+        for t in &result.threads {
+            if t.kind == "main" {
+                self.main_threads += 1;
+                continue;
+            }
+            self.side_threads += 1;
+            if self.side_thread_examples.len() < SUMMARY_EXAMPLES {
+                let session = result
+                    .samples
+                    .iter()
+                    .chain(&result.side_left_out)
+                    .next()
+                    .map(|s| s.session_id.clone())
+                    .unwrap_or_default();
+                self.side_thread_examples.push((session, t.clone()));
+            }
+        }
+        for s in &result.samples {
+            self.side_samples_trained += u64::from(s.thread == "side");
+        }
+        self.side_samples_left_out += result.side_left_out.len() as u64;
+        self.side_calls_left_out += result
+            .side_left_out
+            .iter()
+            .map(|s| s.call_ids.len() as u64)
+            .sum::<u64>();
         self.logprob_kind_dropped += result.logprob_kind_dropped.len() as u64;
         self.logprob_kind_dropped_tokens += result
             .logprob_kind_dropped
@@ -1060,6 +1347,50 @@ impl fmt::Display for Summary {
                 "\nlogprobs dropped: {} calls ({} sampled tokens) whose logprob convention (pre/post temperature) differs from their sample's; they train without rollout logprobs",
                 self.logprob_kind_dropped, self.logprob_kind_dropped_tokens
             )?;
+        }
+        if self.main_threads > 0 {
+            write!(
+                f,
+                "\nthreads:        {} main, {} side; side threads are {} (--side-threads {}): {} samples ({} calls) left out, {} trained",
+                self.main_threads,
+                self.side_threads,
+                self.side_policy.describe(),
+                self.side_policy.as_str(),
+                self.side_samples_left_out,
+                self.side_calls_left_out,
+                self.side_samples_trained
+            )?;
+        }
+        for (session, t) in self.side_thread_examples.iter().take(5) {
+            let links: Vec<String> = t
+                .samples
+                .iter()
+                .zip(&t.parents)
+                .map(|(s, p)| match p {
+                    Some(p) => format!("{s} (parent {p})"),
+                    None => s.clone(),
+                })
+                .collect();
+            write!(
+                f,
+                "\nside thread:    {session} {} «{}»: {} calls in {}, {}",
+                t.id,
+                t.name,
+                t.calls,
+                links.join(", "),
+                if t.trained { "trained" } else { "left out" }
+            )?;
+        }
+        if !self.rewrites_by_kind.is_empty() {
+            let parts: Vec<String> = self
+                .rewrites_by_kind
+                .iter()
+                .map(|(k, n)| format!("{k} {n}"))
+                .collect();
+            write!(f, "\nrewrites:       {}", parts.join(", "))?;
+            for r in self.rewrite_examples.iter().take(5) {
+                write!(f, "\nrewrite:        {r}")?;
+            }
         }
         Ok(())
     }

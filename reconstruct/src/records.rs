@@ -12,6 +12,7 @@ use crate::error::ReconstructError;
 use crate::merge::{CallTokens, MergeOptions, MergeResult, OnDrift, Summary, merge_session_with};
 use crate::retokenize::{Model, Skip};
 use crate::sample::write_samples_parquet;
+use crate::threads::SideThreads;
 
 /// What to do with a call the gateway recorded without token ids.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,11 +40,13 @@ pub struct FromRecords<'a> {
     pub on_drift: OnDrift,
     /// Calls left out of training by rule (side calls: a title model, tool-less calls).
     pub leave_out: Option<&'a LeaveOut>,
+    /// What side threads' samples train on ([`crate::threads`]).
+    pub side_threads: SideThreads,
 }
 
 impl FromRecords<'_> {
     /// Every session; calls without token ids re-tokenized; no version counts; drift
-    /// forks; nothing left out.
+    /// forks; nothing left out by rule; side threads trained only on their own call rewards.
     pub fn all() -> FromRecords<'static> {
         FromRecords {
             sessions: None,
@@ -51,6 +54,7 @@ impl FromRecords<'_> {
             count_versions_of: None,
             on_drift: OnDrift::Fork,
             leave_out: None,
+            side_threads: SideThreads::default(),
         }
     }
 }
@@ -341,12 +345,14 @@ pub fn samples_from_records(
                 (&tok_fp, &tpl_fp),
                 MergeOptions {
                     on_drift: how.on_drift,
+                    side_threads: how.side_threads,
                 },
             )
         })
         .collect();
     write_results(&results, out)?;
     done.summary = Summary::of(&results);
+    done.summary.side_policy = how.side_threads;
     let mut unmatched: Vec<String> = call_rewards
         .into_keys()
         .chain(

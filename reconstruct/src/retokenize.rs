@@ -131,7 +131,10 @@ impl Model {
             finish_reason: rec.finish_reason.clone(),
             root: crate::merge::conversation_root(rec),
             reward: None,
-        })
+            thread: None,
+            view: None,
+        }
+        .with_view(crate::threads::call_view(rec)))
     }
 }
 
@@ -293,6 +296,8 @@ pub fn conversation_calls(model: &Model, id: &str, conv: &Value) -> Result<Vec<C
             finish_reason: None,
             root: None,
             reward: None,
+            thread: None,
+            view: None,
         });
     }
     Ok(out)

@@ -20,6 +20,11 @@
 //! | `tokenizer_fingerprint`, `template_fingerprint` | Utf8 | |
 //! | `schema_version` | UInt32 | [`SAMPLE_SCHEMA_VERSION`] |
 //! | `logprob_kind` | Utf8 | additive (no version of its own): which distribution `logprobs` come from, [`LogprobKind`] (`post_temperature` / `pre_temperature`) |
+//! | `thread` | Utf8 | since v4; `main` or `side` ([`crate::threads`]) |
+//! | `thread_id` | Utf8 | since v4; the thread's shape fingerprint (system prompt + tool names), the same across sessions of one harness and prompt; `unknown` when its calls' shape is not known |
+//! | `thread_name` | Utf8 | since v4; the first line of the thread's system prompt that the main thread's lacks, and its tool count |
+//! | `parent_sample` | Utf8, null | since v4; a side sample's parent: the main sample holding the last main call that started before it |
+//! | `rewrites` | List<Struct{kind Utf8, call_id Utf8, against_call Utf8, message UInt32, role Utf8, before Utf8, after Utf8}> | since v4; what the fork or drift events at this sample changed, message by message ([`crate::threads::Rewrite`]) |
 //!
 //! Plain Arrow types only (no extension types, no dictionaries), so pyarrow, polars and
 //! DuckDB read the file as it is.
@@ -31,7 +36,8 @@
 //! `events` column) read back with no events, no call rewards, and `token_calls` from the
 //! runs of sampled tokens when there are as many runs as calls (else unknown). A file
 //! without `logprob_kind` reads back as `post_temperature` (every backend before the
-//! column was one).
+//! column was one). Files before version 4 read back with every sample in the `main`
+//! thread (`thread_id` `unknown`), no parent and no rewrites.
 
 use std::fs::File;
 use std::path::Path;
@@ -53,6 +59,7 @@ use parquet::basic::{Compression, ZstdLevel};
 use parquet::file::properties::WriterProperties;
 
 use crate::error::ReconstructError;
+use crate::threads::{Rewrite, RewriteKind};
 
 /// Version of the [`Sample`] layout; additive changes only.
 ///
@@ -60,7 +67,8 @@ use crate::error::ReconstructError;
 /// - 2: unknown logprobs are null; adds `token_weight_versions`.
 /// - 3: adds `events` (forks and drift events at their token positions), `token_calls` and
 ///   `call_rewards` (per-call rewards).
-pub const SAMPLE_SCHEMA_VERSION: u32 = 3;
+/// - 4: adds `thread`, `thread_id`, `thread_name`, `parent_sample` and `rewrites`.
+pub const SAMPLE_SCHEMA_VERSION: u32 = 4;
 
 /// What a [`SampleEvent`] says happened at its position.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -192,6 +200,17 @@ pub struct Sample {
     /// logprobs (a merged call of the other kind has its logprobs dropped, see
     /// `crate::merge`).
     pub logprob_kind: LogprobKind,
+    /// `main` or `side` ([`crate::threads`]).
+    pub thread: String,
+    /// The thread's shape fingerprint ([`crate::threads::ThreadKey::id`]).
+    pub thread_id: String,
+    /// The thread's name ([`crate::threads::ThreadKey::name`]).
+    pub thread_name: String,
+    /// A side sample's parent: the main sample holding the last main call that started
+    /// before its first call; `None` for main samples.
+    pub parent_sample: Option<String>,
+    /// What the fork or drift events at this sample changed in the history.
+    pub rewrites: Vec<Rewrite>,
 }
 
 impl Sample {
@@ -255,7 +274,31 @@ pub fn samples_schema() -> SchemaRef {
             false,
         ),
         Field::new("logprob_kind", DataType::Utf8, false),
+        Field::new("thread", DataType::Utf8, false),
+        Field::new("thread_id", DataType::Utf8, false),
+        Field::new("thread_name", DataType::Utf8, false),
+        Field::new("parent_sample", DataType::Utf8, true),
+        Field::new(
+            "rewrites",
+            DataType::List(Arc::new(Field::new_list_field(
+                DataType::Struct(rewrite_fields()),
+                true,
+            ))),
+            false,
+        ),
     ]))
+}
+
+fn rewrite_fields() -> Fields {
+    Fields::from(vec![
+        Field::new("kind", DataType::Utf8, false),
+        Field::new("call_id", DataType::Utf8, false),
+        Field::new("against_call", DataType::Utf8, false),
+        Field::new("message", DataType::UInt32, false),
+        Field::new("role", DataType::Utf8, false),
+        Field::new("before", DataType::Utf8, false),
+        Field::new("after", DataType::Utf8, false),
+    ])
 }
 
 fn event_fields() -> Fields {
@@ -299,6 +342,13 @@ fn build_batch(
     let mut ev_reason = StringBuilder::new();
     let mut ev_call = StringBuilder::new();
     let mut ev_other = StringBuilder::new();
+    let mut thread = StringBuilder::with_capacity(n, n * 4);
+    let mut thread_id = StringBuilder::with_capacity(n, n * 12);
+    let mut thread_name = StringBuilder::with_capacity(n, n * 32);
+    let mut parent_sample = StringBuilder::with_capacity(n, n * 40);
+    let mut rw_lens = Vec::with_capacity(n);
+    let mut rw = [(); 6].map(|_| StringBuilder::new());
+    let mut rw_message = UInt32Builder::new();
     for s in rows {
         sample_id.append_value(&s.sample_id);
         session_id.append_value(&s.session_id);
@@ -348,7 +398,61 @@ fn build_batch(
             ev_call.append_value(&ev.call_id);
             ev_other.append_option(ev.other_sample.as_deref());
         }
+        thread.append_value(if s.thread.is_empty() {
+            "main"
+        } else {
+            &s.thread
+        });
+        thread_id.append_value(if s.thread_id.is_empty() {
+            "unknown"
+        } else {
+            &s.thread_id
+        });
+        thread_name.append_value(&s.thread_name);
+        parent_sample.append_option(s.parent_sample.as_deref());
+        rw_lens.push(s.rewrites.len());
+        for r in &s.rewrites {
+            rw[0].append_value(r.kind.as_str());
+            rw[1].append_value(&r.call_id);
+            rw[2].append_value(&r.against_call);
+            rw_message.append_value(r.message);
+            rw[3].append_value(&r.role);
+            rw[4].append_value(&r.before);
+            rw[5].append_value(&r.after);
+        }
     }
+    let [
+        mut rw_kind,
+        mut rw_call,
+        mut rw_against,
+        mut rw_role,
+        mut rw_before,
+        mut rw_after,
+    ] = rw;
+    let rewrite_structs = StructArray::try_new(
+        rewrite_fields(),
+        vec![
+            Arc::new(rw_kind.finish()),
+            Arc::new(rw_call.finish()),
+            Arc::new(rw_against.finish()),
+            Arc::new(rw_message.finish()),
+            Arc::new(rw_role.finish()),
+            Arc::new(rw_before.finish()),
+            Arc::new(rw_after.finish()),
+        ],
+        None,
+    )
+    .map_err(|e| ReconstructError::arrow(path, e))?;
+    let rewrites = ListArray::try_new(
+        Arc::new(Field::new_list_field(
+            DataType::Struct(rewrite_fields()),
+            true,
+        )),
+        OffsetBuffer::from_lengths(rw_lens),
+        Arc::new(rewrite_structs),
+        None,
+    )
+    .map_err(|e| ReconstructError::arrow(path, e))?;
     let event_structs = StructArray::try_new(
         event_fields(),
         vec![
@@ -391,6 +495,11 @@ fn build_batch(
         Arc::new(call_rewards.finish()),
         Arc::new(events),
         Arc::new(logprob_kind.finish()),
+        Arc::new(thread.finish()),
+        Arc::new(thread_id.finish()),
+        Arc::new(thread_name.finish()),
+        Arc::new(parent_sample.finish()),
+        Arc::new(rewrites),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
 }
@@ -606,6 +715,47 @@ impl Cols<'_> {
     }
 }
 
+impl Cols<'_> {
+    /// The `rewrites` of row `row`.
+    fn rewrites(&self, col: &ListArray, row: usize) -> Result<Vec<Rewrite>, ReconstructError> {
+        const NAME: &str = "rewrites";
+        if col.is_null(row) {
+            return Ok(Vec::new());
+        }
+        let values = col.value(row);
+        let Some(st) = values.as_struct_opt() else {
+            return Err(self.bad(
+                NAME,
+                format!("holds {}, expected a Struct", values.data_type()),
+            ));
+        };
+        let string = |name: &str| -> Result<&StringArray, ReconstructError> {
+            st.column_by_name(name)
+                .and_then(|c| c.as_string_opt::<i32>())
+                .ok_or_else(|| self.bad(NAME, format!("has no Utf8 field '{name}'")))
+        };
+        let message = st
+            .column_by_name("message")
+            .and_then(|c| c.as_primitive_opt::<UInt32Type>())
+            .ok_or_else(|| self.bad(NAME, "has no UInt32 field 'message'"))?;
+        let (kind, call_id, against) =
+            (string("kind")?, string("call_id")?, string("against_call")?);
+        let (role, before, after) = (string("role")?, string("before")?, string("after")?);
+        Ok((0..st.len())
+            .map(|i| Rewrite {
+                // A kind a newer graft named reads back as `other`.
+                kind: RewriteKind::parse(kind.value(i)).unwrap_or(RewriteKind::Other),
+                call_id: call_id.value(i).to_owned(),
+                against_call: against.value(i).to_owned(),
+                message: message.value(i),
+                role: role.value(i).to_owned(),
+                before: before.value(i).to_owned(),
+                after: after.value(i).to_owned(),
+            })
+            .collect())
+    }
+}
+
 fn opt_str(col: &StringArray, row: usize) -> Option<String> {
     (!col.is_null(row)).then(|| col.value(row).to_owned())
 }
@@ -715,6 +865,22 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
             .column_by_name("logprob_kind")
             .map(|_| c.string("logprob_kind"))
             .transpose()?;
+        let opt_string = |name: &str| {
+            batch
+                .column_by_name(name)
+                .map(|_| c.string(name))
+                .transpose()
+        };
+        let (thread, thread_id, thread_name, parent_sample) = (
+            opt_string("thread")?,
+            opt_string("thread_id")?,
+            opt_string("thread_name")?,
+            opt_string("parent_sample")?,
+        );
+        let rewrites = batch
+            .column_by_name("rewrites")
+            .map(|_| c.list("rewrites"))
+            .transpose()?;
         for row in 0..batch.num_rows() {
             let mut s = Sample {
                 sample_id: sample_id.value(row).to_owned(),
@@ -755,6 +921,20 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
                             )
                         })?,
                     _ => LogprobKind::PostTemperature,
+                },
+                thread: thread
+                    .and_then(|col| opt_str(col, row))
+                    .unwrap_or_else(|| "main".to_owned()),
+                thread_id: thread_id
+                    .and_then(|col| opt_str(col, row))
+                    .unwrap_or_else(|| "unknown".to_owned()),
+                thread_name: thread_name
+                    .and_then(|col| opt_str(col, row))
+                    .unwrap_or_default(),
+                parent_sample: parent_sample.and_then(|col| opt_str(col, row)),
+                rewrites: match rewrites {
+                    Some(col) => c.rewrites(col, row)?,
+                    None => Vec::new(),
                 },
             };
             match token_versions {

@@ -103,6 +103,7 @@ impl Session {
             root: self.root.clone(),
             // Some turns carry a process reward.
             reward: (seq % 3 == 1).then_some(seq as f64 * 0.25),
+            ..Default::default()
         });
         call_id
     }
@@ -798,6 +799,7 @@ fn a_message_the_harness_moves_to_the_end_is_reordered_not_template_drift() {
     // trained, the dropped think is counted as left untrained.
     let options = MergeOptions {
         on_drift: OnDrift::Realign,
+        ..MergeOptions::default()
     };
     let r = merge_session_with("sess", Some("grp"), &s.calls, Some(0.5), FP, options);
     assert_eq!(r.samples.len(), 1, "{:?}", r.forks);
@@ -925,6 +927,7 @@ fn realign_continues_the_drifted_sample_with_the_prompts_own_tokens() {
     let second = s.call(prompt.clone(), c2.clone());
     let options = MergeOptions {
         on_drift: OnDrift::Realign,
+        ..MergeOptions::default()
     };
     let r = merge_session_with("sess", Some("grp"), &s.calls, Some(0.5), FP, options);
     assert_eq!(r.samples.len(), 1);
@@ -1000,11 +1003,17 @@ fn summary_counts_and_prints() {
     let text = sum.to_string();
     assert!(
         text.contains(
-            "forks:          2 (compaction 0, template_drift 0, reordered 0, parallel_branch 1, new_root 0, other 1)"
+            "forks:          2 (compaction 0, template_drift 0, reordered 0, parallel_branch 1, new_root 0, rewritten 0, other 1)"
         ),
         "{text}"
     );
     assert!(text.contains("trained tokens: 25 of 115 (21.7%)"), "{text}");
+    // Calls of unknown shape are one thread: the session's main one.
+    assert_eq!((sum.main_threads, sum.side_threads), (1, 0));
+    assert!(
+        text.contains("threads:        1 main, 0 side; side threads are left out of training unless a reward was posted for one of their calls (--side-threads own)"),
+        "{text}"
+    );
     for r in ForkReason::ALL {
         assert_eq!(ForkReason::parse(r.as_str()), Some(r));
     }

@@ -52,6 +52,32 @@ pub struct RunSection {
     /// always kept. 0: keep every one.
     #[serde(default = "default_keep_checkpoints")]
     pub keep_checkpoints: usize,
+    /// What side threads train on (a harness's titles, sub-agents, memory extraction:
+    /// `graft reconstruct --side-threads`): `own` (the default: only side samples with a
+    /// reward posted for one of their calls, on that reward), `leave-out` or `session`.
+    #[serde(default)]
+    pub side_threads: SideThreadsPolicy,
+}
+
+/// `[run] side_threads`, as [`graft_reconstruct::threads::SideThreads`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SideThreadsPolicy {
+    #[default]
+    Own,
+    LeaveOut,
+    Session,
+}
+
+impl SideThreadsPolicy {
+    pub fn policy(self) -> graft_reconstruct::threads::SideThreads {
+        use graft_reconstruct::threads::SideThreads;
+        match self {
+            SideThreadsPolicy::Own => SideThreads::Own,
+            SideThreadsPolicy::LeaveOut => SideThreads::LeaveOut,
+            SideThreadsPolicy::Session => SideThreads::Session,
+        }
+    }
 }
 
 fn default_keep_checkpoints() -> usize {
@@ -700,6 +726,20 @@ mod tests {
             let e = format!("{:#}", loaded.unwrap_err());
             assert!(e.contains("--features testkit"), "{e}");
         }
+    }
+
+    /// `[run] side_threads`: `own` by default, `leave-out` and `session` by name, nothing else.
+    #[test]
+    fn run_side_threads_defaults_to_own_and_takes_the_reconstruct_names() {
+        use graft_reconstruct::threads::SideThreads;
+        let run = |extra: &str| toml::from_str::<RunSection>(&format!("out_dir = \"o\"\n{extra}"));
+        assert_eq!(run("").unwrap().side_threads.policy(), SideThreads::Own);
+        for p in SideThreads::ALL {
+            let r = run(&format!("side_threads = \"{}\"", p.as_str())).unwrap();
+            assert_eq!(r.side_threads.policy(), p);
+        }
+        let e = run("side_threads = \"all\"").unwrap_err().to_string();
+        assert!(e.contains("leave-out"), "{e}");
     }
 
     #[test]

@@ -710,6 +710,7 @@ async fn collect(
         &selected,
         &all,
         &samples_path,
+        cfg.run.side_threads.policy(),
     )?;
     Ok(Collected {
         step,
@@ -1188,6 +1189,7 @@ fn samples(
     sessions: &HashSet<String>,
     all: &HashSet<String>,
     path: &Path,
+    side_threads: graft_reconstruct::threads::SideThreads,
 ) -> anyhow::Result<(Summary, Counts, Counts)> {
     let done = samples_from_records(
         model,
@@ -1196,6 +1198,7 @@ fn samples(
             sessions: Some(sessions),
             without_token_ids: WithoutTokenIds::Skip,
             count_versions_of: Some(all),
+            side_threads,
             ..FromRecords::all()
         },
         path,

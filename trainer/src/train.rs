@@ -119,7 +119,9 @@ pub struct Selection {
 /// term: each rewarded call's reward normalised over the rewarded calls of its group's
 /// chosen sessions, added to the advantage of the tokens that call sampled. A session with
 /// call rewards and no session reward takes part with a session term of 0 (BAR chooses
-/// among the sessions with a session reward only). A group trains when some term is not 0.
+/// among the sessions with a session reward only), and so does a side-thread sample kept
+/// for its own call rewards (`thread = "side"`, no reward). A group trains when some term
+/// is not 0.
 pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64) -> Selection {
     let mut sel = Selection::default();
     // Sessions in first-seen order, per group.
@@ -261,6 +263,13 @@ pub fn select_samples(samples: &[Sample], bar_cfg: Option<&BarConfig>, eps: f64)
         let mean_call = || {
             let r: Vec<f64> = s.call_rewards.iter().flatten().copied().collect();
             r.iter().sum::<f64>() / r.len().max(1) as f64
+        };
+        // A side thread kept for its own call rewards (`--side-threads own`: no reward of
+        // its own) takes no part in the session's outcome: its turn term alone.
+        let a = if s.thread == "side" && s.reward.is_none() {
+            0.0
+        } else {
+            a
         };
         sel.samples.push(TrainSample {
             tokens: s.tokens.iter().map(|&t| i64::from(t)).collect(),
@@ -743,6 +752,36 @@ mod tests {
             reward,
             ..Sample::default()
         }
+    }
+
+    #[test]
+    fn a_side_thread_kept_for_its_call_rewards_gets_no_share_of_the_sessions_outcome() {
+        let mut side = two_turns("a", None, [None, Some(1.0)]);
+        side.thread = "side".into();
+        side.sample_id = "a/1".into();
+        let mut main = two_turns("a", Some(1.0), [None, None]);
+        main.thread = "main".into();
+        let sel = select_samples(
+            &[
+                main,
+                side,
+                two_turns("b", Some(0.0), [None, None]),
+                two_turns("b", None, [None, Some(0.0)]),
+            ],
+            None,
+            1e-6,
+        );
+        let adv: Vec<f64> = sel.samples.iter().map(|s| s.advantage).collect();
+        assert!(
+            adv[0] > 0.0,
+            "the main sample: the session's advantage: {adv:?}"
+        );
+        assert_eq!(adv[1], 0.0, "the side sample: its turn term only");
+        let t = sel.samples[1]
+            .turn_advantages
+            .as_ref()
+            .expect("its turn term");
+        assert!(t[4] > 0.0, "{t:?}");
     }
 
     #[test]

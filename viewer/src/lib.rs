@@ -111,6 +111,8 @@ struct SampleRow {
     tokens: usize,
     trained: usize,
     fork_reason: Option<String>,
+    /// `main` or `side`.
+    thread: String,
 }
 
 /// Sample rows per file, kept while the file's modification time and length stay the same.
@@ -827,6 +829,7 @@ impl Viewer {
                     tokens: s.tokens.len(),
                     trained: s.trained_tokens(),
                     fork_reason: s.fork_reason.clone(),
+                    thread: s.thread.clone(),
                 })
                 .collect(),
         );
@@ -1006,7 +1009,13 @@ impl Viewer {
                 "call_rewards": s.call_ids.iter().zip(&s.call_rewards)
                     .filter_map(|(c, r)| r.map(|r| json!({"call": c, "reward": r})))
                     .collect::<Vec<_>>(),
-            }, "tokens": tokens, "events": events}),
+                "thread": s.thread, "thread_id": s.thread_id, "thread_name": s.thread_name,
+                "parent": s.parent_sample, "parent_q": s.parent_sample.as_deref().map(q),
+            }, "tokens": tokens, "events": events,
+            "rewrites": s.rewrites.iter().map(|r| json!({
+                "kind": r.kind.as_str(), "call": r.call_id, "against": r.against_call,
+                "message": r.message, "role": r.role, "before": r.before, "after": r.after,
+            })).collect::<Vec<_>>()}),
         )
     }
 
@@ -1169,7 +1178,7 @@ fn sample_row_json(file: &str, r: &SampleRow) -> Value {
     json!({"id": r.id, "id_q": q(&r.id), "file": file, "file_q": q(file),
            "session": r.session, "session_q": q(&r.session), "group": r.group,
            "reward": r.reward, "tokens": r.tokens, "trained": r.trained,
-           "fork_reason": r.fork_reason})
+           "fork_reason": r.fork_reason, "thread": r.thread})
 }
 
 /// `%XX` decoding of a path segment (invalid escapes are kept as they are).

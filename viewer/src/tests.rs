@@ -184,6 +184,7 @@ fn run_page_draws_one_point_per_step_and_sample_page_marks_trained_tokens() {
         template_fingerprint: "t".into(),
         schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
         logprob_kind: Default::default(),
+        ..Sample::default()
     };
     let samples = run.path().join("samples/step-00000.parquet");
     graft_reconstruct::sample::write_samples_parquet(&[sample], &samples).unwrap();
@@ -501,6 +502,7 @@ fn write_samples(path: &Path) {
         template_fingerprint: "t".into(),
         schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
         logprob_kind: Default::default(),
+        ..Sample::default()
     };
     graft_reconstruct::sample::write_samples_parquet(
         &[mk("s-a/0", "s-a", 1.0), mk("s-b/0", "s-b", 0.0)],
@@ -862,4 +864,73 @@ fn session_page_shows_call_ids_finish_reasons_and_call_rewards() {
     );
     // The second call has neither.
     assert!(p.body.contains("finish <span class=\"finish\">–</span>"));
+}
+
+/// A side sample's page names its thread and links its parent; a forked sample's page lists
+/// what the harness rewrote, with both sides' excerpts.
+#[test]
+fn sample_page_names_the_thread_links_the_parent_and_lists_rewrites() {
+    use graft_reconstruct::threads::{Rewrite, RewriteKind};
+    let d = data_dir();
+    let run = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(run.path().join("samples")).unwrap();
+    let base = Sample {
+        session_id: "s-a".into(),
+        tokens: vec![1, 2],
+        loss_mask: vec![0, 1],
+        logprobs: vec![None, None],
+        token_weight_versions: vec![None, None],
+        call_ids: vec!["c1".into()],
+        token_calls: vec![None, Some(0)],
+        call_rewards: vec![None],
+        schema_version: graft_reconstruct::sample::SAMPLE_SCHEMA_VERSION,
+        ..Sample::default()
+    };
+    let main = Sample {
+        sample_id: "s-a/0".into(),
+        thread: "main".into(),
+        rewrites: vec![Rewrite {
+            kind: RewriteKind::AssistantReserialized,
+            call_id: "c1".into(),
+            against_call: "c0".into(),
+            message: 2,
+            role: "assistant".into(),
+            before: "shell({\"command\": \"ls\"})".into(),
+            after: "Calling tools: [...]".into(),
+        }],
+        ..base.clone()
+    };
+    let side = Sample {
+        sample_id: "s-a/1".into(),
+        thread: "side".into(),
+        thread_id: "0123456789ab".into(),
+        thread_name: "Generate a title (0 tools)".into(),
+        parent_sample: Some("s-a/0".into()),
+        ..base
+    };
+    let samples = run.path().join("samples/step-00000.parquet");
+    graft_reconstruct::sample::write_samples_parquet(&[main, side], &samples).unwrap();
+    let v = Viewer::new(d.path(), Some(run.path()), None, "").unwrap();
+    let p = v.page("/sample", "file=step-00000.parquet&id=s-a%2F1");
+    assert_eq!(p.status, 200, "{}", p.body);
+    assert!(p.body.contains("data-thread=\"side\""), "{}", p.body);
+    assert!(p.body.contains("Generate a title (0 tools)"), "{}", p.body);
+    assert!(
+        p.body
+            .contains("id=\"parent-link\" href=\"/sample?file=step-00000.parquet&amp;id=s-a%2F0\""),
+        "{}",
+        p.body
+    );
+    let p = v.page("/sample", "file=step-00000.parquet&id=s-a%2F0");
+    assert!(p.body.contains("data-thread=\"main\""), "{}", p.body);
+    assert!(!p.body.contains("parent-link"), "{}", p.body);
+    assert_eq!(rows(&p.body, "rewriterow"), 1, "{}", p.body);
+    assert!(p.body.contains("data-kind=\"assistant_reserialized\""));
+    assert!(p.body.contains("Calling tools: [...]"), "{}", p.body);
+    assert!(
+        p.body
+            .contains("shell({&quot;command&quot;: &quot;ls&quot;})"),
+        "{}",
+        p.body
+    );
 }

@@ -37,6 +37,8 @@ def to_openrlhf(samples: Sequence[Sample], missing_reward: Optional[float] = Non
                 "extra_logs": {"graft_trained_tokens": sum(s.loss_mask)},
                 "graft_sample_id": s.sample_id,
                 "graft_group": group_key(s),
+                "graft_thread": s.thread,
+                "graft_parent_sample": s.parent_sample,
             }
         )
     return out

@@ -21,6 +21,17 @@ ones, so a ``pre_temperature`` sample's logprobs are handed to none of them: the
 unknown (``sampled_logprobs_known`` is false, TRL gets ``None`` per token) and the
 framework recomputes its old policy.
 
+Since version 4 every sample names its ``thread``: ``main`` (the agent) or ``side`` (a
+harness's title call, a sub-agent, memory extraction: a conversation of its own with
+another system prompt or tool set), its ``thread_id`` (the thread's shape fingerprint),
+``thread_name`` and, for a side sample, ``parent_sample`` (the main sample that was
+running when it started); ``rewrites`` say what the fork or drift events at the sample
+changed, message by message (``kind``, ``call_id``, ``against_call``, ``message``,
+``role``, ``before``, ``after``). ``graft reconstruct`` leaves side threads out unless a
+reward was posted for one of their calls (``--side-threads``); such a side sample has no
+``reward`` of its own: :func:`rewards` gives it 0.0 and its call rewards carry its signal.
+Exporters pass ``thread`` and ``parent_sample`` on beside ``graft_sample_id``.
+
 Frameworks that split a sequence into prompt and response get:
 
 - ``prompt`` = the tokens before the first sampled token;
@@ -41,7 +52,7 @@ from typing import Iterable, Optional, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The newest sample layout this package reads (graft's ``SAMPLE_SCHEMA_VERSION``)."""
 
 EVENT_KINDS = ("fork", "branch", "drift")
@@ -74,6 +85,11 @@ class Sample:
     template_fingerprint: str = ""
     schema_version: int = SCHEMA_VERSION
     logprob_kind: str = "post_temperature"
+    thread: str = "main"
+    thread_id: str = "unknown"
+    thread_name: str = ""
+    parent_sample: Optional[str] = None
+    rewrites: list[dict] = field(default_factory=list)
 
     # -- the response-only view -------------------------------------------------------
 
@@ -237,6 +253,11 @@ def from_table(table: pa.Table) -> list[Sample]:
             template_fingerprint=col("template_fingerprint", str)[i] or "",
             schema_version=int(col("schema_version", lambda: 1)[i] or 1),
             logprob_kind=col("logprob_kind", lambda: None)[i] or "post_temperature",
+            thread=col("thread", lambda: None)[i] or "main",
+            thread_id=col("thread_id", lambda: None)[i] or "unknown",
+            thread_name=col("thread_name", str)[i] or "",
+            parent_sample=col("parent_sample", lambda: None)[i],
+            rewrites=[dict(r) for r in (col("rewrites", list)[i] or [])],
         )
         if not has_tv:
             _upgrade_v1(s)
@@ -273,6 +294,10 @@ def rewards(samples: Sequence[Sample], missing: Optional[float] = None) -> list[
     """Each sample's reward; a sample without one raises, unless ``missing`` gives a value."""
     out = []
     for s in samples:
+        if s.reward is None and s.thread == "side" and any(x is not None for x in s.call_rewards):
+            # Kept for its own call rewards (``--side-threads own``): no outcome of its own.
+            out.append(0.0)
+            continue
         if s.reward is None or (isinstance(s.reward, float) and math.isnan(s.reward)):
             if missing is None:
                 raise SampleError(

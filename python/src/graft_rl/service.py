@@ -118,6 +118,11 @@ def _sample(d: dict) -> Sample:
         template_fingerprint=d.get("template_fingerprint") or "",
         schema_version=int(d.get("schema_version") or 2),
         logprob_kind=d.get("logprob_kind") or "post_temperature",
+        thread=d.get("thread") or "main",
+        thread_id=d.get("thread_id") or "unknown",
+        thread_name=d.get("thread_name") or "",
+        parent_sample=d.get("parent_sample"),
+        rewrites=list(d.get("rewrites") or []),
     )
     _check(s)
     return s

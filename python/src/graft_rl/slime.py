@@ -48,7 +48,12 @@ def to_slime(samples: Sequence[Sample], missing_reward: Optional[float] = None) 
                 "teacher_log_probs": None,
                 "mopd_teacher_log_probs": None,
                 "status": "completed",
-                "metadata": {"graft_sample_id": s.sample_id, "graft_group_id": s.group_id},
+                "metadata": {
+                    "graft_sample_id": s.sample_id,
+                    "graft_group_id": s.group_id,
+                    "graft_thread": s.thread,
+                    "graft_parent_sample": s.parent_sample,
+                },
                 "generate_function_path": None,
                 "train_metadata": None,
                 "session_id": s.session_id,

@@ -45,6 +45,8 @@ def to_trl(
         "graft_reward": r,
         "graft_sample_id": [s.sample_id for s in ss],
         "graft_group_id": [s.group_id for s in ss],
+        "graft_thread": [s.thread for s in ss],
+        "graft_parent_sample": [s.parent_sample for s in ss],
     }
 
 

@@ -94,6 +94,8 @@ def verl_layout(
     out["uid"] = obj(group_key(s) for s in samples)
     out["graft_sample_id"] = obj(s.sample_id for s in samples)
     out["graft_session_id"] = obj(s.session_id for s in samples)
+    out["graft_thread"] = obj(s.thread for s in samples)
+    out["graft_parent_sample"] = obj(s.parent_sample for s in samples)
     out["__num_turns__"] = np.array([s.num_turns for s in samples], dtype=np.int32)
     return out
 
@@ -126,7 +128,12 @@ def to_agent_loop_outputs(samples: Sequence[Sample], missing_reward: Optional[fl
                 reward_score=r[i],
                 num_turns=2 * s.num_turns,
                 metrics=AgentLoopMetrics(),
-                extra_fields={"uid": group_key(s), "graft_sample_id": s.sample_id},
+                extra_fields={
+                    "uid": group_key(s),
+                    "graft_sample_id": s.sample_id,
+                    "graft_thread": s.thread,
+                    "graft_parent_sample": s.parent_sample,
+                },
             )
         )
     return out
