@@ -1,7 +1,9 @@
 //! `graft view`: the viewer's pages (`graft-viewer`) over a data dir, optionally an RL run
-//! and samples files, on their own listener. Closed by default like the gateway: beyond
-//! loopback it needs an admin key (from the environment) or the loudly named
-//! `--insecure-open-admin`. With a key, a browser logs in through a form (`POST /login`,
+//! and samples files, on their own listener. Closed by default like the gateway: every page
+//! needs an admin key, from the environment, else the data dir's own `admin.key` (the one a
+//! gateway without `auth.admin_key` generated there; `graft view` writes it the same way
+//! when there is none), on loopback too; only the loudly named `--insecure-open-admin` opens
+//! it. Beyond loopback the key must come from the environment. With a key, a browser logs in through a form (`POST /login`,
 //! rate limited per client, which sets an HttpOnly, SameSite=Strict cookie holding a random
 //! token of that login, never the key; `POST /logout` ends it: `graft_viewer::login`, which
 //! the gateway's `/ui` shares); `Authorization: Bearer <key>` works too.
@@ -38,13 +40,12 @@ pub struct ViewArgs {
     /// A model dir whose tokenizer.json shows sample tokens as text.
     #[arg(long)]
     pub model_dir: Option<PathBuf>,
-    /// The environment variable holding the admin key; when it is set, every page needs
-    /// it: typed once into the login form (a browser), or sent as `Authorization: Bearer
-    /// <key>`.
+    /// The environment variable holding the admin key; every page needs it: typed once into
+    /// the login form (a browser), or sent as `Authorization: Bearer <key>`. Unset: the data
+    /// dir's `admin.key` (the gateway's generated key; made there when missing).
     #[arg(long, default_value = "GRAFT_ADMIN_KEY")]
     pub admin_key_env: String,
-    /// Listen beyond loopback with no admin key: anyone who can reach the port reads every
-    /// recorded call.
+    /// No admin key at all: anyone who can reach the port reads every recorded call.
     #[arg(long)]
     pub insecure_open_admin: bool,
 }
@@ -67,6 +68,24 @@ pub async fn run(a: ViewArgs) -> anyhow::Result<()> {
             a.data_dir.display()
         );
     }
+    // On loopback with no key given: the data dir's own key, as the gateway keeps it.
+    let key = match key {
+        Some(k) => Some(k),
+        None if a.insecure_open_admin => None,
+        None => {
+            let k = graft_gateway::admin_key::load_or_create(&a.data_dir).with_context(|| {
+                format!(
+                    "graft view needs an admin key: export {} or let it use the data dir's admin.key",
+                    a.admin_key_env
+                )
+            })?;
+            eprintln!(
+                "graft view: every page needs the admin key in {} (a browser logs in with it once; scripts send 'Authorization: Bearer <key>')",
+                graft_gateway::admin_key::path(&a.data_dir).display()
+            );
+            Some(k)
+        }
+    };
     if let Some(run) = a.run.as_deref().filter(|r| !r.is_dir()) {
         bail!(
             "--run {} is not a directory: name a graft rl output dir (it holds steps.jsonl and samples/)",

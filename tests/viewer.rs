@@ -242,6 +242,48 @@ fn graft_view_is_closed_by_default() {
         err.contains("beyond loopback") && err.contains("GRAFT_ADMIN_KEY"),
         "{err}"
     );
+    let rt = tokio::runtime::Runtime::new().unwrap();
+
+    // Issue 32, hole 3, for the viewer too: on loopback with no key given it is not open
+    // to whatever runs on the host (a harness): it takes the data dir's own admin key, as
+    // a gateway without `auth.admin_key` keeps it (written here, there being none yet).
+    let own = Proc::spawn_env(
+        "view-own-key",
+        &[
+            "view",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            "127.0.0.1:0",
+        ],
+        &[],
+        "graft view listening on",
+        None,
+    );
+    let file_key = common::admin_key(&data).expect("graft view keeps a key in the data dir");
+    let r = rt
+        .block_on(http::send_bare(
+            "GET",
+            &format!("{}/", own.url),
+            &[],
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(r.status, 401, "{}", r.text());
+    assert!(!r.text().contains(&file_key));
+    let bearer = format!("Bearer {file_key}");
+    let r = rt
+        .block_on(http::send_bare(
+            "GET",
+            &format!("{}/", own.url),
+            &[("authorization", &bearer)],
+            vec![],
+        ))
+        .unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert!(own.stderr().contains("admin.key"), "{}", own.stderr());
+    drop(own);
+    std::fs::remove_file(data.join("admin.key")).unwrap();
 
     let key = "view-key-0123456789abcdef";
     let view = Proc::spawn_env(
@@ -257,7 +299,6 @@ fn graft_view_is_closed_by_default() {
         "graft view listening on",
         None,
     );
-    let rt = tokio::runtime::Runtime::new().unwrap();
     let good = format!("Bearer {key}");
     for path in ["/", "/groups", "/session/s-one", "/run"] {
         let url = format!("{}{path}", view.url);

@@ -794,8 +794,13 @@ impl OutputParser {
                         }
                         Err(why) => {
                             let number = self.parsed.tool_calls.len();
+                            let fate = if self.sglang_message {
+                                "dropped from the message, as SGLang drops it"
+                            } else {
+                                "kept as text"
+                            };
                             self.parsed.notes.push(format!(
-                                "JSON object after {number} parsed calls kept as text: {why}"
+                                "JSON object after {number} parsed calls {fate}: {why}"
                             ));
                             let raw = body[at + lead..next].trim_end();
                             if self.sglang_message {

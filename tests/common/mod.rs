@@ -176,7 +176,9 @@ impl TestEnv {
     /// chromium (`tests/clients/node/viewer_pages.cjs` over playwright-core), saving a
     /// screenshot of each as `shots/NAME.png`; returns per page what the DOM showed.
     pub fn browse(&self, view_url: &str, pages: &Value, shots: &Path) -> Value {
-        self.browse_with_login(view_url, None, pages, shots)
+        // A viewer behind the key the helpers carry for it: log in with that key first.
+        let key = http::carried_key(&format!("{view_url}/"));
+        self.browse_with_login(view_url, key.as_deref(), pages, shots)
     }
 
     /// [`TestEnv::browse`] on a keyed viewer: logs in through its form with `key` first
@@ -430,6 +432,15 @@ impl Proc {
                 panic!("graft {args:?}: expected '{prefix} http://ADDR', got {line:?}")
             });
         proc.url = url.trim_end_matches('/').to_owned();
+        // `graft view` with no key given keeps its data dir's admin key.
+        if args.first() == Some(&"view")
+            && !args.contains(&"--insecure-open-admin")
+            && !envs.iter().any(|(k, _)| *k == "GRAFT_ADMIN_KEY")
+            && let Some(data) = gateway_data_dir(args)
+            && let Some(key) = admin_key(&data)
+        {
+            http::carry_key(&format!("{}/", proc.url), &key);
+        }
         if args.first() == Some(&"gateway")
             && let Some(data) = gateway_data_dir(args)
         {
