@@ -51,8 +51,17 @@ struct Setup {
 }
 
 fn start(script: &str, upstream_args: &[&str], gateway_args: &[&str]) -> Setup {
-    let env = TestEnv::get();
-    let qwen3 = env.qwen3_dir();
+    start_model(
+        &TestEnv::get().qwen3_dir(),
+        script,
+        upstream_args,
+        gateway_args,
+    )
+}
+
+/// [`start`] with another model dir (`qwen3` in the setup is then that dir).
+fn start_model(model: &Path, script: &str, upstream_args: &[&str], gateway_args: &[&str]) -> Setup {
+    let qwen3 = model.to_path_buf();
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let script_path = dir.path().join("script.json");
@@ -2539,33 +2548,25 @@ const LLAMA3_SCRIPT: &str = r#"{"rules": [
 /// `llama3` structural tag. A tool session merges into one sample with the sampled ids.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn llama3_tool_calls_are_read_as_sglangs_llama3_parser_reads_them() {
-    let env = TestEnv::get();
-    let llama = env.llama3_dir();
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("data");
-    let script = dir.path().join("script.json");
-    std::fs::write(&script, LLAMA3_SCRIPT).unwrap();
-    let cfg = dir.path().join("graft.toml");
+    let llama = TestEnv::get().llama3_dir();
+    let cfg_dir = tempfile::tempdir().unwrap();
+    let cfg = cfg_dir.path().join("graft.toml");
     std::fs::write(
         &cfg,
         "[exact]\ntool_call_format = \"llama3\"\nreasoning_format = \"none\"\n",
     )
     .unwrap();
-    let l = llama.to_str().unwrap();
-    let upstream =
-        Proc::scripted_upstream(&["--script", script.to_str().unwrap(), "--tokenizer", l]);
-    let gateway = Proc::gateway_with(
-        &upstream.url,
-        &data,
-        &[
-            "--mode",
-            "exact",
-            "--model-dir",
-            l,
-            "--config",
-            cfg.to_str().unwrap(),
-        ],
+    let Setup {
+        gateway,
+        upstream,
+        data,
+        dir,
+        ..
+    } = start_model(
+        &llama,
+        LLAMA3_SCRIPT,
         &[],
+        &["--config", cfg.to_str().unwrap()],
     );
     let (sid, base) = common::open_session(&gateway.url).await;
     let schema = json!({"type": "object", "properties": {"city": {"type": "string"}, "tz": {"type": "string"}}});
@@ -2744,13 +2745,7 @@ async fn llama3_tool_calls_are_read_as_sglangs_llama3_parser_reads_them() {
     assert_eq!(mine.len(), 1, "one sample for the tool session: {summary}");
     let x = mine[0];
     assert_eq!(x.fork_reason, None);
-    let trained: Vec<u32> = x
-        .tokens
-        .iter()
-        .zip(&x.loss_mask)
-        .filter(|(_, m)| **m == 1)
-        .map(|(t, _)| *t)
-        .collect();
+    let trained = common::trained_ids(x);
     let mut want = ids(&recs[0]["completion_token_ids"]);
     want.extend(ids(&recs[1]["completion_token_ids"]));
     assert_eq!(trained, want);

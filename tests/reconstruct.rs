@@ -144,13 +144,7 @@ async fn text_only_records_are_retokenized_merged_and_drift_is_classified() {
     let tok = Tokenizer::from_dir(&qwen3).unwrap();
     let trained = |i: usize| {
         let x = &samples[i];
-        let ids: Vec<u32> = x
-            .tokens
-            .iter()
-            .zip(&x.loss_mask)
-            .filter(|(_, m)| **m == 1)
-            .map(|(t, _)| *t)
-            .collect();
+        let ids = common::trained_ids(x);
         tok.decode(&ids).unwrap()
     };
     for x in &samples {
@@ -246,13 +240,7 @@ fn a_foreign_jsonl_log_gives_sft_samples() {
             x.logprobs.iter().all(Option::is_none),
             "SFT samples have no logprobs"
         );
-        let ids: Vec<u32> = x
-            .tokens
-            .iter()
-            .zip(&x.loss_mask)
-            .filter(|(_, m)| **m == 1)
-            .map(|(t, _)| *t)
-            .collect();
+        let ids = common::trained_ids(x);
         trained_text.push_str(&tok.decode(&ids).unwrap());
     }
     assert!(

@@ -1191,13 +1191,7 @@ lr = 0.005
             .iter()
             .map(|v| v.as_u64().unwrap() as u32)
             .collect();
-        let trained: Vec<u32> = x
-            .tokens
-            .iter()
-            .zip(&x.loss_mask)
-            .filter(|(_, m)| **m == 1)
-            .map(|(t, _)| *t)
-            .collect();
+        let trained = common::trained_ids(x);
         assert_eq!(trained, ids, "{}", x.sample_id);
     }
 }

@@ -429,7 +429,7 @@ fn build_batch(
         mut rw_before,
         mut rw_after,
     ] = rw;
-    let rewrite_structs = StructArray::try_new(
+    let rewrites = list_of_structs(
         rewrite_fields(),
         vec![
             Arc::new(rw_kind.finish()),
@@ -440,20 +440,10 @@ fn build_batch(
             Arc::new(rw_before.finish()),
             Arc::new(rw_after.finish()),
         ],
-        None,
-    )
-    .map_err(|e| ReconstructError::arrow(path, e))?;
-    let rewrites = ListArray::try_new(
-        Arc::new(Field::new_list_field(
-            DataType::Struct(rewrite_fields()),
-            true,
-        )),
-        OffsetBuffer::from_lengths(rw_lens),
-        Arc::new(rewrite_structs),
-        None,
-    )
-    .map_err(|e| ReconstructError::arrow(path, e))?;
-    let event_structs = StructArray::try_new(
+        rw_lens,
+        path,
+    )?;
+    let events = list_of_structs(
         event_fields(),
         vec![
             Arc::new(ev_kind.finish()),
@@ -463,19 +453,9 @@ fn build_batch(
             Arc::new(ev_call.finish()),
             Arc::new(ev_other.finish()),
         ],
-        None,
-    )
-    .map_err(|e| ReconstructError::arrow(path, e))?;
-    let events = ListArray::try_new(
-        Arc::new(Field::new_list_field(
-            DataType::Struct(event_fields()),
-            true,
-        )),
-        OffsetBuffer::from_lengths(ev_lens),
-        Arc::new(event_structs),
-        None,
-    )
-    .map_err(|e| ReconstructError::arrow(path, e))?;
+        ev_lens,
+        path,
+    )?;
     let columns: Vec<ArrayRef> = vec![
         Arc::new(sample_id.finish()),
         Arc::new(session_id.finish()),
@@ -958,4 +938,23 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
         }
     }
     Ok(out)
+}
+
+/// A list column whose items are structs of `fields`: the struct columns, then one list
+/// per sample of `lens` items each.
+fn list_of_structs(
+    fields: Fields,
+    columns: Vec<ArrayRef>,
+    lens: Vec<usize>,
+    path: &Path,
+) -> Result<ListArray, ReconstructError> {
+    let structs = StructArray::try_new(fields.clone(), columns, None)
+        .map_err(|e| ReconstructError::arrow(path, e))?;
+    ListArray::try_new(
+        Arc::new(Field::new_list_field(DataType::Struct(fields), true)),
+        OffsetBuffer::from_lengths(lens),
+        Arc::new(structs),
+        None,
+    )
+    .map_err(|e| ReconstructError::arrow(path, e))
 }

@@ -534,6 +534,16 @@ fn gateway_data_dir(args: &[&str]) -> Option<PathBuf> {
         .map(PathBuf::from)
 }
 
+/// A sample's trained token ids (loss mask 1), in order.
+pub fn trained_ids(x: &graft_reconstruct::sample::Sample) -> Vec<u32> {
+    x.tokens
+        .iter()
+        .zip(&x.loss_mask)
+        .filter(|(_, m)| **m == 1)
+        .map(|(t, _)| *t)
+        .collect()
+}
+
 /// The admin key a gateway generated into `data_dir` (none when `auth.admin_key` is set), as
 /// graft's local tools read it.
 pub fn admin_key(data_dir: &Path) -> Option<String> {
