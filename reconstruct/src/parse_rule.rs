@@ -36,18 +36,32 @@
 //! # vLLM (0.34, `vllm/parser/abstract_parser.py` `_extract_tool_calls`)
 //! - `"none"`: no calls; its engine-based parsers (Qwen3) still run and strip the tool-call
 //!   markup from the content, where SGLang leaves it.
-//! - `"required"`: guided JSON; the output is read as a JSON list of `{"name",
-//!   "parameters"}` (`TypeAdapter(list[FunctionDefinition])`), content `None`.
-//! - named function: guided JSON of that function's parameters; the whole output is its
-//!   `arguments`, content `None`.
+//! - `"required"` and a named function: with `VLLM_ENFORCE_STRICT_TOOL_CALLING` (on by
+//!   default) the parsers graft's formats map to (`hermes`, `qwen3_coder`, `llama3_json`) have
+//!   a structural tag and `supports_required_and_named = False`: the decode is constrained in
+//!   the model's own syntax and the output is parsed like `auto`. With it off: guided JSON,
+//!   the output read as a JSON list of `{"name", "parameters"}` under `required`
+//!   (`TypeAdapter(list[FunctionDefinition])`) or as the named function's arguments, content
+//!   `None` ([`ForcedCalls`]).
 //! - `"auto"` requires `--enable-auto-tool-choice`; without tools no parsing.
+//! - **Hermes** (`--tool-call-parser hermes`, Qwen2.5 / Qwen3): calls to undeclared functions
+//!   are calls; the content is the text before the first `<tool_call>`; the whole answer and
+//!   the streamed one differ ([`VllmHermes`]: whole, one region that does not parse leaves
+//!   the whole answer as content; streamed, each region is sent as far as it reads, its
+//!   arguments as the model wrote them). The reference is vLLM's own parser run on the
+//!   fixtures (`scripts/vllm-parse-fixtures.py`).
+//! - **Reasoning** (`--reasoning-parser qwen3`, the engine-based `Qwen3Parser`): it starts in
+//!   reasoning when the request thinks (`enable_thinking` not `false`), as SGLang's forced
+//!   reasoning, and looks for no reasoning at all when it does not.
+//! - Not transcribed: vLLM's engine-based `qwen3_coder` and `llama3_json` tool parsers
+//!   (`vllm/parser/qwen3.py`, `llama_json.py`); graft reads those formats on the vLLM wire as
+//!   SGLang's detectors read them.
 //!
-//! [`ParseRule::as_vllm`] gives `required` and named their vLLM reading ([`ForcedCalls`]);
-//! `none` keeps SGLang's (the markup stays content).
+//! [`ParseRule::as_vllm`] gives these their vLLM reading.
 
 use serde_json::Value;
 
-use crate::parser::{ForcedCalls, OutputParser, ReasoningFormat, ToolCallFormat};
+use crate::parser::{ForcedCalls, OutputParser, ReasoningFormat, ToolCallFormat, VllmHermes};
 
 /// A request's `tool_choice`, in Chat Completions form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,6 +108,8 @@ pub struct ParseRule {
     pub forced: Option<ForcedCalls>,
     /// The rule is vLLM's ([`ParseRule::as_vllm`]); else SGLang's.
     vllm: bool,
+    /// The client streams ([`ParseRule::streamed`]).
+    streamed: bool,
 }
 
 impl ParseRule {
@@ -117,6 +133,7 @@ impl ParseRule {
             tools: tools.to_vec(),
             forced: None,
             vllm: false,
+            streamed: false,
         }
     }
 
@@ -144,6 +161,14 @@ impl ParseRule {
         self
     }
 
+    /// The client streams the answer. vLLM's Hermes parser makes a different message of the
+    /// same output whole and streamed ([`crate::parser::VllmHermes`]); SGLang's does not.
+    #[must_use]
+    pub fn streamed(mut self, streamed: bool) -> Self {
+        self.streamed = streamed;
+        self
+    }
+
     /// Whether this request's output is parsed for tool calls at all.
     pub fn parses_tool_calls(&self) -> bool {
         self.tool_format != ToolCallFormat::None
@@ -154,16 +179,23 @@ impl ParseRule {
     /// the first tool-call tag only the calls that parse); vLLM's keeps what is not a call as
     /// content, with a note (vLLM's own handling is not transcribed here).
     pub fn parser(&self) -> OutputParser {
-        let parser = OutputParser::new(
-            self.tool_format,
-            self.reasoning_format,
-            self.force_reasoning,
-        )
+        // vLLM's Qwen3 parser does not look for reasoning at all when the request does not
+        // think (`Qwen3Parser.extract_reasoning` returns the whole output as content).
+        let reasoning = if self.vllm && !self.force_reasoning {
+            ReasoningFormat::None
+        } else {
+            self.reasoning_format
+        };
+        let parser = OutputParser::new(self.tool_format, reasoning, self.force_reasoning)
         .with_schemas(&self.tools)
         .declared_only()
         .with_forced(self.forced.clone());
         if self.vllm {
-            parser
+            parser.vllm_hermes(if self.streamed {
+                VllmHermes::Streamed
+            } else {
+                VllmHermes::Whole
+            })
         } else {
             parser.sglang_message()
         }

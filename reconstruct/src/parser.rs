@@ -51,8 +51,10 @@
 //!   function) is content with a note, where SGLang drops it.
 //!
 //! A tool call is emitted whole ([`Piece::ToolCallStart`] then one [`Piece::ToolCallArgs`]
-//! with the complete compact JSON object) when its `</tool_call>` arrives: arguments are never
-//! streamed partially, so a call that turns out malformed never has to be retracted.
+//! with the complete JSON object) when its `</tool_call>` arrives: arguments are never
+//! streamed partially, so a call that turns out malformed never has to be retracted. The
+//! arguments are written as both servers write them whole: Python's `json.dumps(args,
+//! ensure_ascii=False)` (`{"city": "Paris"}`), so a client sees the same string.
 //!
 //! # Whitespace
 //! Chosen so that feeding the parsed message back through the Qwen3 chat templates reproduces
@@ -130,7 +132,7 @@ pub enum Piece {
         id: String,
         name: String,
     },
-    /// Arguments of the call `index`: the whole compact JSON object text, sent once.
+    /// Arguments of the call `index`: the whole JSON object text (Python `json.dumps` form), sent once.
     ToolCallArgs { index: usize, arguments: String },
 }
 
@@ -139,7 +141,7 @@ pub enum Piece {
 pub struct ParsedToolCall {
     pub id: String,
     pub name: String,
-    /// Compact JSON object text.
+    /// JSON object text, as Python's `json.dumps(args, ensure_ascii=False)` writes it.
     pub arguments: String,
 }
 
@@ -167,6 +169,24 @@ pub enum ForcedCalls {
     /// call at all), each call's arguments its `parameters` as Python's `json.dumps` writes
     /// them.
     Required,
+}
+
+/// The message vLLM's chat server makes of a Hermes output (`--tool-call-parser hermes`,
+/// `vllm/tool_parsers/hermes_tool_parser.py`, 0.34), whose whole and streamed paths differ.
+/// Both: the content is the text before the first `<tool_call>`, calls to undeclared
+/// functions are calls, text between and after the calls is not in the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum VllmHermes {
+    /// `extract_tool_calls`: every `<tool_call>` region (to `</tool_call>` or the end) must be
+    /// a JSON object with a string `name` and an `arguments` key (`parameters` is not read),
+    /// or nothing is a call and the whole answer is content; arguments are
+    /// `json.dumps(arguments)`.
+    Whole,
+    /// `extract_tool_calls_streaming`: each region's name is the first `"name": "…"` in it
+    /// (a region without one ends the calls), its arguments the raw text after
+    /// `"arguments":` (without the object's closing `}` once the region is complete), as the
+    /// client accumulates them; nothing is reclassified.
+    Streamed,
 }
 
 /// Which characters a [`Lane`] trims.
@@ -271,6 +291,10 @@ pub struct OutputParser {
     sglang_message: bool,
     /// A tool-call tag was met (the calls began).
     calls_began: bool,
+    /// vLLM's Hermes message ([`OutputParser::vllm_hermes`]).
+    vllm_hermes: Option<VllmHermes>,
+    /// [`VllmHermes::Streamed`]: a region without a name ended the calls.
+    calls_ended: bool,
     /// Text dropped for [`OutputParser::sglang_message`], for the note.
     dropped: String,
     parsed: Parsed,
@@ -308,6 +332,8 @@ impl OutputParser {
             declared_only: false,
             sglang_message: false,
             calls_began: false,
+            vllm_hermes: None,
+            calls_ended: false,
             dropped: String::new(),
             parsed: Parsed::default(),
             reasoning_text: String::new(),
@@ -342,6 +368,20 @@ impl OutputParser {
     #[must_use]
     pub fn sglang_message(mut self) -> Self {
         self.sglang_message = true;
+        self
+    }
+
+    /// The message vLLM's Hermes parser makes of the output ([`VllmHermes`]); only for
+    /// [`ToolCallFormat::Hermes`] (other formats are unchanged).
+    #[must_use]
+    pub fn vllm_hermes(mut self, how: VllmHermes) -> Self {
+        if self.tools == ToolCallFormat::Hermes {
+            self.vllm_hermes = Some(how);
+            if how == VllmHermes::Whole {
+                // The answer is read as a whole at the end, like forced calls.
+                self.tools = ToolCallFormat::None;
+            }
+        }
         self
     }
 
@@ -422,7 +462,10 @@ impl OutputParser {
         if self.forced.is_some() {
             self.forced_text.push_str(&rest);
             self.close_forced(&mut out);
-        } else if self.sglang_message && self.calls_began {
+        } else if self.vllm_hermes == Some(VllmHermes::Whole) {
+            self.forced_text.push_str(&rest);
+            self.close_vllm_whole(&mut out);
+        } else if self.drops_after_calls() && self.calls_began {
             self.dropped.push_str(&rest);
         } else if !rest.is_empty() {
             self.parsed.text.push_str(&rest);
@@ -431,7 +474,12 @@ impl OutputParser {
         let dropped = std::mem::take(&mut self.dropped);
         if !dropped.trim().is_empty() {
             self.parsed.notes.push(format!(
-                "not in the message (SGLang keeps only the calls after the first tool-call tag): {:?}",
+                "not in the message ({} keeps only the calls after the first tool-call tag): {:?}",
+                if self.vllm_hermes.is_some() {
+                    "vLLM"
+                } else {
+                    "SGLang"
+                },
                 head(dropped.trim())
             ));
         }
@@ -683,12 +731,12 @@ impl OutputParser {
 
     fn emit_text(&mut self, seg: &str, out: &mut Vec<Piece>) {
         let certain = self.text.feed(seg);
-        if self.forced.is_some() {
+        if self.forced.is_some() || self.vllm_hermes == Some(VllmHermes::Whole) {
             self.seen_content |= !certain.is_empty();
             self.forced_text.push_str(&certain);
             return;
         }
-        if self.sglang_message && self.calls_began {
+        if self.drops_after_calls() && self.calls_began {
             self.dropped.push_str(&certain);
             return;
         }
@@ -708,6 +756,10 @@ impl OutputParser {
     }
 
     fn close_call(&mut self, body: &str, terminated: bool, out: &mut Vec<Piece>) {
+        if self.vllm_hermes == Some(VllmHermes::Streamed) {
+            self.close_vllm_streamed(body, terminated, out);
+            return;
+        }
         let number = self.parsed.tool_calls.len();
         let result = if !terminated
             && self.tools == ToolCallFormat::Qwen3Coder
@@ -754,6 +806,84 @@ impl OutputParser {
                     self.emit_text(&raw, out);
                 }
             }
+        }
+    }
+
+    /// Whether text after the first tool-call tag is left out of the message (SGLang's
+    /// message, vLLM's Hermes streamed one).
+    fn drops_after_calls(&self) -> bool {
+        self.sglang_message || self.vllm_hermes == Some(VllmHermes::Streamed)
+    }
+
+    /// One `<tool_call>` region as vLLM's streaming Hermes parser leaves it with the client
+    /// ([`VllmHermes::Streamed`]).
+    fn close_vllm_streamed(&mut self, body: &str, terminated: bool, out: &mut Vec<Piece>) {
+        // Whitespace before the call belongs to the template, not the text.
+        self.text.pending.clear();
+        self.text.lead = Trim::Whitespace;
+        self.seen_content = true;
+        let number = self.parsed.tool_calls.len();
+        if self.calls_ended {
+            self.dropped.push_str(&format!("{TOOL_OPEN}{body}"));
+            return;
+        }
+        // An unterminated region loses what may be the start of `</tool_call>`.
+        let body = if terminated {
+            body
+        } else {
+            &body[..body.len() - partial_suffix(body, &[TOOL_CLOSE])]
+        };
+        let json = body.trim();
+        let complete = terminated || serde_json::from_str::<Value>(json).is_ok();
+        let Some(name) = vllm_region_name(json) else {
+            self.calls_ended = true;
+            self.parsed.notes.push(format!(
+                "tool call {number} has no \"name\": \"…\"; vLLM's streaming Hermes parser sends no call from here on"
+            ));
+            self.dropped.push_str(&format!("{TOOL_OPEN}{body}"));
+            return;
+        };
+        let arguments = vllm_region_args(json, complete).unwrap_or_default();
+        if serde_json::from_str::<Value>(&arguments).is_err() {
+            self.parsed.notes.push(format!(
+                "tool call {number} ({name}): its arguments as vLLM streams them are not JSON: {:?}",
+                head(&arguments)
+            ));
+        }
+        if !terminated {
+            self.parsed.notes.push(format!(
+                "tool call {number} ({name}) was not closed by {TOOL_CLOSE}; sent as vLLM streams it"
+            ));
+        }
+        self.push_call(name, arguments, out);
+    }
+
+    /// The gathered answer as vLLM's whole-answer Hermes parser reads it
+    /// ([`VllmHermes::Whole`]).
+    fn close_vllm_whole(&mut self, out: &mut Vec<Piece>) {
+        let text = std::mem::take(&mut self.forced_text);
+        let (content, calls) = match vllm_hermes_whole(&text) {
+            Ok(Some((content, calls))) => (content, calls),
+            Ok(None) => (text, vec![]),
+            Err(why) => {
+                self.parsed.notes.push(format!(
+                    "no tool call: vLLM's Hermes parser reads none when one fails ({why}); the whole answer is content"
+                ));
+                (text, vec![])
+            }
+        };
+        let content = if calls.is_empty() {
+            content
+        } else {
+            content.trim_end().to_owned()
+        };
+        if !content.is_empty() {
+            self.seen_content = true;
+            self.parsed.text.push_str(&content);
+            push_piece(out, Piece::Text(content));
+        }
+        for (name, arguments) in calls {
+            self.push_call(name, arguments, out);
         }
     }
 
@@ -878,9 +1008,7 @@ impl OutputParser {
             },
             Some(_) => return Err("the arguments are not an object".to_owned()),
         };
-        let arguments =
-            serde_json::to_string(&Value::Object(arguments)).map_err(|e| e.to_string())?;
-        Ok((name, arguments))
+        Ok((name, python_json(arguments)))
     }
 
     /// Parses a tool call body: the configured format first, then the other as a fallback.
@@ -899,6 +1027,83 @@ impl OutputParser {
         }
         Ok((name, arguments))
     }
+}
+
+/// A call's arguments as both servers write them: Python's `json.dumps(arguments,
+/// ensure_ascii=False)` (`", "` and `": "` between items, keys in the model's order), as
+/// SGLang's `parse_base_json` and Qwen3-Coder detector and vLLM's Hermes parser do.
+fn python_json(arguments: Map<String, Value>) -> String {
+    crate::template::json_dumps(&Value::Object(arguments))
+}
+
+/// vLLM's `Hermes2ProToolParser._extract_tool_name`: the first `"name": "…"` of a region.
+fn vllm_region_name(json: &str) -> Option<String> {
+    let mut rest = json;
+    while let Some(i) = rest.find("\"name\"") {
+        let after = rest[i + 6..].trim_start();
+        if let Some(value) = after.strip_prefix(':').map(str::trim_start)
+            && let Some(value) = value.strip_prefix('"')
+            && let Some(end) = value.find('"')
+            && end > 0
+        {
+            return Some(value[..end].to_owned());
+        }
+        rest = &rest[i + 6..];
+    }
+    None
+}
+
+/// vLLM's `Hermes2ProToolParser._extract_tool_args`: the raw text after the first
+/// `"arguments":`, without the object's closing `}` when the region is complete.
+fn vllm_region_args(json: &str, complete: bool) -> Option<String> {
+    let mut rest = json;
+    let raw = loop {
+        let i = rest.find("\"arguments\"")?;
+        rest = &rest[i + 11..];
+        if let Some(raw) = rest.trim_start().strip_prefix(':') {
+            break raw.trim_start();
+        }
+    };
+    if !complete {
+        return Some(raw.to_owned());
+    }
+    let raw = raw.trim_end();
+    Some(raw.strip_suffix('}').map_or(raw, str::trim_end).to_owned())
+}
+
+type VllmWhole = (String, Vec<(String, String)>);
+
+/// vLLM's `Hermes2ProToolParser.extract_tool_calls`: `Ok(None)` without `<tool_call>`; else
+/// the text before the first tag and every region's call, or `Err` when one region is not a
+/// JSON object with a string `name` and an `arguments` key (vLLM then reads no call at all).
+fn vllm_hermes_whole(text: &str) -> Result<Option<VllmWhole>, String> {
+    let Some(first) = text.find(TOOL_OPEN) else {
+        return Ok(None);
+    };
+    let mut calls = Vec::new();
+    let mut rest = &text[first..];
+    while let Some(start) = rest.find(TOOL_OPEN) {
+        let body_at = start + TOOL_OPEN.len();
+        let (body, next) = match rest[body_at..].find(TOOL_CLOSE) {
+            Some(end) => (
+                &rest[body_at..body_at + end],
+                &rest[body_at + end + TOOL_CLOSE.len()..],
+            ),
+            None => (&rest[body_at..], ""),
+        };
+        let value: Value = serde_json::from_str(body.trim())
+            .map_err(|e| format!("call {}: invalid JSON: {e}", calls.len()))?;
+        let name = match value.get("name") {
+            Some(Value::String(name)) => name.clone(),
+            _ => return Err(format!("call {}: no string \"name\"", calls.len())),
+        };
+        let arguments = value
+            .get("arguments")
+            .ok_or_else(|| format!("call {}: no \"arguments\"", calls.len()))?;
+        calls.push((name, crate::template::json_dumps(arguments)));
+        rest = next;
+    }
+    Ok(Some((text[..first].to_owned(), calls)))
 }
 
 /// Parses a whole output at once (same rules as streaming).
@@ -987,7 +1192,7 @@ fn floor_char_boundary(s: &str, mut i: usize) -> usize {
     i
 }
 
-/// `{"name": ..., "arguments": {...}}` → (name, compact arguments).
+/// `{"name": ..., "arguments": {...}}` → (name, arguments).
 fn parse_hermes(body: &str) -> Result<(String, String), String> {
     let value: Value =
         serde_json::from_str(body.trim()).map_err(|e| format!("invalid JSON: {e}"))?;
@@ -1011,11 +1216,10 @@ fn parse_hermes(body: &str) -> Result<(String, String), String> {
         },
         Some(_) => return Err("\"arguments\" is not an object".to_owned()),
     };
-    let arguments = serde_json::to_string(&Value::Object(arguments)).map_err(|e| e.to_string())?;
-    Ok((name, arguments))
+    Ok((name, python_json(arguments)))
 }
 
-/// `<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>` → (name, compact
+/// `<function=NAME>\n<parameter=P>\nVALUE\n</parameter>\n</function>` → (name,
 /// arguments). A missing `</function>` is tolerated; a missing `</parameter>` is not.
 fn parse_qwen3_coder(
     body: &str,
@@ -1067,8 +1271,7 @@ fn parse_qwen3_coder(
         arguments.insert(param.to_owned(), typed);
         rest = &after[end + PARAM_CLOSE.len()..];
     }
-    let arguments = serde_json::to_string(&Value::Object(arguments)).map_err(|e| e.to_string())?;
-    Ok((name.to_owned(), arguments))
+    Ok((name.to_owned(), python_json(arguments)))
 }
 
 /// Appends `s` to `kept`, a space between two parts.
@@ -1261,8 +1464,8 @@ mod tests {
         assert_eq!(
             parsed.tool_calls,
             vec![
-                call("call_0", "get_weather", r#"{"city":"Paris","days":2}"#),
-                call("call_1", "get_time", r#"{"tz":"CET"}"#),
+                call("call_0", "get_weather", r#"{"city": "Paris", "days": 2}"#),
+                call("call_1", "get_time", r#"{"tz": "CET"}"#),
             ]
         );
         assert!(parsed.notes.is_empty());
@@ -1289,12 +1492,12 @@ mod tests {
                 call(
                     "call_0",
                     "run",
-                    r#"{"cmd":"ls -la <dir> \"x\"","timeout":30}"#
+                    r#"{"cmd": "ls -la <dir> \"x\"", "timeout": 30}"#
                 ),
                 call(
                     "call_1",
                     "write",
-                    r#"{"path":"a.py","content":"\ndef f():\n    return 1\n"}"#
+                    r#"{"path": "a.py", "content": "\ndef f():\n    return 1\n"}"#
                 ),
             ]
         );
@@ -1462,18 +1665,18 @@ mod tests {
         assert_eq!(parsed.notes.len(), 1);
         let out = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>";
         let parsed = parse_whole(out, X, T, false);
-        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a":1}"#)]);
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a": 1}"#)]);
     }
 
     #[test]
     fn format_fallbacks_and_none() {
         let json_call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": 1}}\n</tool_call>";
         let parsed = parse_whole(json_call, X, T, false);
-        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a":1}"#)]);
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a": 1}"#)]);
         let xml_call =
             "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>";
         let parsed = parse_whole(xml_call, H, T, false);
-        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a":1}"#)]);
+        assert_eq!(parsed.tool_calls, vec![call("call_0", "f", r#"{"a": 1}"#)]);
         let parsed = parse_whole(json_call, ToolCallFormat::None, T, false);
         assert_eq!(parsed.text, json_call);
         assert!(parsed.tool_calls.is_empty());
@@ -1598,7 +1801,7 @@ mod tests {
         let out = "<think>\n漢字 😀\n</think>\n\né <tool_call>{\"name\": \"f\", \"arguments\": {\"q\": \"<é>\"}}</tool_call>";
         let whole = parse_whole(out, H, T, false);
         assert_eq!(whole.text, "é");
-        assert_eq!(whole.tool_calls[0].arguments, r#"{"q":"<é>"}"#);
+        assert_eq!(whole.tool_calls[0].arguments, r#"{"q": "<é>"}"#);
         for cut in 0..out.len() {
             if out.is_char_boundary(cut) {
                 let (pieces, parsed) = stream(&[&out[..cut], &out[cut..]], H, T, false);
@@ -1803,7 +2006,7 @@ mod tests {
                 .map(|(i, c)| ParsedToolCall {
                     id: format!("call_{i}"),
                     name: c.name.clone(),
-                    arguments: args_object(c).to_string(),
+                    arguments: crate::template::json_dumps(&args_object(c)),
                 })
                 .collect(),
             notes: Vec::new(),
@@ -1858,7 +2061,7 @@ mod tests {
         assert_eq!(p.text, "");
         assert_eq!(
             call(&p, 0),
-            ("get_weather".into(), r#"{"city":"Paris"}"#.into())
+            ("get_weather".into(), r#"{"city": "Paris"}"#.into())
         );
         let p = parse_whole(
             "Let me check.\n<|python_tag|>{\"name\": \"a\", \"arguments\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {}}",
@@ -1868,7 +2071,7 @@ mod tests {
         );
         assert_eq!(p.text, "Let me check.");
         assert_eq!(p.tool_calls.len(), 2);
-        assert_eq!(call(&p, 0), ("a".into(), r#"{"x":1}"#.into()));
+        assert_eq!(call(&p, 0), ("a".into(), r#"{"x": 1}"#.into()));
         assert_eq!(call(&p, 1), ("b".into(), "{}".into()));
         // Leading whitespace: not calls (SGLang's `text.startswith("{")`).
         let p = parse_whole(" {\"name\": \"a\", \"parameters\": {}}", L, n, false);
@@ -1886,7 +2089,7 @@ mod tests {
         parser.finish();
         let p = parser.parsed();
         assert_eq!(p.tool_calls.len(), 1);
-        assert_eq!(call(&p, 0), ("a".into(), r#"{"k":"v"}"#.into()));
+        assert_eq!(call(&p, 0), ("a".into(), r#"{"k": "v"}"#.into()));
         assert_eq!(p.text, r#"{"name": "zz", "parameters": {}}; trailing"#);
         // `<tool_call>` means nothing to Llama 3; `<|python_tag|>` nothing to Hermes.
         let p = parse_whole("<tool_call>\n{\"name\": \"a\"}\n</tool_call>", L, n, false);

@@ -498,3 +498,79 @@ fn tool_call_text_is_content_without_tools_or_with_tool_choice_none() {
         assert!(parsed.tool_calls.is_empty());
     }
 }
+
+/// vLLM's Hermes parser (`--tool-call-parser hermes`, what vLLM runs Qwen2.5 and Qwen3 with),
+/// run by `scripts/vllm-parse-fixtures.py` from vLLM 0.34's own file on the Hermes fixtures
+/// and on the texts of vLLM's own parser tests: graft's vLLM rule must give the same message,
+/// whole and streamed (vLLM's two paths differ, and so does graft's answer): the same content
+/// (surrounding whitespace trimmed, as above) and the same calls, names and arguments byte
+/// for byte (the arguments string is what a harness sends back in its next request). The
+/// request thinks not, so vLLM's Qwen3 reasoning parser leaves the text whole, as the script
+/// ran the tool parser on it.
+#[test]
+fn hermes_matches_vllms_own_parser_whole_and_streamed() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parse/vllm_hermes.jsonl");
+    let all_tools = tools();
+    let mut cases = 0;
+    let mut paths_differ = 0;
+    for line in std::fs::read_to_string(path).unwrap().lines() {
+        let fixture: Value = serde_json::from_str(line).unwrap();
+        let text = fixture["text"].as_str().unwrap();
+        paths_differ += usize::from(fixture["whole"] != fixture["streamed"]);
+        for family in [FAMILIES[0], FAMILIES[1]] {
+            for choice in [None, Some(json!("auto"))] {
+                for streamed in [false, true] {
+                    let want = &fixture[if streamed { "streamed" } else { "whole" }];
+                    let want_content = want["content"].as_str().unwrap_or_default().trim();
+                    let want_calls: Vec<(String, String)> = want["tool_calls"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|c| {
+                            (
+                                c["name"].as_str().unwrap().to_owned(),
+                                c["arguments"].as_str().unwrap().to_owned(),
+                            )
+                        })
+                        .collect();
+                    let rule = ParseRule::new(
+                        family.tools,
+                        family.reasoning,
+                        &all_tools,
+                        ToolChoice::from_chat(choice.as_ref()),
+                    )
+                    .with_thinking(false)
+                    .as_vllm()
+                    .streamed(streamed);
+                    for chunks in chunkings(text) {
+                        let mut parser = rule.parser();
+                        for c in &chunks {
+                            parser.push(c);
+                        }
+                        parser.finish();
+                        let parsed = parser.parsed();
+                        let ctx = format!(
+                            "{} / {} / {choice:?} / streamed {streamed} ({} chunks): {text:?}",
+                            family.name,
+                            fixture["name"],
+                            chunks.len()
+                        );
+                        let calls: Vec<(String, String)> = parsed
+                            .tool_calls
+                            .iter()
+                            .map(|c| (c.name.clone(), c.arguments.clone()))
+                            .collect();
+                        assert_eq!(parsed.text.trim(), want_content, "{ctx}");
+                        assert_eq!(calls, want_calls, "{ctx}");
+                        assert_eq!(parsed.reasoning, None, "{ctx}");
+                        cases += 1;
+                    }
+                }
+            }
+        }
+    }
+    assert!(cases > 0);
+    // The fixtures hold texts on which vLLM's two paths differ.
+    assert!(paths_differ >= 2, "{paths_differ}");
+}

@@ -485,11 +485,13 @@ pub(crate) fn prompt_of(text: &str) -> Prompt {
 }
 
 /// The model's raw output for a reply: reasoning in `<think>`, then what the chat stream's
-/// pieces stand for (content, Hermes tool calls, the end-of-turn token). A Llama 3 model
+/// pieces stand for (content, Hermes tool calls, the end-of-turn token). `thinks`: the
+/// prompt leaves thinking on ([`TokenModel::thinks_after`]), so the model opens its own think
+/// block, as Qwen3 does in thinking mode, empty when the script gives no reasoning. A Llama 3 model
 /// (`eos` `<|eot_id|>`) writes no reasoning, and its calls as Llama 3.2 does: bare
 /// `{"name": …, "parameters": …}` objects joined by `; ` when they are the whole answer,
 /// after `<|python_tag|>` when content comes first.
-pub(crate) fn raw_output(reply: &Reply, eos: &str) -> String {
+pub(crate) fn raw_output(reply: &Reply, eos: &str, thinks: bool) -> String {
     if eos == LLAMA3_EOT {
         let mut out = reply.content.clone().unwrap_or_default();
         let calls: Vec<String> = reply
@@ -519,8 +521,10 @@ pub(crate) fn raw_output(reply: &Reply, eos: &str) -> String {
         model: String::new(),
     };
     let mut out = String::new();
-    if let Some(r) = &reply.reasoning {
-        out.push_str(&format!("<think>\n{r}\n</think>\n\n"));
+    match &reply.reasoning {
+        Some(r) => out.push_str(&format!("<think>\n{r}\n</think>\n\n")),
+        None if thinks => out.push_str("<think>\n\n</think>\n\n"),
+        None => {}
     }
     for p in chat_pieces(&meta, reply, eos) {
         out.push_str(&p.text);
@@ -627,7 +631,7 @@ async fn generate(
     }
     let reply = state.script.reply_or_echo(&prompt);
     let reply = reply.as_ref();
-    let text = raw_output(reply, &model.eos);
+    let text = raw_output(reply, &model.eos, model.thinks_after(&prompt_text));
     let mut output = match model.tokenizer.encode(&text) {
         Ok(ids) => ids,
         Err(e) => {
@@ -786,7 +790,7 @@ mod tests {
             }],
             finish_reason: None,
         };
-        let out = raw_output(&reply, "<|im_end|>");
+        let out = raw_output(&reply, "<|im_end|>", false);
         assert_eq!(
             out,
             "<think>\nI should look.\n</think>\n\nChecking.\n<tool_call>\n{\"name\": \"bash\", \"arguments\": {\"command\":\"ls\"}}\n</tool_call><|im_end|>"

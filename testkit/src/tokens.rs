@@ -35,6 +35,15 @@ impl TokenModel {
         })
     }
 
+    /// Whether the model opens its own think block after `prompt`: a hybrid thinking
+    /// template (Qwen3's, with its `enable_thinking` toggle) whose generation prompt leaves
+    /// thinking on (it ends at `<|im_start|>assistant\n`, without the empty `<think>` block the
+    /// template adds when thinking is off, or an open one). Real Qwen3 writes `<think>` then.
+    pub(crate) fn thinks_after(&self, prompt: &str) -> bool {
+        self.template.source().contains("enable_thinking")
+            && prompt.ends_with("<|im_start|>assistant\n")
+    }
+
     /// The prompt ids of a request: chat messages (+ tools) rendered with the generation
     /// prompt (as vLLM applies the template; `chat_template_kwargs` are passed on), or the
     /// completions prompt, tokenized.

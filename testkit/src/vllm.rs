@@ -666,7 +666,7 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         _ => {}
     }
     let reply = state.script.reply_or_echo(&prompt);
-    let text = raw_output(reply.as_ref(), &model.eos);
+    let text = raw_output(reply.as_ref(), &model.eos, model.thinks_after(&prompt_text));
     let mut output = match model.tokenizer.encode(&text) {
         Ok(ids) => ids,
         Err(e) => {

@@ -629,14 +629,15 @@ impl Sglang {
     /// The call's output parser, decided from its request as SGLang's chat server decides it
     /// (`graft_reconstruct::parse_rule`): no tool-call parsing without tools or with
     /// `tool_choice: none`; `required` / a named function parse like `auto` (on SGLang their
-    /// decode is constrained: [`Sglang::tool_constraint`]). Reasoning is forced only where
-    /// the prompt opened the think block.
+    /// decode is constrained: [`Sglang::tool_constraint`]). Reasoning is forced where the
+    /// request thinks or the prompt opened the think block (`starts_in_reasoning`).
     fn parser(
         &self,
         call_id: &str,
         starts_in_reasoning: bool,
         tools: &[Value],
         tool_choice: Option<&ToolChoice>,
+        streamed: bool,
     ) -> OutputParser {
         let short: String = call_id
             .chars()
@@ -651,7 +652,8 @@ impl Sglang {
             Some(ToolChoice::Function { name }) => parse_rule::ToolChoice::Function(name.clone()),
         };
         let rule = ParseRule::new(self.tool_format, self.reasoning_format, tools, choice)
-            .with_thinking(starts_in_reasoning);
+            .with_thinking(starts_in_reasoning)
+            .streamed(streamed);
         let rule = match self.wire {
             Wire::Sglang => rule,
             Wire::Vllm => rule.as_vllm(),
@@ -924,9 +926,13 @@ impl Sglang {
         let parser = if chat {
             self.parser(
                 call_id,
-                prompt.starts_in_reasoning,
+                // Both servers' Qwen3 reasoning parsers start in reasoning whenever the request
+                // thinks, whether or not the prompt opened the block (SGLang's
+                // `force_reasoning`, vLLM's `initial_state=REASONING`).
+                prompt.starts_in_reasoning || thinking,
                 tools.as_deref().unwrap_or(&[]),
                 conv.tool_choice.as_ref(),
+                conv.stream,
             )
         } else {
             OutputParser::new(ToolCallFormat::None, ReasoningFormat::None, false)
