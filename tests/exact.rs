@@ -306,6 +306,8 @@ async fn exact_streaming_sends_tokens_while_the_backend_is_still_generating() {
     let s = start(SCRIPT, &["--chunk-delay-ms", "300"], &[]);
     let (sid, base) = common::open_session(&s.gateway.url).await;
     let body = json!({"model": "qwen3", "stream": true,
+        // Not thinking: the first tokens are the answer's content.
+        "chat_template_kwargs": {"enable_thinking": false},
         "messages": [{"role": "user", "content": "tell a long story"}]});
     let resp = http::post_stream(&format!("{base}/chat/completions"), &body).await;
     assert_eq!(resp.status(), 200);
@@ -345,6 +347,8 @@ async fn pause_holds_new_calls_until_resume_and_waits_for_calls_in_flight() {
     let gw = s.gateway.url.clone();
     let (sid, base) = common::open_session(&gw).await;
     let story = json!({"model": "qwen3", "stream": true,
+        // Not thinking: the first tokens are the answer's content.
+        "chat_template_kwargs": {"enable_thinking": false},
         "messages": [{"role": "user", "content": "tell a long story"}]});
     // A call in flight: pause must wait for it to finish, not abort it.
     let resp = http::post_stream(&format!("{base}/chat/completions"), &story).await;
@@ -923,6 +927,8 @@ async fn a_call_straddling_an_outside_weight_update_is_labelled_per_span() {
     let s = start(script, &[], &[]);
     let (sid, base) = common::open_session(&s.gateway.url).await;
     let body = json!({"model": "qwen3", "stream": true,
+        // Not thinking: the first tokens are the answer's content.
+        "chat_template_kwargs": {"enable_thinking": false},
         "messages": [{"role": "user", "content": "the weights change mid-call"}]});
     let resp = http::post_stream(&format!("{base}/chat/completions"), &body).await;
     assert_eq!(resp.status(), 200);
@@ -1578,6 +1584,8 @@ async fn a_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     let (sid, base) = common::open_session(&s.gateway.url).await;
     let url = format!("{base}/chat/completions");
     let body = json!({"model": "qwen3", "stream": true,
+        // Not thinking: the first tokens are the answer's content.
+        "chat_template_kwargs": {"enable_thinking": false},
         "messages": [{"role": "user", "content": "the weights change mid-call"}]});
     let resp = http::post_stream(&url, &body).await;
     assert_eq!(resp.status(), 200);
@@ -2219,6 +2227,8 @@ async fn a_stop_string_ends_the_clients_text_before_it_while_the_record_keeps_it
     assert_eq!(records.len(), 2);
     for r in &records {
         let text = tok.decode(&ids(&r["completion_token_ids"])).unwrap();
+        // Thinking is on: the model opened (and closed) its think block first.
+        let text = text.trim_start_matches("<think>\n\n</think>\n\n");
         assert!(text.starts_with(expected), "{text}");
         assert!(
             text.contains("Observation:"),
