@@ -736,6 +736,8 @@ async fn vllm_wire_push_from_graft_rl_keeps_the_calls_in_flight_running() {
     let (sid, base) = common::open_session(&s.gateway.url).await;
     let url = format!("{base}/chat/completions");
     let body = json!({"model": "qwen3", "stream": true,
+        // Not thinking: the first tokens are the answer's content.
+        "chat_template_kwargs": {"enable_thinking": false},
         "messages": [{"role": "user", "content": "the weights change mid-call"}]});
     let resp = http::post_stream(&url, &body).await;
     assert_eq!(resp.status(), 200);
