@@ -4,6 +4,12 @@
 //! types, the route chosen and vLLM's own semantics (read from vLLM 0.34.0's source) are in
 //! [`graft_wire::vllm`].
 //!
+//! A Chat request's decode constraint is the `structured_outputs` vLLM's own chat server
+//! would give its engine for it ([`structured_outputs`]: the response format, or the
+//! tool-call constraint of vLLM's tool parser, a structural tag under vLLM's default
+//! `VLLM_ENFORCE_STRICT_TOOL_CALLING`), held to vLLM's own output by
+//! `tests/fixtures/vllm_structured_outputs.json`.
+//!
 //! The answers feed the same [`Progress`] as SGLang's: a streamed chunk carries the new ids
 //! and their logprobs (vLLM streams deltas only), the last one `finish_reason`,
 //! `stop_reason` and the weight-version spans over the whole output; a usage chunk with no
@@ -314,8 +320,8 @@ fn py_float(x: f64) -> String {
     }
 }
 
-/// The JSON schema vLLM's chat server constrains a forced call with
-/// (`get_json_schema_from_tools` in `vllm/tool_parsers/utils.py`, 0.34): under `required` a
+/// The JSON schema vLLM's chat server constrains a forced call with when it runs with
+/// `VLLM_ENFORCE_STRICT_TOOL_CALLING=0` (`get_json_schema_from_tools` in `vllm/tool_parsers/utils.py`, 0.34): under `required` a
 /// non-empty list of `{"name": <one of the tools>, "parameters": <its schema>}` (at most one
 /// with `parallel_tool_calls: false`, the tools' `$defs` gathered at the top); under a named
 /// function that function's parameters. A tool without parameters takes an empty object's
