@@ -27,13 +27,16 @@
 #                           (tests/harnesses.rs and scripts/harness-matrix.sh run them in envd
 #                           sandboxes; ZeroClaw, a 20-minute source build, is the heavier tier:
 #                           scripts/setup-zeroclaw.sh)
-#   .graft-test-env/servers Python venv: msgspec; and under servers/src the request models of the
-#                           inference servers graft speaks to, extracted from their pinned wheels
-#                           (`pip download --no-deps`: ~280 MB fetched, a few .py files kept, no
-#                           torch, nothing installed): SGLang's generated `api_types.py` (its HTTP
-#                           JSON contract), `io_struct.py` and `http_server.py`; vLLM's OpenAI
-#                           protocol modules. tests/conformance.rs checks every body graft sends
-#                           against them (tests/conformance/check_bodies.py)
+#   .graft-test-env/servers Python venv: msgspec, pydantic, apache-tvm-ffi; and under servers/src the
+#                           request models of the inference servers graft speaks to, extracted from
+#                           their pinned wheels (`pip download --no-deps`: ~280 MB fetched, a few
+#                           files kept, no torch, nothing installed): SGLang's generated
+#                           `api_types.py` (its HTTP JSON contract), `io_struct.py` and
+#                           `http_server.py`; vLLM's OpenAI protocol modules and
+#                           `sampling_params.py` (its structured-output params); xgrammar 0.2.8's
+#                           grammar modules and native library (vLLM's pin: it compiles the
+#                           structural tags graft sends). tests/conformance.rs checks every body
+#                           graft sends against them (tests/conformance/check_bodies.py)
 #   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
 # Not in the default set (the heavier tier, `bash scripts/setup-test-env.sh rlfw`):
 #   .graft-test-env/rlfw    Python 3.12 venv: verl, trl, skyrl, openrlhf, tinker and torch from PyPI
@@ -41,8 +44,9 @@
 #                           for python/tests/test_frameworks.py (tests/interop.rs, --ignored)
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
-# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh [sandbox|rlfw]
-# (`sandbox`: only bubblewrap and the sandbox venv, which the graft rl example needs)
+# access to PyPI and the npm registry. Usage: bash scripts/setup-test-env.sh [sandbox|servers|rlfw]
+# (`sandbox`: only bubblewrap and the sandbox venv, which the graft rl example needs;
+# `servers`: only the servers part, which tests/conformance.rs needs)
 # GRAFT_TEST_ENV overrides the target directory (the tests honour the same variable).
 set -euo pipefail
 
@@ -102,12 +106,13 @@ HERMES_PKGS=("hermes-agent==0.19.0")
 QWEN_CODE="0.15.10"
 SMOLAGENTS_PKGS=("smolagents[openai]==1.26.0")
 PIP_VERSION="26.3"
-SERVERS_PKGS=("msgspec==0.22.0")
+SERVERS_PKGS=("msgspec==0.22.0" "pydantic==2.14.4" "apache-tvm-ffi==0.1.15.post2")
 # The servers whose request models tests/conformance.rs checks graft's bodies against: the
 # wheels by version and hash, and the files kept from them (paths inside the wheels).
 SERVER_WHEELS=(
   "sglang==0.5.23 --hash=sha256:00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
   "vllm==0.34.0 --hash=sha256:79ca4b3cd74aec08c4bf476bdf0cb15735b605ae5368526a2faae1e30f044ca2"
+  "xgrammar==0.2.8 --hash=sha256:885d7468636a8ca829513b9740fef21cbb438239fa3f91cce06e95e31973b8c6"
 )
 SERVER_FILES=(
   sglang/api/v1/api_types.py
@@ -120,6 +125,24 @@ SERVER_FILES=(
   vllm/entrypoints/openai/chat_completion/protocol.py
   vllm/entrypoints/serve/engine/protocol.py
   vllm/entrypoints/generate/base/protocol.py
+  vllm/sampling_params.py
+  vllm/exceptions.py
+  xgrammar/exception.py
+  xgrammar/load_binding.py
+  xgrammar/base.py
+  xgrammar/structural_tag.py
+  xgrammar/grammar.py
+  xgrammar/tvm_ffi_binding/__init__.py
+  xgrammar/tvm_ffi_binding/_ffi_api.py
+  xgrammar/tvm_ffi_binding/config/__init__.py
+  xgrammar/tvm_ffi_binding/config/_ffi_api.py
+  xgrammar/tvm_ffi_binding/kernels/__init__.py
+  xgrammar/tvm_ffi_binding/kernels/_ffi_api.py
+  xgrammar/tvm_ffi_binding/testing/__init__.py
+  xgrammar/tvm_ffi_binding/testing/_ffi_api.py
+  xgrammar/tvm_ffi_binding/testing/grammar_functor/__init__.py
+  xgrammar/tvm_ffi_binding/testing/grammar_functor/_ffi_api.py
+  xgrammar/libxgrammar_bindings.so
 )
 
 mkdir -p "$env_dir"
@@ -274,6 +297,13 @@ PY
   rm -rf "$tmp"
   printf '%s' "$want" > "$dir/.graft-stamp"
 }
+
+# `servers` alone: what tests/conformance.rs needs.
+if [[ "${1:-}" == "servers" ]]; then
+  mkdir -p "$env_dir"
+  venv servers "${SERVERS_PKGS[@]}" && server_sources
+  exit 0
+fi
 
 # The parts are independent: run them side by side, then report each failure.
 # Codex ships its native binary as an optional dependency (@openai/codex-linux-x64 etc.),

@@ -18,8 +18,11 @@
 //!   vLLM wire (`exact.wire = "vllm"`) driven the same way; every `/v1/completions` body the
 //!   scripted vLLM side received must hold only fields vLLM 0.34.0's `CompletionRequest`
 //!   reads, of their types (vLLM ignores unknown fields silently, so an unknown one is a
-//!   key graft thinks it sends and vLLM never reads); planted faults in one of those bodies
-//!   are reported.
+//!   key graft thinks it sends and vLLM never reads), and its `structured_outputs` (response
+//!   formats, the structural tags of tool calls under vLLM's default strict tool calling, the
+//!   forced calls' JSON schemas without it) must pass vLLM's own `StructuredOutputsParams`
+//!   and compile with xgrammar 0.2.8, as vLLM validates them; planted faults in one of those
+//!   bodies are reported.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod common;
@@ -415,17 +418,57 @@ async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
     )
     .await;
     assert_eq!(r.status, 200, "{}", r.text());
-    // Decode constraints: structured output, and forced calls (vLLM's JSON schemas).
-    for extra in [
+    // Decode constraints: structured output, and forced calls: structural tags in the
+    // model's own syntax (VLLM_ENFORCE_STRICT_TOOL_CALLING, vLLM's default), the `required`
+    // tag OR the response format under `auto` with a strict tool, one call without parallel
+    // calls.
+    let strict = json!([{"type": "function", "function": {"name": "bash", "strict": true,
+        "parameters": {"type": "object", "properties": {"command": {"type": "string"}}, "required": ["command"]}}}]);
+    let schema = json!({"type": "json_schema", "json_schema": {"name": "answer",
+        "schema": {"type": "object", "properties": {"answer": {"type": "string"}}}}});
+    let constraints = [
         json!({"response_format": {"type": "json_object"}}),
+        json!({"response_format": schema}),
         json!({"tools": tools(), "tool_choice": "required"}),
         json!({"tools": tools(), "tool_choice": {"type": "function", "function": {"name": "bash"}}}),
-    ] {
-        call(&base, "chat", false, extra).await;
+        json!({"tools": strict, "tool_choice": "auto", "response_format": schema}),
+        json!({"tools": tools(), "tool_choice": "auto", "parallel_tool_calls": false}),
+    ];
+    for extra in &constraints {
+        call(&base, "chat", false, extra.clone()).await;
+    }
+    // And with VLLM_ENFORCE_STRICT_TOOL_CALLING=0: the forced calls' JSON schemas.
+    let loose_cfg = dir.path().join("loose.toml");
+    std::fs::write(
+        &loose_cfg,
+        "[exact]\nwire = \"vllm\"\nvllm_strict_tool_calling = false\n",
+    )
+    .unwrap();
+    let loose = Proc::gateway_with(
+        &upstream.url,
+        &dir.path().join("data-loose"),
+        &[
+            "--mode",
+            "exact",
+            "--model-dir",
+            q,
+            "--config",
+            loose_cfg.to_str().unwrap(),
+        ],
+        &[],
+    );
+    let (_sid, loose_base) = common::open_session(&loose.url).await;
+    for extra in &constraints[2..4] {
+        call(&loose_base, "chat", false, extra.clone()).await;
     }
 
     let sent = vllm_bodies_sent(&upstream.url).await;
-    assert!(sent.len() >= 33, "{}", sent.len());
+    assert!(sent.len() >= 39, "{}", sent.len());
+    let tags = sent
+        .iter()
+        .filter(|b| b.body["structured_outputs"].get("structural_tag").is_some())
+        .count();
+    assert_eq!(tags, 4, "required, named, auto OR format, one call");
     for key in [
         "temperature",
         "top_p",
@@ -466,6 +509,22 @@ async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
     negative["prompt"] = json!([1, -2]);
     let mut typed = real.clone();
     typed["return_token_ids"] = json!("yes");
+    // A structural tag xgrammar cannot compile, and two constraints at once.
+    let tagged = sent
+        .iter()
+        .find(|b| b.body["structured_outputs"].get("structural_tag").is_some())
+        .unwrap()
+        .body
+        .clone();
+    let mut broken = tagged.clone();
+    broken["structured_outputs"]["structural_tag"] = json!(
+        tagged["structured_outputs"]["structural_tag"]
+            .as_str()
+            .unwrap()
+            .replace("\"tags_with_separator\"", "\"tags_with_a_separator\"")
+    );
+    let mut two = tagged;
+    two["structured_outputs"]["json_object"] = json!(true);
     let v = conformance::check(
         &servers,
         &[
@@ -473,6 +532,8 @@ async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
             Sent::vllm("/v1/completions", negative),
             Sent::vllm("/v1/completions", typed),
             Sent::vllm("/v1/no_such_route", json!({})),
+            Sent::vllm("/v1/completions", broken),
+            Sent::vllm("/v1/completions", two),
         ],
     );
     assert!(v.iter().all(|v| !v.ok), "{v:#?}");
@@ -480,4 +541,10 @@ async fn point10_every_body_graft_sends_to_vllm_fits_vllms_own_fields() {
     assert!(v[1].errors[0].starts_with("prompt:"), "{}", v[1]);
     assert!(v[2].errors[0].starts_with("return_token_ids:"), "{}", v[2]);
     assert!(v[3].errors[0].contains("serves no POST"), "{}", v[3]);
+    assert!(
+        v[4].errors[0].contains("xgrammar") && v[4].errors[0].contains("tags_with_a_separator"),
+        "{}",
+        v[4]
+    );
+    assert!(v[5].errors[0].contains("only use one kind"), "{}", v[5]);
 }

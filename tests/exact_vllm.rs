@@ -48,6 +48,11 @@ struct Own {
 }
 
 fn own(script: &Value, upstream_args: &[&str]) -> Own {
+    own_with(script, upstream_args, "")
+}
+
+/// [`own`] with more `[exact]` keys.
+fn own_with(script: &Value, upstream_args: &[&str], exact: &str) -> Own {
     let env = TestEnv::get();
     let q = env.qwen3_dir();
     let q = q.to_str().unwrap();
@@ -56,7 +61,7 @@ fn own(script: &Value, upstream_args: &[&str]) -> Own {
     let script_path = dir.path().join("script.json");
     std::fs::write(&script_path, script.to_string()).unwrap();
     let cfg = dir.path().join("graft.toml");
-    std::fs::write(&cfg, "[exact]\nwire = \"vllm\"\n").unwrap();
+    std::fs::write(&cfg, format!("[exact]\nwire = \"vllm\"\n{exact}\n")).unwrap();
     let mut up = vec!["--script", script_path.to_str().unwrap(), "--tokenizer", q];
     up.extend_from_slice(upstream_args);
     let upstream = Proc::scripted_upstream(&up);
@@ -443,22 +448,201 @@ async fn vllm_wire_structured_output_reaches_the_backend_in_every_dialect() {
     }
 }
 
-/// Issue 31 over the vLLM wire: a `tool_choice` that forces a call is answered as vLLM's own
-/// chat server answers it. The decode is constrained to vLLM's JSON schema
-/// (`get_json_schema_from_tools`: a list of `{"name", "parameters"}` under `required`, the
-/// function's parameters under a named choice) in place of any `response_format`, the prompt
-/// renders every tool, and the answer after the reasoning is read as the calls (never
-/// content): a list under `required` (arguments as Python's `json.dumps`), the arguments
-/// themselves under a named choice, whose finish reason is `stop` (OpenAI's and vLLM's).
+/// The structural tag a `/v1/completions` body carries (`structured_outputs.structural_tag`,
+/// a JSON string), read.
+fn structural_tag(body: &Value) -> Value {
+    let s = body["structured_outputs"]["structural_tag"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no structural tag: {body}"));
+    assert_eq!(
+        body["structured_outputs"].as_object().unwrap().len(),
+        1,
+        "one constraint: {body}"
+    );
+    serde_json::from_str(s).unwrap()
+}
+
+/// Issue 31 over the vLLM wire, with vLLM's default `VLLM_ENFORCE_STRICT_TOOL_CALLING`: a
+/// `tool_choice` that forces a call is sent as vLLM 0.34's chat server sends it, a
+/// structural tag in the model's own `<tool_call>` syntax (vLLM's `hermes` tag: two forms per
+/// tool, only calls, at least one; a named function's alone) in place of the
+/// `response_format`; under `auto` a strict tool gets the `required` tag OR the format.
+/// The answer is parsed from the model's markup like `auto` (reasoning separated, calls out
+/// of the `<tool_call>` blocks); a named call's finish reason is `stop` (OpenAI's and
+/// vLLM's), and an answer without a call keeps its text as content.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vllm_wire_forced_tool_calls_are_constrained_and_read_as_vllm_does() {
+async fn vllm_wire_forced_tool_calls_get_the_structural_tag_and_parse_the_models_markup() {
+    let script = json!({"rules": [
+        {"match": "both cities", "reply": {"reasoning": "Two calls.", "tool_calls": [
+            {"name": "get_weather", "arguments": {"city": "Paris"}},
+            {"name": "get_time", "arguments": {}}]}},
+        {"match": "paris only", "reply": {"reasoning": "One.", "tool_calls": [
+            {"name": "get_weather", "arguments": {"city": "Paris"}}]}},
+        {"match": "refuse", "reply": {"content": "I will not call a tool."}}
+    ]});
+    let o = own(&script, &[]);
+    let (_, base) = common::open_session(&o.gateway.url).await;
+    let weather = json!({"type": "object", "properties": {"city": {"type": "string"}}});
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": weather, "strict": true}},
+        {"type": "function", "function": {"name": "get_time"}}
+    ]);
+    let ask = |text: &str, choice: Value, stream: bool| {
+        json!({"model": "qwen3", "stream": stream, "tools": tools, "tool_choice": choice,
+            "messages": [{"role": "user", "content": text}],
+            "response_format": {"type": "json_object"}})
+    };
+    let url = format!("{base}/chat/completions");
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let calls_of = |m: &Value| -> Vec<(String, String)> {
+        m["tool_calls"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{m}"))
+            .iter()
+            .map(|c| {
+                (
+                    c["function"]["name"].as_str().unwrap().to_owned(),
+                    c["function"]["arguments"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let blank = |m: &Value| m["content"].as_str().is_none_or(|c| c.trim().is_empty());
+    for stream in [false, true] {
+        // `required`: both calls, parsed from the model's own markup.
+        let r = http::post_json(&url, &[], &ask("both cities", json!("required"), stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = common::chat_message(&r);
+        assert!(blank(&m), "{m}");
+        assert_eq!(m["reasoning_content"], "Two calls.", "{m}");
+        let args: Vec<(String, Value)> = calls_of(&m)
+            .into_iter()
+            .map(|(n, a)| (n, serde_json::from_str(&a).unwrap()))
+            .collect();
+        assert_eq!(
+            args,
+            [
+                ("get_weather".to_owned(), json!({"city": "Paris"})),
+                ("get_time".to_owned(), json!({}))
+            ],
+            "{m}"
+        );
+        assert_eq!(m["finish_reason"], "tool_calls", "{m}");
+        // A named function: its call, out of the markup; the finish reason stays `stop`.
+        let r = http::post_json(&url, &[], &ask("paris only", named.clone(), stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = common::chat_message(&r);
+        assert!(blank(&m), "{m}");
+        let calls = calls_of(&m);
+        assert_eq!(calls.len(), 1, "{m}");
+        assert_eq!(calls[0].0, "get_weather", "{m}");
+        assert_eq!(
+            serde_json::from_str::<Value>(&calls[0].1).unwrap(),
+            json!({"city": "Paris"})
+        );
+        assert_eq!(m["finish_reason"], "stop", "{m}");
+        // No call in the answer: its text stays content (vLLM's `auto` reading).
+        let r = http::post_json(&url, &[], &ask("refuse", json!("required"), stream)).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let m = common::chat_message(&r);
+        assert_eq!(m["content"], "I will not call a tool.", "{m}");
+        assert!(m["tool_calls"].as_array().is_none_or(Vec::is_empty), "{m}");
+        assert_eq!(m["finish_reason"], "stop", "{m}");
+    }
+    let log = vllm_log(&o.upstream.url).await;
+    let sent = log["completions"].as_array().unwrap();
+    assert_eq!(sent.len(), 6, "{log}");
+    let begins = |format: &Value| -> Vec<String> {
+        format["tags"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["begin"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let form = |name: &str| {
+        [
+            format!("<tool_call>\n{{\"name\": \"{name}\", \"arguments\": "),
+            format!("<tool_call>{{\"name\": \"{name}\", \"arguments\": "),
+        ]
+    };
+    for (i, got) in sent.iter().enumerate() {
+        let tag = structural_tag(&got["body"]);
+        assert_eq!(tag["type"], "structural_tag", "{tag}");
+        let f = &tag["format"];
+        assert_eq!(f["type"], "tags_with_separator", "call {i}: {tag}");
+        assert_eq!(f["at_least_one"], true, "{tag}");
+        match i % 3 {
+            // Named: its two forms alone, one call.
+            1 => {
+                assert_eq!(begins(f), form("get_weather"), "{tag}");
+                assert_eq!(f["stop_after_first"], true, "{tag}");
+            }
+            _ => {
+                let mut want = form("get_weather").to_vec();
+                want.extend(form("get_time"));
+                assert_eq!(begins(f), want, "{tag}");
+                assert_eq!(f["stop_after_first"], false, "{tag}");
+            }
+        }
+        // The strict tool's arguments are held to its schema, the other's are any JSON.
+        assert_eq!(f["tags"][0]["content"]["json_schema"], weather, "{tag}");
+        if i % 3 != 1 {
+            assert_eq!(f["tags"][2]["content"]["json_schema"], true, "{tag}");
+        }
+    }
+    // `parallel_tool_calls: false`: one call.
+    let mut one = ask("both cities", json!("required"), false);
+    one["parallel_tool_calls"] = json!(false);
+    let r = http::post_json(&url, &[], &one).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let tag = structural_tag(&last_completion(&vllm_log(&o.upstream.url).await)["body"]);
+    assert_eq!(tag["format"]["stop_after_first"], true, "{tag}");
+    // `auto` with a strict tool and a response format: the `required` tag OR the format.
+    let r = http::post_json(&url, &[], &ask("paris only", json!("auto"), false)).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let m = common::chat_message(&r);
+    assert_eq!(calls_of(&m).len(), 1, "{m}");
+    assert_eq!(m["finish_reason"], "tool_calls", "{m}");
+    let tag = structural_tag(&last_completion(&vllm_log(&o.upstream.url).await)["body"]);
+    assert_eq!(tag["format"]["type"], "or", "{tag}");
+    assert_eq!(tag["format"]["elements"][0]["type"], "tags_with_separator");
+    assert_eq!(
+        tag["format"]["elements"][1]["json_schema"],
+        json!({"type": "object"}),
+        "{tag}"
+    );
+    // `auto` with no strict tool and no format: nothing constrains the decode.
+    let mut loose = ask("paris only", json!("auto"), false);
+    loose["tools"][0]["function"]
+        .as_object_mut()
+        .unwrap()
+        .remove("strict");
+    loose.as_object_mut().unwrap().remove("response_format");
+    let r = http::post_json(&url, &[], &loose).await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let last = last_completion(&vllm_log(&o.upstream.url).await);
+    assert!(last["body"].get("structured_outputs").is_none(), "{last}");
+}
+
+/// Issue 31 over the vLLM wire, with `exact.vllm_strict_tool_calling = false` (a vLLM run
+/// with `VLLM_ENFORCE_STRICT_TOOL_CALLING=0`): a `tool_choice` that forces a call is
+/// answered as vLLM's chat server then answers it. The decode is constrained to vLLM's JSON
+/// schema (`get_json_schema_from_tools`: a list of `{"name", "parameters"}` under
+/// `required`, the function's parameters under a named choice) in place of any
+/// `response_format`, the prompt renders every tool, and the answer after the reasoning is
+/// read as the calls (never content): a list under `required` (arguments as Python's
+/// `json.dumps`), the arguments themselves under a named choice, whose finish reason is
+/// `stop` (OpenAI's and vLLM's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_without_strict_tool_calling_forces_json_calls_and_reads_them_as_vllm_does() {
     let script = json!({"rules": [
         {"match": "both cities", "reply": {"reasoning": "Two calls.",
             "content": "[{\"name\": \"get_weather\", \"parameters\": {\"city\":\"Paris\"}}, {\"name\": \"get_time\", \"parameters\": {}}]"}},
         {"match": "paris only", "reply": {"reasoning": "One.", "content": "{\"city\": \"Paris\"}"}},
         {"match": "refuse", "reply": {"content": "I will not call a tool."}}
     ]});
-    let o = own(&script, &[]);
+    let o = own_with(&script, &[], "vllm_strict_tool_calling = false");
     let (_, base) = common::open_session(&o.gateway.url).await;
     let weather = json!({"type": "object", "properties": {"city": {"type": "string"}}});
     let tools = json!([

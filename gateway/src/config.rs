@@ -167,6 +167,12 @@ pub struct ExactSection {
     /// default: before temperature) or `processed_logprobs` (after it). Recorded with each
     /// call so the trainer compares like with like.
     pub logprobs_mode: Option<LogprobsMode>,
+    /// vLLM only: the backends' `VLLM_ENFORCE_STRICT_TOOL_CALLING` (vLLM's default: true).
+    /// On, vLLM's chat server holds tool calls to the model's own call syntax (a structural
+    /// tag) and parses `required` / named calls like `auto`; off, it forces them as a JSON
+    /// list (or the named function's arguments) and reads that. graft sends and reads as
+    /// the server would (default true).
+    pub vllm_strict_tool_calling: Option<bool>,
 }
 
 /// Which backend wire exact mode speaks.
@@ -511,6 +517,9 @@ pub struct ExactConfig {
     /// What the backends' logprobs are: `post_temperature` (SGLang's, and vLLM's with
     /// `processed_logprobs`) or `pre_temperature` (vLLM's default `raw_logprobs`).
     pub logprobs: crate::backend::LogprobKind,
+    /// vLLM only: `exact.vllm_strict_tool_calling` (the servers'
+    /// `VLLM_ENFORCE_STRICT_TOOL_CALLING`).
+    pub vllm_strict_tool_calling: bool,
 }
 
 impl ExactConfig {
@@ -846,6 +855,12 @@ fn resolve_exact(
             message: "is vLLM's --logprobs-mode and needs exact.wire = \"vllm\"; SGLang's logprobs are after temperature: remove it".into(),
         });
     }
+    if wire == ExactWire::Sglang && e.vllm_strict_tool_calling.is_some() {
+        return Err(ConfigError::Invalid {
+            key: "exact.vllm_strict_tool_calling".into(),
+            message: "is vLLM's VLLM_ENFORCE_STRICT_TOOL_CALLING and needs exact.wire = \"vllm\"; remove it".into(),
+        });
+    }
     let logprobs = wire.logprob_kind(e.logprobs_mode);
     let history_per_session = e.history_per_session.unwrap_or(4);
     if history_per_session == 0 {
@@ -881,6 +896,7 @@ fn resolve_exact(
         check_backends: e.check_backends.unwrap_or(true),
         wire,
         logprobs,
+        vllm_strict_tool_calling: e.vllm_strict_tool_calling.unwrap_or(true),
     })
 }
 
@@ -1183,6 +1199,21 @@ mod tests {
             panic!("exact")
         };
         assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        assert!(e.vllm_strict_tool_calling, "vLLM's default");
+        let BackendConfig::Sglang(e) = resolve("wire = \"vllm\"\nvllm_strict_tool_calling = false")
+            .unwrap()
+            .backend
+        else {
+            panic!("exact")
+        };
+        assert!(!e.vllm_strict_tool_calling);
+        let err = resolve("vllm_strict_tool_calling = true")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("exact.vllm_strict_tool_calling") && err.contains("vllm"),
+            "{err}"
+        );
         let err = resolve("logprobs_mode = \"raw_logprobs\"")
             .unwrap_err()
             .to_string();

@@ -26,6 +26,7 @@ pub mod state;
 pub mod token_ids;
 pub mod upstream;
 pub mod vllm;
+pub mod xgrammar;
 
 pub use config::{
     BackendConfig, ConfigError, DurabilityMode, ExactConfig, FileConfig, GatewayConfig,

@@ -140,45 +140,36 @@ pub fn qwen3_coder_tag(
     choice: Option<&ToolChoice>,
     parallel_tool_calls: bool,
 ) -> Option<Value> {
-    use serde_json::json;
-    const BEGIN: &str = "<tool_call>\n<function=";
-    const END: &str = "\n</function>\n</tool_call>";
-    let tag = |t: &Tool| {
-        let schema = match (&t.parameters, t.strict) {
-            (_, Some(false)) | (Value::Null, _) => Value::Bool(true),
-            (p, _) => p.clone(),
-        };
-        json!({
-            "type": "tag",
-            "begin": format!("{BEGIN}{}>\n", t.name),
-            "content": {"type": "json_schema", "json_schema": schema, "style": "qwen_xml",
-                        "any_order": false, "max_whitespace_cnt": null},
-            "end": END,
+    use crate::xgrammar::{self, Builtin, Choice, Function, Release};
+    // SGLang hands xgrammar the tools as the request has them: a tool's schema holds unless
+    // it is `strict: false` or has none.
+    let functions: Vec<Function> = tools
+        .iter()
+        .map(|t| Function {
+            name: &t.name,
+            schema: match (&t.parameters, t.strict) {
+                (_, Some(false)) | (Value::Null, _) => Value::Bool(true),
+                (p, _) => p.clone(),
+            },
         })
-    };
-    if tools.is_empty() {
-        return None;
-    }
-    let required = match choice {
+        .collect();
+    let choice = match choice {
         Some(ToolChoice::None) => return None,
-        Some(ToolChoice::Function { name }) => {
-            let t = tools.iter().find(|t| &t.name == name)?;
-            return Some(json!({"type": "structural_tag", "format": tag(t)}));
+        Some(ToolChoice::Function { name }) => Choice::Forced(name),
+        Some(ToolChoice::Required) => Choice::Required,
+        None | Some(ToolChoice::Auto) if tools.iter().any(|t| t.strict == Some(true)) => {
+            Choice::Auto
         }
-        Some(ToolChoice::Required) => true,
-        None | Some(ToolChoice::Auto) => false,
+        None | Some(ToolChoice::Auto) => return None,
     };
-    if !required && !tools.iter().any(|t| t.strict == Some(true)) {
-        return None;
-    }
-    Some(json!({"type": "structural_tag", "format": {
-        "type": "triggered_tags",
-        "triggers": [BEGIN],
-        "tags": tools.iter().map(tag).collect::<Vec<_>>(),
-        "at_least_one": required,
-        "stop_after_first": !parallel_tool_calls,
-        "excludes": ["<think>", "</think>"],
-    }}))
+    xgrammar::builtin(
+        Builtin::Qwen3Coder,
+        &functions,
+        choice,
+        parallel_tool_calls,
+        Release::V0_2_7,
+    )
+    .map(xgrammar::structural_tag)
 }
 
 /// The `/generate` body.

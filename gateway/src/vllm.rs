@@ -4,6 +4,12 @@
 //! types, the route chosen and vLLM's own semantics (read from vLLM 0.34.0's source) are in
 //! [`graft_wire::vllm`].
 //!
+//! A Chat request's decode constraint is the `structured_outputs` vLLM's own chat server
+//! would give its engine for it ([`structured_outputs`]: the response format, or the
+//! tool-call constraint of vLLM's tool parser, a structural tag under vLLM's default
+//! `VLLM_ENFORCE_STRICT_TOOL_CALLING`), held to vLLM's own output by
+//! `tests/fixtures/vllm_structured_outputs.json`.
+//!
 //! The answers feed the same [`Progress`] as SGLang's: a streamed chunk carries the new ids
 //! and their logprobs (vLLM streams deltas only), the last one `finish_reason`,
 //! `stop_reason` and the weight-version spans over the whole output; a usage chunk with no
@@ -11,13 +17,17 @@
 //! itself: vLLM's `text` (which drops a stop token's text and trails the ids by up to a stop
 //! string while streaming) is not read.
 
+use graft_reconstruct::parser::ToolCallFormat;
 use graft_recorder::WeightSpan;
-use graft_wire::vllm::{self as wire, CompletionRequest, CompletionResponse, StopReason};
+use graft_wire::vllm::{
+    self as wire, CompletionRequest, CompletionResponse, StopReason, StructuredOutputs,
+};
 use serde::Deserialize as _;
 use serde_json::{Value, json};
 
 use crate::dialect::{OutputFormat, Sampling, Tool, ToolChoice};
 use crate::sglang::{FinishReason, Progress};
+use crate::xgrammar::{self, Builtin, Choice, Function, Release};
 
 /// The sampling keys of a `/v1/completions` body. `max_tokens` is always set: vLLM's own
 /// default is 16.
@@ -42,18 +52,9 @@ pub fn sampling(s: &Sampling, default_max_tokens: u64) -> Value {
         // special tokens shown) so a record's body says what the ids decode to.
         include_stop_str_in_output: Some(true),
         skip_special_tokens: Some(false),
-        // What vLLM's own chat server makes of `response_format`
-        // (`structured_outputs_from_response_format`).
-        structured_outputs: s.format.as_ref().map(|f| match f {
-            OutputFormat::JsonObject => graft_wire::vllm::StructuredOutputs {
-                json_object: Some(true),
-                ..Default::default()
-            },
-            OutputFormat::JsonSchema { schema, .. } => graft_wire::vllm::StructuredOutputs {
-                json: Some(schema.clone()),
-                ..Default::default()
-            },
-        }),
+        // The response format's constraint; a Chat request's tools may replace it
+        // ([`structured_outputs`]).
+        structured_outputs: s.format.as_ref().map(response_format),
         ..CompletionRequest::default()
     };
     let mut v = serde_json::to_value(&r).unwrap_or(Value::Null);
@@ -63,8 +64,264 @@ pub fn sampling(s: &Sampling, default_max_tokens: u64) -> Value {
     v
 }
 
-/// The JSON schema vLLM's chat server constrains a forced call with
-/// (`get_json_schema_from_tools` in `vllm/tool_parsers/utils.py`, 0.34): under `required` a
+/// What vLLM's own chat server makes of `response_format`
+/// (`structured_outputs_from_response_format`).
+fn response_format(f: &OutputFormat) -> StructuredOutputs {
+    match f {
+        OutputFormat::JsonObject => StructuredOutputs {
+            json_object: Some(true),
+            ..Default::default()
+        },
+        OutputFormat::JsonSchema { schema, .. } => StructuredOutputs {
+            json: Some(schema.clone()),
+            ..Default::default()
+        },
+    }
+}
+
+/// The `structured_outputs` vLLM 0.34.0's chat server gives its engine for a Chat request,
+/// run with `--enable-auto-tool-choice --tool-call-parser P` (P: `hermes`, `qwen3_coder` or
+/// `llama3_json`, graft's three formats) and no `--tool-strict-level`: its
+/// `DelegatingParser.adjust_request` (`vllm/parser/abstract_parser.py`:
+/// `_apply_structural_tag`, then the tool parser's `adjust_request`), then
+/// `extract_structured_outputs`. `strict_tool_calling` is the server's
+/// `VLLM_ENFORCE_STRICT_TOOL_CALLING` (`exact.vllm_strict_tool_calling`, default on, as
+/// vLLM's):
+///
+/// - On, each of these parsers has a structural-tag model (`hermes`: vLLM's own
+///   `_hermes_style_structural_tag`; `qwen_3_coder` and `llama`: xgrammar's built-ins with
+///   reasoning off) and `supports_required_and_named` is off, so the decode is held to the
+///   model's own call syntax (`tool_parsers/structural_tag_registry.py`). Under `required`
+///   and a named function always; under `auto` only when a tool is `strict: true` or
+///   `parallel_tool_calls` is false (the strict level is raised to `function` for a single
+///   call, except under `auto` with a response format). A tool's arguments are held to its
+///   schema only where it is `strict: true` (`resolve_tool_strictness`; any JSON otherwise).
+///   `parallel_tool_calls: false` stops every call list after its first call
+///   (`limit_to_single_tool_call`). Under `auto` with a response format the tag is the
+///   `required` one OR the format's schema (xgrammar is assumed to compile the schema;
+///   vLLM keeps the format alone where it cannot, `_xgrammar_supports`); under `required` /
+///   named the tag replaces the format. Sent as `json.dumps(tag.model_dump())` ([`py_dumps`]).
+/// - Off: `required` / named get the JSON-schema constraint of [`tool_call_schema`] in
+///   place of the format; `auto` keeps the format.
+///
+/// Without tools, under `none` or without a call format: the response format's constraint.
+/// `None`: no constraint.
+pub fn structured_outputs(
+    format: ToolCallFormat,
+    strict_tool_calling: bool,
+    tools: &[Tool],
+    choice: Option<&ToolChoice>,
+    parallel_tool_calls: Option<bool>,
+    output: Option<&OutputFormat>,
+) -> Option<StructuredOutputs> {
+    let plain = output.map(response_format);
+    // vLLM's `check_tool_usage`: tools without a choice are `auto`.
+    let choice = choice.unwrap_or(&ToolChoice::Auto);
+    if format == ToolCallFormat::None || tools.is_empty() || *choice == ToolChoice::None {
+        return plain;
+    }
+    if !strict_tool_calling {
+        return match tool_call_schema(tools, Some(choice), parallel_tool_calls) {
+            Some(schema) => Some(StructuredOutputs {
+                json: Some(schema),
+                ..Default::default()
+            }),
+            None => plain,
+        };
+    }
+    let auto = *choice == ToolChoice::Auto;
+    let single_call = parallel_tool_calls == Some(false);
+    let strict = |t: &Tool| t.strict == Some(true);
+    // `resolve_tool_strictness` at level `auto`: no tag for `auto` without a strict tool.
+    let function_level = single_call && !(auto && output.is_some());
+    if auto && !function_level && !tools.iter().any(strict) {
+        return plain;
+    }
+    let functions: Vec<Function> = tools
+        .iter()
+        .map(|t| Function {
+            name: &t.name,
+            schema: match &t.parameters {
+                p @ Value::Object(_) if strict(t) => p.clone(),
+                _ => Value::Bool(true),
+            },
+        })
+        .collect();
+    // `auto` with a response format: the `required` tag, or the format.
+    let or_output = output
+        .filter(|_| auto)
+        .map(|f| xgrammar::json_schema(f.schema(), "json", Release::V0_2_8));
+    let tag_choice = match choice {
+        _ if or_output.is_some() => Choice::Required,
+        ToolChoice::Function { name } => Choice::Forced(name),
+        ToolChoice::Required => Choice::Required,
+        ToolChoice::Auto | ToolChoice::None => Choice::Auto,
+    };
+    let mut tag = match format {
+        ToolCallFormat::Hermes => hermes_tag(&functions, tag_choice)?,
+        ToolCallFormat::Qwen3Coder => xgrammar::builtin(
+            Builtin::Qwen3Coder,
+            &functions,
+            tag_choice,
+            true,
+            Release::V0_2_8,
+        )?,
+        ToolCallFormat::Llama3 => xgrammar::builtin(
+            Builtin::Llama,
+            &functions,
+            tag_choice,
+            true,
+            Release::V0_2_8,
+        )?,
+        ToolCallFormat::None => return plain,
+    };
+    if single_call {
+        limit_to_single_tool_call(&mut tag);
+    }
+    if let Some(o) = or_output {
+        tag = xgrammar::or(vec![tag, o]);
+    }
+    Some(StructuredOutputs {
+        structural_tag: Some(py_dumps(&xgrammar::structural_tag(tag))),
+        ..Default::default()
+    })
+}
+
+/// vLLM's own `hermes` tag (`get_hermes_structural_tag` →
+/// `_hermes_style_structural_tag`): two tags per tool, `<tool_call>\n{"name": "NAME",
+/// "arguments": ` … `}\n</tool_call>` and the same without the newlines; under `auto`
+/// triggered by `<tool_call>`, under `required` only calls (at least one), under a named
+/// function that tool's call alone. `None` for an undeclared name.
+fn hermes_tag(functions: &[Function], choice: Choice) -> Option<Value> {
+    const FORMS: [(&str, &str); 2] = [
+        ("<tool_call>\n{\"name\": \"", "}\n</tool_call>"),
+        ("<tool_call>{\"name\": \"", "}</tool_call>"),
+    ];
+    let named = match choice {
+        Choice::Forced(name) => Some(name),
+        Choice::Auto | Choice::Required => None,
+    };
+    let tags: Vec<Value> = functions
+        .iter()
+        .filter(|f| named.is_none_or(|n| f.name == n))
+        .flat_map(|f| {
+            FORMS.map(|(begin, end)| {
+                xgrammar::tag(
+                    format!("{begin}{}\", \"arguments\": ", f.name),
+                    xgrammar::json_schema(f.schema.clone(), "json", Release::V0_2_8),
+                    end,
+                )
+            })
+        })
+        .collect();
+    if tags.is_empty() {
+        return None;
+    }
+    Some(match choice {
+        Choice::Auto => xgrammar::triggered_tags(&["<tool_call>"], tags, false, false, &[]),
+        Choice::Forced(_) => xgrammar::tags_with_separator(tags, "", true, true),
+        Choice::Required => xgrammar::tags_with_separator(tags, "", true, false),
+    })
+}
+
+/// vLLM's `limit_to_single_tool_call`: every call list of the tag (`triggered_tags`,
+/// `token_triggered_tags`, `tags_with_separator`) stops after its first call. Argument
+/// schemas are data, not formats: not entered.
+fn limit_to_single_tool_call(format: &mut Value) {
+    match format {
+        Value::Object(o) => {
+            if matches!(
+                o.get("type").and_then(Value::as_str),
+                Some("triggered_tags" | "token_triggered_tags" | "tags_with_separator")
+            ) {
+                o.insert("stop_after_first".into(), Value::Bool(true));
+            }
+            for (k, v) in o.iter_mut() {
+                if k != "json_schema" {
+                    limit_to_single_tool_call(v);
+                }
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(limit_to_single_tool_call),
+        _ => {}
+    }
+}
+
+/// `json.dumps(v)` as Python writes it, so the string is the one vLLM sends: `", "` and
+/// `": "` between items, everything outside printable ASCII as `\uXXXX` (UTF-16, lowercase
+/// hex), floats as `repr` writes them (`1e-05`, `1e+16`, `100.0`).
+pub fn py_dumps(v: &Value) -> String {
+    use serde::Serialize as _;
+    use std::io::{self, Write};
+    struct Python;
+    impl serde_json::ser::Formatter for Python {
+        fn begin_array_value<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_key<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            first: bool,
+        ) -> io::Result<()> {
+            if first { Ok(()) } else { w.write_all(b", ") }
+        }
+        fn begin_object_value<W: ?Sized + Write>(&mut self, w: &mut W) -> io::Result<()> {
+            w.write_all(b": ")
+        }
+        fn write_string_fragment<W: ?Sized + Write>(
+            &mut self,
+            w: &mut W,
+            fragment: &str,
+        ) -> io::Result<()> {
+            for c in fragment.chars() {
+                if (' '..='~').contains(&c) {
+                    w.write_all(&[c as u8])?;
+                } else {
+                    for unit in c.encode_utf16(&mut [0; 2]) {
+                        write!(w, "\\u{unit:04x}")?;
+                    }
+                }
+            }
+            Ok(())
+        }
+        fn write_f64<W: ?Sized + Write>(&mut self, w: &mut W, value: f64) -> io::Result<()> {
+            w.write_all(py_float(value).as_bytes())
+        }
+    }
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, Python);
+    // A `Value` always serializes; the output is ASCII.
+    let _ = v.serialize(&mut ser);
+    String::from_utf8(out).unwrap_or_default()
+}
+
+/// A finite float as Python's `repr`: positional for exponents -4..16 (at least one
+/// decimal), else `d.ddde±XX`; the digits are the shortest that round-trip, as in Rust.
+fn py_float(x: f64) -> String {
+    let sci = format!("{x:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    if (-4..16).contains(&exp) {
+        if x.fract() == 0.0 {
+            format!("{x:.1}")
+        } else {
+            format!("{x}")
+        }
+    } else {
+        format!(
+            "{mantissa}e{}{:02}",
+            if exp < 0 { '-' } else { '+' },
+            exp.abs()
+        )
+    }
+}
+
+/// The JSON schema vLLM's chat server constrains a forced call with when it runs with
+/// `VLLM_ENFORCE_STRICT_TOOL_CALLING=0` (`get_json_schema_from_tools` in `vllm/tool_parsers/utils.py`, 0.34): under `required` a
 /// non-empty list of `{"name": <one of the tools>, "parameters": <its schema>}` (at most one
 /// with `parallel_tool_calls: false`, the tools' `$defs` gathered at the top); under a named
 /// function that function's parameters. A tool without parameters takes an empty object's
@@ -308,6 +565,55 @@ mod tests {
         let two =
             json!({"choices": [{"index": 0, "token_ids": []}, {"index": 1, "token_ids": []}]});
         assert!(p.push_vllm(&two).unwrap_err().contains("2 choices"));
+    }
+
+    /// Every case of `tests/fixtures/vllm_structured_outputs.json` (made by running vLLM
+    /// 0.34.0's and xgrammar 0.2.8's own code: scripts/vllm-structural-tag-fixtures.py):
+    /// the request read by graft's Chat dialect gives the same `structured_outputs`, the
+    /// structural tag byte for byte, for each format, `VLLM_ENFORCE_STRICT_TOOL_CALLING` on
+    /// and off, every tool choice, `parallel_tool_calls` and response format.
+    #[test]
+    fn structured_outputs_equal_vllms_own() {
+        let doc: Value = serde_json::from_str(include_str!(
+            "../tests/fixtures/vllm_structured_outputs.json"
+        ))
+        .unwrap();
+        let chat = crate::dialect::dialect(crate::dialect::DialectKind::ChatCompletions);
+        let cases = doc["cases"].as_array().unwrap();
+        assert_eq!(cases.len(), 204);
+        let mut tags = 0;
+        for case in cases {
+            let mut request = json!({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                "tools": doc["toolsets"][case["tools"].as_str().unwrap()]});
+            let o = request.as_object_mut().unwrap();
+            o.extend(case["request"].as_object().unwrap().clone());
+            let conv = chat.parse(&request).unwrap();
+            let format: ToolCallFormat =
+                serde_json::from_value(case["tool_call_format"].clone()).unwrap();
+            let got = structured_outputs(
+                format,
+                case["strict_tool_calling"].as_bool().unwrap(),
+                &conv.tools,
+                conv.tool_choice.as_ref(),
+                conv.parallel_tool_calls,
+                conv.sampling.format.as_ref(),
+            );
+            let want: Option<StructuredOutputs> =
+                serde_json::from_value(case["structured_outputs"].clone()).unwrap();
+            assert_eq!(got, want, "{}", case["name"]);
+            tags += usize::from(want.is_some_and(|w| w.structural_tag.is_some()));
+        }
+        // 84 of the 108 strict cases carry a tag (the others: `auto` with no strict tool).
+        assert_eq!(tags, 84);
+    }
+
+    #[test]
+    fn python_json_dumps_spacing_escapes_and_floats() {
+        let v = json!({"a": [1, 2.5, 1e-5, 1e16, 100.0, -0.0], "é\u{7f}": "x\u{1F600}\n\""});
+        assert_eq!(
+            py_dumps(&v),
+            r#"{"a": [1, 2.5, 1e-05, 1e+16, 100.0, -0.0], "\u00e9\u007f": "x\ud83d\ude00\n\""}"#
+        );
     }
 
     #[test]

@@ -137,13 +137,16 @@ impl ParseRule {
         }
     }
 
-    /// The rule of vLLM's chat server where it differs: under `required` and a named
-    /// function vLLM constrains the decode to JSON and reads the answer as calls
-    /// ([`ForcedCalls`]) instead of parsing the model's tool-call markup.
+    /// The rule of vLLM's chat server where it differs. `strict_tool_calling`: the server's
+    /// `VLLM_ENFORCE_STRICT_TOOL_CALLING` (vLLM's default: on). On, the formats graft parses
+    /// all have a structural tag, so `required` and a named function are constrained to the
+    /// model's own markup and parsed like `auto` (`supports_required_and_named` is off). Off,
+    /// vLLM constrains them to JSON and reads the answer as calls ([`ForcedCalls`]) instead
+    /// of parsing the model's tool-call markup.
     #[must_use]
-    pub fn as_vllm(mut self) -> Self {
+    pub fn as_vllm(mut self, strict_tool_calling: bool) -> Self {
         self.vllm = true;
-        if self.parses_tool_calls() {
+        if self.parses_tool_calls() && !strict_tool_calling {
             self.forced = match &self.tool_choice {
                 ToolChoice::Required => Some(ForcedCalls::Required),
                 ToolChoice::Function(name) => Some(ForcedCalls::Named(name.clone())),

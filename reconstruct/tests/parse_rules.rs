@@ -541,7 +541,7 @@ fn hermes_matches_vllms_own_parser_whole_and_streamed() {
                         ToolChoice::from_chat(choice.as_ref()),
                     )
                     .with_thinking(false)
-                    .as_vllm()
+                    .as_vllm(true)
                     .streamed(streamed);
                     for chunks in chunkings(text) {
                         let mut parser = rule.parser();

@@ -12,7 +12,9 @@
 //! "param", "code"}}`): a prompt longer than the context ([`MAX_MODEL_LEN`], Qwen3's), a
 //! `max_tokens` that does not fit beside the prompt, `logprobs` above vLLM's default
 //! `--max-logprobs` (20), `stream_options` without `stream`, `top_k` below -1, a negative
-//! temperature, `top_p` outside (0, 1], an unknown model name (404), an out-of-vocabulary id.
+//! temperature, `top_p` outside (0, 1], an unknown model name (404), an out-of-vocabulary id,
+//! `structured_outputs` with no constraint or several, or a `structural_tag` that is not
+//! one (its shape is checked; vLLM has xgrammar compile it).
 //! No `max_tokens` means 16, as on vLLM. `stop_token_ids` and `stop` strings end the output
 //! with `stop_reason` naming them (the stop id is kept in `token_ids`); the end-of-turn
 //! token ends it with `stop_reason: null`. Script faults: `500` (before a stream: a 500 JSON
@@ -394,6 +396,12 @@ fn refusal(state: &State, req: &CompletionRequest, raw: &Value) -> Option<Respon
             Some("logprobs"),
         ));
     }
+    if let Some(why) = raw
+        .get("structured_outputs")
+        .and_then(structured_outputs_refusal)
+    {
+        return Some(bad(&why, Some("structured_outputs")));
+    }
     if req.n.is_some_and(|n| n != 1) {
         return Some(bad(
             "the scripted vLLM plays one choice per request ('n' must be 1)",
@@ -450,6 +458,103 @@ fn refusal(state: &State, req: &CompletionRequest, raw: &Value) -> Option<Respon
         ));
     }
     None
+}
+
+/// Why vLLM refuses a request's `structured_outputs`, in its words: more than one of `json`,
+/// `regex`, `choice` (`check_structured_outputs_count`), not exactly one constraint
+/// (`StructuredOutputsParams.__post_init__`), or a `structural_tag` that is not a structural
+/// tag (`validate_structured_outputs_structural_tag`). vLLM has xgrammar compile the tag; this
+/// side checks its shape only: JSON, `{"type": "structural_tag", "format": ...}` (or the
+/// legacy `structures` + `triggers`), every nested format of a type xgrammar 0.2.8 knows.
+fn structured_outputs_refusal(so: &Value) -> Option<String> {
+    const CONSTRAINTS: [&str; 6] = [
+        "json",
+        "regex",
+        "choice",
+        "grammar",
+        "json_object",
+        "structural_tag",
+    ];
+    if so.is_null() {
+        return None;
+    }
+    let set = |k: &str| so.get(k).is_some_and(|v| !v.is_null());
+    if ["json", "regex", "choice"]
+        .iter()
+        .filter(|k| set(k))
+        .count()
+        > 1
+    {
+        return Some(
+            "You can only use one kind of constraints for structured outputs ('json', 'regex' or 'choice').".into(),
+        );
+    }
+    match CONSTRAINTS.iter().filter(|k| set(k)).count() {
+        0 => {
+            return Some(format!(
+                "You must use one kind of structured outputs constraint but none are specified: {so}"
+            ));
+        }
+        1 => {}
+        _ => {
+            return Some(format!(
+                "You can only use one kind of structured outputs constraint but multiple are specified: {so}"
+            ));
+        }
+    }
+    let tag = so.get("structural_tag")?;
+    let invalid = || Some("Invalid structured_outputs structural_tag specification.".to_string());
+    let Some(tag) = tag
+        .as_str()
+        .and_then(|t| serde_json::from_str::<Value>(t).ok())
+    else {
+        return invalid();
+    };
+    let ok = if tag.get("structures").is_some() {
+        tag["structures"].is_array() && tag["triggers"].is_array()
+    } else {
+        tag["type"] == "structural_tag" && known_format(&tag["format"])
+    };
+    if ok { None } else { invalid() }
+}
+
+/// A format of a type xgrammar 0.2.8 knows (`structural_tag.py`), with its nested formats.
+fn known_format(f: &Value) -> bool {
+    const TYPES: [&str; 21] = [
+        "const_string",
+        "json_schema",
+        "any_text",
+        "token",
+        "exclude_token",
+        "any_tokens",
+        "grammar",
+        "regex",
+        "sequence",
+        "or",
+        "tag",
+        "triggered_tags",
+        "token_triggered_tags",
+        "tags_with_separator",
+        "optional",
+        "plus",
+        "star",
+        "repeat",
+        "dispatch",
+        "token_dispatch",
+        "qwen_xml_parameter",
+    ];
+    let Some(kind) = f.get("type").and_then(Value::as_str) else {
+        return false;
+    };
+    if !TYPES.contains(&kind) {
+        return false;
+    }
+    let nested = |k: &str| f.get(k).is_none_or(known_format);
+    let all = |k: &str| {
+        f.get(k)
+            .is_none_or(|v| v.as_array().is_some_and(|a| a.iter().all(known_format)))
+    };
+    nested("content") && all("elements") && all("tags")
 }
 
 /// vLLM's `max_tokens` default (`CompletionRequest.max_tokens = 16`).
@@ -875,6 +980,45 @@ mod tests {
         assert!(!is_token_prompt(&json!({"prompt": "hi"})));
         assert!(!is_token_prompt(&json!({"prompt": ["hi"]})));
         assert!(!is_token_prompt(&json!({"prompt": []})));
+    }
+
+    #[test]
+    fn structured_outputs_are_refused_as_vllm_refuses_them() {
+        let tag = |t: Value| json!({"structural_tag": t.to_string()});
+        let good = json!({"type": "structural_tag", "format": {"type": "tags_with_separator",
+            "tags": [{"type": "tag", "begin": "<a>", "content": {"type": "json_schema", "json_schema": true}, "end": "</a>"}],
+            "separator": "", "at_least_one": true, "stop_after_first": false}});
+        assert_eq!(structured_outputs_refusal(&tag(good)), None);
+        assert_eq!(
+            structured_outputs_refusal(&json!({"json": {"type": "object"}})),
+            None
+        );
+        let odd = json!({"type": "structural_tag", "format": {"type": "or", "elements": [{"type": "nope"}]}});
+        assert!(
+            structured_outputs_refusal(&tag(odd))
+                .unwrap()
+                .contains("Invalid structured_outputs structural_tag")
+        );
+        assert!(
+            structured_outputs_refusal(&json!({"structural_tag": "{"}))
+                .unwrap()
+                .contains("structural_tag")
+        );
+        assert!(
+            structured_outputs_refusal(&json!({"json": {}, "regex": "a"}))
+                .unwrap()
+                .contains("one kind of constraints")
+        );
+        assert!(
+            structured_outputs_refusal(&json!({"json": {}, "structural_tag": "{}"}))
+                .unwrap()
+                .contains("multiple")
+        );
+        assert!(
+            structured_outputs_refusal(&json!({}))
+                .unwrap()
+                .contains("none are specified")
+        );
     }
 
     #[test]

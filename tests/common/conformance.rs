@@ -87,6 +87,8 @@ impl Servers {
             s.python.clone(),
             s.src.join("sglang/api/v1/api_types.py"),
             s.src.join("vllm/entrypoints/openai/completion/protocol.py"),
+            s.src.join("vllm/sampling_params.py"),
+            s.src.join("xgrammar/libxgrammar_bindings.so"),
         ]
         .into_iter()
         .filter(|p| !p.exists())
@@ -95,8 +97,8 @@ impl Servers {
         assert!(
             missing.is_empty(),
             "the servers' request models are not installed (missing: {}).\n\
-             Run `bash scripts/setup-test-env.sh` from the repository root \
-             (its `servers` part; or point GRAFT_TEST_ENV at an environment it made).",
+             Run `bash scripts/setup-test-env.sh servers` from the repository root \
+             (or point GRAFT_TEST_ENV at an environment it made).",
             missing.join(", ")
         );
         s

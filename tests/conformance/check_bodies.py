@@ -25,15 +25,27 @@ How each body is judged, always by the servers' own files, nothing copied from t
   from the protocol modules with `ast` (importing them needs torch); vLLM's
   `OpenAIBaseModel` allows extra keys and only logs them, so a key that is not a field is
   silently ignored and reported here. Simple annotations must hold.
+- vLLM's `structured_outputs`: validated into vLLM's own `StructuredOutputsParams` (the
+  pydantic dataclass of `vllm/sampling_params.py`, with its `__post_init__`: exactly one
+  constraint; taken out of the file by name with `ast`, as the module imports torch), then
+  what vLLM runs on it before serving: `check_json_nesting`, and xgrammar 0.2.8 (vLLM's pin)
+  compiles it (`Grammar.from_structural_tag` for a structural tag, as the completions
+  endpoint's `validate_structured_outputs_structural_tag` does; `Grammar.from_json_schema`
+  for `json`), with xgrammar's native library through apache-tvm-ffi. xgrammar's package
+  `__init__` is not run (it imports torch): `xgrammar.grammar` is imported under an empty
+  package. A key that is not a `StructuredOutputsParams` field is reported (pydantic drops it).
 """
 
 from __future__ import annotations
 
 import ast
+import dataclasses
+import importlib
 import importlib.util
 import json
 import pathlib
 import sys
+import types
 from typing import Any, Dict, List, Optional
 
 SGLANG_MODELS = ["sglang/srt/managers/io_struct.py"]
@@ -48,6 +60,8 @@ VLLM_ROUTERS = [
     "vllm/entrypoints/openai/completion/api_router.py",
     "vllm/entrypoints/openai/chat_completion/api_router.py",
 ]
+VLLM_SAMPLING = "vllm/sampling_params.py"
+VLLM_EXCEPTIONS = "vllm/exceptions.py"
 
 
 class Models:
@@ -252,6 +266,98 @@ def check_fields(body: Any, model: str, models: Models, server: str) -> List[str
     return errors
 
 
+class StructuredOutputs:
+    """vLLM's `StructuredOutputsParams` and the xgrammar compile vLLM runs on it."""
+
+    NAMES = [
+        "MAX_STRUCTURED_OUTPUT_JSON_NESTING",
+        "STRUCTURAL_TAG_WRAPPER_NESTING",
+        "_exceeds_json_nesting",
+        "check_json_nesting",
+        "StructuredOutputsParams",
+    ]
+
+    def __init__(self, root: pathlib.Path):
+        import pydantic
+
+        exceptions: Dict[str, Any] = {"__name__": "graft_vllm_exceptions"}
+        exec(compile((root / VLLM_EXCEPTIONS).read_text(), VLLM_EXCEPTIONS, "exec"), exceptions)
+        # A registered module: pydantic's dataclass resolves its annotations there.
+        mod = types.ModuleType("graft_vllm_sampling_params")
+        sys.modules[mod.__name__] = mod
+        mod.__dict__.update(
+            json_mod=json,
+            Any=Any,
+            dataclass=pydantic.dataclasses.dataclass,
+            field=dataclasses.field,
+            VLLMValidationError=exceptions["VLLMValidationError"],
+        )
+        tree = ast.parse((root / VLLM_SAMPLING).read_text(), filename=VLLM_SAMPLING)
+        picked = [n for n in tree.body if _defines(n) in self.NAMES]
+        missing = set(self.NAMES) - {_defines(n) for n in picked}
+        if missing:
+            raise SystemExit(f"{VLLM_SAMPLING}: no {sorted(missing)}")
+        exec(compile(ast.Module(body=picked, type_ignores=[]), VLLM_SAMPLING, "exec"), mod.__dict__)
+        self.params = mod.StructuredOutputsParams
+        self.adapter = pydantic.TypeAdapter(mod.StructuredOutputsParams)
+        self.check_json_nesting = mod.check_json_nesting
+        if "xgrammar" not in sys.modules:
+            package = types.ModuleType("xgrammar")
+            package.__path__ = [str(root / "xgrammar")]
+            sys.modules["xgrammar"] = package
+        # As xgrammar's `__init__` starts: the native library first.
+        for name in ("exception", "load_binding"):
+            importlib.import_module(f"xgrammar.{name}")
+        self.grammar = importlib.import_module("xgrammar.grammar")
+
+    def check(self, so: Any) -> List[str]:
+        if so is None:
+            return []
+        where = "structured_outputs"
+        try:
+            params = self.adapter.validate_python(so)
+        except Exception as e:  # pydantic's error, or the __post_init__'s VLLMValidationError
+            return [f"{where}: vLLM's StructuredOutputsParams refuses {json.dumps(so)}: {e}"]
+        fields = {f.name for f in dataclasses.fields(self.params) if f.init}
+        errors = [
+            f"{where}.{k} is not a field of vLLM's StructuredOutputsParams: vLLM drops it"
+            for k in so
+            if k not in fields
+        ]
+        Grammar = self.grammar.Grammar
+        try:
+            if params.structural_tag is not None:
+                self.check_json_nesting(params.structural_tag, structural_tag=True)
+                tag = json.loads(params.structural_tag)
+                if "structures" in tag:
+                    items = [
+                        self.grammar.StructuralTagItem(
+                            begin=s["begin"], schema=json.dumps(s["schema"]), end=s["end"]
+                        )
+                        for s in tag["structures"]
+                    ]
+                    Grammar.from_structural_tag(items, tag["triggers"])
+                else:
+                    Grammar.from_structural_tag(params.structural_tag)
+            elif params.json is not None:
+                self.check_json_nesting(params.json)
+                schema = params.json if isinstance(params.json, str) else json.dumps(params.json)
+                Grammar.from_json_schema(schema)
+        except Exception as e:
+            errors.append(f"{where}: vLLM's validation refuses it (xgrammar 0.2.8): {e}")
+        return errors
+
+
+def _defines(node: ast.stmt) -> Optional[str]:
+    if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+        return node.name
+    if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name):
+        return node.targets[0].id
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return node.target.id
+    return None
+
+
 class Checker:
     def __init__(self, root: pathlib.Path):
         self.root = root
@@ -264,6 +370,7 @@ class Checker:
         spec.loader.exec_module(self.api_types)
         self.sglang = Models(root, SGLANG_MODELS)
         self.vllm = Models(root, VLLM_MODELS)
+        self.structured_outputs = StructuredOutputs(root)
 
     def check(self, server: str, path: str, body: Any) -> Dict[str, Any]:
         if server == "sglang" and path == "/generate":
@@ -282,6 +389,8 @@ class Checker:
                 )
             else:
                 errors = check_fields(body, model, models, server)
+                if server == "vllm" and isinstance(body, dict):
+                    errors += self.structured_outputs.check(body.get("structured_outputs"))
         else:
             model, errors = None, [f"unknown server {server!r}"]
         return {"server": server, "path": path, "model": model, "ok": not errors, "errors": errors}

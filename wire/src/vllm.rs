@@ -325,13 +325,19 @@ pub struct CompletionRequest {
     pub structured_outputs: Option<StructuredOutputs>,
 }
 
-/// `StructuredOutputsParams`, the constraints graft sends.
+/// `StructuredOutputsParams`, the constraints graft sends (exactly one is set, as vLLM's
+/// `__post_init__` requires).
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct StructuredOutputs {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json: Option<serde_json::Value>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json_object: Option<bool>,
+    /// An xgrammar structural tag as a JSON string (`{"type": "structural_tag", "format":
+    /// ...}`), checked by the completions endpoint (`validate_structured_outputs_structural_tag`:
+    /// nesting, then xgrammar compiles it) before the request is accepted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub structural_tag: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -233,6 +233,8 @@ pub struct Sglang {
     logprobs: super::LogprobKind,
     tool_format: ToolCallFormat,
     reasoning_format: ReasoningFormat,
+    /// `exact.vllm_strict_tool_calling`: the vLLM backends' `VLLM_ENFORCE_STRICT_TOOL_CALLING`.
+    vllm_strict_tool_calling: bool,
     /// The configured backends first, then those sessions named for themselves. Only ever
     /// appended to, so an index stays valid.
     slots: Mutex<Vec<Slot>>,
@@ -280,6 +282,7 @@ impl Sglang {
             logprobs: cfg.logprobs,
             tool_format: cfg.tool_call_format,
             reasoning_format: cfg.reasoning_format,
+            vllm_strict_tool_calling: cfg.vllm_strict_tool_calling,
             slots: Mutex::new(cfg.backends.iter().map(|b| Slot::new(b)).collect()),
             configured: cfg.backends.len(),
             named: Mutex::new(HashMap::new()),
@@ -628,9 +631,11 @@ impl Sglang {
 
     /// The call's output parser, decided from its request as SGLang's chat server decides it
     /// (`graft_reconstruct::parse_rule`): no tool-call parsing without tools or with
-    /// `tool_choice: none`; `required` / a named function parse like `auto` (on SGLang their
-    /// decode is constrained: [`Sglang::tool_constraint`]). Reasoning is forced where the
-    /// request thinks or the prompt opened the think block (`starts_in_reasoning`).
+    /// `tool_choice: none`; `required` / a named function parse like `auto` (their decode is
+    /// constrained: [`Sglang::tool_constraint`]), except on vLLM with
+    /// `exact.vllm_strict_tool_calling = false`, where they are read as vLLM's forced JSON.
+    /// Reasoning is forced where the request thinks or the prompt opened the think block
+    /// (`starts_in_reasoning`).
     fn parser(
         &self,
         call_id: &str,
@@ -656,7 +661,7 @@ impl Sglang {
             .streamed(streamed);
         let rule = match self.wire {
             Wire::Sglang => rule,
-            Wire::Vllm => rule.as_vllm(),
+            Wire::Vllm => rule.as_vllm(self.vllm_strict_tool_calling),
         };
         rule.parser().with_id_prefix(format!("call_{short}_"))
     }
@@ -665,11 +670,14 @@ impl Sglang {
     /// adds one; whether it did. SGLang ([`sglang::tool_call_constraint`]): another output
     /// constraint (`response_format`) wins over an `auto` one; with `required` or a named
     /// function both cannot hold, and the call is refused as SGLang refuses it. vLLM
-    /// ([`crate::vllm::tool_call_schema`]): `required` and named get a JSON schema that
-    /// replaces any other.
+    /// ([`crate::vllm::structured_outputs`]): the `structured_outputs` its chat server would
+    /// send, a structural tag in the model's own call syntax (with
+    /// `exact.vllm_strict_tool_calling`, vLLM's default) or a forced call's JSON schema, in
+    /// place of the response format's (or beside it, under `auto`).
     fn tool_constraint(
         &self,
         conv: &crate::dialect::Conversation,
+        output: Option<&crate::dialect::OutputFormat>,
         params: &mut Value,
     ) -> Result<bool, GatewayError> {
         let required = matches!(
@@ -681,20 +689,21 @@ impl Sglang {
             return Ok(false);
         }
         if self.wire == Wire::Vllm {
-            // vLLM's forced-call schema replaces any structured output
-            // (`ToolParser.adjust_request`: `response_format` is set to `None`).
-            let Some(schema) = crate::vllm::tool_call_schema(
+            let plain = params.get("structured_outputs").cloned();
+            let so = crate::vllm::structured_outputs(
+                self.tool_format,
+                self.vllm_strict_tool_calling,
                 &conv.tools,
                 conv.tool_choice.as_ref(),
                 conv.parallel_tool_calls,
-            ) else {
+                output,
+            )
+            .and_then(|so| serde_json::to_value(so).ok());
+            if so == plain {
                 return Ok(false);
-            };
-            if let Some(o) = params.as_object_mut() {
-                o.insert(
-                    "structured_outputs".into(),
-                    serde_json::json!({ "json": schema }),
-                );
+            }
+            if let (Some(o), Some(so)) = (params.as_object_mut(), so) {
+                o.insert("structured_outputs".into(), so);
             }
             return Ok(true);
         }
@@ -879,7 +888,7 @@ impl Sglang {
         let mut params = self.wire.sampling(&sent, self.max_new_tokens);
         let mut constrained = sent.format.is_some();
         if chat {
-            constrained |= self.tool_constraint(&conv, &mut params)?;
+            constrained |= self.tool_constraint(&conv, sent.format.as_ref(), &mut params)?;
         }
         let stops = sent.stop.clone();
         let sampling = policy.map(|p| {
