@@ -4,9 +4,9 @@
 //!
 //! - `python/tests/test_properties.py` (hypothesis) on generated samples and on these;
 //! - `graft export --to NAME` for every layout, checked here against graft's own Rust reader;
-//! - ignored (the heavier tier, `--ignored`): `python/tests/test_frameworks.py` in the
-//!   `rlfw` venv, the real verl / TRL / SkyRL / OpenRLHF / Tinker types, and the rollout
-//!   service behind each trainer's own extension point (`graft_rl.adapters`: verl's
+//! - ignored (the heavier tier, `--ignored`): `python/tests/test_frameworks.py`, each
+//!   framework's tests in its own `rlfw/NAME` venv, the real verl / TRL / SkyRL / OpenRLHF /
+//!   Tinker types, and the rollout service behind each trainer's own extension point (`graft_rl.adapters`: verl's
 //!   `AgentLoopWorker`, a SkyRL generator, an OpenRLHF agent executor, a slime rollout
 //!   function; TRL's `rollout_func`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
