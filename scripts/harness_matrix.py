@@ -48,7 +48,7 @@ class H:
     """One harness: how it is installed (what to mount), run and versioned in the sandbox."""
 
     def __init__(self, name, config, wire_hint, mounts, argv, version, env=None, tool=None,
-                 finish=None, timeout=300, needs=None, pre=None, rootfs=None):
+                 finish=None, timeout=300, needs=None, pre=None, rootfs=None, side_rules=None):
         self.name = name
         self.config = config  # the harness-configs/ entry envd fills (None: plain env only)
         self.wire_hint = wire_hint
@@ -64,6 +64,9 @@ class H:
         # Where scripts/make-harness-rootfs.sh installed it: (how many leading words of `argv`
         # and `version` name the program, the words that name it inside that rootfs).
         self.rootfs = rootfs
+        # Rules for the harness's own side calls (qwen-code's memory sub-agent), tried before
+        # the task's: the scripted model answers them without a tool call.
+        self.side_rules = side_rules or []
 
     def in_rootfs(self, argv):
         k, head = self.rootfs
@@ -169,6 +172,25 @@ def harnesses(env: Path, zeroclaw: Path | None):
           env={"GRAFT_MODEL": MODEL},
           tool=("bash", lambda n: {"command": shell(n)}),
           needs="py/bin/python"),
+        # The generic OpenAI-compatible clients (`graft harness env openai`): OPENAI_BASE_URL,
+        # OPENAI_API_KEY, OPENAI_MODEL. qwen-code's memory-extraction sub-agent runs after the
+        # turn that ends without a tool call (its system prompt names its memory directory).
+        H("qwen-code", "openai", "chat", [("qwen-code", "/mnt/h")],
+          ["/usr/bin/node", "/mnt/h/node_modules/@qwen-code/qwen-code/cli.js", "-p", None, "--yolo",
+           "--auth-type", "openai"],
+          ["/usr/bin/node", "/mnt/h/node_modules/@qwen-code/qwen-code/cli.js", "--version"],
+          tool=("run_shell_command", lambda n: {"command": shell(n), "description": "Write graft_done.txt"}),
+          needs="qwen-code/node_modules/@qwen-code/qwen-code/cli.js",
+          side_rules=[{"match": "Managed memory directory", "tools": True, "reply": {
+              "reasoning": "Nothing durable was said.", "content": "Nothing durable to save."}}]),
+        # smolagents' ToolCallingAgent (tests/clients/harnesses/smolagents_task.py: one tool of
+        # its own, `shell`; it finishes with its `final_answer` tool).
+        H("smolagents", "openai", "chat", [("smolagents", "/mnt/h"), (base("smolagents"), base("smolagents"))],
+          ["/mnt/h/bin/python", "/mnt/clients/smolagents_task.py", "tool-calling", None],
+          ["/mnt/h/bin/python", "-c", "import importlib.metadata as m; print(m.version('smolagents'))"],
+          tool=("shell", lambda n: {"command": shell(n)}),
+          finish=("final_answer", lambda n: {"answer": f"graft_done.txt is written (graft-finished-{n})."}),
+          needs="smolagents/bin/python"),
     ]
     zc = zeroclaw or Path("/nonexistent/zeroclaw")
     if True:
@@ -182,7 +204,7 @@ def harnesses(env: Path, zeroclaw: Path | None):
 
 def script_for(hs) -> dict:
     """The scripted model: per harness, the tool call on the task, the finish on its result."""
-    rules = []
+    rules = [r for h in hs for r in h.side_rules]
     for h in hs:
         n = h.name
         if h.finish:
@@ -255,16 +277,6 @@ def records(graft, data: Path):
 
 # ------------------------------------------------------------------------------------------
 # one run
-
-
-def strip(v):
-    """A request's messages without prompt-cache markers (Claude Code moves `cache_control`
-    to its newest block every call: not a change of what the model saw)."""
-    if isinstance(v, dict):
-        return {k: strip(x) for k, x in v.items() if k != "cache_control"}
-    if isinstance(v, list):
-        return [strip(x) for x in v]
-    return v
 
 
 def run_one(h: H, mode: str, a, work: Path) -> dict:
@@ -371,16 +383,6 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
     row["stream"] = sorted({bool(r.get("stream")) for r in mine})
     row["models"] = sorted({(r.get("request") or {}).get("model") or "?" for r in mine})
     row["errors"] = sorted({str(r.get("error"))[:160] for r in mine if r.get("outcome") != "ok"})
-    # Calls that do not extend the one before (same tools offered: the main loop, not a side
-    # call): the harness itself rewrote the history it sends, so no merge can hold.
-    main = [r for r in mine if (r.get("request") or {}).get("tools")]
-    rewrites = 0
-    for prev, nxt in zip(main, main[1:]):
-        pm = (prev.get("request") or {}).get("messages") or (prev.get("request") or {}).get("input")
-        nm = (nxt.get("request") or {}).get("messages") or (nxt.get("request") or {}).get("input")
-        if isinstance(pm, list) and isinstance(nm, list) and strip(nm[:len(pm)]) != strip(pm):
-            rewrites += 1
-    row["history_rewrites"] = rewrites
     out = d / "samples.parquet"
     # Every sample of the session, side threads included (the column counts them all).
     rc = subprocess.run([graft, "reconstruct", "--data-dir", str(d / "data"), "--tokenizer", qwen3,
@@ -393,10 +395,22 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
         return row
     row["drift_events"] = summary.get("drift_events")
     row["exact_calls"] = summary.get("exact_calls")
+    # The session's threads: the main agent's, and the side threads (another system prompt
+    # or tool set that does not continue the main conversation), each named.
+    th = summary.get("threads") or {}
+    sides = [t for t in th.get("side_threads") or [] if t.get("session_id") == f"{h.name}-{mode}"]
+    row["threads"] = "main" + (f" + {len(sides)} side" if sides else "")
+    row["side_threads"] = [f"\"{t.get('name')}\" ({t.get('calls')} calls)" for t in sides]
+    row["rewrites"] = sorted((summary.get("rewrites_by_kind") or {}).keys())
     samples = pq.read_table(out).to_pylist() if out.exists() else []
     ss = [s for s in samples if s["session_id"] == f"{h.name}-{mode}"]
     row["samples"] = len(ss)
     row["fork_reasons"] = sorted({s.get("fork_reason") or "-" for s in ss})
+    # Main-thread forks reconstruct blames on the harness: it rewrote the history it re-sends
+    # (moved a message: `reordered`; re-serialized its answer or re-wrapped a tool result:
+    # `rewritten`), so no merge can hold.
+    row["history_rewrites"] = sum(1 for s in ss if s.get("thread") == "main"
+                                  and s.get("fork_reason") in ("reordered", "rewritten"))
     # masked tokens == the recorded completion ids (exact mode: the backend's own ids)
     want = []
     for r in mine:
@@ -408,14 +422,13 @@ def run_one(h: H, mode: str, a, work: Path) -> dict:
     have_ids = any(r.get("completion_token_ids") for r in mine)
     row["masked_eq_sampled"] = (sorted(got) == sorted(want) and len(got) == len(want)) if have_ids else None
     row["masked_tokens"] = len(got)
-    # As an RL user trains it: the side calls (they offer no tools) left out by the rule.
+    # As an RL user trains the rollout: reconstruct's defaults (side threads left out unless
+    # a reward was posted for their calls; none is here).
     kept = d / "samples-trained.parquet"
     rc = subprocess.run([graft, "reconstruct", "--data-dir", str(d / "data"), "--tokenizer", qwen3,
-                         "--out", str(kept), "--json", "--leave-out-without-tools"],
+                         "--out", str(kept), "--json"],
                         capture_output=True, text=True)
-    if not main:  # no call offers tools (aider edits by text): the rule is not for it
-        row["trained_samples"] = None
-    elif rc.returncode == 0 and kept.exists():
+    if rc.returncode == 0 and kept.exists():
         ks = [s for s in pq.read_table(kept).to_pylist() if s["session_id"] == f"{h.name}-{mode}"]
         row["trained_samples"] = len(ks)
     else:
@@ -443,8 +456,8 @@ def verdict(row) -> str:
     if row.get("drift_events"):
         why = ""
         if row.get("history_rewrites"):
-            why = (f" (the harness's fault: {row['history_rewrites']} of its calls do not start"
-                   " with the messages of its call before: it rewrites its own history)")
+            why = (f" (the harness's fault: {row['history_rewrites']} of its calls re-send a history"
+                   " it rewrote, each fork named below: one sample per call)")
         elif row["mode"] == "passthrough":
             why = " (text-only records re-tokenized: expected without upstream ids)"
         probs.append(f"{row['drift_events']} drift events{why}")
@@ -471,8 +484,8 @@ def cell(v):
 
 def write_doc(rows, path: Path, run: str, rootfs: bool = False):
     head = ["harness", "version", "mode", "wire", "streaming", "tool call executed", "records",
-            "samples (session)", "trained samples (side calls left out)", "drift events",
-            "masked == sampled", "seconds", "status"]
+            "threads", "samples (session)", "trained samples (side threads left out)",
+            "drift events", "masked == sampled", "seconds", "status"]
     lines = [
         "# Harnesses through graft",
         "",
@@ -491,12 +504,16 @@ def write_doc(rows, path: Path, run: str, rootfs: bool = False):
         "- **mode**: `passthrough` (the scripted upstream's OpenAI/Chat wire; records are text, so",
         "  reconstruct re-tokenizes with Qwen3 and counts drift) or `exact` (the gateway renders",
         "  Qwen3's template and calls SGLang `/generate`; records hold the sampled ids).",
+        "- **threads**: the session's threads as `graft reconstruct` assigns them: the main agent's",
+        "  and each side thread (a call with another system prompt or tool set that does not",
+        "  continue the main conversation: titles, sub-agents), named in the list below the table.",
         "- **samples (session)**: samples of the session, side threads included",
         "  (`--side-threads session`); side calls with a different prompt (titles, summaries)",
         "  start samples of their own (`new_root`).",
-        "- **trained samples**: the same with `graft reconstruct --leave-out-without-tools` (the",
-        "  side calls offer no tools), as an RL user trains the rollout; n/a where no call",
-        "  offers tools (aider edits by text) and in rows of runs made before this column.",
+        "- **trained samples**: the samples per rollout with `graft reconstruct`'s defaults (side",
+        "  threads left out unless a reward was posted for their calls; none is here), as an RL",
+        "  user trains the rollout; 1 is one sample per rollout, one per call where the harness",
+        "  rewrites its history (its forks name how, below).",
         "- **masked == sampled**: the loss-masked tokens of the session's samples are exactly the",
         "  recorded completion ids (n/a without ids: passthrough to a server that sends none).",
         "",
@@ -507,15 +524,21 @@ def write_doc(rows, path: Path, run: str, rootfs: bool = False):
     ]
     for r in rows:
         vals = [r["harness"], r.get("version"), r["mode"], r.get("wire"), r.get("stream"),
-                r.get("tool_executed"), r.get("records"),
+                r.get("tool_executed"), r.get("records"), r.get("threads"),
                 r.get("samples"), r.get("trained_samples"), r.get("drift_events"),
                 r.get("masked_eq_sampled"),
                 r.get("seconds"), verdict(r)]
         lines.append("| " + " | ".join(cell(v) for v in vals) + " |")
-    lines += ["", "Models the harness asked for, per run (side calls included):", ""]
+    lines += ["", "Models the harness asked for, per run (side calls included), the forks' reasons,",
+              "the history rewrites they name and the side threads:", ""]
     for r in rows:
         if r.get("models"):
-            lines.append(f"- {r['harness']} ({r['mode']}): {cell(r['models'])}; sample fork reasons: {cell(r.get('fork_reasons'))}")
+            x = f"- {r['harness']} ({r['mode']}): {cell(r['models'])}; sample fork reasons: {cell(r.get('fork_reasons'))}"
+            if "rewrites" in r:
+                x += f"; rewrites: {cell(r['rewrites'])}"
+            if "side_threads" in r:
+                x += f"; side threads: {cell(r['side_threads'])}"
+            lines.append(x)
     lines += THREADS_NOTE.split("\n")
     path.write_text("\n".join(lines) + "\n")
 
@@ -526,27 +549,31 @@ THREADS_NOTE = """
 ## Threads and samples per rollout
 
 What `graft reconstruct` makes of one rollout of each harness in exact mode, with its
-defaults (side threads left out unless rewarded per call), as `tests/harnesses.rs` runs
-them (qwen-code 0.15.10 and smolagents 1.26.0 there only, not yet in the table above):
+defaults (side threads left out unless rewarded per call), as the table above and
+`tests/harnesses.rs` show them:
 
 - **claude-code**: one sample per rollout, the tool loop (main thread). Its session-title
   call (system prompt "Generate a concise, sentence-case title …", no tools) is a side
-  thread linked to that sample, left out. Task sub-agents would be side threads too (their
-  own system prompt, a subset of the tools).
-- **qwen-code**: one sample per rollout. After a turn that ends without a tool call its
-  managed-memory extraction sub-agent runs (its own system prompt, the same model, seven
-  tools, no header): a side thread linked to the turn's sample, left out.
+  thread linked to that sample, left out. A sub-agent its Agent (Task) tool spawns is a
+  side thread too (its own system prompt, a subset of the tools), linked to the sample whose
+  call spawned it, left out (`tests/harnesses.rs` runs one).
+- **qwen-code**: one sample per rollout. When the model answers the user's message itself
+  without a tool call, its managed-memory extraction sub-agent runs (its own system prompt,
+  the same model, seven tools, no header): a side thread linked to the turn's sample, left
+  out (`tests/harnesses.rs`). An answer to a tool's result does not start it, so the
+  table's task (a tool call, then the answer) has none.
 - **opencode**: one sample per rollout; its title call is a side thread, left out.
 - **openhands-sdk, pi, hermes, codex, mini-swe-agent, zeroclaw, aider, the SDKs**: one
   sample per rollout, no side thread on this task.
 - **openclaw**: one sample per call: it moves its internal-context message to the end of
   the history every turn (fork `reordered`, rewrite `reordered` naming the moved message).
   `--on-drift realign` makes the rollout one sample (the moved message at mask 0).
-- **smolagents** (ToolCallingAgent and CodeAgent): one sample per call: it re-sends its own
-  assistant turn as text ("Calling tools: [...]", rewrite `assistant_reserialized`) and the
-  tool result as a user "Observation: ..." message (`tool_result_rewrapped`), so no call's
-  prompt extends the one before (fork `rewritten`). Each sample is what the model saw and
-  sampled; train per call, or fix the harness's history.
+- **smolagents** (ToolCallingAgent in the table; CodeAgent in `tests/harnesses.rs` too): one
+  sample per call: it re-sends its own assistant turn as text ("Calling tools: [...]",
+  rewrite `assistant_reserialized`) and the tool result as a user "Observation: ..." message
+  (`tool_result_rewrapped`), so no call's prompt extends the one before (fork `rewritten`).
+  Each sample is what the model saw and sampled; train per call, or fix the harness's
+  history.
 
 In passthrough (text-only records, re-tokenized with Qwen3) every multi-turn harness forks
 at each turn with `template_drift` (the live turn's `<think>` is not in history), the rest
@@ -567,8 +594,8 @@ def previous_rows(path: Path) -> list:
     cols = [c.strip() for c in lines[head].strip("|").split("|")]
     keys = {"harness": "harness", "version": "version", "mode": "mode", "wire": "wire",
             "streaming": "stream", "tool call executed": "tool_executed", "records": "records",
-            "samples (session)": "samples",
-            "trained samples (side calls left out)": "trained_samples",
+            "threads": "threads", "samples (session)": "samples",
+            "trained samples (side threads left out)": "trained_samples",
             "drift events": "drift_events", "masked == sampled": "masked_eq_sampled",
             "seconds": "seconds", "status": "kept_status"}
     rows = []
@@ -582,14 +609,20 @@ def previous_rows(path: Path) -> list:
         row["kept_status"] = row.get("kept_status", "?")
         rows.append(row)
     by = {(r["harness"], r["mode"]): r for r in rows}
-    for x in lines:  # "- NAME (MODE): MODELS; sample fork reasons: REASONS"
+    for x in lines:  # "- NAME (MODE): MODELS; sample fork reasons: R[; rewrites: W][; side threads: T]"
         if x.startswith("- ") and "; sample fork reasons: " in x and "): " in x:
             who, rest = x[2:].split("): ", 1)
             name, _, mode = who.partition(" (")
-            models, reasons = rest.split("; sample fork reasons: ", 1)
+            models, rest = rest.split("; sample fork reasons: ", 1)
+            rest, _, sides = rest.partition("; side threads: ")
+            reasons, has_rewrites, rewrites = rest.partition("; rewrites: ")
             if (name, mode) in by:
                 by[(name, mode)]["models"] = models
                 by[(name, mode)]["fork_reasons"] = reasons
+                if has_rewrites:
+                    by[(name, mode)]["rewrites"] = rewrites
+                if sides:
+                    by[(name, mode)]["side_threads"] = sides
     return rows
 
 

@@ -39,8 +39,10 @@
 #                           graft sends against them (tests/conformance/check_bodies.py)
 #   bubblewrap (system)     `bwrap`, for envd's local backend (tests/envd.rs); apt-get when missing
 # Not in the default set (the heavier tier, `bash scripts/setup-test-env.sh rlfw`):
-#   .graft-test-env/rlfw    Python 3.12 venv: verl, trl, skyrl, openrlhf, tinker and torch from PyPI
-#                           (its CUDA packages included: about 6.5 GB installed, ~4 min to install here),
+#   .graft-test-env/rlfw/NAME  a Python 3.12 venv per RL framework graft_rl exports to (verl, trl,
+#                           skyrl, openrlhf, slime, tinker), each made by its install line in
+#                           scripts/test-env/frameworks.txt, the lines docs/INTEGRATIONS.md shows
+#                           (torch from PyPI with its CUDA packages in most: several GB each),
 #                           for python/tests/test_frameworks.py (tests/interop.rs, --ignored)
 # Idempotent: a stamp per part records the pinned spec; a part whose stamp matches is skipped,
 # so a second run takes well under a second. Needs python3.11 (or $PYTHON), node 20 + npm and
@@ -73,23 +75,6 @@ INTEROP_PKGS=(
   "pytest==9.2.0"
   "hypothesis==6.170.15"
 )
-# The frameworks graft_rl exports to, installed the way their own pins allow: verl 0.9.1 wants
-# transformers <5.11, skyrl 0.4.0 wants tokenizers >=0.23.1 (so transformers >=5.11) and
-# openrlhf 0.11.2 pins transformers==5.15.0 and flash-attn==2.8.3 (an sdist that needs nvcc).
-# No resolver can put the three in one venv, so verl/trl/tinker are resolved together and
-# skyrl, skyrl-gym and openrlhf go in with --no-deps (their modules under test import fine
-# with what is there). RLFW_EXTRA are imports verl and skyrl make without declaring them.
-RLFW_PKGS=(
-  "verl==0.9.1"
-  "trl==1.16.0"
-  "tinker==0.38.0"
-  "transformers==5.10.4"
-  "pyarrow==26.0.1"
-  "pytest==9.2.0"
-  "hypothesis==6.170.15"
-)
-RLFW_EXTRA=("loguru" "cachetools" "cloudpathlib" "uvicorn" "fastapi" "jaxtyping" "pybase64")
-RLFW_NODEPS=("skyrl==0.4.0" "skyrl-gym==0.4.0" "openrlhf==0.11.2")
 NODE_OPENAI="7.59.0"
 CODEX="0.171.0"
 PLAYWRIGHT_CORE="1.65.1"   # drives Debian's chromium in tests/viewer.rs (no browser download)
@@ -106,6 +91,7 @@ HERMES_PKGS=("hermes-agent==0.19.0")
 QWEN_CODE="0.15.10"
 SMOLAGENTS_PKGS=("smolagents[openai]==1.26.0")
 PIP_VERSION="26.3"
+RLFW_PYTEST="9.2.0"   # the test runner added to each framework's venv (scripts/test-env/frameworks.txt)
 SERVERS_PKGS=("msgspec==0.22.0" "pydantic==2.14.4" "apache-tvm-ffi==0.1.15.post2")
 # The servers whose request models tests/conformance.rs checks graft's bodies against: the
 # wheels by version and hash, and the files kept from them (paths inside the wheels).
@@ -235,24 +221,39 @@ if ! command -v chromium >/dev/null 2>&1; then
 fi
 echo "setup-test-env: chromium up to date ($(chromium --version 2>/dev/null))"
 
-# `rlfw` alone: the frameworks' venv (heavier tier; Python 3.12: skyrl needs >=3.12, verl <3.13).
+# `rlfw` alone: each RL framework in a venv of its own, $env_dir/rlfw/NAME, made by its lines
+# of scripts/test-env/frameworks.txt exactly (the lines docs/INTEGRATIONS.md shows), pinned by
+# rlfw.constraints.txt, with pytest added for the tests.
 if [[ "${1:-}" == "rlfw" ]]; then
-  py312="${python312:-python3.12}"
-  dir="$env_dir/rlfw"
+  frameworks="$repo/scripts/test-env/frameworks.txt"
   constraints="$repo/scripts/test-env/rlfw.constraints.txt"
-  want="$("$py312" --version 2>&1) ${RLFW_PKGS[*]} ${RLFW_EXTRA[*]} ${RLFW_NODEPS[*]} $(cksum < "$constraints")"
-  if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -x "$dir/bin/python" ]]; then
-    echo "setup-test-env: rlfw up to date"
-    exit 0
-  fi
-  echo "setup-test-env: installing rlfw (about 6.5 GB)"
-  rm -rf "$dir"
-  "$py312" -m venv "$dir"
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "${RLFW_PKGS[@]}" "${RLFW_EXTRA[@]}"
-  "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -c "$constraints" "${RLFW_NODEPS[@]}"
-  printf '%s' "$want" > "$dir/.graft-stamp"
-  echo "setup-test-env: rlfw ready in $dir ($(( $(date +%s) - start ))s)"
+  # The single venv an earlier version of this script made there.
+  [[ -f "$env_dir/rlfw/pyvenv.cfg" ]] && rm -rf "$env_dir/rlfw"
+  for name in $(awk '!/^#/ && NF { print $1 }' "$frameworks" | uniq); do
+    dir="$env_dir/rlfw/$name"
+    lines="$(awk -v n="$name" '!/^#/ && $1 == n' "$frameworks")"
+    want="$lines $(cksum < "$constraints") pytest==$RLFW_PYTEST"
+    if [[ -f "$dir/.graft-stamp" && "$(cat "$dir/.graft-stamp")" == "$want" && -x "$dir/bin/python" ]]; then
+      echo "setup-test-env: rlfw/$name up to date"
+      continue
+    fi
+    echo "setup-test-env: installing rlfw/$name"
+    rm -rf "$dir"
+    while read -r _ py args; do
+      eval "set -- $args"   # the line's words, quoted as a shell reads them
+      set -- "${@/#.\/python/$repo/python}"
+      if [[ "$py" == "--no-deps" ]]; then
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps -c "$constraints" "$@"
+      else
+        if [[ "$py" == python3.12 && -n "$python312" ]]; then py="$python312"; fi
+        "$py" -m venv "$dir"
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check "pip==$PIP_VERSION"
+        "$dir/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "$@" "pytest==$RLFW_PYTEST"
+      fi
+    done <<< "$lines"
+    printf '%s' "$want" > "$dir/.graft-stamp"
+  done
+  echo "setup-test-env: rlfw ready in $env_dir/rlfw ($(( $(date +%s) - start ))s)"
   exit 0
 fi
 

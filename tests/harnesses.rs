@@ -1131,3 +1131,151 @@ fn smolagents_code_agent_forks_name_the_re_serialized_turn_and_the_re_wrapped_re
 fn smolagents_in_passthrough_forks_name_the_re_serialized_turn_and_the_re_wrapped_result() {
     smolagents_in("tool-calling", Mode::Passthrough);
 }
+
+/// Claude Code's Agent (Task) tool: the scripted model asks it for a general-purpose
+/// sub-agent, which writes the file with its own Bash call. The sub-agent's calls (its own
+/// system prompt, a subset of the agent's tools) are a side thread, named, each of its
+/// samples linked to the main sample whose call spawned it, and left out by default: the
+/// main thread (the two calls that offer the Agent tool) is the one trained sample, with the
+/// task's reward, whose trained tokens are exactly its sampled ids. `--side-threads session`
+/// trains the sub-agent's calls too, each sampled id once.
+#[test]
+fn claude_code_task_sub_agent_is_a_side_thread_linked_to_its_parent_and_left_out_by_default() {
+    let h = Harness {
+        name: "claude-code-subagent",
+        mounts: vec![("claude", "/mnt/h")],
+        argv: vec![
+            "/mnt/h/node_modules/@anthropic-ai/claude-code/bin/claude.exe",
+            "-p",
+            "TASK",
+            "--dangerously-skip-permissions",
+        ],
+        dialect: "anthropic_messages",
+        stream: true,
+        config: Some("claude-code"),
+        script: Some("claude_code_subagent_script.json"),
+        ..Harness::default()
+    };
+    let Ran {
+        dir,
+        data,
+        sid,
+        recs,
+    } = run_in_sandbox(&h, Mode::Exact);
+    let q = TestEnv::get().qwen3_dir();
+    let q = q.to_str().unwrap();
+    let tool_names = |r: &Value| -> Vec<String> {
+        r["request"]["tools"]
+            .as_array()
+            .map(|t| {
+                t.iter()
+                    .filter_map(|t| t["name"].as_str().map(str::to_owned))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let call_id = |r: &&Value| r["call_id"].as_str().unwrap().to_owned();
+    // The sub-agent's calls say so in Claude Code's billing header (`cc_is_subagent=true`)
+    // and offer a subset of the agent's tools; the agent's offer the Agent tool; the title
+    // call offers none.
+    let is_sub = |r: &Value| {
+        r["request"]["system"]
+            .to_string()
+            .contains("cc_is_subagent=true")
+    };
+    let parent: Vec<&Value> = recs
+        .iter()
+        .filter(|r| !is_sub(r) && tool_names(r).iter().any(|n| n == "Agent"))
+        .collect();
+    let sub: Vec<&Value> = recs.iter().filter(|r| is_sub(r)).collect();
+    assert_eq!(parent.len(), 2, "the Agent call and the answer: {recs:#?}");
+    assert_eq!(
+        sub.len(),
+        2,
+        "the sub-agent's Bash call and its report: {recs:#?}"
+    );
+    assert!(
+        sub[0].to_string().contains("graft-sub-task"),
+        "the sub-agent got the prompt the Agent call gave: {:#}",
+        sub[0]
+    );
+    assert_ne!(
+        parent[0]["request"]["system"], sub[0]["request"]["system"],
+        "the sub-agent has a system prompt of its own"
+    );
+    let (agent_tools, sub_tools) = (tool_names(parent[0]), tool_names(sub[0]));
+    assert!(
+        sub_tools.len() < agent_tools.len() && sub_tools.iter().all(|t| agent_tools.contains(t)),
+        "the sub-agent offers a subset of the agent's tools: {sub_tools:?} of {agent_tools:?}"
+    );
+    let parent_ids: Vec<String> = parent.iter().map(call_id).collect();
+    let sub_ids: Vec<String> = sub.iter().map(call_id).collect();
+    let completion = |r: &&Value| ids(&r["completion_token_ids"]);
+    let trained = |s: &graft_reconstruct::sample::Sample| -> Vec<u32> {
+        s.tokens
+            .iter()
+            .zip(&s.loss_mask)
+            .filter(|(_, m)| **m == 1)
+            .map(|(t, _)| *t)
+            .collect()
+    };
+
+    // By default: the main thread alone, one sample with the task's reward.
+    let (def, samples) = reconstruct(&data, q, &dir.path().join("def.parquet"), &sid, &[]);
+    assert_eq!(def["drift_events"], 0, "{def}");
+    assert_eq!(samples.len(), 1, "{def}");
+    let m = &samples[0];
+    assert_eq!(
+        (m.thread.as_str(), &m.call_ids),
+        ("main", &parent_ids),
+        "{def}"
+    );
+    assert_eq!(m.reward, Some(TASK_REWARD));
+    assert_eq!(
+        trained(m),
+        parent.iter().flat_map(completion).collect::<Vec<_>>(),
+        "the main sample trains exactly its sampled ids"
+    );
+    let threads = &def["threads"];
+    assert_eq!(threads["side_samples_trained"], 0, "{def}");
+    let side = threads["side_threads"].as_array().unwrap();
+    let agent = side
+        .iter()
+        .find(|t| t["calls"] == 2)
+        .unwrap_or_else(|| panic!("the sub-agent's two calls are one side thread: {def}"));
+    assert_eq!(agent["trained"], false, "{def}");
+    assert!(!agent["name"].as_str().unwrap().is_empty(), "{def}");
+    assert_eq!(
+        agent["parent_samples"],
+        json!([m.sample_id]),
+        "linked to the sample whose Agent call spawned it: {def}"
+    );
+
+    // Trained with the session's reward on request: the sub-agent's calls are one side
+    // sample, linked to the main sample, training exactly its sampled ids.
+    let (all, samples) = reconstruct(
+        &data,
+        q,
+        &dir.path().join("all.parquet"),
+        &sid,
+        &["--side-threads", "session"],
+    );
+    let main = in_thread(&samples, "main");
+    assert_eq!(main.len(), 1, "{all}");
+    assert_eq!(main[0].sample_id, m.sample_id, "{all}");
+    let subs: Vec<_> = in_thread(&samples, "side")
+        .into_iter()
+        .filter(|s| s.call_ids.iter().any(|c| sub_ids.contains(c)))
+        .collect();
+    assert_eq!(subs.len(), 1, "{all}");
+    let s = subs[0];
+    assert_eq!(s.call_ids, sub_ids, "{all}");
+    assert_eq!(s.thread_id, agent["thread_id"].as_str().unwrap(), "{all}");
+    assert_eq!(s.parent_sample.as_deref(), Some(m.sample_id.as_str()));
+    assert_eq!(s.reward, Some(TASK_REWARD));
+    assert_eq!(
+        trained(s),
+        sub.iter().flat_map(completion).collect::<Vec<_>>(),
+        "{all}"
+    );
+}

@@ -4,9 +4,9 @@
 //!
 //! - `python/tests/test_properties.py` (hypothesis) on generated samples and on these;
 //! - `graft export --to NAME` for every layout, checked here against graft's own Rust reader;
-//! - ignored (the heavier tier, `--ignored`): `python/tests/test_frameworks.py` in the
-//!   `rlfw` venv, the real verl / TRL / SkyRL / OpenRLHF / Tinker types, and the rollout
-//!   service behind each trainer's own extension point (`graft_rl.adapters`: verl's
+//! - ignored (the heavier tier, `--ignored`): `python/tests/test_frameworks.py`, each
+//!   framework's tests in its own `rlfw/NAME` venv, the real verl / TRL / SkyRL / OpenRLHF /
+//!   Tinker types, and the rollout service behind each trainer's own extension point (`graft_rl.adapters`: verl's
 //!   `AgentLoopWorker`, a SkyRL generator, an OpenRLHF agent executor, a slime rollout
 //!   function; TRL's `rollout_func`).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
@@ -29,6 +29,61 @@ fn venv_python(env: &TestEnv, name: &str, how: &str) -> PathBuf {
         p.display()
     );
     p
+}
+
+/// One framework's install, from `scripts/test-env/frameworks.txt`: the Python its venv is
+/// made with, the arguments of `pip install`, and those installed `--no-deps` after.
+struct Framework {
+    name: String,
+    python: String,
+    args: String,
+    no_deps: Option<String>,
+}
+
+impl Framework {
+    /// The line a user runs (docs/INTEGRATIONS.md): a venv named after the framework.
+    fn line(&self) -> String {
+        let n = &self.name;
+        let mut line = format!(
+            "{} -m venv {n} && {n}/bin/pip install {}",
+            self.python, self.args
+        );
+        if let Some(nd) = &self.no_deps {
+            line.push_str(&format!(" && {n}/bin/pip install --no-deps {nd}"));
+        }
+        line
+    }
+}
+
+/// The frameworks of `scripts/test-env/frameworks.txt`, in its order.
+fn frameworks() -> Vec<Framework> {
+    let path = repo_root().join("scripts/test-env/frameworks.txt");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let mut out: Vec<Framework> = vec![];
+    for line in text
+        .lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+    {
+        let mut words = line.split_whitespace();
+        let (name, python) = (words.next().unwrap(), words.next().unwrap());
+        let args = words.collect::<Vec<_>>().join(" ");
+        if python == "--no-deps" {
+            let fw = out.iter_mut().find(|f| f.name == name).unwrap_or_else(|| {
+                panic!("{}: --no-deps before {name}'s venv line", path.display())
+            });
+            assert!(fw.no_deps.is_none(), "{name}: two --no-deps lines");
+            fw.no_deps = Some(args);
+        } else {
+            assert!(out.iter().all(|f| f.name != name), "{name}: two venv lines");
+            out.push(Framework {
+                name: name.to_owned(),
+                python: python.to_owned(),
+                args,
+                no_deps: None,
+            });
+        }
+    }
+    out
 }
 
 /// The `graft rl` config of these tests: the example's, one step.
@@ -63,8 +118,20 @@ fn pytest(python: &Path, file: &str, samples: &Path) -> String {
 }
 
 fn pytest_env(python: &Path, file: &str, samples: &Path, envs: &[(&str, &str)]) -> String {
+    pytest_env_k(python, file, None, samples, envs)
+}
+
+/// [`pytest_env`] of the tests whose names match `k` (pytest's `-k`) only.
+fn pytest_env_k(
+    python: &Path,
+    file: &str,
+    k: Option<&str>,
+    samples: &Path,
+    envs: &[(&str, &str)],
+) -> String {
     let o = Command::new(python)
         .args(["-m", "pytest", "-q", "-p", "no:cacheprovider"])
+        .args(k.map(|k| ["-k", k]).into_iter().flatten())
         .arg(repo_root().join("python/tests").join(file))
         .env("PYTHONPATH", repo_root().join("python/src"))
         .env("GRAFT_SAMPLES", samples)
@@ -262,15 +329,16 @@ fn graft_rl_samples_pass_every_exporters_properties_and_graft_export_writes_each
     assert!(stderr.contains("pip install ./python"), "{stderr}");
 }
 
-/// The heavier tier: `bash scripts/setup-test-env.sh rlfw` (torch and the frameworks from
-/// PyPI, ~6.5 GB), then `cargo test -p graft --features testkit --test interop -- --ignored`.
-/// One `graft rollouts serve` answers TRL's, verl's, SkyRL's, OpenRLHF's and slime's
-/// adapters in turn (4 rollouts each).
+/// The heavier tier: `bash scripts/setup-test-env.sh rlfw` (each framework in a venv of its
+/// own, made by its line of `scripts/test-env/frameworks.txt`: torch and the framework from
+/// PyPI, several GB each), then `cargo test -p graft --features testkit --test interop --
+/// --ignored`. Each framework's tests in `python/tests/test_frameworks.py` (`test_NAME_*`)
+/// run in its own venv; one `graft rollouts serve` answers TRL's, verl's, SkyRL's,
+/// OpenRLHF's and slime's adapters in turn (4 rollouts each).
 #[test]
-#[ignore = "needs the rlfw venv (bash scripts/setup-test-env.sh rlfw); run with --ignored"]
+#[ignore = "needs the rlfw venvs (bash scripts/setup-test-env.sh rlfw); run with --ignored"]
 fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
     let env = TestEnv::get();
-    let py = venv_python(&env, "rlfw", "bash scripts/setup-test-env.sh rlfw");
     let dir = tempfile::tempdir().unwrap();
     let file = graft_rl_samples(&env, dir.path());
     // The rollout service, for TRL's rollout_func driving real rollouts.
@@ -284,19 +352,39 @@ fn graft_rl_samples_load_into_verl_trl_skyrl_openrlhf_and_tinker_types() {
         None,
     );
     let tasks = repo_root().join("examples/rl/tasks.jsonl");
-    let out = pytest_env(
-        &py,
-        "test_frameworks.py",
-        &file,
-        &[
-            ("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap()),
-            ("GRAFT_ROLLOUTS_URL", svc.url.as_str()),
-            ("GRAFT_TASKS", tasks.to_str().unwrap()),
-            ("GRAFT_BIN", graft_bin().to_str().unwrap()),
-        ],
+    let mut passed = 0;
+    for fw in frameworks() {
+        let py = venv_python(
+            &env,
+            &format!("rlfw/{}", fw.name),
+            "bash scripts/setup-test-env.sh rlfw",
+        );
+        let out = pytest_env_k(
+            &py,
+            "test_frameworks.py",
+            Some(&format!("test_{}_", fw.name)),
+            &file,
+            &[
+                ("GRAFT_QWEN3_DIR", env.qwen3_dir().to_str().unwrap()),
+                ("GRAFT_ROLLOUTS_URL", svc.url.as_str()),
+                ("GRAFT_TASKS", tasks.to_str().unwrap()),
+                ("GRAFT_BIN", graft_bin().to_str().unwrap()),
+            ],
+        );
+        let n: usize = out
+            .split(" passed")
+            .next()
+            .and_then(|t| t.rsplit(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("{}: no count of passed tests: {out}", fw.name));
+        passed += n;
+    }
+    assert_eq!(
+        passed, 14,
+        "every test of test_frameworks.py, each in its framework's venv"
     );
-    assert!(out.contains("14 passed"), "{out}");
 
+    let py = venv_python(&env, "rlfw/verl", "bash scripts/setup-test-env.sh rlfw");
     // graft export --format native: verl's own DataProto file, loaded back by verl.
     let dest = dir.path().join("batch.dp");
     let (ok, _, stderr) = export(
@@ -734,6 +822,53 @@ fn the_rollout_service_takes_a_config_without_steps_or_tasks_and_refuses_a_missi
 /// graft_rl, pyarrow and numpy, no verl, SkyRL or torch): the error names the missing
 /// package and its install line instead of a traceback, and nothing is written (SkyRL used
 /// to leave an empty file), not even a temp file beside it.
+/// docs/INTEGRATIONS.md's install lines are the ones the interop tier runs: its block under
+/// "Installing a framework" is `scripts/test-env/frameworks.txt` rendered, line for line, and
+/// names every framework the tier's tests cover (`test_NAME_*` in test_frameworks.py).
+#[test]
+fn integrations_doc_shows_the_install_lines_the_interop_tier_runs() {
+    let fws = frameworks();
+    let want: Vec<String> = fws.iter().map(Framework::line).collect();
+    let doc = std::fs::read_to_string(repo_root().join("docs/INTEGRATIONS.md")).unwrap();
+    let section = doc
+        .split("\n## Installing a framework\n")
+        .nth(1)
+        .expect("docs/INTEGRATIONS.md has a section \"## Installing a framework\"");
+    let block = section
+        .split("\n```sh\n")
+        .nth(1)
+        .and_then(|b| b.split("\n```").next())
+        .expect("its install lines in a ```sh block");
+    let got: Vec<&str> = block.lines().collect();
+    assert_eq!(
+        got,
+        want,
+        "docs/INTEGRATIONS.md's install lines differ from scripts/test-env/frameworks.txt; \
+         the block should read:\n{}",
+        want.join("\n")
+    );
+    let names: Vec<&str> = fws.iter().map(|f| f.name.as_str()).collect();
+    assert_eq!(
+        names,
+        ["verl", "trl", "skyrl", "openrlhf", "slime", "tinker"],
+        "one venv per framework"
+    );
+    let tests =
+        std::fs::read_to_string(repo_root().join("python/tests/test_frameworks.py")).unwrap();
+    for f in &fws {
+        assert!(
+            tests.contains(&format!("def test_{}_", f.name)),
+            "no test_{}_* in test_frameworks.py runs in its venv",
+            f.name
+        );
+        assert!(
+            f.args.starts_with("./python "),
+            "{}: graft's package first",
+            f.line()
+        );
+    }
+}
+
 #[test]
 fn export_native_without_the_framework_names_the_package_and_writes_nothing() {
     let env = TestEnv::get();

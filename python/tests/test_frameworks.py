@@ -1,6 +1,8 @@
 """graft's samples (made by real graft: ``GRAFT_SAMPLES``) through each framework's own types
-and checks. Needs the ``rlfw`` venv (``bash scripts/setup-test-env.sh rlfw``): verl 0.9.1,
-TRL 1.16.0, SkyRL 0.4.0, OpenRLHF 0.11.2, Tinker 0.38.0 and torch from PyPI.
+and checks. Each ``test_NAME_*`` runs in its framework's own venv (``bash
+scripts/setup-test-env.sh rlfw`` makes ``rlfw/NAME`` from ``scripts/test-env/frameworks.txt``;
+``tests/interop.rs`` runs ``-k test_NAME_`` there): verl 0.9.1, TRL 1.16.0, SkyRL 0.4.0,
+OpenRLHF 0.11.2, slime's file and adapter (torch), Tinker 0.38.0.
 """
 
 import os

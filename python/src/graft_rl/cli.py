@@ -31,12 +31,16 @@ from .verl import verl_layout
 FORMATS = ("verl", "trl", "trl-sft", "skyrl", "openrlhf", "slime", "tinker")
 
 # What --format native imports per framework, and how to install it (the versions the
-# interop tier runs: scripts/setup-test-env.sh rlfw, docs/INTEGRATIONS.md).
+# interop tier runs; the whole line per framework, one venv each: docs/INTEGRATIONS.md,
+# "Installing a framework", from scripts/test-env/frameworks.txt).
 NATIVE_NEEDS = {
-    "verl": ("verl and torch", 'pip install "verl==0.9.1" torch (Python 3.10 to 3.12)'),
+    "verl": (
+        "verl and torch",
+        'pip install "verl==0.9.1" torch (Python 3.10 to 3.12; the tested line: docs/INTEGRATIONS.md, "Installing a framework")',
+    ),
     "skyrl": (
         "skyrl",
-        'pip install --no-deps "skyrl==0.4.0" "skyrl-gym==0.4.0" (Python >= 3.12; its dependencies: docs/INTEGRATIONS.md)',
+        'pip install --no-deps "skyrl==0.4.0" "skyrl-gym==0.4.0" (Python >= 3.12; with the dependencies of the tested line: docs/INTEGRATIONS.md, "Installing a framework")',
     ),
     "slime": ("torch", "pip install torch (slime itself is not needed to write its file)"),
 }
