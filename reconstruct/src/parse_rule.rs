@@ -190,9 +190,9 @@ impl ParseRule {
             self.reasoning_format
         };
         let parser = OutputParser::new(self.tool_format, reasoning, self.force_reasoning)
-        .with_schemas(&self.tools)
-        .declared_only()
-        .with_forced(self.forced.clone());
+            .with_schemas(&self.tools)
+            .declared_only()
+            .with_forced(self.forced.clone());
         if self.vllm {
             parser.vllm_hermes(if self.streamed {
                 VllmHermes::Streamed

@@ -509,8 +509,7 @@ fn tool_call_text_is_content_without_tools_or_with_tool_choice_none() {
 /// ran the tool parser on it.
 #[test]
 fn hermes_matches_vllms_own_parser_whole_and_streamed() {
-    let path =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parse/vllm_hermes.jsonl");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parse/vllm_hermes.jsonl");
     let all_tools = tools();
     let mut cases = 0;
     let mut paths_differ = 0;
