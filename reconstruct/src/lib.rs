@@ -9,6 +9,7 @@ pub mod exact;
 pub mod merge;
 pub mod parse_rule;
 pub mod parser;
+mod pyliteral;
 pub mod records;
 pub mod retokenize;
 pub mod sample;

@@ -942,6 +942,33 @@ impl OutputParser {
                     }
                     at = next;
                 }
+                _ if let Some((value, end)) = python_dict(body, at) => {
+                    // A call written as a Python dict: SGLang reads it with `literal_eval`
+                    // (`Llama32Detector._convert_python_dict_to_json`).
+                    let after = body[end..].trim_start();
+                    let after = after.strip_prefix(';').unwrap_or(after);
+                    let next = body.len() - after.len();
+                    safe = next;
+                    match self.llama_call(value) {
+                        Ok((name, arguments)) => {
+                            self.seen_content = true;
+                            self.push_call(name, arguments, out);
+                        }
+                        Err(why) => {
+                            let number = self.parsed.tool_calls.len();
+                            self.parsed.notes.push(format!(
+                                "Python dict after {number} parsed calls is not a call: {why}"
+                            ));
+                            let raw = body[at..next].trim();
+                            if self.sglang_message {
+                                self.dropped.push_str(raw);
+                            } else {
+                                append_text(&mut kept, raw);
+                            }
+                        }
+                    }
+                    at = next;
+                }
                 _ => {
                     // Not JSON here: SGLang looks for the next `{"name":`, and the text up to
                     // it is lost there; graft keeps it as content.
@@ -1034,6 +1061,28 @@ impl OutputParser {
 /// SGLang's `parse_base_json` and Qwen3-Coder detector and vLLM's Hermes parser do.
 fn python_json(arguments: Map<String, Value>) -> String {
     crate::template::json_dumps(&Value::Object(arguments))
+}
+
+/// SGLang's Python-dict fallback at byte `at` of Llama 3's calls: the text up to the `}`
+/// that closes the first `{` (braces counted as characters, as SGLang counts them), read with
+/// [`crate::pyliteral::literal_eval`]; the dict and where it ends.
+fn python_dict(body: &str, at: usize) -> Option<(Value, usize)> {
+    let mut depth = 0usize;
+    for (i, c) in body[at..].char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth > 0 => {
+                depth -= 1;
+                if depth == 0 {
+                    let end = at + i + 1;
+                    let value = crate::pyliteral::literal_eval(&body[at..end])?;
+                    return value.is_object().then_some((value, end));
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// vLLM's `Hermes2ProToolParser._extract_tool_name`: the first `"name": "…"` of a region.

@@ -344,6 +344,14 @@ impl ChatTemplate {
         self.sources.get(DEFAULT).map(String::as_str).unwrap_or("")
     }
 
+    /// The template has a thinking toggle (`enable_thinking`, Qwen3's hybrid templates):
+    /// thinking is on unless a request turns it off. SGLang's chat server infers the same from
+    /// the template (`template_detection.py`, `enable_thinking_default_true`) to decide
+    /// whether a request's output starts in reasoning.
+    pub fn has_thinking_toggle(&self) -> bool {
+        self.source().contains("enable_thinking")
+    }
+
     /// `bos_token`, as the template sees it.
     pub fn bos_token(&self) -> Option<&str> {
         self.special_tokens.get("bos_token").and_then(Value::as_str)

@@ -573,3 +573,56 @@ fn hermes_matches_vllms_own_parser_whole_and_streamed() {
     // The fixtures hold texts on which vLLM's two paths differ.
     assert!(paths_differ >= 2, "{paths_differ}");
 }
+
+/// SGLang's own `Llama32Detector.detect_and_parse` run by `scripts/sglang-llama-fixtures.py`
+/// on every Llama 3 fixture and on calls written as Python dicts (which SGLang reads with
+/// `ast.literal_eval`): graft's SGLang rule gives the same normal text (trimmed) and the same
+/// calls, names and arguments strings byte for byte, whole and streamed.
+#[test]
+fn llama3_matches_sglangs_own_detector_python_dicts_included() {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parse/sglang_llama32.jsonl");
+    let all_tools = tools();
+    let family = FAMILIES[3];
+    let mut python_dict_calls = 0;
+    for line in std::fs::read_to_string(path).unwrap().lines() {
+        let fixture: Value = serde_json::from_str(line).unwrap();
+        let text = fixture["text"].as_str().unwrap();
+        let want_calls: Vec<(String, String)> = fixture["calls"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| {
+                (
+                    c["name"].as_str().unwrap().to_owned(),
+                    c["arguments"].as_str().unwrap().to_owned(),
+                )
+            })
+            .collect();
+        if text.contains("{'name'") {
+            python_dict_calls += want_calls.len();
+        }
+        let rule = ParseRule::new(family.tools, family.reasoning, &all_tools, ToolChoice::Auto);
+        for chunks in chunkings(text) {
+            let mut parser = rule.parser();
+            for c in &chunks {
+                parser.push(c);
+            }
+            parser.finish();
+            let parsed = parser.parsed();
+            let ctx = format!("{} ({} chunks): {text:?}", fixture["name"], chunks.len());
+            let calls: Vec<(String, String)> = parsed
+                .tool_calls
+                .iter()
+                .map(|c| (c.name.clone(), c.arguments.clone()))
+                .collect();
+            assert_eq!(calls, want_calls, "{ctx}");
+            assert_eq!(
+                parsed.text.trim(),
+                fixture["normal_text"].as_str().unwrap().trim(),
+                "{ctx}"
+            );
+        }
+    }
+    assert!(python_dict_calls >= 4, "{python_dict_calls}");
+}

@@ -40,8 +40,7 @@ impl TokenModel {
     /// thinking on (it ends at `<|im_start|>assistant\n`, without the empty `<think>` block the
     /// template adds when thinking is off, or an open one). Real Qwen3 writes `<think>` then.
     pub(crate) fn thinks_after(&self, prompt: &str) -> bool {
-        self.template.source().contains("enable_thinking")
-            && prompt.ends_with("<|im_start|>assistant\n")
+        self.template.has_thinking_toggle() && prompt.ends_with("<|im_start|>assistant\n")
     }
 
     /// The prompt ids of a request: chat messages (+ tools) rendered with the generation

@@ -757,10 +757,13 @@ impl Sglang {
         }
         // `None`: the request names no template variables, the model's own apply.
         let kwargs = template_kwargs(&self.builder.model().extra, &conv)?;
-        // The request thinks (`enable_thinking` is not `false`) and the model's reasoning
-        // is separated: SGLang's chat server then sets `require_reasoning`, so a decode
-        // constraint waits for the reasoning's end.
+        // The request thinks (the template has a thinking toggle and `enable_thinking` is not
+        // `false`) and the model's reasoning is separated: SGLang's chat server then sets
+        // `require_reasoning`, so a decode constraint waits for the reasoning's end, and the
+        // output starts in reasoning. A template without a toggle (SmolLM2, Qwen2.5, Llama)
+        // thinks only where its prompt opens the block.
         let thinking = self.reasoning_format == ReasoningFormat::Think
+            && self.builder.model().template.has_thinking_toggle()
             && parse_rule::thinking_enabled(Some(
                 kwargs.as_ref().unwrap_or(&self.builder.model().extra),
             ));
