@@ -24,10 +24,10 @@ use std::time::Instant;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::Trained;
 use super::backends::Shared;
 use super::config::{self, RlConfig};
 use super::rollout::Api;
+use super::steps::Trained;
 use graft_trainer::engine::Engine;
 use graft_trainer::grpo::{Level, Reject};
 use graft_trainer::step::{
