@@ -1,6 +1,8 @@
-//! A step's end: its line in `<out_dir>/steps.jsonl` (rewards, staleness, timings, what was
-//! left open), the run's state moved past it, `report.html` rewritten and old checkpoints
-//! pruned.
+//! A step's end: what its training did (`Trained`, made by `super::training`), its line in
+//! `<out_dir>/steps.jsonl` (rewards, staleness, timings, what was left open), the run's
+//! state moved past it, `report.html` rewritten and old checkpoints pruned.
+
+use std::path::PathBuf;
 
 use anyhow::Context;
 use http::Method;
@@ -13,7 +15,35 @@ use super::progress;
 use super::rollout::{Outcome, Rollout};
 use super::startup::Components;
 use super::state::{State, write_state};
-use super::steps::Trained;
+
+/// What training a step did.
+pub(super) struct Trained {
+    pub(super) log: Value,
+    pub(super) t_train: f64,
+    /// The weight handoff: in memory to the embedded backend, or write + push of files.
+    pub(super) t_push: f64,
+    /// Writing the checkpoint (and, for file pushes, the weights) outside the train step.
+    pub(super) t_checkpoint: f64,
+    /// Whether the step changed the policy's weights.
+    pub(super) changed: bool,
+    /// The checkpoint written (None: none was due) and the version the backends now serve.
+    pub(super) policy: Option<PathBuf>,
+    pub(super) version: Option<String>,
+}
+
+impl Trained {
+    pub(super) fn skipped(why: &str) -> Trained {
+        Trained {
+            log: json!({"skipped": why}),
+            t_train: 0.0,
+            t_push: 0.0,
+            t_checkpoint: 0.0,
+            changed: false,
+            policy: None,
+            version: None,
+        }
+    }
+}
 
 /// Writes a step's log line and moves the run's state past it.
 pub(super) async fn finish(

@@ -3,51 +3,20 @@
 //! whose training is done (`super::finish`) in order.
 
 use std::collections::VecDeque;
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
 use graft_reconstruct::retokenize::Model;
-use serde_json::{Value, json};
 
 use super::checkpoints::rewind_to_checkpoint;
 use super::collect::{Collected, collect};
 use super::config::RlConfig;
-use super::finish::finish;
+use super::finish::{Trained, finish};
 use super::startup::Components;
 use super::state::{State, read_state};
 #[cfg(feature = "trainer")]
 use super::training;
 use super::{progress, tasks};
-
-/// What training a step did.
-pub(super) struct Trained {
-    pub(super) log: Value,
-    pub(super) t_train: f64,
-    /// The weight handoff: in memory to the embedded backend, or write + push of files.
-    pub(super) t_push: f64,
-    /// Writing the checkpoint (and, for file pushes, the weights) outside the train step.
-    pub(super) t_checkpoint: f64,
-    /// Whether the step changed the policy's weights.
-    pub(super) changed: bool,
-    /// The checkpoint written (None: none was due) and the version the backends now serve.
-    pub(super) policy: Option<PathBuf>,
-    pub(super) version: Option<String>,
-}
-
-impl Trained {
-    pub(super) fn skipped(why: &str) -> Trained {
-        Trained {
-            log: json!({"skipped": why}),
-            t_train: 0.0,
-            t_push: 0.0,
-            t_checkpoint: 0.0,
-            changed: false,
-            policy: None,
-            version: None,
-        }
-    }
-}
 
 /// A collected step whose training runs.
 type Pending = (Collected, tokio::task::JoinHandle<anyhow::Result<Trained>>);

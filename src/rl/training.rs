@@ -26,8 +26,8 @@ use serde_json::{Value, json};
 
 use super::backends::Shared;
 use super::config::{self, RlConfig};
+use super::finish::Trained;
 use super::rollout::Api;
-use super::steps::Trained;
 use graft_trainer::engine::Engine;
 use graft_trainer::grpo::{Level, Reject};
 use graft_trainer::step::{
