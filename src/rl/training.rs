@@ -24,9 +24,9 @@ use std::time::Instant;
 use anyhow::Context;
 use serde_json::{Value, json};
 
-use super::Trained;
 use super::backends::Shared;
 use super::config::{self, RlConfig};
+use super::finish::Trained;
 use super::rollout::Api;
 use graft_trainer::engine::Engine;
 use graft_trainer::grpo::{Level, Reject};
