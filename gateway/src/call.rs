@@ -63,6 +63,8 @@ pub(crate) struct Call {
     pub(crate) sampling: Option<Value>,
     /// Which attempt of its turn the call is.
     pub(crate) link: Link,
+    /// A branch session's call: replayed from its parent's record or live (`branch.rs`).
+    pub(crate) replay: Option<graft_recorder::Replay>,
 }
 
 impl Call {
@@ -130,6 +132,7 @@ impl Call {
             backend_finish_reason: o.backend_finish_reason.take(),
             stop_matched: o.stop_matched.take(),
             headers: self.headers.clone(),
+            replay: self.replay.take(),
         }
     }
 

@@ -7,6 +7,7 @@
 pub mod admin_key;
 pub mod backend;
 pub mod body;
+pub mod branch;
 mod call;
 pub mod config;
 pub mod dialect;

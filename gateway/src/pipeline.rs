@@ -21,7 +21,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, debug, info_span, warn};
 
-use crate::backend::{Answering, Finished, InFlight, Leg, Piece, Plan, Whole};
+use crate::backend::{Answering, Finished, InFlight, Leg, Piece, Plan, UpBody, Whole};
 use crate::body::{GBody, full};
 use crate::call::{Call, End};
 use crate::dialect::{Conversation, StreamAssembler, StreamEmitter, dialect, kind};
@@ -153,6 +153,12 @@ pub async fn handle(
         g.response_id = response_id.clone();
         prompt = Some(g.prompt_hash());
     }
+    // A branch session's call is answered from its parent's record while it matches
+    // (`branch.rs`); the record says which.
+    let (replay, mut replayed) = match &session.branch {
+        Some(b) => crate::branch::answer(b, &mut leg, &request, dialect, conv.as_ref(), stream),
+        None => (None, None),
+    };
     let link = state.retries.begin(&session.id, &call_id, signals, prompt);
     let mut call = Call {
         call_id,
@@ -177,6 +183,7 @@ pub async fn handle(
         response_id,
         sampling,
         link,
+        replay,
     };
     // Exact mode refuses a prompt that does not fit the model's context before anything is
     // sent; the refusal is recorded like any other.
@@ -200,7 +207,12 @@ pub async fn handle(
                 InFlight::take(&state.limits, leg.gate(), &state.metrics.upstream_inflight).await?;
             let t_up = Instant::now();
             let sent = tokio::select! {
-                sent = leg.send(&state.backend, &headers) => sent,
+                sent = async {
+                    match replayed.take() {
+                        Some(r) => Ok(r),
+                        None => leg.send(&state.backend, &headers).await,
+                    }
+                } => sent,
                 _ = &mut gone => {
                     drop(guard);
                     return Err(abandoned(&mut call, t_up).await);
@@ -278,7 +290,7 @@ async fn abandoned(call: &mut Call, t_up: Instant) -> GatewayError {
 }
 
 /// Reads a whole upstream body within the response size limit and the upstream timeout.
-async fn collect_upstream(call: &Call, resp: Response<Incoming>) -> Result<Bytes, GatewayError> {
+async fn collect_upstream(call: &Call, resp: Response<UpBody>) -> Result<Bytes, GatewayError> {
     let upstream = call.upstream.clone();
     let limit = call.state.cfg.limits.max_response_bytes;
     let timeout = call.state.backend.timeout();
@@ -319,7 +331,7 @@ async fn whole(
     call: &mut Call,
     leg: &mut dyn Answering,
     conv: Option<&Conversation>,
-    resp: Response<Incoming>,
+    resp: Response<UpBody>,
     t_up: Instant,
     mut gone: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Response<GBody>, GatewayError> {
@@ -378,7 +390,7 @@ async fn gather(
     call: &mut Call,
     leg: &mut dyn Answering,
     conv: Option<&Conversation>,
-    resp: Response<Incoming>,
+    resp: Response<UpBody>,
     t_up: Instant,
     mut gone: tokio::sync::oneshot::Receiver<()>,
 ) -> Result<Response<GBody>, GatewayError> {
@@ -464,7 +476,7 @@ async fn relay(
     call: &mut Call,
     leg: &mut dyn Answering,
     conv: Option<&Conversation>,
-    body: Incoming,
+    body: UpBody,
     tx: &mpsc::Sender<Bytes>,
     t_up: Instant,
 ) {
@@ -667,7 +679,7 @@ async fn models(state: &State, headers: &HeaderMap) -> Result<Response<GBody>, G
 
 /// Reads an upstream SSE body as whole events, watching the client side for disconnects.
 struct UpstreamEvents {
-    body: Incoming,
+    body: UpBody,
     splitter: Splitter,
     upstream: String,
     idle: Duration,
@@ -687,7 +699,7 @@ enum Next {
 }
 
 impl UpstreamEvents {
-    fn new(call: &Call, body: Incoming) -> Self {
+    fn new(call: &Call, body: UpBody) -> Self {
         UpstreamEvents {
             body,
             splitter: Splitter::default(),
@@ -751,7 +763,7 @@ impl UpstreamEvents {
                         detail: format!(
                             "the connection failed after {} events: {}",
                             self.events,
-                            crate::upstream::error_chain(&e)
+                            crate::upstream::error_chain(e.as_ref())
                         ),
                     });
                 }

@@ -893,7 +893,11 @@ async fn admin(
                 }
                 creq.backend = Some(crate::backend::sglang::check_backend_url(&url)?);
             }
-            let (session, key) = state.sessions.create(creq).await?;
+            let branch = match creq.branch_of.take() {
+                Some(b) => Some(open_branch(state, b).await?),
+                None => None,
+            };
+            let (session, key) = state.sessions.create(creq, branch).await?;
             if let (Some(url), Some(ex)) = (&session.backend, state.backend.exact()) {
                 ex.pin(&session.id, url)?;
             }
@@ -969,4 +973,31 @@ async fn admin(
             path: path.to_string(),
         }),
     }
+}
+
+/// The branch a session create asks for, from its parent's records (made durable and read
+/// through the recorder's reader first, off the reactor).
+async fn open_branch(
+    state: &State,
+    req: crate::branch::BranchOf,
+) -> Result<crate::branch::Branch, GatewayError> {
+    if state.sessions.get(&req.session).is_none() {
+        let shown: String = req.session.chars().take(80).collect();
+        return Err(GatewayError::field(
+            "branch_of.session",
+            format!("'branch_of.session' names no session of this gateway: '{shown}'"),
+        ));
+    }
+    state
+        .recorder
+        .flush()
+        .await
+        .map_err(|e| GatewayError::Record(e.to_string()))?;
+    let dir = state.cfg.recorder.data_dir.clone();
+    let parent = req.session.clone();
+    let records = tokio::task::spawn_blocking(move || graft_recorder::read_session(&dir, &parent))
+        .await
+        .map_err(|e| GatewayError::Internal(format!("the records task failed: {e}")))?
+        .map_err(|e| GatewayError::Record(e.to_string()))?;
+    crate::branch::Branch::open(req, records, state.backend.exact().is_some())
 }

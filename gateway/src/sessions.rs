@@ -35,6 +35,9 @@ pub struct Session {
     /// The session has its own API key (made by `POST /graft/sessions`): its calls need that
     /// key (or the admin key). The default session and auto-created ones have none.
     pub keyed: bool,
+    /// A branch of another session's rollout (`POST /graft/sessions` with `branch_of`):
+    /// its first calls are answered from the parent's records (`branch.rs`).
+    pub branch: Option<Arc<crate::branch::Branch>>,
 }
 
 impl Session {
@@ -52,6 +55,7 @@ impl Session {
             sampling: RwLock::new(None),
             backend: None,
             keyed: false,
+            branch: None,
         }
     }
 
@@ -103,6 +107,7 @@ impl Session {
             "metadata": self.metadata,
             "sampling": self.sampling().as_deref(),
             "backend": self.backend,
+            "branch": self.branch.as_ref().map(|b| b.view()),
         })
     }
 }
@@ -145,6 +150,9 @@ pub struct CreateRequest {
     /// to, e.g. a trainer's own server; the gateway's configured backends otherwise.
     #[serde(default)]
     pub backend: Option<String>,
+    /// Make the session a branch of another one's rollout at a call (`branch.rs`).
+    #[serde(default)]
+    pub branch_of: Option<crate::branch::BranchOf>,
 }
 
 /// A policy as the session log keeps it; a policy this build cannot read is dropped with a
@@ -322,7 +330,11 @@ impl Sessions {
     }
 
     /// Creates a session with its own API key. Durable before it returns.
-    pub async fn create(&self, req: CreateRequest) -> Result<(Arc<Session>, String), GatewayError> {
+    pub async fn create(
+        &self,
+        req: CreateRequest,
+        branch: Option<crate::branch::Branch>,
+    ) -> Result<(Arc<Session>, String), GatewayError> {
         let id = match req.session_id {
             Some(id) => {
                 if !valid_session_id(&id) {
@@ -376,11 +388,11 @@ impl Sessions {
             at_us,
         };
         self.append(&ev).await?;
-        let session = Arc::new(
-            Session::new(id.clone(), req.group_id, at_us, metadata)
-                .with_backend(req.backend)
-                .with_key(true),
-        );
+        let mut session = Session::new(id.clone(), req.group_id, at_us, metadata)
+            .with_backend(req.backend)
+            .with_key(true);
+        session.branch = branch.map(Arc::new);
+        let session = Arc::new(session);
         session.set_sampling(req.sampling);
         let mut inner = self.inner.write().map_err(|_| poisoned())?;
         if inner.by_id.contains_key(&id) {

@@ -4,6 +4,7 @@
 //! ([`records`]) and reading/writing sample Parquet files; no async, no HTTP.
 
 pub mod attempts;
+pub mod branch;
 pub mod error;
 pub mod exact;
 pub mod merge;

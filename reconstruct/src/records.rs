@@ -261,6 +261,8 @@ pub fn samples_from_records(
     } = rewards(data_dir)?;
     let mut done = Reconstruction::default();
     let mut sessions: BTreeMap<String, (Option<String>, Vec<CallTokens>)> = BTreeMap::new();
+    // Branch sessions (the gateway's `branch_of`): their replayed calls, by session.
+    let mut branches: BTreeMap<String, Option<crate::branch::BranchInfo>> = BTreeMap::new();
     let mut seen: BTreeSet<String> = BTreeSet::new();
     // Sessions with a call a leave-out rule took out.
     let mut ruled: BTreeSet<String> = BTreeSet::new();
@@ -302,6 +304,12 @@ pub fn samples_from_records(
             continue;
         }
         seen.insert(rec.session_id.clone());
+        if rec.replay.is_some() {
+            crate::branch::BranchInfo::add(
+                branches.entry(rec.session_id.clone()).or_default(),
+                &rec,
+            );
+        }
         let calls = match CallTokens::from_record(&rec) {
             Some(c) => {
                 done.exact_calls += 1;
@@ -337,7 +345,7 @@ pub fn samples_from_records(
     let results: Vec<MergeResult> = sessions
         .iter()
         .map(|(sid, (group, calls))| {
-            merge_session_with(
+            let mut merged = merge_session_with(
                 sid,
                 group.as_deref(),
                 calls,
@@ -347,7 +355,11 @@ pub fn samples_from_records(
                     on_drift: how.on_drift,
                     side_threads: how.side_threads,
                 },
-            )
+            );
+            if let Some(Some(b)) = branches.get(sid) {
+                crate::branch::mask_replayed(&mut merged, b);
+            }
+            merged
         })
         .collect();
     write_results(&results, out)?;

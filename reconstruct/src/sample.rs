@@ -25,6 +25,8 @@
 //! | `thread_name` | Utf8 | since v4; the first line of the thread's system prompt that the main thread's lacks, and its tool count |
 //! | `parent_sample` | Utf8, null | since v4; a side sample's parent: the main sample holding the last main call that started before it |
 //! | `rewrites` | List<Struct{kind Utf8, call_id Utf8, against_call Utf8, message UInt32, role Utf8, before Utf8, after Utf8}> | since v4; what the fork or drift events at this sample changed, message by message ([`crate::threads::Rewrite`]) |
+//! | `branch_of` | Utf8, null | additive (no version of its own): a branch session's sample ([`crate::branch`]): the parent session it was branched from |
+//! | `branch_at` | UInt32, null | additive: the branch point, the parent's calls replayed (their tokens are mask 0 here: the parent trains them) |
 //!
 //! Plain Arrow types only (no extension types, no dictionaries), so pyarrow, polars and
 //! DuckDB read the file as it is.
@@ -211,6 +213,10 @@ pub struct Sample {
     pub parent_sample: Option<String>,
     /// What the fork or drift events at this sample changed in the history.
     pub rewrites: Vec<Rewrite>,
+    /// A branch session's sample: the parent session ([`crate::branch`]).
+    pub branch_of: Option<String>,
+    /// The branch point: how many of the parent's calls the branch replayed (mask 0 here).
+    pub branch_at: Option<u32>,
 }
 
 impl Sample {
@@ -286,6 +292,8 @@ pub fn samples_schema() -> SchemaRef {
             ))),
             false,
         ),
+        Field::new("branch_of", DataType::Utf8, true),
+        Field::new("branch_at", DataType::UInt32, true),
     ]))
 }
 
@@ -346,6 +354,8 @@ fn build_batch(
     let mut thread_id = StringBuilder::with_capacity(n, n * 12);
     let mut thread_name = StringBuilder::with_capacity(n, n * 32);
     let mut parent_sample = StringBuilder::with_capacity(n, n * 40);
+    let mut branch_of = StringBuilder::new();
+    let mut branch_at = UInt32Builder::new();
     let mut rw_lens = Vec::with_capacity(n);
     let mut rw = [(); 6].map(|_| StringBuilder::new());
     let mut rw_message = UInt32Builder::new();
@@ -410,6 +420,8 @@ fn build_batch(
         });
         thread_name.append_value(&s.thread_name);
         parent_sample.append_option(s.parent_sample.as_deref());
+        branch_of.append_option(s.branch_of.as_deref());
+        branch_at.append_option(s.branch_at);
         rw_lens.push(s.rewrites.len());
         for r in &s.rewrites {
             rw[0].append_value(r.kind.as_str());
@@ -480,6 +492,8 @@ fn build_batch(
         Arc::new(thread_name.finish()),
         Arc::new(parent_sample.finish()),
         Arc::new(rewrites),
+        Arc::new(branch_of.finish()),
+        Arc::new(branch_at.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|e| ReconstructError::arrow(path, e))
 }
@@ -857,6 +871,14 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
             opt_string("thread_name")?,
             opt_string("parent_sample")?,
         );
+        let branch_of = opt_string("branch_of")?;
+        let branch_at = batch
+            .column_by_name("branch_at")
+            .map(|col| {
+                col.as_primitive_opt::<UInt32Type>()
+                    .ok_or_else(|| c.bad("branch_at", "is not UInt32".to_owned()))
+            })
+            .transpose()?;
         let rewrites = batch
             .column_by_name("rewrites")
             .map(|_| c.list("rewrites"))
@@ -916,6 +938,8 @@ pub fn read_samples_parquet(path: &Path) -> Result<Vec<Sample>, ReconstructError
                     Some(col) => c.rewrites(col, row)?,
                     None => Vec::new(),
                 },
+                branch_of: branch_of.and_then(|col| opt_str(col, row)),
+                branch_at: branch_at.and_then(|col| (!col.is_null(row)).then(|| col.value(row))),
             };
             match token_versions {
                 Some(col) => {

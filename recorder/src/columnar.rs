@@ -111,6 +111,8 @@ pub(crate) fn schema(json: JsonColumns) -> SchemaRef {
         // Additive: exact mode's backend finish reason and what a stop matched (JSON).
         Field::new("backend_finish_reason", DataType::Utf8, true),
         Field::new("stop_matched", DataType::Utf8, true),
+        // Additive: a branch session's call, replayed or live (JSON `Replay`).
+        Field::new("replay", DataType::Utf8, true),
     ]))
 }
 
@@ -175,6 +177,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
     let mut headers = StringBuilder::new();
     let mut backend_finish = StringBuilder::new();
     let mut stop_matched = StringBuilder::new();
+    let mut replay = StringBuilder::new();
 
     for row in rows {
         let r = row.rec;
@@ -249,6 +252,11 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         );
         backend_finish.append_option(r.backend_finish_reason.as_deref());
         stop_matched.append_option(r.stop_matched.as_ref().map(|v| v.to_string()));
+        replay.append_option(
+            r.replay
+                .as_ref()
+                .and_then(|v| serde_json::to_string(v).ok()),
+        );
     }
 
     let columns: Vec<ArrayRef> = vec![
@@ -292,6 +300,7 @@ fn build_batch(schema: &SchemaRef, rows: &[Row<'_>], path: &Path) -> Result<Reco
         Arc::new(headers.finish()),
         Arc::new(backend_finish.finish()),
         Arc::new(stop_matched.finish()),
+        Arc::new(replay.finish()),
     ];
     RecordBatch::try_new(schema.clone(), columns).map_err(|source| RecorderError::Arrow {
         path: path.to_owned(),
@@ -621,6 +630,7 @@ pub(crate) fn read_parquet_where(
         let headers = c.string("headers")?;
         let backend_finish = c.string("backend_finish_reason")?;
         let stop_matched = c.string("stop_matched")?;
+        let replay = c.string("replay")?;
 
         for row in 0..batch.num_rows() {
             let response = json_cell(response, row, path, "response")?;
@@ -631,6 +641,7 @@ pub(crate) fn read_parquet_where(
                 json_cell(prompt_ids_delta, row, path, "prompt_token_ids_delta")?;
             let headers = json_cell(headers, row, path, "headers")?;
             let stop_matched = json_cell(stop_matched, row, path, "stop_matched")?;
+            let replay = json_cell(replay, row, path, "replay")?;
             let weight_version_spans = json_cell(spans, row, path, "weight_version_spans")?;
             let usage = Usage {
                 prompt_tokens: opt_prim(usage_prompt, row),
@@ -680,6 +691,7 @@ pub(crate) fn read_parquet_where(
                 backend_finish_reason: opt_str(backend_finish, row),
                 stop_matched,
                 headers,
+                replay,
             };
             out.push(ReadRow {
                 rec,

@@ -58,6 +58,7 @@ fn v1_call(session: &str, seq: u64, dialect: &str, request: Value) -> CallRecord
         backend_finish_reason: None,
         stop_matched: None,
         headers: None,
+        replay: None,
     }
 }
 

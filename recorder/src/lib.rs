@@ -40,7 +40,9 @@ pub use reader::{
     SessionBytes, SessionSummary, StoredBytes, export_jsonl, export_parquet, list_sessions,
     read_export_parquet, read_records, read_session, stored_bytes,
 };
-pub use record::{CallOutcome, CallRecord, SCHEMA_VERSION, Usage, WeightSpan, wire};
+pub use record::{
+    CallOutcome, CallRecord, Difference, Replay, SCHEMA_VERSION, Usage, WeightSpan, wire,
+};
 pub use redact::{
     REDACTED, SECRET_BODY_KEYS, is_sensitive_key, redact_body_keys, redact_header_pairs,
     redact_headers, redact_json,

@@ -25,6 +25,56 @@ pub struct WeightSpan {
     pub end: u64,
 }
 
+/// A call of a branch session (`POST /graft/sessions` with `branch_of`): whether the
+/// gateway answered it from its parent's record or sampled it live, and what differed.
+/// Every call of a branch carries one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Replay {
+    /// The parent session.
+    pub branch_of: String,
+    /// The branch point: the parent's first `at_call` answered calls are replayed.
+    pub at_call: u64,
+    /// `tolerant` or `strict`.
+    pub policy: String,
+    /// The call's position in the branch (1: its first call).
+    pub position: u64,
+    /// The parent's call this one was answered from (its call id); `None`: sampled live.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replayed_from: Option<String>,
+    /// That call's `seq` in the parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_seq: Option<u64>,
+    /// For a live call: why (the branch point was reached, the request differed from the
+    /// parent's, or the branch went live at an earlier call).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live: Option<String>,
+    /// Where this call's request differed from the parent's at the same position (the
+    /// volatile differences a tolerant replay answered through, or the one that sent it
+    /// live); empty when it matched.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub differences: Vec<Difference>,
+}
+
+impl Replay {
+    /// Whether the call was answered from the parent's record (never trained in the branch).
+    pub fn replayed(&self) -> bool {
+        self.replayed_from.is_some()
+    }
+}
+
+/// One place a branch call's request differed from its parent's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Difference {
+    /// Where: `messages[0].content`, `tools`, `prompt_token_ids[42]`, ...
+    pub at: String,
+    /// What kind: a volatile rule's name (`timestamp`, `uuid`, `hex_id`, `long_number`), or
+    /// `turn` (the conversation itself differs), `tokens` (exact mode's prompt ids).
+    pub kind: String,
+    /// Excerpts of the parent's and the branch's side.
+    pub parent: String,
+    pub branch: String,
+}
+
 /// Token usage as reported by the upstream.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Usage {
@@ -187,6 +237,10 @@ pub struct CallRecord {
     /// `None` when none were configured or present.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<std::collections::BTreeMap<String, String>>,
+    /// Additive. A branch session's call: replayed from the parent's record or live, and
+    /// what differed ([`Replay`]); `None` for calls of other sessions and older data.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<Replay>,
 }
 
 impl CallRecord {
@@ -318,6 +372,9 @@ pub(crate) struct StoredRecord {
     /// Additive; absent when `None`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub headers: Option<std::collections::BTreeMap<String, String>>,
+    /// Additive; absent when `None`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<Replay>,
 }
 
 impl StoredRecord {
@@ -362,6 +419,7 @@ impl StoredRecord {
             backend_finish_reason,
             stop_matched,
             headers,
+            replay,
         } = rec;
         let token_ids =
             delta::token_sequence(prompt_token_ids.as_deref(), completion_token_ids.as_deref());
@@ -409,6 +467,7 @@ impl StoredRecord {
             backend_finish_reason,
             stop_matched,
             headers,
+            replay,
         };
         let requests = Requests {
             request,
@@ -460,6 +519,7 @@ impl StoredRecord {
             backend_finish_reason: self.backend_finish_reason,
             stop_matched: self.stop_matched,
             headers: self.headers,
+            replay: self.replay,
         }
     }
 }

@@ -104,6 +104,21 @@ fn call(session: &str, turn: usize, messages: Vec<Value>) -> CallRecord {
             )]
             .into()
         }),
+        replay: turn.is_multiple_of(5).then(|| crate::Replay {
+            branch_of: format!("{session}-parent"),
+            at_call: 2,
+            policy: "tolerant".to_owned(),
+            position: turn as u64 + 1,
+            replayed_from: (turn < 2).then(|| format!("{session}-parent-{turn}")),
+            parent_seq: (turn < 2).then_some(turn as u64 + 1),
+            live: (turn >= 2).then(|| "the branch point was reached".to_owned()),
+            differences: vec![crate::Difference {
+                at: "messages[0].content".to_owned(),
+                kind: "timestamp".to_owned(),
+                parent: "2026-01-01T00:00:00Z".to_owned(),
+                branch: "2026-01-02T00:00:00Z".to_owned(),
+            }],
+        }),
     }
 }
 
@@ -608,6 +623,7 @@ async fn export_redacts_and_parquet_export_reads_back() {
         "headers",
         "backend_finish_reason",
         "stop_matched",
+        "replay",
     ] {
         assert!(cols.iter().any(|x| x == c), "export column {c}: {cols:?}");
     }

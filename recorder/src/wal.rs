@@ -398,6 +398,7 @@ mod tests {
             backend_finish_reason: None,
             stop_matched: None,
             headers: None,
+            replay: None,
         };
         let mut bytes = Vec::new();
         for i in 1..=3 {

@@ -148,6 +148,7 @@ pub async fn start(
         next_id: AtomicU64::new(1),
         sglang: sglang::Backend::default(),
         vllm: vllm::Backend::default(),
+        openai_bodies: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

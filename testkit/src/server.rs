@@ -57,7 +57,12 @@ pub(crate) struct State {
     pub(crate) vllm_dev_mode: bool,
     /// The vLLM-native side's state (weight version, pause) and log (requests, aborts).
     pub(crate) vllm: vllm::Backend,
+    /// Every body the OpenAI routes were sent, for tests (`GET /testkit/openai/requests`).
+    pub(crate) openai_bodies: std::sync::Mutex<Vec<serde_json::Value>>,
 }
+
+/// The path of the test log of what the OpenAI routes were sent.
+pub(crate) const OPENAI_REQUESTS: &str = "/testkit/openai/requests";
 
 impl State {
     pub(crate) fn next_id(&self) -> u64 {
@@ -162,6 +167,17 @@ pub(crate) async fn handle(
     let dialect = match (req.method(), path.as_str()) {
         (&Method::GET, "/v1/models") => return Ok(models(&state)),
         (&Method::GET, vllm::REQUESTS) => return Ok(vllm::requests(&state)),
+        (&Method::GET, OPENAI_REQUESTS) => {
+            let bodies = state
+                .openai_bodies
+                .lock()
+                .map(|v| v.clone())
+                .unwrap_or_default();
+            return Ok(json_response(
+                StatusCode::OK,
+                &serde_json::json!({"requests": bodies}),
+            ));
+        }
         // vLLM's `GET /version`: the release whose wire `src/vllm.rs` plays.
         (&Method::GET, "/version") => {
             return Ok(json_response(
@@ -195,6 +211,9 @@ pub(crate) async fn handle(
         Ok(v) => v,
         Err(resp) => return Ok(resp),
     };
+    if let Ok(mut log) = state.openai_bodies.lock() {
+        log.push(serde_json::json!({"path": path, "body": body}));
+    }
     // A token-id prompt is vLLM's token-in/token-out use of the route.
     if dialect == Dialect::Completions && vllm::is_token_prompt(&body) {
         return vllm::completions(&state, &body).await;

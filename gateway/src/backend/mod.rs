@@ -14,6 +14,7 @@
 
 pub mod openai;
 mod probe;
+pub(crate) mod replay;
 mod restore;
 pub mod sglang;
 pub mod translate;
@@ -34,6 +35,10 @@ use crate::outcome::Outcome;
 use crate::policy::SamplingPolicy;
 use crate::route::Route;
 use crate::sse::Event;
+
+/// A backend's answer body as a leg reads it: a live backend's, or a recorded answer
+/// replayed in the backend's wire (`replay.rs`).
+pub(crate) type UpBody = http_body_util::Either<Incoming, http_body_util::Full<bytes::Bytes>>;
 
 /// The backend a gateway calls, from its config.
 pub enum Backend {
@@ -262,8 +267,8 @@ impl Leg {
         &self,
         backend: &Backend,
         headers: &HeaderMap,
-    ) -> Result<Response<Incoming>, GatewayError> {
-        match (self, backend) {
+    ) -> Result<Response<UpBody>, GatewayError> {
+        let sent = match (self, backend) {
             (Leg::Passthrough(p), Backend::OpenAi(o)) => {
                 o.send(p.path, p.body.clone(), headers).await
             }
@@ -274,7 +279,8 @@ impl Leg {
             _ => Err(GatewayError::Internal(
                 "a call was planned for another backend than this gateway's".into(),
             )),
-        }
+        };
+        sent.map(|r| r.map(http_body_util::Either::Left))
     }
 
     /// The gate a backend pause closes (exact mode), held while the backend has the call.

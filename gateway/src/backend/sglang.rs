@@ -644,12 +644,6 @@ impl Sglang {
         tool_choice: Option<&ToolChoice>,
         streamed: bool,
     ) -> OutputParser {
-        let short: String = call_id
-            .chars()
-            .filter(char::is_ascii_hexdigit)
-            .rev()
-            .take(12)
-            .collect();
         let choice = match tool_choice {
             None | Some(ToolChoice::Auto) => parse_rule::ToolChoice::Auto,
             Some(ToolChoice::None) => parse_rule::ToolChoice::None,
@@ -663,7 +657,7 @@ impl Sglang {
             Wire::Sglang => rule,
             Wire::Vllm => rule.as_vllm(self.vllm_strict_tool_calling),
         };
-        rule.parser().with_id_prefix(format!("call_{short}_"))
+        rule.parser().with_id_prefix(tool_call_prefix(call_id))
     }
 
     /// Adds the tool-call decode constraint to `params` where the server's own chat endpoint
@@ -1265,6 +1259,17 @@ impl Decoder {
     }
 }
 
+/// The prefix of the tool-call ids the parser gives a call's answer (from its call id).
+fn tool_call_prefix(call_id: &str) -> String {
+    let short: String = call_id
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .rev()
+        .take(12)
+        .collect();
+    format!("call_{short}_")
+}
+
 fn deltas(pieces: Vec<Parsed>) -> Vec<Delta> {
     pieces
         .into_iter()
@@ -1354,6 +1359,23 @@ fn finish_label(p: &Progress) -> Option<String> {
 }
 
 impl Generate {
+    /// The rendered prompt's ids (a branch compares them with its parent's).
+    pub(crate) fn prompt_ids(&self) -> &[u32] {
+        &self.prompt.ids
+    }
+
+    /// Answers from a recorded call of another session (`backend/replay.rs`): its events
+    /// come in SGLang's `/generate` wire whatever the backend's, and its tool calls get
+    /// the ids the recorded call's had.
+    pub(crate) fn replay_as(&mut self, call_id: &str) {
+        self.wire = Wire::Sglang;
+        let parser = std::mem::replace(
+            &mut self.decoder.parser,
+            OutputParser::new(ToolCallFormat::None, ReasoningFormat::None, false),
+        );
+        self.decoder.parser = parser.with_id_prefix(tool_call_prefix(call_id));
+    }
+
     /// A hash of the prompt ids (to recognise a resent prompt as a retry).
     pub(crate) fn prompt_hash(&self) -> u64 {
         crate::retries::prompt_hash(&self.prompt.ids)
