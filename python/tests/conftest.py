@@ -75,6 +75,8 @@ GRAFT_SCHEMA = pa.schema(
             ),
             nullable=False,
         ),
+        pa.field("branch_of", pa.utf8(), nullable=True),
+        pa.field("branch_at", pa.uint32(), nullable=True),
     ]
 )
 

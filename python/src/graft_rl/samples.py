@@ -90,6 +90,10 @@ class Sample:
     thread_name: str = ""
     parent_sample: Optional[str] = None
     rewrites: list[dict] = field(default_factory=list)
+    # A branch session's sample: the parent session and the branch point (the parent's
+    # calls replayed there, mask 0 in this sample). None for a sample of a whole rollout.
+    branch_of: Optional[str] = None
+    branch_at: Optional[int] = None
 
     # -- the response-only view -------------------------------------------------------
 
@@ -258,6 +262,8 @@ def from_table(table: pa.Table) -> list[Sample]:
             thread_name=col("thread_name", str)[i] or "",
             parent_sample=col("parent_sample", lambda: None)[i],
             rewrites=[dict(r) for r in (col("rewrites", list)[i] or [])],
+            branch_of=col("branch_of", lambda: None)[i],
+            branch_at=col("branch_at", lambda: None)[i],
         )
         if not has_tv:
             _upgrade_v1(s)
