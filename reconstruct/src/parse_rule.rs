@@ -53,9 +53,11 @@
 //! - **Reasoning** (`--reasoning-parser qwen3`, the engine-based `Qwen3Parser`): it starts in
 //!   reasoning when the request thinks (`enable_thinking` not `false`), as SGLang's forced
 //!   reasoning, and looks for no reasoning at all when it does not.
-//! - Not transcribed: vLLM's engine-based `qwen3_coder` and `llama3_json` tool parsers
-//!   (`vllm/parser/qwen3.py`, `llama_json.py`); graft reads those formats on the vLLM wire as
-//!   SGLang's detectors read them.
+//! - **Engine-based** `qwen3_coder` and `llama3_json` (`vllm/parser/qwen3.py`,
+//!   `llama_json.py`): transcribed in [`crate::vllm_engine`], run on every answer of these
+//!   formats (also without tools and under `none`, as vLLM runs it), unless the decode was
+//!   held to vLLM's JSON ([`ForcedCalls`]). Reference: vLLM's own engine run on the fixtures
+//!   (`scripts/vllm-engine-parse-fixtures.py`).
 //!
 //! [`ParseRule::as_vllm`] gives these their vLLM reading.
 
