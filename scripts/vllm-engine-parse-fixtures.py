@@ -6,7 +6,8 @@ server makes of each model text with its engine-based parsers, `--tool-call-pars
 (`vllm/parser/llama_json.py`, no reasoning parser), both with `--enable-auto-tool-choice`;
 for every request shape that changes it (no tools, `tool_choice` none / auto / required / a
 named function; thinking on and off for Qwen3), whole and streamed.
-reconstruct/tests/parse_rules.rs holds graft's vLLM rule to it.
+reconstruct/tests/parse_rules.rs holds graft's vLLM rule to it; the request's tools (graft's
+and those of vLLM's tests) go to vllm_engine_tools.json.
 
 What runs is vLLM's own code, unzipped from the pinned wheel and imported as it is:
 `vllm/parser/engine/*` (the lexer, token-id scanner, state machine, `ParserEngine`, the
@@ -68,6 +69,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "reconstruct/tests/fixtures/parse"
 OUT = FIX / "vllm_engine.jsonl"
+TOOLS_OUT = FIX / "vllm_engine_tools.json"
 
 # vLLM modules that import torch & co. at import time; none is used on the parse paths.
 STAND_IN_VLLM = {"vllm.config", "vllm.utils.torch_utils", "vllm.platforms", "vllm.multimodal",
@@ -286,6 +288,7 @@ def main() -> None:
                    "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n"),
     }
     tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in TOOLS]
+    TOOLS_OUT.write_text(json.dumps(tools, indent=1) + "\n")
     texts = {"qwen3_coder": [], "llama3": []}
     for line in (FIX / "sglang.jsonl").read_text().splitlines():
         f = json.loads(line)

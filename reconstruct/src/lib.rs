@@ -16,3 +16,4 @@ pub mod retokenize;
 pub mod sample;
 pub mod template;
 pub mod threads;
+pub mod vllm_engine;

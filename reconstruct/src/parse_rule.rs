@@ -53,15 +53,18 @@
 //! - **Reasoning** (`--reasoning-parser qwen3`, the engine-based `Qwen3Parser`): it starts in
 //!   reasoning when the request thinks (`enable_thinking` not `false`), as SGLang's forced
 //!   reasoning, and looks for no reasoning at all when it does not.
-//! - Not transcribed: vLLM's engine-based `qwen3_coder` and `llama3_json` tool parsers
-//!   (`vllm/parser/qwen3.py`, `llama_json.py`); graft reads those formats on the vLLM wire as
-//!   SGLang's detectors read them.
+//! - **Engine-based** `qwen3_coder` and `llama3_json` (`vllm/parser/qwen3.py`,
+//!   `llama_json.py`): transcribed in [`crate::vllm_engine`], run on every answer of these
+//!   formats (also without tools and under `none`, as vLLM runs it), unless the decode was
+//!   held to vLLM's JSON ([`ForcedCalls`]). Reference: vLLM's own engine run on the fixtures
+//!   (`scripts/vllm-engine-parse-fixtures.py`).
 //!
 //! [`ParseRule::as_vllm`] gives these their vLLM reading.
 
 use serde_json::Value;
 
 use crate::parser::{ForcedCalls, OutputParser, ReasoningFormat, ToolCallFormat, VllmHermes};
+use crate::vllm_engine::{EngineFormat, EngineRequest};
 
 /// A request's `tool_choice`, in Chat Completions form.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,6 +102,9 @@ impl ToolChoice {
 pub struct ParseRule {
     /// The format calls are parsed in; [`ToolCallFormat::None`] when this request parses none.
     pub tool_format: ToolCallFormat,
+    /// The server's tool-call parser, whatever this request does with it (vLLM's engine
+    /// runs it on every answer).
+    configured_format: ToolCallFormat,
     pub reasoning_format: ReasoningFormat,
     /// The output starts inside reasoning (SGLang's `force_reasoning`).
     pub force_reasoning: bool,
@@ -127,6 +133,7 @@ impl ParseRule {
             format != ToolCallFormat::None && !tools.is_empty() && tool_choice != ToolChoice::None;
         Self {
             tool_format: if parses { format } else { ToolCallFormat::None },
+            configured_format: format,
             reasoning_format: reasoning,
             force_reasoning: false,
             tool_choice,
@@ -182,6 +189,10 @@ impl ParseRule {
     /// the first tool-call tag only the calls that parse); vLLM's keeps what is not a call as
     /// content, with a note (vLLM's own handling is not transcribed here).
     pub fn parser(&self) -> OutputParser {
+        if let Some(engine) = self.vllm_engine() {
+            return OutputParser::new(self.tool_format, ReasoningFormat::None, false)
+                .vllm_engine(engine);
+        }
         // vLLM's Qwen3 parser does not look for reasoning at all when the request does not
         // think (`Qwen3Parser.extract_reasoning` returns the whole output as content).
         let reasoning = if self.vllm && !self.force_reasoning {
@@ -202,6 +213,31 @@ impl ParseRule {
         } else {
             parser.sglang_message()
         }
+    }
+}
+
+impl ParseRule {
+    /// vLLM's engine-based parsers read this request's answer: the `qwen3_coder` and `llama3`
+    /// formats on the vLLM wire, unless the decode was held to vLLM's JSON ([`ForcedCalls`]).
+    fn vllm_engine(&self) -> Option<EngineRequest> {
+        if !self.vllm || self.forced.is_some() {
+            return None;
+        }
+        let format = match self.configured_format {
+            ToolCallFormat::Qwen3Coder => EngineFormat::Qwen3,
+            ToolCallFormat::Llama3 => EngineFormat::LlamaJson,
+            ToolCallFormat::Hermes | ToolCallFormat::None => return None,
+        };
+        let reasoning_parser = self.reasoning_format == ReasoningFormat::Think;
+        Some(EngineRequest {
+            format,
+            reasoning_parser,
+            thinking: reasoning_parser && self.force_reasoning,
+            tools: self.tools.clone(),
+            suppress: self.tool_choice == ToolChoice::None && !self.tools.is_empty(),
+            keep_calls: self.parses_tool_calls(),
+            streamed: self.streamed,
+        })
     }
 }
 

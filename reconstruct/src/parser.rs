@@ -81,6 +81,8 @@ use std::collections::HashMap;
 
 use serde_json::{Map, Value};
 
+use crate::vllm_engine::{EngineRequest, Out as EngineOut, VllmEngine};
+
 const THINK_OPEN: &str = "<think>";
 const THINK_CLOSE: &str = "</think>";
 const TOOL_OPEN: &str = "<tool_call>";
@@ -304,6 +306,8 @@ pub struct OutputParser {
     forced_text: String,
     /// Nothing of the output has been looked at yet (Llama 3: a bare `{` here starts calls).
     at_start: bool,
+    /// vLLM's engine-based parsers read the output ([`OutputParser::vllm_engine`]).
+    vllm_engine: Option<Box<VllmEngine>>,
 }
 
 impl OutputParser {
@@ -340,6 +344,7 @@ impl OutputParser {
             forced: None,
             forced_text: String::new(),
             at_start: true,
+            vllm_engine: None,
         };
         if starts_in_reasoning && reasoning == ReasoningFormat::Think {
             parser.enter_reasoning();
@@ -382,6 +387,15 @@ impl OutputParser {
                 self.tools = ToolCallFormat::None;
             }
         }
+        self
+    }
+
+    /// The message vLLM 0.34's engine-based parsers make of the output (`qwen3_coder` with the
+    /// `qwen3` reasoning parser, `llama3_json`; [`crate::vllm_engine`]), whole or streamed as
+    /// `request` says; it replaces this parser's own reading.
+    #[must_use]
+    pub fn vllm_engine(mut self, request: EngineRequest) -> Self {
+        self.vllm_engine = Some(Box::new(VllmEngine::new(request)));
         self
     }
 
@@ -432,6 +446,11 @@ impl OutputParser {
     /// on what follows, is held back until it is decided.
     pub fn push(&mut self, text: &str) -> Vec<Piece> {
         let mut out = Vec::new();
+        if let Some(engine) = self.vllm_engine.as_mut() {
+            let got = engine.push(text);
+            self.engine_out(got, &mut out);
+            return out;
+        }
         self.buf.push_str(text);
         self.drain(&mut out, false);
         out
@@ -441,6 +460,11 @@ impl OutputParser {
     /// its body is complete, else emitted as text; either way with a note.
     pub fn finish(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
+        if let Some(engine) = self.vllm_engine.as_mut() {
+            let got = engine.finish();
+            self.engine_out(got, &mut out);
+            return out;
+        }
         self.drain(&mut out, true);
         match self.mode {
             Mode::ToolCall if self.tools == ToolCallFormat::Llama3 => {
@@ -484,6 +508,23 @@ impl OutputParser {
             ));
         }
         out
+    }
+
+    /// What vLLM's engine added to the message, as pieces.
+    fn engine_out(&mut self, got: Vec<EngineOut>, out: &mut Vec<Piece>) {
+        for o in got {
+            match o {
+                EngineOut::Text(t) => {
+                    self.parsed.text.push_str(&t);
+                    push_piece(out, Piece::Text(t));
+                }
+                EngineOut::Reasoning(r) => {
+                    self.reasoning_text.push_str(&r);
+                    push_piece(out, Piece::Reasoning(r));
+                }
+                EngineOut::Call { name, arguments } => self.push_call(name, arguments, out),
+            }
+        }
     }
 
     /// The forced calls out of the gathered answer ([`ForcedCalls`]).

@@ -626,3 +626,116 @@ fn llama3_matches_sglangs_own_detector_python_dicts_included() {
     }
     assert!(python_dict_calls >= 4, "{python_dict_calls}");
 }
+
+/// vLLM 0.34's own engine-based parsers (`qwen3_coder` with the `qwen3` reasoning parser,
+/// `llama3_json`) and its serving layer around them, run by
+/// `scripts/vllm-engine-parse-fixtures.py` on every Qwen3-Coder and Llama 3 fixture and on the
+/// model texts of vLLM's own tests, for each request shape (no tools, `tool_choice` none /
+/// auto / required / a named function; Qwen3 thinking on and off): graft's vLLM rule gives
+/// the same message, whole and streamed (each fed whole, a char at a time and in 5-byte
+/// pieces): content and reasoning with their surrounding whitespace trimmed (vLLM's
+/// whitespace-only deltas move with the chunking), the calls' names and arguments strings
+/// byte for byte.
+#[test]
+fn engine_formats_match_vllms_own_engine_for_every_request_shape() {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parse");
+    let tools: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("vllm_engine_tools.json")).unwrap())
+            .unwrap();
+    let mut cases = 0;
+    let mut paths_differ = 0;
+    let mut seen = std::collections::BTreeSet::new();
+    for line in std::fs::read_to_string(dir.join("vllm_engine.jsonl"))
+        .unwrap()
+        .lines()
+    {
+        let fixture: Value = serde_json::from_str(line).unwrap();
+        let text = fixture["text"].as_str().unwrap();
+        let family = match fixture["family"].as_str().unwrap() {
+            "qwen3_coder" => FAMILIES[2],
+            "llama3" => FAMILIES[3],
+            other => panic!("{other}"),
+        };
+        for case in fixture["cases"].as_array().unwrap() {
+            let request = case["request"].as_str().unwrap();
+            seen.insert((family.name, request.to_owned()));
+            let (given, choice) = match request {
+                "no tools" => (vec![], None),
+                "none" => (tools.clone(), Some(json!("none"))),
+                "auto" => (tools.clone(), Some(json!("auto"))),
+                "required" => (tools.clone(), Some(json!("required"))),
+                "named" => (
+                    tools.clone(),
+                    Some(json!({"type": "function", "function": {"name": "get_weather"}})),
+                ),
+                other => panic!("{other}"),
+            };
+            let thinking = case["thinking"].as_bool().unwrap_or(false);
+            paths_differ += usize::from(case["whole"] != case["streamed"]);
+            for streamed in [false, true] {
+                let want = &case[if streamed { "streamed" } else { "whole" }];
+                let want_content = want["content"].as_str().unwrap_or_default().trim();
+                let want_reasoning = want["reasoning"]
+                    .as_str()
+                    .map(str::trim)
+                    .filter(|r| !r.is_empty());
+                let want_calls: Vec<(String, String)> = want["tool_calls"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|c| {
+                        (
+                            c["name"].as_str().unwrap().to_owned(),
+                            c["arguments"].as_str().unwrap().to_owned(),
+                        )
+                    })
+                    .collect();
+                let rule = ParseRule::new(
+                    family.tools,
+                    family.reasoning,
+                    &given,
+                    ToolChoice::from_chat(choice.as_ref()),
+                )
+                .with_thinking(thinking)
+                .as_vllm(true)
+                .streamed(streamed);
+                let seen_text = decoded(text, family, &rule);
+                for chunks in chunkings(&seen_text) {
+                    let mut parser = rule.parser();
+                    for c in &chunks {
+                        parser.push(c);
+                    }
+                    parser.finish();
+                    let parsed = parser.parsed();
+                    let ctx = format!(
+                        "{} / {} / {request} / thinking {thinking} / streamed {streamed} ({} chunks): {text:?}",
+                        family.name,
+                        fixture["name"],
+                        chunks.len()
+                    );
+                    let calls: Vec<(String, String)> = parsed
+                        .tool_calls
+                        .iter()
+                        .map(|c| (c.name.clone(), c.arguments.clone()))
+                        .collect();
+                    assert_eq!(parsed.text.trim(), want_content, "{ctx}");
+                    assert_eq!(
+                        parsed
+                            .reasoning
+                            .as_deref()
+                            .map(str::trim)
+                            .filter(|r| !r.is_empty()),
+                        want_reasoning,
+                        "{ctx}"
+                    );
+                    assert_eq!(calls, want_calls, "{ctx}");
+                    cases += 1;
+                }
+            }
+        }
+    }
+    // Both families, every request shape; texts on which vLLM's two paths differ.
+    assert_eq!(seen.len(), 10, "{seen:?}");
+    assert!(cases > 1000, "{cases}");
+    assert!(paths_differ >= 10, "{paths_differ}");
+}
