@@ -98,7 +98,8 @@ def write_graft_samples(rows: list[dict], path: Path, schema: pa.Schema = GRAFT_
             return [None] * len(r["tokens"])
         if name == "logprob_kind":
             return "post_temperature"
-        defaults = {"thread": "main", "thread_id": "unknown", "thread_name": "", "parent_sample": None, "rewrites": []}
+        defaults = {"thread": "main", "thread_id": "unknown", "thread_name": "", "parent_sample": None, "rewrites": [],
+                "branch_of": None, "branch_at": None}
         if name in defaults:
             return defaults[name]
         raise KeyError(name)
