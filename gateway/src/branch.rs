@@ -711,6 +711,12 @@ mod tests {
         dialect(DialectKind::ChatCompletions)
     }
 
+    /// The branch's decision on a Chat call with this system prompt and user turn
+    /// (passthrough: no prompt ids, replayable).
+    fn decide_chat(b: &Branch, system: &str, user: &str) -> (Replay, Option<Arc<CallRecord>>) {
+        b.decide(&chat(system, user), chat_dialect(), None, Ok(()))
+    }
+
     #[test]
     fn a_branch_is_refused_past_the_parents_answered_calls_or_in_another_mode() {
         let req = |at_call| BranchOf {
@@ -742,30 +748,15 @@ mod tests {
     #[test]
     fn tolerant_replays_through_volatile_parts_and_goes_live_at_a_changed_turn() {
         let b = branch(ReplayPolicy::Tolerant, 3);
-        let (r, from) = b.decide(
-            &chat("It is 2026-02-02T11:00:00Z.", "turn 1"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (r, from) = decide_chat(&b, "It is 2026-02-02T11:00:00Z.", "turn 1");
         assert_eq!(from.map(|p| p.call_id.clone()).as_deref(), Some("p1"));
         assert_eq!(r.replayed_from.as_deref(), Some("p1"));
         assert_eq!(r.differences.len(), 1, "{r:?}");
         assert_eq!(r.differences[0].kind, "timestamp");
         assert_eq!(r.differences[0].at, "messages[0].content[0].text");
-        let (r, from) = b.decide(
-            &chat("It is 2026-01-01T10:00:00Z.", "turn 2"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (r, from) = decide_chat(&b, "It is 2026-01-01T10:00:00Z.", "turn 2");
         assert!(from.is_some() && r.differences.is_empty(), "{r:?}");
-        let (r, from) = b.decide(
-            &chat("It is 2026-01-01T10:00:00Z.", "turn two"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (r, from) = decide_chat(&b, "It is 2026-01-01T10:00:00Z.", "turn two");
         assert!(from.is_none());
         assert!(
             r.live
@@ -776,12 +767,7 @@ mod tests {
         );
         assert_eq!(r.differences[0].kind, "turn");
         // Live from then on, whatever comes.
-        let (r, from) = b.decide(
-            &chat("It is 2026-01-01T10:00:00Z.", "turn 3"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (r, from) = decide_chat(&b, "It is 2026-01-01T10:00:00Z.", "turn 3");
         assert!(from.is_none());
         assert_eq!(
             r.live.as_deref(),
@@ -794,29 +780,14 @@ mod tests {
     #[test]
     fn strict_goes_live_at_the_first_difference_and_past_the_branch_point() {
         let b = branch(ReplayPolicy::Strict, 1);
-        let (r, from) = b.decide(
-            &chat("It is 2026-02-02T11:00:00Z.", "turn 1"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (r, from) = decide_chat(&b, "It is 2026-02-02T11:00:00Z.", "turn 1");
         assert!(from.is_none());
         assert!(r.live.as_deref().unwrap().starts_with("strict:"), "{r:?}");
         assert_eq!(r.differences[0].kind, "timestamp");
         let b = branch(ReplayPolicy::Strict, 1);
-        let (_, from) = b.decide(
-            &chat("It is 2026-01-01T10:00:00Z.", "turn 1"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (_, from) = decide_chat(&b, "It is 2026-01-01T10:00:00Z.", "turn 1");
         assert!(from.is_some());
-        let (r, from) = b.decide(
-            &chat("It is 2026-01-01T10:00:00Z.", "turn 2"),
-            chat_dialect(),
-            None,
-            Ok(()),
-        );
+        let (r, from) = decide_chat(&b, "It is 2026-01-01T10:00:00Z.", "turn 2");
         assert!(from.is_none());
         assert!(
             r.live

@@ -507,6 +507,21 @@ fn tool_call_text_is_content_without_tools_or_with_tool_choice_none() {
 /// for byte (the arguments string is what a harness sends back in its next request). The
 /// request thinks not, so vLLM's Qwen3 reasoning parser leaves the text whole, as the script
 /// ran the tool parser on it.
+/// A fixture message's calls as (name, arguments string) pairs.
+fn fixture_calls(want: &Value) -> Vec<(String, String)> {
+    want["tool_calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["arguments"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect()
+}
+
 #[test]
 fn hermes_matches_vllms_own_parser_whole_and_streamed() {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/parse/vllm_hermes.jsonl");
@@ -522,17 +537,7 @@ fn hermes_matches_vllms_own_parser_whole_and_streamed() {
                 for streamed in [false, true] {
                     let want = &fixture[if streamed { "streamed" } else { "whole" }];
                     let want_content = want["content"].as_str().unwrap_or_default().trim();
-                    let want_calls: Vec<(String, String)> = want["tool_calls"]
-                        .as_array()
-                        .unwrap()
-                        .iter()
-                        .map(|c| {
-                            (
-                                c["name"].as_str().unwrap().to_owned(),
-                                c["arguments"].as_str().unwrap().to_owned(),
-                            )
-                        })
-                        .collect();
+                    let want_calls = fixture_calls(want);
                     let rule = ParseRule::new(
                         family.tools,
                         family.reasoning,
@@ -679,17 +684,7 @@ fn engine_formats_match_vllms_own_engine_for_every_request_shape() {
                     .as_str()
                     .map(str::trim)
                     .filter(|r| !r.is_empty());
-                let want_calls: Vec<(String, String)> = want["tool_calls"]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|c| {
-                        (
-                            c["name"].as_str().unwrap().to_owned(),
-                            c["arguments"].as_str().unwrap().to_owned(),
-                        )
-                    })
-                    .collect();
+                let want_calls = fixture_calls(want);
                 let rule = ParseRule::new(
                     family.tools,
                     family.reasoning,
