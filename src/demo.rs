@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use graft_gateway::sse::{Assembler, Splitter};
+use graft_gateway::dialect::chat::Assembler;
+use graft_gateway::sse::Splitter;
 use graft_gateway::{FileConfig, Gateway, GatewayConfig, Overrides};
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full};

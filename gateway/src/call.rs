@@ -12,6 +12,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 use tracing::{Instrument, error};
 
+use crate::backend::PlanRecord;
 use crate::body::{GBody, channel_body, full};
 use crate::dialect::Dialect;
 use crate::error::{Cause, GatewayError};
@@ -41,26 +42,18 @@ pub(crate) struct Call {
     /// The client's dialect (`None` only for routes that are not model calls).
     pub(crate) dialect: &'static dyn Dialect,
     pub(crate) request: Value,
-    pub(crate) model: Option<String>,
-    pub(crate) stream: bool,
     pub(crate) client: Option<String>,
     /// The configured request headers (`recorder.record_headers`) the call came with.
     pub(crate) headers: Option<std::collections::BTreeMap<String, String>>,
     pub(crate) started_at_us: i64,
     pub(crate) t0: Instant,
-    /// The conversation in graft's own form (dialects other than plain passthrough).
-    pub(crate) normalized_request: Option<Value>,
-    /// What graft sent upstream when it was not the client's body.
-    pub(crate) upstream_request: Option<Value>,
-    /// The wire graft spoke upstream when it was not the client's (`chat_completions`,
-    /// `sglang_generate`).
-    pub(crate) upstream_dialect: Option<&'static str>,
-    /// The backend the call went to.
-    pub(crate) upstream: String,
+    /// Where the call went, in which form, how it was sampled ([`Backend::plan`]'s part of
+    /// the record).
+    ///
+    /// [`Backend::plan`]: crate::backend::Backend::plan
+    pub(crate) plan: PlanRecord,
     /// The id graft gives the answer in the client's dialect (`resp_…`, `msg_…`).
     pub(crate) response_id: String,
-    /// The sampling policy applied, what the client asked for and what was sent.
-    pub(crate) sampling: Option<Value>,
     /// Which attempt of its turn the call is.
     pub(crate) link: Link,
     /// A branch session's call: replayed from its parent's record or live (`branch.rs`).
@@ -87,7 +80,8 @@ impl Call {
         graft_recorder::redact_json(&mut request);
         let secrets = &self.state.cfg.recorder.redact_keys;
         graft_recorder::redact_body_keys(&mut request, secrets);
-        for v in [&mut self.normalized_request, &mut self.upstream_request]
+        let plan = &mut self.plan;
+        for v in [&mut plan.normalized_request, &mut plan.upstream_request]
             .into_iter()
             .flatten()
         {
@@ -104,15 +98,15 @@ impl Call {
             finished_at_us: now_us(),
             dialect: self.route.label().to_string(),
             endpoint: self.route.endpoint().to_string(),
-            model: self.model.clone(),
-            upstream: self.upstream.clone(),
-            stream: self.stream,
+            model: plan.model.clone(),
+            upstream: plan.upstream.clone(),
+            stream: plan.stream,
             request,
             response: o.response.take(),
-            normalized_request: self.normalized_request.take(),
+            normalized_request: plan.normalized_request.take(),
             normalized_response: o.normalized_response.take(),
-            upstream_request: self.upstream_request.take(),
-            upstream_dialect: self.upstream_dialect.map(str::to_string),
+            upstream_request: plan.upstream_request.take(),
+            upstream_dialect: plan.upstream_dialect.map(str::to_string),
             status: o.status,
             outcome,
             error,
@@ -126,7 +120,7 @@ impl Call {
             ttft_ms: o.ttft.map(|d| d.as_secs_f64() * 1e3),
             latency_ms: self.t0.elapsed().as_secs_f64() * 1e3,
             client: self.client.clone(),
-            sampling: self.sampling.clone(),
+            sampling: plan.sampling.clone(),
             attempt: Some(self.link.attempt),
             retry_of: self.link.retry_of.clone(),
             backend_finish_reason: o.backend_finish_reason.take(),
@@ -185,13 +179,13 @@ impl Call {
     /// in the background, so the client's side is not held up.
     fn abort_generation(&self) {
         if !matches!(
-            self.upstream_dialect,
+            self.plan.upstream_dialect,
             Some(crate::backend::sglang::WIRE | crate::backend::sglang::VLLM_WIRE)
         ) {
             return;
         }
         let state = self.state.clone();
-        let (backend, call_id) = (self.upstream.clone(), self.call_id.clone());
+        let (backend, call_id) = (self.plan.upstream.clone(), self.call_id.clone());
         tokio::spawn(
             async move {
                 if let Some(exact) = state.backend.exact() {

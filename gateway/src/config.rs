@@ -186,15 +186,37 @@ pub enum ExactWire {
     Vllm,
 }
 
+/// Which distribution an exact-mode backend's logprobs come from; each record says it
+/// (`upstream_request.graft_logprobs`), so the trainer compares like with like.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum LogprobKind {
+    /// `log_softmax(logits / T)` after penalties and bias (SGLang; vLLM with
+    /// `--logprobs-mode processed_logprobs`): the distribution sampled from.
+    #[default]
+    PostTemperature,
+    /// `log_softmax(logits)` of the raw model output (vLLM's default `raw_logprobs`): the
+    /// sampling distribution only at temperature 1 with no penalties or bias.
+    PreTemperature,
+}
+
+impl LogprobKind {
+    pub fn label(self) -> &'static str {
+        match self {
+            LogprobKind::PostTemperature => "post_temperature",
+            LogprobKind::PreTemperature => "pre_temperature",
+        }
+    }
+}
+
 impl ExactWire {
     /// What the backends' logprobs are: SGLang's are after temperature; vLLM's depend on
     /// its `--logprobs-mode` (`mode`; None: its default, `raw_logprobs`).
-    pub fn logprob_kind(self, mode: Option<LogprobsMode>) -> crate::backend::LogprobKind {
+    pub fn logprob_kind(self, mode: Option<LogprobsMode>) -> LogprobKind {
         match (self, mode) {
             (ExactWire::Sglang, _) | (ExactWire::Vllm, Some(LogprobsMode::ProcessedLogprobs)) => {
-                crate::backend::LogprobKind::PostTemperature
+                LogprobKind::PostTemperature
             }
-            (ExactWire::Vllm, _) => crate::backend::LogprobKind::PreTemperature,
+            (ExactWire::Vllm, _) => LogprobKind::PreTemperature,
         }
     }
 
@@ -516,7 +538,7 @@ pub struct ExactConfig {
     pub wire: ExactWire,
     /// What the backends' logprobs are: `post_temperature` (SGLang's, and vLLM's with
     /// `processed_logprobs`) or `pre_temperature` (vLLM's default `raw_logprobs`).
-    pub logprobs: crate::backend::LogprobKind,
+    pub logprobs: LogprobKind,
     /// vLLM only: `exact.vllm_strict_tool_calling` (the servers'
     /// `VLLM_ENFORCE_STRICT_TOOL_CALLING`).
     pub vllm_strict_tool_calling: bool,
@@ -1185,12 +1207,12 @@ mod tests {
             panic!("exact")
         };
         assert_eq!(e.wire, ExactWire::Sglang);
-        assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        assert_eq!(e.logprobs, LogprobKind::PostTemperature);
         let BackendConfig::Sglang(e) = resolve("wire = \"vllm\"").unwrap().backend else {
             panic!("exact")
         };
         assert_eq!(e.wire, ExactWire::Vllm);
-        assert_eq!(e.logprobs, crate::backend::LogprobKind::PreTemperature);
+        assert_eq!(e.logprobs, LogprobKind::PreTemperature);
         let BackendConfig::Sglang(e) =
             resolve("wire = \"vllm\"\nlogprobs_mode = \"processed_logprobs\"")
                 .unwrap()
@@ -1198,7 +1220,7 @@ mod tests {
         else {
             panic!("exact")
         };
-        assert_eq!(e.logprobs, crate::backend::LogprobKind::PostTemperature);
+        assert_eq!(e.logprobs, LogprobKind::PostTemperature);
         assert!(e.vllm_strict_tool_calling, "vLLM's default");
         let BackendConfig::Sglang(e) = resolve("wire = \"vllm\"\nvllm_strict_tool_calling = false")
             .unwrap()

@@ -6,28 +6,29 @@
 
 pub mod admin_key;
 pub mod backend;
-pub mod body;
-pub mod branch;
+mod body;
+mod branch;
 mod call;
 pub mod config;
 pub mod dialect;
-pub mod error;
-pub mod limits;
-pub mod metrics;
+mod error;
+mod limits;
+mod metrics;
 mod outcome;
-pub mod pipeline;
+mod pipeline;
 pub mod policy;
 mod retries;
-pub mod route;
-pub mod server;
+mod route;
+mod server;
 pub mod sessions;
-pub mod sglang;
+mod sglang;
 pub mod sse;
-pub mod state;
-pub mod token_ids;
-pub mod upstream;
-pub mod vllm;
-pub mod xgrammar;
+mod state;
+mod token_ids;
+mod upstream;
+mod upstream_events;
+mod vllm;
+mod xgrammar;
 
 pub use config::{
     BackendConfig, ConfigError, DurabilityMode, ExactConfig, FileConfig, GatewayConfig,

@@ -29,9 +29,9 @@ use crate::error::GatewayError;
 use crate::outcome::Outcome;
 use crate::route::Route;
 use crate::sessions::{Session, now_us};
-use crate::sse::{Event, Splitter};
 use crate::state::State;
-use crate::upstream::{snippet, upstream_message};
+use crate::upstream::upstream_message;
+use crate::upstream_events::{Next, UpstreamEvents};
 
 /// Reads a request body within the size and time limits ([`graft_http::read_body`]), its
 /// faults in the gateway's words.
@@ -121,13 +121,7 @@ pub async fn handle(
     let Plan {
         mut leg,
         conv,
-        normalized_request,
-        upstream_request,
-        upstream_dialect,
-        upstream,
-        model,
-        stream,
-        sampling,
+        record: plan,
     } = {
         let own = session.sampling();
         let policy = own.as_deref().or(state.cfg.sampling.as_ref());
@@ -173,15 +167,9 @@ pub async fn handle(
         route,
         dialect,
         request,
-        model,
-        stream,
         t0,
-        normalized_request,
-        upstream_request,
-        upstream_dialect,
-        upstream,
+        plan,
         response_id,
-        sampling,
         link,
         replay,
     };
@@ -196,7 +184,7 @@ pub async fn handle(
         };
         return Err(call.fail(o, e).await);
     }
-    let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream, mode = state.cfg.backend.mode().label());
+    let span = info_span!("call", call_id = %call.call_id, session = %call.session.id, route = route.label(), stream = call.plan.stream, mode = state.cfg.backend.mode().label());
     // The call runs in a task of its own: when the client goes away before its answer has
     // begun (an SDK's timeout), hyper drops this future and `gone`'s sender with it; the task
     // then still records the call, as abandoned, and stops the backend's generation.
@@ -234,7 +222,7 @@ pub async fn handle(
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
                 .is_some_and(|v| v.starts_with("text/event-stream"));
-            if call.stream && leg.answering().streams(resp.status(), is_sse) {
+            if call.plan.stream && leg.answering().streams(resp.status(), is_sse) {
                 let (tx, out) = call.sse_response();
                 tokio::spawn(
                     async move {
@@ -291,7 +279,7 @@ async fn abandoned(call: &mut Call, t_up: Instant) -> GatewayError {
 
 /// Reads a whole upstream body within the response size limit and the upstream timeout.
 async fn collect_upstream(call: &Call, resp: Response<UpBody>) -> Result<Bytes, GatewayError> {
-    let upstream = call.upstream.clone();
+    let upstream = call.plan.upstream.clone();
     let limit = call.state.cfg.limits.max_response_bytes;
     let timeout = call.state.backend.timeout();
     let collected = tokio::time::timeout(
@@ -397,7 +385,7 @@ async fn gather(
     // The events are read with a channel's closing as the client's leaving; here the
     // client is watched through `gone`, so the channel stays open.
     let (tx, _open) = mpsc::channel::<Bytes>(1);
-    let mut up = UpstreamEvents::new(call, resp.into_body());
+    let mut up = UpstreamEvents::of(call, resp.into_body());
     let mut o = Outcome::ok();
     let mut error = None;
     loop {
@@ -480,7 +468,7 @@ async fn relay(
     tx: &mpsc::Sender<Bytes>,
     t_up: Instant,
 ) {
-    let mut up = UpstreamEvents::new(call, body);
+    let mut up = UpstreamEvents::of(call, body);
     let mut o = Outcome::ok();
     let mut client_gone = false;
     let empty = Conversation::default();
@@ -675,134 +663,6 @@ async fn models(state: &State, headers: &HeaderMap) -> Result<Response<GBody>, G
         HeaderValue::from_static("application/json"),
     );
     Ok(resp)
-}
-
-/// Reads an upstream SSE body as whole events, watching the client side for disconnects.
-struct UpstreamEvents {
-    body: UpBody,
-    splitter: Splitter,
-    upstream: String,
-    idle: Duration,
-    max_event: usize,
-    pending: std::collections::VecDeque<Event>,
-    ended: bool,
-    events: u64,
-}
-
-/// What the next read from the upstream brought.
-enum Next {
-    Event(Event),
-    /// The upstream ended its body; leftovers were handled.
-    End,
-    Failed(GatewayError),
-    ClientGone,
-}
-
-impl UpstreamEvents {
-    fn new(call: &Call, body: UpBody) -> Self {
-        UpstreamEvents {
-            body,
-            splitter: Splitter::default(),
-            upstream: call.upstream.clone(),
-            idle: call.state.backend.timeout(),
-            max_event: call.state.cfg.limits.max_response_bytes,
-            pending: Default::default(),
-            ended: false,
-            events: 0,
-        }
-    }
-
-    async fn next(&mut self, tx: &mpsc::Sender<Bytes>) -> Next {
-        loop {
-            if let Some(ev) = self.pending.pop_front() {
-                self.events += 1;
-                return Next::Event(ev);
-            }
-            if self.ended {
-                return Next::End;
-            }
-            let frame = tokio::select! {
-                f = tokio::time::timeout(self.idle, self.body.frame()) => f,
-                _ = tx.closed() => return Next::ClientGone,
-            };
-            let chunk = match frame {
-                Err(_) => {
-                    return Next::Failed(GatewayError::UpstreamTimeout {
-                        upstream: self.upstream.clone(),
-                        secs: self.idle.as_secs(),
-                    });
-                }
-                Ok(None) => {
-                    self.ended = true;
-                    if let Some(rest) = self.splitter.finish() {
-                        if rest.is_done() {
-                            self.pending.push_back(rest);
-                        } else if rest.data.is_none() {
-                            return Next::Failed(GatewayError::UpstreamInvalid {
-                                upstream: self.upstream.clone(),
-                                detail: format!(
-                                    "the stream is not server-sent events: {}",
-                                    snippet(&rest.raw)
-                                ),
-                            });
-                        } else {
-                            return Next::Failed(GatewayError::UpstreamStream {
-                                upstream: self.upstream.clone(),
-                                detail: format!(
-                                    "the stream ended inside an event: {}",
-                                    snippet(&rest.raw)
-                                ),
-                            });
-                        }
-                    }
-                    continue;
-                }
-                Ok(Some(Err(e))) => {
-                    return Next::Failed(GatewayError::UpstreamStream {
-                        upstream: self.upstream.clone(),
-                        detail: format!(
-                            "the connection failed after {} events: {}",
-                            self.events,
-                            crate::upstream::error_chain(e.as_ref())
-                        ),
-                    });
-                }
-                Ok(Some(Ok(f))) => match f.into_data() {
-                    Ok(d) => d,
-                    Err(_) => continue,
-                },
-            };
-            self.splitter.push(&chunk);
-            loop {
-                match self.splitter.next_event(self.max_event) {
-                    Ok(Some(ev)) => self.pending.push_back(ev),
-                    Ok(None) => break,
-                    Err(e) => {
-                        return Next::Failed(GatewayError::UpstreamInvalid {
-                            upstream: self.upstream.clone(),
-                            detail: e.to_string(),
-                        });
-                    }
-                }
-            }
-        }
-    }
-
-    /// Parses an event's data as JSON, or says the upstream sent something else.
-    /// An event's data as JSON; None for `[DONE]` and events without data.
-    fn parsed(&self, ev: &Event) -> Result<Option<Value>, GatewayError> {
-        match ev.data.as_deref() {
-            Some(d) if !ev.is_done() => self.json(d).map(Some),
-            _ => Ok(None),
-        }
-    }
-
-    fn json(&self, data: &str) -> Result<Value, GatewayError> {
-        serde_json::from_str(data).map_err(|_| GatewayError::UpstreamInvalid {
-            upstream: self.upstream.clone(),
-            detail: format!("an SSE event is not JSON: {}", snippet(data.as_bytes())),
-        })
-    }
 }
 
 /// The configured headers of a request (values as text; a value that is not text is kept

@@ -213,10 +213,6 @@ pub enum FinishReason {
 }
 
 impl FinishReason {
-    pub fn parse(v: &Value) -> Option<FinishReason> {
-        Self::from_wire(&wire::FinishReason::deserialize(v).ok()?)
-    }
-
     fn from_wire(f: &wire::FinishReason) -> Option<FinishReason> {
         match &f.kind {
             FinishKind::Stop => Some(FinishReason::Stop),

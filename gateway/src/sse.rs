@@ -1,10 +1,8 @@
 //! Server-sent events: an incremental splitter that yields whole events as their bytes
-//! arrive. The Chat/Completions assembler that rebuilds a whole response from streamed chunks
-//! (the tee) lives with its dialect, `dialect::chat`, and is re-exported here.
+//! arrive. (The Chat/Completions assembler that rebuilds a whole response from streamed
+//! chunks, the tee, lives with its dialect: `dialect::chat::Assembler`.)
 
 use bytes::{Bytes, BytesMut};
-
-pub use crate::dialect::chat::Assembler;
 
 /// One complete SSE event: its raw bytes (relayed unchanged) and its joined `data:` payload.
 #[derive(Debug, Clone, PartialEq)]

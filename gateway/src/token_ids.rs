@@ -41,6 +41,7 @@
 
 use serde::Deserialize;
 use serde_json::Value;
+use tracing::{debug, warn};
 
 use crate::route::Route;
 
@@ -217,6 +218,18 @@ impl Capture {
             Ok(p) => self.prompt_ids = Some(p),
             Err(()) => self.malformed = true,
         }
+    }
+
+    /// The record's token fields ([`Capture::finish`]), with why they are missing logged;
+    /// `asked`: graft asked the upstream for them (`upstream.token_ids`).
+    pub fn into_recorded(self, asked: bool) -> Recorded {
+        let (recorded, note) = self.finish();
+        if let Some(note) = note {
+            warn!("passthrough token ids: {note}");
+        } else if asked && recorded.prompt_token_ids.is_none() {
+            debug!("passthrough token ids were asked for but none came; the record is text-only");
+        }
+        recorded
     }
 
     /// The record's token fields, checked: ids are recorded only when both the prompt and

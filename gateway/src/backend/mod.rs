@@ -107,28 +107,6 @@ impl Backend {
     }
 }
 
-/// Which distribution an exact-mode backend's logprobs come from; each record says it
-/// (`upstream_request.graft_logprobs`), so the trainer compares like with like.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum LogprobKind {
-    /// `log_softmax(logits / T)` after penalties and bias (SGLang; vLLM with
-    /// `--logprobs-mode processed_logprobs`): the distribution sampled from.
-    #[default]
-    PostTemperature,
-    /// `log_softmax(logits)` of the raw model output (vLLM's default `raw_logprobs`): the
-    /// sampling distribution only at temperature 1 with no penalties or bias.
-    PreTemperature,
-}
-
-impl LogprobKind {
-    pub fn label(self) -> &'static str {
-        match self {
-            LogprobKind::PostTemperature => "post_temperature",
-            LogprobKind::PreTemperature => "pre_temperature",
-        }
-    }
-}
-
 /// Whose call is planned, and the sampling policy it is sampled with.
 pub(crate) struct CallCtx<'a> {
     pub(crate) session: &'a str,
@@ -150,10 +128,21 @@ pub(crate) struct Plan {
     /// The client's request as a conversation, when it was parsed into one (for the
     /// dialect's renderer and emitter).
     pub(crate) conv: Option<Conversation>,
+    /// What the record keeps of the plan (the call holds it until its record is built).
+    pub(crate) record: PlanRecord,
+}
+
+/// The plan's part of the call's record: where the call went, in which form, and how it
+/// was sampled.
+pub(crate) struct PlanRecord {
+    /// The conversation in graft's own form (dialects other than plain passthrough).
     pub(crate) normalized_request: Option<Value>,
+    /// What graft sent upstream when it was not the client's body.
     pub(crate) upstream_request: Option<Value>,
+    /// The wire graft spoke upstream when it was not the client's (`chat_completions`,
+    /// `sglang_generate`).
     pub(crate) upstream_dialect: Option<&'static str>,
-    /// The backend's URL, for the record.
+    /// The backend's URL.
     pub(crate) upstream: String,
     pub(crate) model: Option<String>,
     pub(crate) stream: bool,

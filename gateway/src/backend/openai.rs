@@ -12,10 +12,10 @@ use http::{HeaderMap, HeaderValue, Method, Request, Response, StatusCode, header
 use http_body_util::Full;
 use hyper::body::Incoming;
 use serde_json::Value;
-use tracing::{debug, info, warn};
+use tracing::info;
 
 use super::translate::Translate;
-use super::{Answering, Finished, Leg, Piece, Plan, Whole};
+use super::{Answering, Finished, Leg, Piece, Plan, PlanRecord, Whole};
 use crate::config::{BackendHttp, OpenAiConfig};
 use crate::dialect::{Delta, Dialect, DialectKind};
 use crate::error::GatewayError;
@@ -23,7 +23,7 @@ use crate::outcome::Outcome;
 use crate::policy::SamplingPolicy;
 use crate::route::Route;
 use crate::sse::Event;
-use crate::token_ids::{self, Added, Capture, Recorded, TokenIdsMode};
+use crate::token_ids::{self, Added, Capture, TokenIdsMode};
 use crate::upstream::{HttpClient, error_chain, http_client, snippet, upstream_message};
 
 /// Client headers worth passing on; everything else (Authorization first) stays behind.
@@ -91,13 +91,15 @@ impl OpenAi {
                 &self.base,
             )),
             conv: None,
-            normalized_request: None,
-            upstream_request: None,
-            upstream_dialect: None,
-            upstream: self.base.clone(),
-            model,
-            stream,
-            sampling: None,
+            record: PlanRecord {
+                normalized_request: None,
+                upstream_request: None,
+                upstream_dialect: None,
+                upstream: self.base.clone(),
+                model,
+                stream,
+                sampling: None,
+            },
         };
         // Chat and Completions bodies go as they are; other dialects are parsed into the
         // internal conversation (that validates them field by field and gives the record
@@ -124,18 +126,18 @@ impl OpenAi {
                     p.added = added;
                     plan.leg = Leg::Passthrough(p);
                     graft_recorder::redact_json(&mut body);
-                    plan.upstream_request = Some(body);
+                    plan.record.upstream_request = Some(body);
                     if route == Route::ChatCompletions {
-                        plan.upstream_dialect = Some(DialectKind::ChatCompletions.label());
+                        plan.record.upstream_dialect = Some(DialectKind::ChatCompletions.label());
                     }
                 }
-                plan.sampling = sampled;
+                plan.record.sampling = sampled;
             }
             return Ok(plan);
         }
         let mut conv = dialect.parse(request)?;
         if self.dialects.contains(&kind) {
-            plan.normalized_request = serde_json::to_value(&conv).ok();
+            plan.record.normalized_request = serde_json::to_value(&conv).ok();
             plan.conv = Some(conv);
             return Ok(plan);
         }
@@ -144,7 +146,7 @@ impl OpenAi {
         if let Some(p) = policy {
             let asked = sampling_keys(&chat_req);
             p.apply_openai_body(&mut chat_req);
-            plan.sampling = Some(crate::policy::record_value(
+            plan.record.sampling = Some(crate::policy::record_value(
                 p,
                 asked,
                 sampling_keys(&chat_req),
@@ -161,13 +163,13 @@ impl OpenAi {
         if !conv.notes.is_empty() {
             info!(notes = ?conv.notes, "request translated to Chat Completions");
         }
-        plan.normalized_request = serde_json::to_value(&conv).ok();
+        plan.record.normalized_request = serde_json::to_value(&conv).ok();
         plan.leg = Leg::Translate(Translate::new(
             Bytes::from(chat_req.to_string()),
             &self.base,
         ));
-        plan.upstream_request = Some(chat_req);
-        plan.upstream_dialect = Some(DialectKind::ChatCompletions.label());
+        plan.record.upstream_request = Some(chat_req);
+        plan.record.upstream_dialect = Some(DialectKind::ChatCompletions.label());
         plan.conv = Some(conv);
         Ok(plan)
     }
@@ -266,16 +268,6 @@ fn sampling_keys(body: &Value) -> Value {
     Value::Object(out)
 }
 
-pub(crate) fn finish_capture(capture: Capture, asked: bool) -> Recorded {
-    let (recorded, note) = capture.finish();
-    if let Some(note) = note {
-        warn!("passthrough token ids: {note}");
-    } else if asked && recorded.prompt_token_ids.is_none() {
-        debug!("passthrough token ids were asked for but none came; the record is text-only");
-    }
-    recorded
-}
-
 /// One passthrough call: the body as it goes, what graft added to it, what came back.
 pub(crate) struct Passthrough {
     pub(crate) path: &'static str,
@@ -347,7 +339,7 @@ impl Answering for Passthrough {
     }
 
     fn finish(&mut self, o: &mut Outcome, _ok: bool) -> Option<Finished> {
-        o.tokens = finish_capture(std::mem::take(&mut self.capture), self.added.is_some());
+        o.tokens = std::mem::take(&mut self.capture).into_recorded(self.added.is_some());
         None
     }
 
@@ -370,7 +362,7 @@ impl Answering for Passthrough {
                 .and_then(Value::as_str)
                 .map(str::to_string);
             self.capture.push(&v);
-            o.tokens = finish_capture(std::mem::take(&mut self.capture), self.added.is_some());
+            o.tokens = std::mem::take(&mut self.capture).into_recorded(self.added.is_some());
             let bytes = match self.added {
                 Some(added) if token_ids::strip(&mut v, added) => Bytes::from(v.to_string()),
                 _ => bytes,

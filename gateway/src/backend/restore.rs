@@ -28,7 +28,9 @@ pub(crate) struct Restored {
 /// The turn a live call would have remembered, from its record; `None` for calls that are
 /// not remembered (failed, abandoned, raw-prompt completions, other modes).
 pub(crate) fn turn_of(rec: &CallRecord) -> Option<Turn> {
-    if !rec.is_ok() || rec.upstream_dialect.as_deref() != Some(super::sglang::WIRE) {
+    if !rec.is_ok()
+        || rec.upstream_dialect.as_deref() != Some(graft_recorder::wire::SGLANG_GENERATE)
+    {
         return None;
     }
     let conv: Conversation = serde_json::from_value(rec.normalized_request.clone()?).ok()?;

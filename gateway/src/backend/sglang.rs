@@ -33,7 +33,9 @@ use tracing::{info, warn};
 
 use super::probe::{self, Verdict};
 use super::restore::Restored;
-use super::{Answering, BackendSetupError, Finished, Leg, Piece, Plan, Whole, content_event};
+use super::{
+    Answering, BackendSetupError, Finished, Leg, Piece, Plan, PlanRecord, Whole, content_event,
+};
 use crate::config::{BackendHttp, ExactConfig};
 use crate::dialect::{Answer, Delta, Dialect, Finish, RawPrompt, TokenUsage, ToolCall, ToolChoice};
 use crate::error::GatewayError;
@@ -230,7 +232,7 @@ impl Slot {
 pub struct Sglang {
     builder: Arc<PromptBuilder>,
     wire: Wire,
-    logprobs: super::LogprobKind,
+    logprobs: crate::config::LogprobKind,
     tool_format: ToolCallFormat,
     reasoning_format: ReasoningFormat,
     /// `exact.vllm_strict_tool_calling`: the vLLM backends' `VLLM_ENFORCE_STRICT_TOOL_CALLING`.
@@ -539,11 +541,6 @@ impl Sglang {
         {
             b.sessions = b.sessions.saturating_sub(1);
         }
-    }
-
-    /// Ids held in all sessions' histories.
-    pub fn held_tokens(&self) -> usize {
-        self.memory.histories.lock().map(|h| h.held).unwrap_or(0)
     }
 
     /// The index of a configured backend, by its URL (a trailing `/` ignored).
@@ -1001,14 +998,16 @@ impl Sglang {
         };
         Ok(Plan {
             leg: Leg::Generate(Box::new(generate)),
-            normalized_request: serde_json::to_value(&conv).ok(),
+            record: PlanRecord {
+                normalized_request: serde_json::to_value(&conv).ok(),
+                upstream_request: Some(recorded_body),
+                upstream_dialect: Some(self.wire.label()),
+                upstream: backend,
+                model: Some(model),
+                stream,
+                sampling,
+            },
             conv: Some(conv),
-            upstream_request: Some(recorded_body),
-            upstream_dialect: Some(self.wire.label()),
-            upstream: backend,
-            model: Some(model),
-            stream,
-            sampling,
         })
     }
 

@@ -7,7 +7,6 @@ use bytes::Bytes;
 use http::{HeaderValue, StatusCode};
 use serde_json::Value;
 
-use super::openai::finish_capture;
 use super::{Answering, Finished, Piece, Whole, content_event};
 use crate::dialect::Delta;
 use crate::dialect::Finish;
@@ -90,7 +89,7 @@ impl Answering for Translate {
     }
 
     fn finish(&mut self, o: &mut Outcome, _ok: bool) -> Option<Finished> {
-        o.tokens = finish_capture(std::mem::take(&mut self.capture), false);
+        o.tokens = std::mem::take(&mut self.capture).into_recorded(false);
         let answer = self.reader.answer();
         let render = self.reader.chunks() > 0;
         if render {
@@ -132,7 +131,7 @@ impl Answering for Translate {
             })?;
         let mut capture = Capture::default();
         capture.push(&v);
-        o.tokens = finish_capture(capture, false);
+        o.tokens = capture.into_recorded(false);
         let answer = chat::parse_answer(&v).map_err(|d| GatewayError::UpstreamInvalid {
             upstream,
             detail: format!("the Chat Completions answer cannot be read: {d}"),
