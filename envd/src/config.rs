@@ -482,7 +482,7 @@ impl EnvdConfig {
             if k.agent_image.is_empty() {
                 return bad("the kubernetes backend needs [kubernetes] agent_image: an image holding the static envd-agent (deploy/kubernetes/README.md says how to build it)".to_owned());
             }
-            if !crate::kubernetes::label_value_ok(&k.instance) {
+            if !label_value_ok(&k.instance) {
                 return bad(format!(
                     "[kubernetes] instance '{}' must be a Kubernetes label value (1 to 63 of A-Z a-z 0-9 - _ ., starting and ending alphanumeric)",
                     k.instance
@@ -503,6 +503,17 @@ impl EnvdConfig {
     }
 }
 
+/// A Kubernetes label value: at most 63 of `A-Za-z0-9-_.`, alphanumeric at both ends.
+fn label_value_ok(v: &str) -> bool {
+    let b = v.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.iter()
+            .all(|c| c.is_ascii_alphanumeric() || b"-_.".contains(c))
+        && b[0].is_ascii_alphanumeric()
+        && b[b.len() - 1].is_ascii_alphanumeric()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -517,6 +528,14 @@ mod tests {
                 args: vec![],
             },
         )
+    }
+
+    #[test]
+    fn label_values_follow_kubernetes_rules() {
+        assert!(label_value_ok("envd-1.a_b"));
+        for bad in ["", "-x", "x.", &"x".repeat(64)] {
+            assert!(!label_value_ok(bad), "{bad}");
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 
 use http::{Response, header};
 
-use crate::server::{RespBody, full};
+use crate::answer::{RespBody, full};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Fault {

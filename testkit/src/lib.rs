@@ -27,8 +27,9 @@
 //! Completions and Completions answers, JSON and SSE), `sglang` (the SGLang-native side),
 //! `vllm` (the vLLM-native side: token-id completions, and with `--vllm-dev-mode` the
 //! development routes of a weight push),
-//! [`tokens`] (token ids with `--tokenizer`), `faults`, `server` (the accept loop, routing,
-//! the SSE body).
+//! [`tokens`] (token ids with `--tokenizer`), `faults`, `server` (the accept loop and
+//! routing), `answer` (the body type, JSON answers, the SSE body), `state` (what the server
+//! keeps: settings, script, each native side's state).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -38,20 +39,22 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 
+mod answer;
 mod faults;
 mod openai;
 pub mod script;
 mod server;
 mod sglang;
+mod state;
 #[cfg(test)]
 mod tests;
 pub mod tokens;
 mod vllm;
 
-pub use script::{Reply, Rule, Script, ScriptToolCall};
-pub use tokens::{TokenModel, scripted_logprob};
+pub use script::{Reply, Rule, Script, ScriptToolCall, scripted_logprob};
+pub use tokens::TokenModel;
 
-use server::State;
+use state::State;
 
 #[derive(Debug, Clone, clap::Args)]
 pub struct ScriptedArgs {
@@ -146,8 +149,8 @@ pub async fn start(
         chunk_delay: Duration::from_millis(args.chunk_delay_ms),
         models: args.models.clone(),
         next_id: AtomicU64::new(1),
-        sglang: sglang::Backend::default(),
-        vllm: vllm::Backend::default(),
+        sglang: state::SglangSide::default(),
+        vllm: state::VllmSide::default(),
         openai_bodies: Default::default(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)

@@ -6,8 +6,14 @@ use bytes::Bytes;
 use serde_json::{Value, json};
 
 use crate::ARGUMENT_PIECES;
-use crate::script::{Prompt, Reply, ScriptToolCall, count_words};
-use crate::tokens::TokenAnswer;
+use crate::script::{Prompt, Reply, ScriptToolCall, count_words, scripted_logprob};
+
+/// The two OpenAI routes the scripted upstream answers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Dialect {
+    Chat,
+    Completions,
+}
 
 pub(crate) struct Meta {
     pub(crate) id: u64,
@@ -406,4 +412,89 @@ pub(crate) fn completion_events(
     }
     events.push(Bytes::from_static(DONE));
     events
+}
+
+/// One answer's tokens.
+pub(crate) struct TokenAnswer {
+    pub(crate) eos: String,
+    pub(crate) prompt: Vec<u32>,
+    pub(crate) completion: Vec<u32>,
+    /// Byte offset in the completion text where each completion token's text ends.
+    pub(crate) ends: Vec<usize>,
+    /// Each completion token's text.
+    pub(crate) tokens: Vec<String>,
+    pub(crate) want_ids: bool,
+    pub(crate) want_logprobs: bool,
+}
+
+impl TokenAnswer {
+    pub(crate) fn usage(&self) -> Value {
+        let (p, c) = (self.prompt.len(), self.completion.len());
+        json!({"prompt_tokens": p, "completion_tokens": c, "total_tokens": p + c})
+    }
+
+    /// The completion tokens each piece carries: a token goes with the piece in which its
+    /// text ends (the text of a chunk and its ids stay together; a token that straddles two
+    /// pieces goes with the later one). Concatenated, the pieces' ids are the completion.
+    pub(crate) fn split(&self, pieces: &[Piece]) -> Vec<Vec<usize>> {
+        let mut out = vec![Vec::new(); pieces.len()];
+        let mut bound = 0;
+        let mut k = 0;
+        for (i, end) in self.ends.iter().enumerate() {
+            while k + 1 < pieces.len() && {
+                let b = bound + pieces[k].text.len();
+                *end > b
+            } {
+                bound += pieces[k].text.len();
+                k += 1;
+            }
+            if let Some(slot) = out.get_mut(k) {
+                slot.push(i);
+            }
+        }
+        out
+    }
+
+    pub(crate) fn ids_of(&self, idx: &[usize]) -> Vec<u32> {
+        idx.iter()
+            .filter_map(|&i| self.completion.get(i).copied())
+            .collect()
+    }
+
+    /// Chat logprobs (`{"content": [{token, logprob, bytes, top_logprobs}]}`).
+    pub(crate) fn chat_logprobs(&self, idx: &[usize]) -> Value {
+        let content: Vec<Value> = idx
+            .iter()
+            .filter_map(|&i| {
+                let id = *self.completion.get(i)?;
+                let tok = self.tokens.get(i)?;
+                Some(json!({
+                    "token": tok,
+                    "logprob": scripted_logprob(id),
+                    "bytes": tok.as_bytes(),
+                    "top_logprobs": [],
+                }))
+            })
+            .collect();
+        json!({ "content": content })
+    }
+
+    /// Completions logprobs (parallel arrays), text offsets from `offset`.
+    pub(crate) fn completion_logprobs(&self, idx: &[usize], offset: usize) -> Value {
+        let mut tokens = vec![];
+        let mut lps = vec![];
+        let mut offsets = vec![];
+        let mut at = offset;
+        for &i in idx {
+            let (Some(id), Some(tok)) = (self.completion.get(i), self.tokens.get(i)) else {
+                continue;
+            };
+            tokens.push(json!(tok));
+            lps.push(json!(scripted_logprob(*id)));
+            offsets.push(json!(at));
+            at += tok.len();
+        }
+        let top: Vec<Value> = tokens.iter().map(|_| json!({})).collect();
+        json!({"tokens": tokens, "token_logprobs": lps, "top_logprobs": top, "text_offset": offsets})
+    }
 }

@@ -5,6 +5,11 @@ use anyhow::Context as _;
 use serde::Deserialize;
 use serde_json::Value;
 
+/// The deterministic logprob the scripted model reports for a token.
+pub fn scripted_logprob(id: u32) -> f64 {
+    -f64::from(id % 97) / 100.0
+}
+
 /// The script file: rules tried in order, the first that matches answers.
 #[derive(Debug, Default, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -1,24 +1,22 @@
-//! The accept loop, the routing of a request to its wire, and the HTTP helpers (JSON and
-//! OpenAI-shaped error answers, the SSE body with its delay and reset).
+//! The accept loop, the routing of a request to its wire (the OpenAI routes answered here,
+//! the SGLang and vLLM sides in their files), and OpenAI's error answers.
 
-use std::convert::Infallible;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode, header};
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::{Body, Frame, Incoming, SizeHint};
+use http_body_util::{BodyExt, Limited};
+use hyper::body::Incoming;
 use serde_json::{Value, json};
 
+use crate::answer::{Abort, RespBody, SseBody, json_response, sse_response};
 use crate::faults::{Fault, garbage};
-use crate::openai::{Meta, chat_events, chat_json, completion_events, completion_json, usage_for};
-use crate::script::{Prompt, Script};
-use crate::tokens::TokenModel;
-use crate::{MAX_REQUEST_BYTES, RESET_FLUSH_PAUSE, sglang, vllm};
+use crate::openai::{
+    Dialect, Meta, chat_events, chat_json, completion_events, completion_json, usage_for,
+};
+use crate::script::Prompt;
+use crate::state::State;
+use crate::{MAX_REQUEST_BYTES, sglang, vllm};
 
 pub(crate) async fn serve(
     listener: tokio::net::TcpListener,
@@ -39,55 +37,8 @@ pub(crate) async fn serve(
     Ok(())
 }
 
-pub(crate) struct State {
-    pub(crate) model: Option<TokenModel>,
-    pub(crate) script: Script,
-    pub(crate) expect_key: Option<String>,
-    pub(crate) admin_key: Option<String>,
-    pub(crate) sglang_version: String,
-    pub(crate) legacy_info_routes: bool,
-    /// What vLLM's `GET /version` says (`--vllm-version`).
-    pub(crate) vllm_version: String,
-    pub(crate) chunk_delay: Duration,
-    pub(crate) models: Vec<String>,
-    pub(crate) next_id: AtomicU64,
-    /// The SGLang-native side's state (weight version, pause).
-    pub(crate) sglang: sglang::Backend,
-    /// Whether vLLM's development routes are served (`--vllm-dev-mode`).
-    pub(crate) vllm_dev_mode: bool,
-    /// The vLLM-native side's state (weight version, pause) and log (requests, aborts).
-    pub(crate) vllm: vllm::Backend,
-    /// Every body the OpenAI routes were sent, for tests (`GET /testkit/openai/requests`).
-    pub(crate) openai_bodies: std::sync::Mutex<Vec<serde_json::Value>>,
-}
-
 /// The path of the test log of what the OpenAI routes were sent.
 pub(crate) const OPENAI_REQUESTS: &str = "/testkit/openai/requests";
-
-impl State {
-    pub(crate) fn next_id(&self) -> u64 {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-pub(crate) type RespBody = http_body_util::combinators::UnsyncBoxBody<Bytes, std::io::Error>;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Dialect {
-    Chat,
-    Completions,
-}
-
-/// Returned to hyper to abort the connection (the `fault-reset` fault).
-#[derive(Debug)]
-pub(crate) struct Abort;
-
-impl std::fmt::Display for Abort {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("scripted-upstream: connection aborted on purpose (fault-reset)")
-    }
-}
-impl std::error::Error for Abort {}
 
 pub(crate) async fn handle(
     state: Arc<State>,
@@ -304,16 +255,6 @@ pub(crate) async fn handle(
     Ok(sse_response(SseBody::new(events, delay, abort_after)))
 }
 
-pub(crate) fn full(bytes: impl Into<Bytes>) -> RespBody {
-    Full::new(bytes.into())
-        .map_err(|never: Infallible| match never {})
-        .boxed_unsync()
-}
-
-pub(crate) fn json_response(status: StatusCode, v: &Value) -> Response<RespBody> {
-    graft_http::json_response(status, v, full)
-}
-
 /// An error in OpenAI's shape: `{"error":{"message","type","param","code"}}`.
 /// The request body (at most `MAX_REQUEST_BYTES`) as JSON, or the OpenAI-shaped error to
 /// answer with; with `empty_is_null` a body of only whitespace reads as `null`.
@@ -367,128 +308,6 @@ pub(crate) fn models(state: &State) -> Response<RespBody> {
         .map(|id| json!({"id": id, "object": "model", "created": 1_700_000_000u64, "owned_by": "graft-scripted"}))
         .collect();
     json_response(StatusCode::OK, &json!({"object": "list", "data": data}))
-}
-
-pub(crate) fn sse_response(body: SseBody) -> Response<RespBody> {
-    let mut resp = Response::new(body.boxed_unsync());
-    let h = resp.headers_mut();
-    h.insert(
-        header::CONTENT_TYPE,
-        header::HeaderValue::from_static("text/event-stream; charset=utf-8"),
-    );
-    h.insert(
-        header::CACHE_CONTROL,
-        header::HeaderValue::from_static("no-cache"),
-    );
-    resp
-}
-
-/// An SSE response body: one HTTP chunk per event, `delay` between events, and optionally
-/// an error after `abort_after` events, which makes hyper drop the connection without the
-/// terminating chunk (the client sees a transport error, as when an upstream dies).
-pub(crate) struct SseBody {
-    pub(crate) events: std::vec::IntoIter<Bytes>,
-    pub(crate) delay: Duration,
-    pub(crate) sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-    pub(crate) sent: usize,
-    pub(crate) abort_after: Option<usize>,
-    /// Events that exist only once something happened (a weight update): awaited after
-    /// `events` ran out.
-    pub(crate) later: Option<LaterEvents>,
-}
-
-/// Events produced by a future (see [`SseBody::later`]).
-pub(crate) type LaterEvents = Pin<Box<dyn Future<Output = Vec<Bytes>> + Send>>;
-
-impl SseBody {
-    pub(crate) fn new(events: Vec<Bytes>, delay: Duration, abort_after: Option<usize>) -> Self {
-        SseBody {
-            events: events.into_iter(),
-            delay,
-            sleep: None,
-            sent: 0,
-            abort_after,
-            later: None,
-        }
-    }
-
-    /// Once `events` are sent, awaits `later` and sends what it gives.
-    pub(crate) fn then(mut self, later: LaterEvents) -> Self {
-        self.later = Some(later);
-        self
-    }
-}
-
-/// Waits `delay` in a body's `poll_frame`: the timer lives in `sleep` across polls and is
-/// cleared once it fired.
-fn pause(
-    sleep: &mut Option<Pin<Box<tokio::time::Sleep>>>,
-    delay: Duration,
-    cx: &mut Context<'_>,
-) -> Poll<()> {
-    let timer = sleep.get_or_insert_with(|| Box::pin(tokio::time::sleep(delay)));
-    if timer.as_mut().poll(cx).is_pending() {
-        return Poll::Pending;
-    }
-    *sleep = None;
-    Poll::Ready(())
-}
-
-impl Body for SseBody {
-    type Data = Bytes;
-    type Error = std::io::Error;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
-        let this = &mut *self;
-        if this.abort_after.is_some_and(|n| this.sent >= n) {
-            // Pause first: hyper flushes what it buffered (headers, the chunks so far) when
-            // the body is pending, and drops the buffer when the body fails.
-            if pause(&mut this.sleep, RESET_FLUSH_PAUSE, cx).is_pending() {
-                return Poll::Pending;
-            }
-            this.abort_after = None;
-            this.events = Vec::new().into_iter();
-            return Poll::Ready(Some(Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                Abort,
-            ))));
-        }
-        if this.events.len() == 0
-            && let Some(later) = this.later.as_mut()
-        {
-            let Poll::Ready(more) = later.as_mut().poll(cx) else {
-                return Poll::Pending;
-            };
-            this.later = None;
-            this.events = more.into_iter();
-        }
-        if this.sent > 0
-            && !this.delay.is_zero()
-            && this.events.len() > 0
-            && pause(&mut this.sleep, this.delay, cx).is_pending()
-        {
-            return Poll::Pending;
-        }
-        match this.events.next() {
-            Some(event) => {
-                this.sent += 1;
-                Poll::Ready(Some(Ok(Frame::data(event))))
-            }
-            None => Poll::Ready(None),
-        }
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.events.len() == 0 && self.abort_after.is_none() && self.later.is_none()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        // Unknown on purpose: SSE goes out chunked.
-        SizeHint::default()
-    }
 }
 
 /// SGLang's own decision on a native route (`decide_request_auth` in

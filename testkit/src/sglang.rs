@@ -31,8 +31,6 @@
 //! Bodies and answers are `graft-wire`'s SGLang types, the ones the gateway and the trainer's
 //! push read and write.
 
-use std::sync::Mutex;
-
 use serde::Deserialize as _;
 
 use graft_wire::sglang::{
@@ -46,53 +44,18 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::sync::watch;
 
+use crate::answer::{Abort, RespBody, SseBody, json_response, sse_response};
 use crate::faults::garbage;
 use crate::openai::{DONE, Meta, chat_pieces, sse};
+use crate::script::scripted_logprob;
 use crate::script::{Prompt, Reply};
-use crate::server::{Abort, RespBody, SseBody, State, json_response, sse_response};
-use crate::tokens::scripted_logprob;
+use crate::state::State;
 
 /// Tokens per streamed event.
 const TOKENS_PER_EVENT: usize = 2;
 
-/// What the SGLang side keeps between requests.
-pub(crate) struct Backend {
-    weight_version: watch::Sender<String>,
-    paused: watch::Sender<bool>,
-    /// Each `/generate` request as it arrived (rid, sampling parameters, stream).
-    seen: Mutex<Vec<Value>>,
-    /// The rids `/abort_request` was called with.
-    aborted: Mutex<Vec<String>>,
-    /// Every POST to an SGLang route: `{path, body}`.
-    bodies: Mutex<Vec<Value>>,
-    /// Each `/generate` prompt as decoded text: `{rid, text}` (what the model was shown).
-    prompts: Mutex<Vec<Value>>,
-    /// Whether a weight-update session is open (`/begin_weight_update`).
-    weight_session: Mutex<bool>,
-}
-
-impl Default for Backend {
-    fn default() -> Self {
-        Backend {
-            weight_version: watch::Sender::new("default".to_string()),
-            paused: watch::Sender::new(false),
-            seen: Mutex::new(vec![]),
-            aborted: Mutex::new(vec![]),
-            bodies: Mutex::new(vec![]),
-            prompts: Mutex::new(vec![]),
-            weight_session: Mutex::new(false),
-        }
-    }
-}
-
 /// The path of the test log of what the SGLang side was asked.
 pub(crate) const REQUESTS: &str = "/testkit/requests";
-
-impl Backend {
-    fn weight_version(&self) -> String {
-        self.weight_version.borrow().clone()
-    }
-}
 
 /// How long a generation held for a weight update waits before it goes on with the old
 /// weights.

@@ -9,9 +9,9 @@ use http_body_util::BodyExt;
 use hyper::body::Body;
 use serde_json::{Value, json};
 
+use crate::answer::SseBody;
 use crate::openai::*;
 use crate::script::*;
-use crate::server::SseBody;
 
 fn meta() -> Meta {
     Meta {

@@ -63,11 +63,12 @@ use serde_json::{Value, json};
 use tokio::sync::{mpsc, watch};
 
 use crate::RESET_FLUSH_PAUSE;
+use crate::answer::{Abort, RespBody, SseBody, json_response};
 use crate::faults::garbage;
 use crate::openai::{DONE, sse};
-use crate::server::{Abort, RespBody, SseBody, State, json_response};
+use crate::script::scripted_logprob;
 use crate::sglang::{next_version, prompt_of, raw_output};
-use crate::tokens::scripted_logprob;
+use crate::state::{State, VllmSide};
 
 /// The context length the scripted vLLM serves (Qwen3's `max_position_embeddings`).
 pub const MAX_MODEL_LEN: usize = 40960;
@@ -84,35 +85,6 @@ pub(crate) const REQUESTS: &str = "/testkit/vllm/requests";
 /// (it reloads from `model_config.model`, which `update_config` can point elsewhere).
 pub(crate) fn plays_old(state: &State) -> bool {
     !wire::reports_weight_versions(&state.vllm_version)
-}
-
-/// What the vLLM side keeps between requests.
-pub(crate) struct Backend {
-    seen: Mutex<Vec<Value>>,
-    /// Request ids whose streamed answer was dropped before its end (the client went away).
-    aborted: Arc<Mutex<Vec<String>>>,
-    /// The version stamped on what is sampled (`EngineCore._weight_version`).
-    weight_version: watch::Sender<String>,
-    /// `/pause?mode=keep` until `/resume`: no generation steps.
-    paused: watch::Sender<bool>,
-    /// Every call of a development route: `{path, body}`.
-    control: Mutex<Vec<Value>>,
-    /// Where an old vLLM's `reload_weights()` reads from (`update_config`'s
-    /// `model_config.model`).
-    model_path: Mutex<Option<String>>,
-}
-
-impl Default for Backend {
-    fn default() -> Self {
-        Backend {
-            seen: Mutex::default(),
-            aborted: Arc::default(),
-            weight_version: watch::Sender::new("default".to_string()),
-            paused: watch::Sender::new(false),
-            control: Mutex::default(),
-            model_path: Mutex::default(),
-        }
-    }
 }
 
 /// Whether `path` is one of vLLM's development routes (see the module doc).
@@ -286,12 +258,12 @@ pub(crate) fn dev_route(
 /// `/collective_rpc` on a vLLM before 0.34: `update_config` (model_config / load_config
 /// overrides) and `reload_weights()`; a worker's exception (a keyword it does not take)
 /// reaches the client as Starlette's bare 500.
-fn old_collective_rpc(b: &Backend, req: &CollectiveRpcRequest) -> Response<RespBody> {
+fn old_collective_rpc(b: &VllmSide, req: &CollectiveRpcRequest) -> Response<RespBody> {
     let bare_500 = || {
         Response::builder()
             .status(StatusCode::INTERNAL_SERVER_ERROR)
             .header(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")
-            .body(crate::server::full(Bytes::from_static(
+            .body(crate::answer::full(Bytes::from_static(
                 b"Internal Server Error",
             )))
             .unwrap_or_else(|_| not_found())
@@ -759,7 +731,7 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         }
         Some("500") => {
             // vLLM's stream has begun (HTTP 200) when a generation error comes.
-            return Ok(crate::server::sse_response(SseBody::new(
+            return Ok(crate::answer::sse_response(SseBody::new(
                 vec![error_event(), Bytes::from_static(DONE)],
                 state.chunk_delay,
                 None,

@@ -48,7 +48,7 @@ use crate::model::{
     CreateSandbox, DirEntry, ExecSpec, JobInfo, OutputEvent, SandboxSpec, SnapshotInfo,
 };
 use agent_client::{AgentClient, Endpoint};
-pub use pod::{KubeCreate, PodState, check_id, label_value_ok, pod_name};
+pub use pod::{KubeCreate, PodState, check_id, pod_name};
 
 pub const MANAGED_BY: &str = "app.kubernetes.io/managed-by";
 pub const INSTANCE_LABEL: &str = "graft.dev/envd";
