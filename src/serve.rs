@@ -55,15 +55,59 @@ pub struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:30000")]
     pub listen: SocketAddr,
     /// Requests decoded together at most.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = ServeConfig::MAX_BATCH)]
     pub max_batch: usize,
     /// The weight_version reported until the first update.
-    #[arg(long, default_value = "default")]
+    #[arg(long, default_value = ServeConfig::WEIGHT_VERSION)]
     pub weight_version: String,
     /// The largest request body read (a `/generate` of a million prompt ids is about 8 MB);
     /// a longer one is answered 413.
-    #[arg(long, default_value_t = 64 << 20)]
+    #[arg(long, default_value_t = ServeConfig::MAX_BODY_BYTES)]
     pub max_body_bytes: usize,
+}
+
+/// What `graft serve` runs with: the command's flags, or an in-process user's choice (`graft
+/// rl`'s embedded backend).
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// HF model directory.
+    pub model: PathBuf,
+    pub listen: SocketAddr,
+    /// Requests decoded together at most.
+    pub max_batch: usize,
+    /// The weight_version reported until the first update.
+    pub weight_version: String,
+    /// The largest request body read; a longer one is answered 413.
+    pub max_body_bytes: usize,
+}
+
+impl ServeConfig {
+    pub const MAX_BATCH: usize = 32;
+    pub const WEIGHT_VERSION: &str = "default";
+    pub const MAX_BODY_BYTES: usize = 64 << 20;
+
+    /// The model at `model`, on `listen`, with the command's defaults otherwise.
+    pub fn new(model: PathBuf, listen: SocketAddr) -> Self {
+        ServeConfig {
+            model,
+            listen,
+            max_batch: Self::MAX_BATCH,
+            weight_version: Self::WEIGHT_VERSION.to_owned(),
+            max_body_bytes: Self::MAX_BODY_BYTES,
+        }
+    }
+}
+
+impl From<ServeArgs> for ServeConfig {
+    fn from(a: ServeArgs) -> Self {
+        ServeConfig {
+            model: a.model,
+            listen: a.listen,
+            max_batch: a.max_batch,
+            weight_version: a.weight_version,
+            max_body_bytes: a.max_body_bytes,
+        }
+    }
 }
 
 struct State {
@@ -98,7 +142,7 @@ impl Drop for RidGuard {
 }
 
 pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
-    let (addr, device, _engine, serve) = start(&a).await?;
+    let (addr, device, _engine, serve) = start(&ServeConfig::from(a)).await?;
     {
         use std::io::Write as _;
         let mut out = std::io::stdout().lock();
@@ -113,7 +157,7 @@ pub async fn run(a: ServeArgs) -> anyhow::Result<()> {
 /// [`Engine::update_weights_from_tensors`]) and the future that serves (until Ctrl-C or
 /// SIGTERM, or until it is dropped).
 pub async fn start(
-    a: &ServeArgs,
+    a: &ServeConfig,
 ) -> anyhow::Result<(
     std::net::SocketAddr,
     graft_trainer::tch::Device,

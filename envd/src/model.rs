@@ -55,7 +55,8 @@ pub struct Mount {
     pub target: String,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
+/// `POST /sandboxes` (also what a client such as `graft rl` sends).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
     /// Caller-chosen id (`[A-Za-z0-9_-]`, at most 64); a UUID when left out.

@@ -135,8 +135,8 @@ fn finite(reward: f64) -> Result<(), GatewayError> {
     ))
 }
 
-/// What a client asks for on `POST /graft/sessions`.
-#[derive(Debug, Default, serde::Deserialize)]
+/// What a client asks for on `POST /graft/sessions` (also what `graft rl` sends).
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
     pub session_id: Option<String>,

@@ -151,7 +151,7 @@ impl PromptBuilder {
         tools: Option<&[Value]>,
         kwargs: &Map<String, Value>,
     ) -> Result<Option<Prompt>, TemplateError> {
-        let Some(tail) = self.new_part_with(new, tools, kwargs)? else {
+        let Some(tail) = self.new_part(new, tools, kwargs)? else {
             return Ok(None);
         };
         let mut ids = Vec::with_capacity(turn.tokens.len() + tail.len() / 3 + 2);
@@ -173,15 +173,7 @@ impl PromptBuilder {
 
     /// The text the template writes for `new` messages and the generation prompt after an
     /// assistant turn, found by rendering them after a stand-in history.
-    pub fn new_part(
-        &self,
-        new: &[Value],
-        tools: Option<&[Value]>,
-    ) -> Result<Option<String>, TemplateError> {
-        self.new_part_with(new, tools, &self.model.extra)
-    }
-
-    fn new_part_with(
+    fn new_part(
         &self,
         new: &[Value],
         tools: Option<&[Value]>,

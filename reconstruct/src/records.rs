@@ -199,11 +199,6 @@ pub fn skip_reason(s: &Skip) -> String {
     s.to_string()
 }
 
-/// The rewards a data dir's session log holds (the last posted per session).
-pub fn session_rewards(data_dir: &Path) -> Result<HashMap<String, f64>, ReconstructError> {
-    Ok(rewards(data_dir)?.sessions)
-}
-
 /// The rewards of a data dir's session log, the last posted of each.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Rewards {

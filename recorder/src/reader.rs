@@ -264,13 +264,6 @@ impl SessionBytes {
             + self.upstream_request_delta_bytes
     }
 
-    /// What the three would take stored full.
-    pub fn full_bytes(&self) -> u64 {
-        self.full_request_bytes
-            + self.full_normalized_request_bytes
-            + self.full_upstream_request_bytes
-    }
-
     fn add_stored(&mut self, r: &StoredRecord) {
         self.records += 1;
         self.request_delta_bytes += json_len(&r.request_delta);

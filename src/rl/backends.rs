@@ -30,7 +30,7 @@ use anyhow::Context;
 use http::Method;
 use serde_json::{Value, json};
 
-use super::config::RlConfig;
+use super::config::{BackendSection, RlConfig};
 use super::rollout::Api;
 use graft_gateway::config::ExactWire;
 use graft_wire::sglang::path;
@@ -44,6 +44,28 @@ pub struct Keys {
 }
 
 impl Keys {
+    /// `backend.api_key` and `backend.admin_api_key`, read (an `env::NAME` from the
+    /// environment).
+    pub fn of(b: &BackendSection) -> anyhow::Result<Keys> {
+        let read = |key: &str, v: &Option<String>| -> anyhow::Result<Option<String>> {
+            match v.as_deref() {
+                None => Ok(None),
+                Some(v) => match v.strip_prefix("env::") {
+                    Some(var) => std::env::var(var).map(Some).map_err(|_| {
+                        anyhow::anyhow!(
+                            "backend.{key} names the environment variable {var}, which is not set"
+                        )
+                    }),
+                    None => Ok(Some(v.to_string())),
+                },
+            }
+        };
+        Ok(Keys {
+            api: read("api_key", &b.api_key)?,
+            admin: read("admin_api_key", &b.admin_api_key)?,
+        })
+    }
+
     /// The key for SGLang's admin routes (pauses, weight updates): the admin key where the
     /// server has one, else its API key.
     pub fn admin(&self) -> Option<&str> {

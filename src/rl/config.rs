@@ -203,29 +203,6 @@ pub struct BackendSection {
     pub drain_on_push: bool,
 }
 
-impl BackendSection {
-    /// `api_key` and `admin_api_key`, read (an `env::NAME` from the environment).
-    pub fn keys(&self) -> anyhow::Result<super::backends::Keys> {
-        let read = |key: &str, v: &Option<String>| -> anyhow::Result<Option<String>> {
-            match v.as_deref() {
-                None => Ok(None),
-                Some(v) => match v.strip_prefix("env::") {
-                    Some(var) => std::env::var(var).map(Some).map_err(|_| {
-                        anyhow::anyhow!(
-                            "backend.{key} names the environment variable {var}, which is not set"
-                        )
-                    }),
-                    None => Ok(Some(v.to_string())),
-                },
-            }
-        };
-        Ok(super::backends::Keys {
-            api: read("api_key", &self.api_key)?,
-            admin: read("admin_api_key", &self.admin_api_key)?,
-        })
-    }
-}
-
 fn default_health_interval() -> f64 {
     1.0
 }

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use bytes::Bytes;
-use graft_envd::model::{ExecRequest, GatewaySession, Mount, NetworkPolicy};
+use graft_envd::model::{CreateSandbox, ExecRequest, GatewaySession, Mount, NetworkPolicy};
+use graft_gateway::policy::SamplingPolicy;
+use graft_gateway::sessions::CreateRequest;
 use http::{Method, Request, header};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -150,9 +152,8 @@ fn tail(s: &str, n: usize) -> String {
 /// service's per-request settings).
 #[derive(Debug, Clone, Default)]
 pub struct SessionOptions {
-    /// The session's sampling policy (the gateway's JSON); default: enforce the trainer's
-    /// temperature.
-    pub sampling: Option<Value>,
+    /// The session's sampling policy; default: enforce the trainer's temperature.
+    pub sampling: Option<SamplingPolicy>,
     /// The backend the session's calls go to (a trainer's own server); default: the
     /// gateway picks among its configured ones.
     pub backend: Option<String>,
@@ -170,20 +171,24 @@ pub async fn run(
     opts: &SessionOptions,
 ) -> anyhow::Result<Rollout> {
     let h = cfg.harness_for(task.harness.as_deref(), index);
-    let mut create = json!({
-        "group_id": group_id,
-        "metadata": {"task_id": task.id, "rollout": index, "harness": h.label()},
+    let create = CreateRequest {
+        group_id: Some(group_id.to_owned()),
+        metadata: json!({"task_id": task.id, "rollout": index, "harness": h.label()}),
         // The rollouts sample at the temperature the trainer's log-softmax assumes,
         // whatever the harness asks for.
-        "sampling": opts.sampling.clone().unwrap_or_else(
-            || json!({"mode": "enforce", "temperature": cfg.trainer.temperature})
-        ),
-    });
-    if let Some(b) = &opts.backend {
-        create["backend"] = json!(b);
-    }
+        sampling: Some(opts.sampling.clone().unwrap_or_else(|| SamplingPolicy {
+            temperature: Some(cfg.trainer.temperature),
+            ..SamplingPolicy::default()
+        })),
+        backend: opts.backend.clone(),
+        ..CreateRequest::default()
+    };
     let s = gateway
-        .ok(Method::POST, "/graft/sessions", Some(&create))
+        .ok(
+            Method::POST,
+            "/graft/sessions",
+            Some(&serde_json::to_value(&create)?),
+        )
         .await
         .context("opening a gateway session")?;
     let session_id = s["session_id"]
@@ -249,7 +254,7 @@ fn create_body(
     session_id: &str,
     api_key: Option<&str>,
     index: usize,
-) -> Value {
+) -> CreateSandbox {
     let h = cfg.harness_for(task.harness.as_deref(), index);
     let mut env = h.env.clone();
     env.insert("GRAFT_TASK_ID".into(), task.id.clone());
@@ -274,27 +279,20 @@ fn create_body(
     };
     let labels: BTreeMap<String, String> = [("task".to_owned(), task.id.clone())].into();
     let e = &cfg.envd;
-    let mut body = json!({
-        "network": NetworkPolicy::Gateway,
-        "env": env,
-        "labels": labels,
-        "ttl_secs": (h.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64,
-        "gateway_session": session,
-        "mounts": mounts,
-    });
-    let optional = [
-        ("rootfs", task.rootfs.as_ref().map(|r| json!(r))),
-        ("image", task.image.as_ref().map(|i| json!(i))),
-        ("memory_mb", e.memory_mb.map(|m| json!(m))),
-        ("pids", e.pids.map(|p| json!(p))),
-        ("cpus", e.cpus.map(|c| json!(c))),
-    ];
-    for (key, value) in optional {
-        if let Some(v) = value {
-            body[key] = v;
-        }
+    CreateSandbox {
+        network: Some(NetworkPolicy::Gateway),
+        env,
+        labels,
+        ttl_secs: Some((h.timeout_secs + cfg.rollout.reward_timeout_secs + 120.0) as u64),
+        gateway_session: Some(session),
+        mounts,
+        rootfs: task.rootfs.clone(),
+        image: task.image.clone(),
+        memory_mb: e.memory_mb,
+        pids: e.pids,
+        cpus: e.cpus,
+        ..CreateSandbox::default()
     }
-    body
 }
 
 async fn create_sandbox(
@@ -305,7 +303,7 @@ async fn create_sandbox(
     api_key: Option<&str>,
     index: usize,
 ) -> anyhow::Result<String> {
-    let body = create_body(cfg, task, session_id, api_key, index);
+    let body = serde_json::to_value(create_body(cfg, task, session_id, api_key, index))?;
     let v = envd
         .ok(Method::POST, "/sandboxes", Some(&body))
         .await
@@ -441,10 +439,8 @@ pub async fn wait_ready(api: &Api, path: &str, within: Duration) -> anyhow::Resu
 mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
-    use graft_envd::model::CreateSandbox;
-
-    /// envd rejects unknown keys: the body must read back as its `CreateSandbox`, with every
-    /// field where envd looks for it.
+    /// envd rejects unknown keys: the body as sent must read back as its `CreateSandbox`,
+    /// with every field where envd looks for it.
     #[test]
     fn the_create_body_is_an_envd_create_sandbox() {
         let ex = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("examples/rl/rl.toml");
@@ -462,7 +458,8 @@ mod tests {
             image: None,
             harness: None,
         };
-        let body = create_body(&cfg, &task, "sess-1", Some("key-1"), 3);
+        let body =
+            serde_json::to_value(create_body(&cfg, &task, "sess-1", Some("key-1"), 3)).unwrap();
         let c: CreateSandbox = serde_json::from_value(body).unwrap();
         assert_eq!(c.network, Some(NetworkPolicy::Gateway));
         assert_eq!(c.memory_mb, Some(512));

@@ -65,14 +65,11 @@ async fn start_serve(
         .model
         .clone()
         .unwrap_or_else(|| cfg.backend.model_dir.clone());
-    let args = crate::serve::ServeArgs {
-        model,
-        listen: ([127, 0, 0, 1], 0).into(),
+    let serve_cfg = crate::serve::ServeConfig {
         max_batch: cfg.rollout.concurrency.max(1),
-        weight_version: "default".into(),
-        max_body_bytes: 64 << 20,
+        ..crate::serve::ServeConfig::new(model, ([127, 0, 0, 1], 0).into())
     };
-    let (addr, device, engine, serve) = crate::serve::start(&args).await?;
+    let (addr, device, engine, serve) = crate::serve::start(&serve_cfg).await?;
     println!("embedded backend: graft serve on {device:?}");
     aborts.push(tokio::spawn(async move {
         if let Err(e) = serve.await {
@@ -101,7 +98,7 @@ async fn start_scripted(
     aborts: &mut Vec<tokio::task::JoinHandle<()>>,
 ) -> anyhow::Result<Vec<String>> {
     // It wants the keys the config gives, as an SGLang started with them would.
-    let keys = cfg.backend.keys()?;
+    let keys = backends::Keys::of(&cfg.backend)?;
     let args = graft_testkit::ScriptedArgs {
         listen: ([127, 0, 0, 1], 0).into(),
         script: Some(script.to_path_buf()),
@@ -151,7 +148,7 @@ pub(crate) async fn start(cfg: &RlConfig) -> anyhow::Result<Components> {
         engine = e;
         urls
     };
-    let keys = cfg.backend.keys()?;
+    let keys = backends::Keys::of(&cfg.backend)?;
     for b in &backends {
         rollout::wait_ready(&keys.api(b), "/health", Duration::from_secs(30))
             .await
