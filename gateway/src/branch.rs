@@ -30,7 +30,7 @@ use crate::dialect::{Conversation, Dialect, DialectKind, dialect};
 use crate::error::GatewayError;
 
 /// `branch_of` of `POST /graft/sessions`.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct BranchOf {
     /// The parent session.

@@ -150,7 +150,9 @@ pub async fn handle(
     // A branch session's call is answered from its parent's record while it matches
     // (`branch.rs`); the record says which.
     let (replay, mut replayed) = match &session.branch {
-        Some(b) => crate::branch::answer(b, &mut leg, &request, dialect, conv.as_ref(), stream),
+        Some(b) => {
+            crate::branch::answer(b, &mut leg, &request, dialect, conv.as_ref(), plan.stream)
+        }
         None => (None, None),
     };
     let link = state.retries.begin(&session.id, &call_id, signals, prompt);
