@@ -53,9 +53,12 @@ fn own(script: &Value, upstream_args: &[&str]) -> Own {
 
 /// [`own`] with more `[exact]` keys.
 fn own_with(script: &Value, upstream_args: &[&str], exact: &str) -> Own {
-    let env = TestEnv::get();
-    let q = env.qwen3_dir();
-    let q = q.to_str().unwrap();
+    own_model(&TestEnv::get().qwen3_dir(), script, upstream_args, exact)
+}
+
+/// [`own_with`] on the model (tokenizer and template) in `model`.
+fn own_model(model: &std::path::Path, script: &Value, upstream_args: &[&str], exact: &str) -> Own {
+    let q = model.to_str().unwrap();
     let dir = tempfile::tempdir().unwrap();
     let data_dir = dir.path().join("data");
     let script_path = dir.path().join("script.json");
@@ -514,7 +517,7 @@ async fn vllm_wire_forced_tool_calls_get_the_structural_tag_and_parse_the_models
         assert_eq!(r.status, 200, "{}", r.text());
         let m = common::chat_message(&r);
         assert!(blank(&m), "{m}");
-        assert_eq!(m["reasoning_content"], "Two calls.", "{m}");
+        assert_eq!(m["reasoning"], "Two calls.", "{m}");
         let args: Vec<(String, Value)> = calls_of(&m)
             .into_iter()
             .map(|(n, a)| (n, serde_json::from_str(&a).unwrap()))
@@ -661,8 +664,14 @@ async fn vllm_wire_without_strict_tool_calling_forces_json_calls_and_reads_them_
         let r = http::post_json(&url, &[], &ask("both cities", json!("required"), stream)).await;
         assert_eq!(r.status, 200, "{}", r.text());
         let m = common::chat_message(&r);
-        assert_eq!(m["content"], Value::Null, "{m}");
-        assert_eq!(m["reasoning_content"], "Two calls.", "{m}");
+        // A forced call's message has content `""` at least (`assemble_chat_message_fields`);
+        // a stream sends no content delta for it.
+        assert_eq!(
+            m["content"],
+            if stream { Value::Null } else { json!("") },
+            "{m}"
+        );
+        assert_eq!(m["reasoning"], "Two calls.", "{m}");
         let calls: Vec<(String, String)> = m["tool_calls"]
             .as_array()
             .unwrap_or_else(|| panic!("{m}"))
@@ -687,19 +696,29 @@ async fn vllm_wire_without_strict_tool_calling_forces_json_calls_and_reads_them_
         let r = http::post_json(&url, &[], &ask("paris only", named.clone(), stream)).await;
         assert_eq!(r.status, 200, "{}", r.text());
         let m = common::chat_message(&r);
-        assert_eq!(m["content"], Value::Null, "{m}");
+        // A forced call's message has content `""` at least (`assemble_chat_message_fields`);
+        // a stream sends no content delta for it.
+        assert_eq!(
+            m["content"],
+            if stream { Value::Null } else { json!("") },
+            "{m}"
+        );
         assert_eq!(m["tool_calls"][0]["function"]["name"], "get_weather", "{m}");
         assert_eq!(
             m["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Paris\"}",
             "{m}"
         );
         assert_eq!(m["finish_reason"], "stop", "{m}");
-        // An answer that is not a list of calls: no call, and no content (vLLM's reading;
-        // vLLM says null where graft's whole answer says "").
+        // An answer that is not a list of calls: no call, and no content (vLLM's reading: `""`
+        // whole, the request forcing a call).
         let r = http::post_json(&url, &[], &ask("refuse", json!("required"), stream)).await;
         assert_eq!(r.status, 200, "{}", r.text());
         let m = common::chat_message(&r);
-        assert!(m["content"].as_str().is_none_or(str::is_empty), "{m}");
+        assert_eq!(
+            m["content"],
+            if stream { Value::Null } else { json!("") },
+            "{m}"
+        );
         assert!(m["tool_calls"].as_array().is_none_or(Vec::is_empty), "{m}");
         assert_eq!(m["finish_reason"], "stop", "{m}");
     }
@@ -758,8 +777,8 @@ async fn vllm_wire_without_strict_tool_calling_forces_json_calls_and_reads_them_
 
 /// Issue 31 over the vLLM wire: a stop string ends the client's text before it while the
 /// record keeps it (vLLM's `include_stop_str_in_output`) and names it (`stop_reason`); the
-/// sampled tokens' logprobs are answered and equal the recorded ones; `top_logprobs` is
-/// refused by name (vLLM keys its alternatives by text, not id); a prompt past
+/// sampled tokens' logprobs are answered and equal the recorded ones, and the alternatives
+/// (`top_logprobs`, Completions' `logprobs: n`) as vLLM's endpoints answer them; a prompt past
 /// `exact.context_length` never reaches vLLM, and a long limit is clamped in `max_tokens`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn vllm_wire_trims_stop_strings_answers_logprobs_and_keeps_the_context_budget() {
@@ -830,11 +849,6 @@ async fn vllm_wire_trims_stop_strings_answers_logprobs_and_keeps_the_context_bud
         .map(|e| e["logprob"].as_f64().unwrap() as f32)
         .collect();
 
-    let mut top = body(false);
-    top["top_logprobs"] = json!(2);
-    let r = http::post_json(&url, &[], &top).await;
-    assert_eq!(r.status, 400, "{}", r.text());
-    assert_eq!(r.json()["error"]["param"], "top_logprobs");
     let long = "word ".repeat(300);
     let r = http::post_json(
         &url,
@@ -850,8 +864,7 @@ async fn vllm_wire_trims_stop_strings_answers_logprobs_and_keeps_the_context_bud
     assert_eq!(sent.len(), 2, "the refused calls never reached vLLM: {log}");
     let records = common::records_show(&data_dir);
     let recs: Vec<&Value> = records.iter().filter(|r| r["session_id"] == sid).collect();
-    // The top_logprobs refusal is a bad request, refused while parsing (not recorded, as
-    // every such 400); the context refusal is recorded.
+    // The context refusal is recorded.
     assert_eq!(recs.len(), 3);
     let prompt = ids(&recs[0]["prompt_token_ids"]).len() as u64;
     assert_eq!(sent[0]["body"]["max_tokens"], json!(200 - prompt), "{log}");
@@ -870,6 +883,71 @@ async fn vllm_wire_trims_stop_strings_answers_logprobs_and_keeps_the_context_bud
     }
     assert_eq!(recs[2]["outcome"], "client_error");
     assert_eq!(recs[2]["status"], 400);
+
+    // The most likely alternatives: asked of vLLM (`logprobs: n`, keyed by id), answered as
+    // vLLM's own endpoints answer them. Chat shows the first `top_logprobs` of a position's
+    // candidates in vLLM's order, the sampled token first (even where a likelier one
+    // exists: the scripted model makes `id + 1` likelier); Completions all it sent, `n + 1`
+    // where the sampled token is not among the top `n`.
+    let tok =
+        graft_reconstruct::template::Tokenizer::from_dir(&TestEnv::get().qwen3_dir()).unwrap();
+    let name = |id: u32| tok.decode(&[id]).unwrap();
+    for stream in [false, true] {
+        let mut top = body(stream);
+        top["top_logprobs"] = json!(2);
+        let r = http::post_json(&url, &[], &top).await;
+        assert_eq!(r.status, 200, "{}", r.text());
+        let entries: Vec<Value> = if stream {
+            r.sse_data()
+                .iter()
+                .filter(|d| d.as_str() != "[DONE]")
+                .flat_map(|d| {
+                    let c: Value = serde_json::from_str(d).unwrap();
+                    c["choices"][0]["logprobs"]["content"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                })
+                .collect()
+        } else {
+            r.json()["choices"][0]["logprobs"]["content"]
+                .as_array()
+                .unwrap()
+                .clone()
+        };
+        let recs = common::records_show(&data_dir);
+        let rec = recs.last().unwrap();
+        let sampled = ids(&rec["completion_token_ids"]);
+        assert_eq!(entries.len(), sampled.len(), "{}", r.text());
+        for (e, &id) in entries.iter().zip(&sampled) {
+            let t = e["top_logprobs"].as_array().unwrap();
+            assert_eq!(t.len(), 2, "{e}");
+            assert_eq!(t[0]["token"], name(id), "{e}");
+            assert_eq!(t[0]["logprob"], e["logprob"], "{e}");
+            assert_eq!(t[1]["token"], name(id + 1), "{e}");
+            assert!(t[1]["logprob"].as_f64() > e["logprob"].as_f64(), "{e}");
+        }
+    }
+    let r = http::post_json(
+        &format!("{base}/completions"),
+        &[],
+        &json!({"model": "qwen3", "prompt": "run the code", "logprobs": 1, "max_tokens": 8}),
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", r.text());
+    let lp = &r.json()["choices"][0]["logprobs"];
+    let tops = lp["top_logprobs"].as_array().unwrap();
+    assert!(!tops.is_empty(), "{lp}");
+    for (t, token) in tops.iter().zip(lp["tokens"].as_array().unwrap()) {
+        let t = t.as_object().unwrap();
+        // The scripted top 1 is not the sampled token: both are shown, the sampled first.
+        assert_eq!(t.len(), 2, "the sampled token and the top 1: {lp}");
+        assert_eq!(t.keys().next().map(String::as_str), token.as_str(), "{lp}");
+    }
+    let log = vllm_log(&upstream.url).await;
+    let last = last_completion(&log);
+    assert_eq!(last["body"]["logprobs"], 1, "{last}");
+    assert_eq!(last["body"]["return_tokens_as_token_ids"], true, "{last}");
 }
 
 /// The calls of one weight push to vLLM, in order (`graft_trainer::push::push_weights_vllm`).
@@ -1202,5 +1280,434 @@ async fn vllm_before_0_34_is_drained_for_a_push_and_the_gateway_labels_its_calls
     for r in &recs {
         assert_eq!(r["weight_version_spans"], Value::Null, "{r:#}");
         assert_eq!(r["outcome"], "ok", "{r:#}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The engine families' table: vLLM's own parsers' message, through exact mode, per dialect
+
+/// What a client reads off one answer: content (`None` where the dialect says null or has
+/// no text), reasoning, and the calls as `(name, arguments JSON text)`.
+#[derive(Debug, Default)]
+struct Seen {
+    content: Option<String>,
+    reasoning: Option<String>,
+    calls: Vec<(String, String)>,
+    /// Chat's `finish_reason`.
+    finish: Option<String>,
+}
+
+/// The events of an SSE body, as JSON.
+fn sse_events(r: &http::Resp) -> Vec<Value> {
+    r.sse_data()
+        .iter()
+        .filter(|d| d.as_str() != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap_or_else(|e| panic!("{e}: {d}")))
+        .collect()
+}
+
+fn push_opt(slot: &mut Option<String>, s: &str) {
+    slot.get_or_insert_with(String::new).push_str(s);
+}
+
+/// A Chat answer as vLLM's chat endpoint shapes it: reasoning in `reasoning` (never
+/// `reasoning_content`), whole or streamed.
+fn read_chat(r: &http::Resp, stream: bool) -> Seen {
+    let mut out = Seen::default();
+    if !stream {
+        let v = r.json();
+        let m = &v["choices"][0]["message"];
+        assert!(m.get("reasoning_content").is_none(), "{v}");
+        out.content = m["content"].as_str().map(str::to_owned);
+        out.reasoning = m["reasoning"].as_str().map(str::to_owned);
+        for c in m["tool_calls"].as_array().into_iter().flatten() {
+            out.calls.push((
+                c["function"]["name"].as_str().unwrap().to_owned(),
+                c["function"]["arguments"].as_str().unwrap().to_owned(),
+            ));
+        }
+        out.finish = v["choices"][0]["finish_reason"].as_str().map(str::to_owned);
+        return out;
+    }
+    for c in sse_events(r) {
+        for ch in c["choices"].as_array().into_iter().flatten() {
+            let d = &ch["delta"];
+            assert!(d.get("reasoning_content").is_none(), "{c}");
+            if let Some(t) = d["content"].as_str().filter(|t| !t.is_empty()) {
+                push_opt(&mut out.content, t);
+            }
+            if let Some(t) = d["reasoning"].as_str() {
+                push_opt(&mut out.reasoning, t);
+            }
+            for tc in d["tool_calls"].as_array().into_iter().flatten() {
+                let i = tc["index"].as_u64().unwrap() as usize;
+                if i == out.calls.len() {
+                    let name = tc["function"]["name"].as_str().unwrap_or_default();
+                    out.calls.push((name.to_owned(), String::new()));
+                }
+                out.calls[i]
+                    .1
+                    .push_str(tc["function"]["arguments"].as_str().unwrap_or_default());
+            }
+            if let Some(f) = ch["finish_reason"].as_str() {
+                out.finish = Some(f.to_owned());
+            }
+        }
+    }
+    out
+}
+
+/// A Responses answer: its output items, whole, or the stream's text and reasoning deltas
+/// and finished function-call items.
+fn read_responses(r: &http::Resp, stream: bool) -> Seen {
+    let mut out = Seen::default();
+    let item = |out: &mut Seen, it: &Value| {
+        if it["type"] == "function_call" {
+            out.calls.push((
+                it["name"].as_str().unwrap().to_owned(),
+                it["arguments"].as_str().unwrap().to_owned(),
+            ));
+        }
+    };
+    if !stream {
+        for it in r.json()["output"].as_array().into_iter().flatten() {
+            match it["type"].as_str() {
+                Some("reasoning") => {
+                    for c in it["content"].as_array().into_iter().flatten() {
+                        push_opt(&mut out.reasoning, c["text"].as_str().unwrap_or_default());
+                    }
+                }
+                Some("message") => {
+                    for c in it["content"].as_array().into_iter().flatten() {
+                        push_opt(&mut out.content, c["text"].as_str().unwrap_or_default());
+                    }
+                }
+                _ => item(&mut out, it),
+            }
+        }
+        return out;
+    }
+    for e in sse_events(r) {
+        match e["type"].as_str() {
+            Some("response.output_text.delta") => {
+                push_opt(&mut out.content, e["delta"].as_str().unwrap());
+            }
+            Some("response.reasoning_text.delta") => {
+                push_opt(&mut out.reasoning, e["delta"].as_str().unwrap());
+            }
+            Some("response.output_item.done") => item(&mut out, &e["item"]),
+            _ => {}
+        }
+    }
+    out
+}
+
+/// An Anthropic Messages answer: its content blocks, whole or streamed (a `tool_use`'s input
+/// as JSON text).
+fn read_messages(r: &http::Resp, stream: bool) -> Seen {
+    let mut out = Seen::default();
+    if !stream {
+        for b in r.json()["content"].as_array().into_iter().flatten() {
+            match b["type"].as_str() {
+                Some("thinking") => push_opt(&mut out.reasoning, b["thinking"].as_str().unwrap()),
+                Some("text") => push_opt(&mut out.content, b["text"].as_str().unwrap()),
+                Some("tool_use") => out.calls.push((
+                    b["name"].as_str().unwrap().to_owned(),
+                    b["input"].to_string(),
+                )),
+                other => panic!("{other:?}: {b}"),
+            }
+        }
+        return out;
+    }
+    let mut blocks: Vec<(String, String)> = vec![];
+    for e in sse_events(r) {
+        match e["type"].as_str() {
+            Some("content_block_start") => {
+                let b = &e["content_block"];
+                blocks.push((
+                    b["type"].as_str().unwrap().to_owned(),
+                    b["name"].as_str().unwrap_or_default().to_owned(),
+                ));
+                if b["type"] == "tool_use" {
+                    out.calls
+                        .push((blocks.last().unwrap().1.clone(), String::new()));
+                }
+            }
+            Some("content_block_delta") => {
+                let d = &e["delta"];
+                match d["type"].as_str() {
+                    Some("text_delta") => push_opt(&mut out.content, d["text"].as_str().unwrap()),
+                    Some("thinking_delta") => {
+                        push_opt(&mut out.reasoning, d["thinking"].as_str().unwrap());
+                    }
+                    Some("input_json_delta") => out
+                        .calls
+                        .last_mut()
+                        .unwrap()
+                        .1
+                        .push_str(d["partial_json"].as_str().unwrap()),
+                    _ => {}
+                }
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// The tools of vLLM's engine fixtures in `dialect`'s form, and its `tool_choice` for a
+/// request shape of the fixtures (`None`: the key is left out).
+fn dialect_tools(dialect: &str, tools: &[Value], shape: &str) -> (Option<Value>, Option<Value>) {
+    if shape == "no tools" {
+        return (None, None);
+    }
+    let given: Vec<Value> = tools
+        .iter()
+        .map(|t| {
+            let f = &t["function"];
+            match dialect {
+                "chat" => t.clone(),
+                "responses" => {
+                    json!({"type": "function", "name": f["name"], "parameters": f["parameters"]})
+                }
+                _ => json!({"name": f["name"], "input_schema": f["parameters"]}),
+            }
+        })
+        .collect();
+    let choice = match (dialect, shape) {
+        ("messages", "none") => json!({"type": "none"}),
+        ("messages", "auto") => json!({"type": "auto"}),
+        ("messages", "required") => json!({"type": "any"}),
+        ("messages", "named") => json!({"type": "tool", "name": "get_weather"}),
+        ("chat", "named") => json!({"type": "function", "function": {"name": "get_weather"}}),
+        ("responses", "named") => json!({"type": "function", "name": "get_weather"}),
+        (_, other) => json!(other),
+    };
+    (Some(Value::Array(given)), Some(choice))
+}
+
+/// vLLM 0.34's own engine-based parsers (`qwen3_coder` with the `qwen3` reasoning parser on
+/// Qwen3's tokenizer and template; `llama3_json` on Llama 3.2's), run by
+/// `scripts/vllm-engine-parse-fixtures.py` on every fixture text for every request shape
+/// (`reconstruct/tests/fixtures/parse/vllm_engine.jsonl`), against the same text played by
+/// the scripted vLLM through graft's exact mode over the vLLM wire: the message a client gets
+/// is vLLM's in Chat (whole: content null or `""` exactly as vLLM gives it, reasoning and
+/// arguments byte for byte, the finish reason), and its content, reasoning and calls in
+/// Responses and Messages, whole and streamed (streamed text compared with its edges
+/// trimmed: vLLM moves whitespace-only deltas). Qwen3 thinking off (`chat_template_kwargs`)
+/// is a Chat case. Plus `parallel_tool_calls: false` (Anthropic `disable_parallel_tool_use`):
+/// only the first call, as vLLM's `maybe_filter_parallel_tool_calls` leaves it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vllm_wire_answers_the_engine_families_as_vllms_own_parsers_in_every_dialect() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = root.join("reconstruct/tests/fixtures/parse");
+    let tools: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("vllm_engine_tools.json")).unwrap())
+            .unwrap();
+    let fixtures: Vec<Value> = std::fs::read_to_string(dir.join("vllm_engine.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let env = TestEnv::get();
+    let mut checked = std::collections::BTreeMap::<(&str, &str), usize>::new();
+    for (family, model, exact) in [
+        (
+            "qwen3_coder",
+            env.qwen3_dir(),
+            "tool_call_format = \"qwen3_coder\"\nreasoning_format = \"think\"",
+        ),
+        (
+            "llama3",
+            env.llama3_dir(),
+            "tool_call_format = \"llama3\"\nreasoning_format = \"none\"",
+        ),
+    ] {
+        let mine: Vec<&Value> = fixtures.iter().filter(|f| f["family"] == family).collect();
+        assert!(mine.len() >= 20, "{family}: {}", mine.len());
+        let mut rules: Vec<Value> = mine
+            .iter()
+            .enumerate()
+            .map(|(i, f)| json!({"match": format!("[case-{i}]"), "reply": {"raw": f["text"]}}))
+            .collect();
+        // Two calls in one answer, for `parallel_tool_calls: false`.
+        let two = if family == "llama3" {
+            "{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\"}}; {\"name\": \"get_time\", \"parameters\": {\"tz\": \"CET\"}}"
+        } else {
+            "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n<parameter=tz>\nCET\n</parameter>\n</function>\n</tool_call>"
+        };
+        rules.push(json!({"match": "[two-calls]", "reply": {"raw": two}}));
+        let o = own_model(&model, &json!({ "rules": rules }), &[], exact);
+        let (_, base) = common::open_session(&o.gateway.url).await;
+        for (i, f) in mine.iter().enumerate() {
+            let text = f["text"].as_str().unwrap();
+            for case in f["cases"].as_array().unwrap() {
+                let shape = case["request"].as_str().unwrap();
+                let thinking = case["thinking"].as_bool();
+                for dialect in ["chat", "responses", "messages"] {
+                    // Thinking off is asked with Chat's `chat_template_kwargs`.
+                    if dialect != "chat" && thinking == Some(false) {
+                        continue;
+                    }
+                    let (given, choice) = dialect_tools(dialect, &tools, shape);
+                    for stream in [false, true] {
+                        let ask = format!("[case-{i}] go");
+                        let mut body = match dialect {
+                            "responses" => json!({"model": "m", "input": ask}),
+                            _ => json!({"model": "m", "max_tokens": 1024,
+                                "messages": [{"role": "user", "content": ask}]}),
+                        };
+                        body["stream"] = json!(stream);
+                        if let Some(t) = &given {
+                            body["tools"] = t.clone();
+                        }
+                        if let Some(c) = &choice {
+                            body["tool_choice"] = c.clone();
+                        }
+                        if thinking == Some(false) {
+                            body["chat_template_kwargs"] = json!({"enable_thinking": false});
+                        }
+                        let path = match dialect {
+                            "chat" => "chat/completions",
+                            d => d,
+                        };
+                        let r = http::post_json(
+                            &format!("{base}/{path}"),
+                            &[("anthropic-version", "2023-06-01")],
+                            &body,
+                        )
+                        .await;
+                        let ctx = format!(
+                            "{family} / {} / {shape} / thinking {thinking:?} / {dialect} / stream {stream}: {text:?}\n{}",
+                            f["name"],
+                            r.text()
+                        );
+                        assert_eq!(r.status, 200, "{ctx}");
+                        let got = match dialect {
+                            "chat" => read_chat(&r, stream),
+                            "responses" => read_responses(&r, stream),
+                            _ => read_messages(&r, stream),
+                        };
+                        let want = &case[if stream { "streamed" } else { "whole" }];
+                        let want_calls: Vec<(String, String)> = want["tool_calls"]
+                            .as_array()
+                            .unwrap()
+                            .iter()
+                            .map(|c| {
+                                (
+                                    c["name"].as_str().unwrap().to_owned(),
+                                    c["arguments"].as_str().unwrap().to_owned(),
+                                )
+                            })
+                            .collect();
+                        let trimmed = |s: Option<&str>| {
+                            s.map(str::trim)
+                                .filter(|s| !s.is_empty())
+                                .map(str::to_owned)
+                        };
+                        if dialect == "chat" && !stream {
+                            assert_eq!(got.content.as_deref(), want["content"].as_str(), "{ctx}");
+                            assert_eq!(
+                                got.reasoning.as_deref(),
+                                want["reasoning"].as_str(),
+                                "{ctx}"
+                            );
+                            let finish = if !want_calls.is_empty() && shape != "named" {
+                                "tool_calls"
+                            } else {
+                                "stop"
+                            };
+                            assert_eq!(got.finish.as_deref(), Some(finish), "{ctx}");
+                        } else {
+                            assert_eq!(
+                                trimmed(got.content.as_deref()),
+                                trimmed(want["content"].as_str()),
+                                "{ctx}"
+                            );
+                            assert_eq!(
+                                trimmed(got.reasoning.as_deref()),
+                                trimmed(want["reasoning"].as_str()),
+                                "{ctx}"
+                            );
+                        }
+                        if dialect == "messages" {
+                            // A tool_use's input is an object: compared as JSON values; a
+                            // truncated call's arguments are no JSON, and graft's `input` is
+                            // then `{}` (only the name is compared).
+                            let values = |c: &[(String, String)], of: &[(String, String)]| {
+                                c.iter()
+                                    .zip(of)
+                                    .map(|((n, a), (_, w))| {
+                                        let json = serde_json::from_str::<Value>(w).is_ok();
+                                        let a: Option<Value> = serde_json::from_str(a).ok();
+                                        (n.clone(), json.then_some(a))
+                                    })
+                                    .collect::<Vec<_>>()
+                            };
+                            assert_eq!(got.calls.len(), want_calls.len(), "{ctx}");
+                            assert_eq!(
+                                values(&got.calls, &want_calls),
+                                values(&want_calls, &want_calls),
+                                "{ctx}"
+                            );
+                        } else {
+                            assert_eq!(got.calls, want_calls, "{ctx}");
+                        }
+                        *checked.entry((family, dialect)).or_default() += 1;
+                    }
+                }
+            }
+        }
+        // `parallel_tool_calls: false`: the first call only, whole and streamed, per dialect.
+        for dialect in ["chat", "responses", "messages"] {
+            for (parallel, n) in [(None, 2), (Some(false), 1)] {
+                for stream in [false, true] {
+                    let (given, mut choice) = dialect_tools(dialect, &tools, "auto");
+                    let mut body = match dialect {
+                        "responses" => json!({"model": "m", "input": "[two-calls]"}),
+                        _ => json!({"model": "m", "max_tokens": 1024,
+                            "messages": [{"role": "user", "content": "[two-calls]"}]}),
+                    };
+                    if parallel == Some(false) {
+                        if dialect == "messages" {
+                            choice.as_mut().unwrap()["disable_parallel_tool_use"] = json!(true);
+                        } else {
+                            body["parallel_tool_calls"] = json!(false);
+                        }
+                    }
+                    body["tools"] = given.unwrap();
+                    body["tool_choice"] = choice.unwrap();
+                    body["stream"] = json!(stream);
+                    let path = match dialect {
+                        "chat" => "chat/completions",
+                        d => d,
+                    };
+                    let r = http::post_json(
+                        &format!("{base}/{path}"),
+                        &[("anthropic-version", "2023-06-01")],
+                        &body,
+                    )
+                    .await;
+                    let ctx = format!(
+                        "{family} {dialect} parallel {parallel:?} stream {stream}: {}",
+                        r.text()
+                    );
+                    assert_eq!(r.status, 200, "{ctx}");
+                    let got = match dialect {
+                        "chat" => read_chat(&r, stream),
+                        "responses" => read_responses(&r, stream),
+                        _ => read_messages(&r, stream),
+                    };
+                    let names: Vec<&str> = got.calls.iter().map(|c| c.0.as_str()).collect();
+                    assert_eq!(names, ["get_weather", "get_time"][..n], "{ctx}");
+                }
+            }
+        }
+    }
+    // Every dialect of both families ran; a case count that shows the table was walked.
+    assert_eq!(checked.len(), 6, "{checked:?}");
+    for ((family, dialect), n) in &checked {
+        assert!(*n >= 100, "{family} {dialect}: {n}");
     }
 }

@@ -379,17 +379,21 @@ pub fn tool_call_schema(
 
 /// The `/v1/completions` body: the prompt ids, the sampling keys (as given, so nothing is
 /// dropped), and what exact mode needs back.
+/// `top`: the most likely alternatives the client asked for per token (`0`: the sampled
+/// token's logprob only); they come back keyed by id (`return_tokens_as_token_ids`).
 pub fn completions_body(
     input_ids: &[u32],
     sampling: Value,
     stream: bool,
     request_id: &str,
+    top: u32,
 ) -> Value {
     // No `model`: vLLM then serves its own model (`_is_model_supported(None)`), while the
     // client's model name (a harness's "gpt-5") would be a 404 there.
     let req = CompletionRequest {
         prompt: input_ids.to_vec(),
-        logprobs: Some(0),
+        logprobs: Some(i64::from(top)),
+        return_tokens_as_token_ids: (top > 0).then_some(true),
         return_token_ids: Some(true),
         return_weight_versions: Some(true),
         stream: Some(stream),
@@ -454,9 +458,27 @@ impl Progress {
         };
         let before = self.output_ids.len() as u64;
         match choice.logprobs {
-            Some(l) if l.token_logprobs.len() == ids.len() => self
-                .logprobs
-                .extend(l.token_logprobs.iter().map(|x| x.map(|x| x as f32))),
+            Some(l) if l.token_logprobs.len() == ids.len() => {
+                self.logprobs
+                    .extend(l.token_logprobs.iter().map(|x| x.map(|x| x as f32)));
+                // The candidates, in vLLM's order (the sampled token first), when asked for.
+                if l.top_logprobs.iter().flatten().any(|m| !m.is_empty()) {
+                    self.top_logprobs
+                        .resize(before as usize, crate::sglang::TopLogprobs::new());
+                    for m in &l.top_logprobs {
+                        let mut top = crate::sglang::TopLogprobs::new();
+                        for (k, v) in m.iter().flatten() {
+                            let id = wire::token_id_of(k).ok_or_else(|| {
+                                format!(
+                                    "a top_logprobs key {k:?} is not 'token_id:N': the server ignored return_tokens_as_token_ids"
+                                )
+                            })?;
+                            top.push((id, v.as_f64().map(|x| x as f32)));
+                        }
+                        self.top_logprobs.push(top);
+                    }
+                }
+            }
             Some(l) => {
                 return Err(format!(
                     "{} logprobs for {} token ids in one choice",
@@ -508,6 +530,35 @@ mod tests {
             o.extend(e);
         }
         json!({"id": "cmpl-a-0", "object": "text_completion", "created": 1, "model": "m", "choices": [c]})
+    }
+
+    #[test]
+    fn top_logprobs_keyed_by_id_are_read_in_vllms_order_and_text_keys_are_refused() {
+        let with_top = |top: Value| {
+            let mut c = chunk(&[5, 6], &[-0.5, -0.25], None, json!({}));
+            c["choices"][0]["logprobs"]["top_logprobs"] = top;
+            c
+        };
+        let mut p = Progress::default();
+        // The sampled token first, then the candidates in rank order (a likelier one after it).
+        let top = json!([{"token_id:5": -0.5, "token_id:9": -0.1}, {"token_id:6": -0.25, "token_id:7": -2.0}]);
+        p.push_vllm(&with_top(top)).unwrap();
+        assert_eq!(
+            p.top_logprobs,
+            vec![
+                vec![(5, Some(-0.5)), (9, Some(-0.1))],
+                vec![(6, Some(-0.25)), (7, Some(-2.0))]
+            ]
+        );
+        // Empty maps (`logprobs: 0`) leave no candidates.
+        let mut q = Progress::default();
+        q.push_vllm(&with_top(json!([{}, {}]))).unwrap();
+        assert!(q.top_logprobs.is_empty());
+        // Keys by text: the server ignored `return_tokens_as_token_ids`.
+        let e = Progress::default()
+            .push_vllm(&with_top(json!([{"Code": -0.5}, {":": -0.2}])))
+            .unwrap_err();
+        assert!(e.contains("return_tokens_as_token_ids"), "{e}");
     }
 
     #[test]
@@ -623,10 +674,11 @@ mod tests {
             temperature: Some(0.7),
             ..Default::default()
         };
-        let whole = completions_body(&[1, 2], sampling(&s, 77), false, "c1");
+        let whole = completions_body(&[1, 2], sampling(&s, 77), false, "c1", 0);
         assert_eq!(whole["max_tokens"], 77);
         assert_eq!(whole["prompt"], json!([1, 2]));
         assert_eq!(whole["logprobs"], 0);
+        assert!(whole.get("return_tokens_as_token_ids").is_none(), "{whole}");
         assert_eq!(whole["return_token_ids"], true);
         assert_eq!(whole["request_id"], "c1");
         assert!(whole.get("top_k").is_none() && whole.get("stream_options").is_none());
@@ -634,7 +686,10 @@ mod tests {
             whole.get("model").is_none(),
             "the served model answers: {whole}"
         );
-        let streamed = completions_body(&[1], sampling(&s, 77), true, "c1");
+        let streamed = completions_body(&[1], sampling(&s, 77), true, "c1", 3);
         assert_eq!(streamed["stream_options"]["include_usage"], true);
+        // Alternatives asked for come keyed by id.
+        assert_eq!(streamed["logprobs"], 3);
+        assert_eq!(streamed["return_tokens_as_token_ids"], true);
     }
 }

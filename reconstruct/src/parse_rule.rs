@@ -51,8 +51,12 @@
 //!   arguments as the model wrote them). The reference is vLLM's own parser run on the
 //!   fixtures (`scripts/vllm-parse-fixtures.py`).
 //! - **Reasoning** (`--reasoning-parser qwen3`, the engine-based `Qwen3Parser`): it starts in
-//!   reasoning when the request thinks (`enable_thinking` not `false`), as SGLang's forced
+//!   reasoning when the request thinks (`chat_template_kwargs.enable_thinking` not `false`,
+//!   whatever the template: a template without the toggle thinks too), as SGLang's forced
 //!   reasoning, and looks for no reasoning at all when it does not.
+//! - **`parallel_tool_calls: false`** (Anthropic: `disable_parallel_tool_use`): only the first
+//!   call is in the message, whole and streamed (`maybe_filter_parallel_tool_calls`); SGLang
+//!   applies the flag to its decode constraint only and shows every call parsed.
 //! - **Engine-based** `qwen3_coder` and `llama3_json` (`vllm/parser/qwen3.py`,
 //!   `llama_json.py`): transcribed in [`crate::vllm_engine`], run on every answer of these
 //!   formats (also without tools and under `none`, as vLLM runs it), unless the decode was
@@ -116,6 +120,8 @@ pub struct ParseRule {
     vllm: bool,
     /// The client streams ([`ParseRule::streamed`]).
     streamed: bool,
+    /// The request sent `parallel_tool_calls: false` ([`ParseRule::parallel_tool_calls`]).
+    single_call: bool,
 }
 
 impl ParseRule {
@@ -141,6 +147,7 @@ impl ParseRule {
             forced: None,
             vllm: false,
             streamed: false,
+            single_call: false,
         }
     }
 
@@ -179,6 +186,16 @@ impl ParseRule {
         self
     }
 
+    /// The request's `parallel_tool_calls` (Chat and Responses; Anthropic's
+    /// `disable_parallel_tool_use` read as its negation, as vLLM's Messages endpoint reads it).
+    /// `false` on vLLM: only the first call reaches the message
+    /// ([`OutputParser::first_call_only`]); SGLang only constrains the decode with it.
+    #[must_use]
+    pub fn parallel_tool_calls(mut self, parallel: Option<bool>) -> Self {
+        self.single_call = parallel == Some(false);
+        self
+    }
+
     /// Whether this request's output is parsed for tool calls at all.
     pub fn parses_tool_calls(&self) -> bool {
         self.tool_format != ToolCallFormat::None
@@ -189,9 +206,11 @@ impl ParseRule {
     /// the first tool-call tag only the calls that parse); vLLM's keeps what is not a call as
     /// content, with a note (vLLM's own handling is not transcribed here).
     pub fn parser(&self) -> OutputParser {
+        let single = self.vllm && self.single_call;
         if let Some(engine) = self.vllm_engine() {
             return OutputParser::new(self.tool_format, ReasoningFormat::None, false)
-                .vllm_engine(engine);
+                .vllm_engine(engine)
+                .first_call_only(single);
         }
         // vLLM's Qwen3 parser does not look for reasoning at all when the request does not
         // think (`Qwen3Parser.extract_reasoning` returns the whole output as content).
@@ -205,11 +224,13 @@ impl ParseRule {
             .declared_only()
             .with_forced(self.forced.clone());
         if self.vllm {
-            parser.vllm_hermes(if self.streamed {
-                VllmHermes::Streamed
-            } else {
-                VllmHermes::Whole
-            })
+            parser
+                .vllm_hermes(if self.streamed {
+                    VllmHermes::Streamed
+                } else {
+                    VllmHermes::Whole
+                })
+                .first_call_only(single)
         } else {
             parser.sglang_message()
         }

@@ -308,6 +308,8 @@ pub struct OutputParser {
     at_start: bool,
     /// vLLM's engine-based parsers read the output ([`OutputParser::vllm_engine`]).
     vllm_engine: Option<Box<VllmEngine>>,
+    /// [`OutputParser::first_call_only`].
+    first_call_only: bool,
 }
 
 impl OutputParser {
@@ -345,6 +347,7 @@ impl OutputParser {
             forced_text: String::new(),
             at_start: true,
             vllm_engine: None,
+            first_call_only: false,
         };
         if starts_in_reasoning && reasoning == ReasoningFormat::Think {
             parser.enter_reasoning();
@@ -449,16 +452,56 @@ impl OutputParser {
         if let Some(engine) = self.vllm_engine.as_mut() {
             let got = engine.push(text);
             self.engine_out(got, &mut out);
-            return out;
+        } else {
+            self.buf.push_str(text);
+            self.drain(&mut out, false);
         }
-        self.buf.push_str(text);
-        self.drain(&mut out, false);
+        self.keep_first_call(&mut out);
         out
     }
 
     /// End of output: flushes everything held back. An unterminated tool call is parsed if
     /// its body is complete, else emitted as text; either way with a note.
     pub fn finish(&mut self) -> Vec<Piece> {
+        let mut out = self.finish_inner();
+        self.keep_first_call(&mut out);
+        if self.first_call_only && self.parsed.tool_calls.len() > 1 {
+            let dropped: Vec<&str> = self.parsed.tool_calls[1..]
+                .iter()
+                .map(|c| c.name.as_str())
+                .collect();
+            self.parsed.notes.push(format!(
+                "parallel_tool_calls is false: only the first call is in the message (vLLM's \
+                 maybe_filter_parallel_tool_calls); left out: {}",
+                dropped.join(", ")
+            ));
+        }
+        out
+    }
+
+    /// Under [`OutputParser::first_call_only`], the pieces of calls after the first leave.
+    fn keep_first_call(&self, out: &mut Vec<Piece>) {
+        if self.first_call_only {
+            out.retain(|p| match p {
+                Piece::ToolCallStart { index, .. } | Piece::ToolCallArgs { index, .. } => {
+                    *index == 0
+                }
+                Piece::Text(_) | Piece::Reasoning(_) => true,
+            });
+        }
+    }
+
+    /// Only the first call reaches the message: vLLM's chat server under
+    /// `parallel_tool_calls: false` (`maybe_filter_parallel_tool_calls`, whole and streamed:
+    /// the calls of index 0); the rest is parsed (and counted in [`OutputParser::finish`]'s
+    /// note), not shown. SGLang applies the flag in its decode constraint only.
+    #[must_use]
+    pub fn first_call_only(mut self, on: bool) -> Self {
+        self.first_call_only = on;
+        self
+    }
+
+    fn finish_inner(&mut self) -> Vec<Piece> {
         let mut out = Vec::new();
         if let Some(engine) = self.vllm_engine.as_mut() {
             let got = engine.finish();
@@ -588,6 +631,9 @@ impl OutputParser {
     /// Everything parsed so far, as a whole.
     pub fn parsed(&self) -> Parsed {
         let mut parsed = self.parsed.clone();
+        if self.first_call_only {
+            parsed.tool_calls.truncate(1);
+        }
         if !self.reasoning_text.is_empty() {
             parsed.reasoning = Some(self.reasoning_text.clone());
         }

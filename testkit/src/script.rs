@@ -112,6 +112,11 @@ pub struct Reply {
     /// Reasoning the model writes first, in `<think>` (SGLang `/generate` answers only).
     #[serde(default)]
     pub reasoning: Option<String>,
+    /// The model's whole output verbatim, before its end-of-turn token: nothing is added
+    /// (no think block, no call markup) and `content`, `reasoning` and `tool_calls` are not
+    /// read. The token-id sides only (SGLang's `/generate`, vLLM's `/v1/completions`).
+    #[serde(default)]
+    pub raw: Option<String>,
 }
 
 #[derive(Debug, Clone, Deserialize, PartialEq)]

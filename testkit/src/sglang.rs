@@ -455,6 +455,9 @@ pub(crate) fn prompt_of(text: &str) -> Prompt {
 /// `{"name": …, "parameters": …}` objects joined by `; ` when they are the whole answer,
 /// after `<|python_tag|>` when content comes first.
 pub(crate) fn raw_output(reply: &Reply, eos: &str, thinks: bool) -> String {
+    if let Some(raw) = &reply.raw {
+        return format!("{raw}{eos}");
+    }
     if eos == LLAMA3_EOT {
         let mut out = reply.content.clone().unwrap_or_default();
         let calls: Vec<String> = reply
@@ -752,6 +755,7 @@ mod tests {
                 arguments: json!({"command": "ls"}),
             }],
             finish_reason: None,
+            raw: None,
         };
         let out = raw_output(&reply, "<|im_end|>", false);
         assert_eq!(

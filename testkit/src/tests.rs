@@ -82,6 +82,7 @@ fn reply(content: Option<&str>, calls: &[(&str, Value)]) -> Reply {
             })
             .collect(),
         finish_reason: None,
+        raw: None,
     }
 }
 

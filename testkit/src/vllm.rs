@@ -6,7 +6,11 @@
 //! `finish_reason`, `stop_reason` and the weight-version spans, then a usage chunk when
 //! `stream_options.include_usage`, then `data: [DONE]`). The reply is the model's raw output
 //! for the script's answer, as on the SGLang side, tokenized with the real tokenizer; each
-//! token's logprob is [`scripted_logprob`].
+//! token's logprob is [`scripted_logprob`]. `logprobs: n` (n > 0) also answers each
+//! position's candidates as vLLM orders them: the sampled token first, then the scripted top
+//! `n` ([`candidates`], where a token more likely than the sampled one leads), `n + 1` at
+//! most, keyed by text or, under `return_tokens_as_token_ids`, by `token_id:{id}` (as
+//! `tokens` are then too).
 //!
 //! It refuses what vLLM refuses, in vLLM's error shape (`{"error": {"message", "type",
 //! "param", "code"}}`): a prompt longer than the context ([`MAX_MODEL_LEN`], Qwen3's), a
@@ -546,6 +550,25 @@ struct Generation {
     finish: &'static str,
     stop_reason: Option<StopReason>,
     weight_versions: bool,
+    /// Each output token as a `tokens` entry and `top_logprobs` key: its text, or
+    /// `token_id:{id}` under `return_tokens_as_token_ids`.
+    token_names: Vec<String>,
+    /// The names of the candidates at each position ([`candidates`]).
+    candidate_names: std::collections::HashMap<u32, String>,
+}
+
+/// The scripted candidates at a position where `id` was sampled, in rank order: `id + 1`
+/// (more likely than the sampled one, so the sampled token is outside the top unless
+/// `logprobs` covers it), then `id`, `id + 2`, … each less likely.
+fn candidates(id: u32, n: usize) -> Vec<(u32, f64)> {
+    let l = scripted_logprob(id);
+    (0..n)
+        .map(|k| match k {
+            0 => (id.wrapping_add(1), l + 0.5),
+            1 => (id, l),
+            k => (id.wrapping_add(k as u32), l - k as f64),
+        })
+        .collect()
 }
 
 impl Generation {
@@ -557,20 +580,43 @@ impl Generation {
         to: usize,
         last: bool,
         first: bool,
-        logprobs: bool,
+        logprobs: Option<i64>,
         versions: &[(String, usize)],
     ) -> Choice {
         let ids = &self.output[from..to];
         let text = |n: usize| self.texts.get(n).cloned().unwrap_or_default();
         let (before, after) = (text(from), text(to));
+        // vLLM's `_create_completion_logprobs`: per position the sampled token, then the top
+        // `logprobs` in rank order, a candidate already there (the sampled one) not again;
+        // the first `logprobs + 1` of those (`completion_top_logprobs_limit`).
+        let top = |k: usize, id: u32| {
+            let n = usize::try_from(logprobs.unwrap_or(0)).unwrap_or(0);
+            let mut m = serde_json::Map::new();
+            if n == 0 {
+                return m;
+            }
+            m.insert(
+                self.token_names[from + k].clone(),
+                json!(scripted_logprob(id)),
+            );
+            for (alt, l) in candidates(id, n) {
+                let name = self.candidate_names.get(&alt).cloned().unwrap_or_default();
+                m.entry(name).or_insert(json!(l));
+            }
+            m
+        };
         Choice {
             index: 0,
             text: after.get(before.len()..).unwrap_or_default().to_string(),
-            logprobs: logprobs.then(|| Logprobs {
+            logprobs: logprobs.map(|_| Logprobs {
                 text_offset: (from..to).map(|n| text(n).len() as i64).collect(),
                 token_logprobs: ids.iter().map(|&i| Some(scripted_logprob(i))).collect(),
-                tokens: ids.iter().map(|&i| format!("token_id:{i}")).collect(),
-                top_logprobs: ids.iter().map(|_| Some(serde_json::Map::new())).collect(),
+                tokens: self.token_names[from..to].to_vec(),
+                top_logprobs: ids
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &id)| Some(top(k, id)))
+                    .collect(),
             }),
             finish_reason: last.then(|| self.finish.to_string()),
             stop_reason: if last { self.stop_reason.clone() } else { None },
@@ -800,6 +846,21 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
     }
     output.truncate(n);
     let texts = texts_of(&output);
+    let as_ids = req.return_tokens_as_token_ids == Some(true);
+    let name_of = |id: u32| {
+        if as_ids {
+            format!("token_id:{id}")
+        } else {
+            model.tokenizer.decode(&[id]).unwrap_or_default()
+        }
+    };
+    let token_names = output.iter().map(|&id| name_of(id)).collect();
+    let top_n = usize::try_from(req.logprobs.unwrap_or(0)).unwrap_or(0);
+    let candidate_names = output
+        .iter()
+        .flat_map(|&id| candidates(id, top_n))
+        .map(|(alt, _)| (alt, name_of(alt)))
+        .collect();
     let g = Generation {
         id: format!("cmpl-{request_id}"),
         created: std::time::SystemTime::now()
@@ -812,8 +873,10 @@ pub(crate) async fn completions(state: &State, body: &Value) -> Result<Response<
         finish,
         stop_reason,
         weight_versions: req.return_weight_versions == Some(true) && !plays_old(state),
+        token_names,
+        candidate_names,
     };
-    let logprobs = req.logprobs.is_some();
+    let logprobs = req.logprobs;
     let with_ids = req.return_token_ids == Some(true);
     let strip = move |mut c: Choice| {
         if !with_ids {

@@ -1076,15 +1076,23 @@ pub fn chat_message(r: &http::Resp) -> Value {
 }
 
 /// Rebuilds the assistant message from Chat Completions chunks: content (null when there
-/// is none), `reasoning_content` (when there is some), tool calls.
+/// is none), reasoning (when there is some, under the key the chunks used:
+/// `reasoning_content`, or vLLM's `reasoning`), tool calls.
 pub fn assemble_chat(chunks: &[Value]) -> Value {
     let (mut content, mut reasoning) = (String::new(), String::new());
+    let mut reasoning_key = "reasoning_content";
     let mut calls: Vec<Value> = vec![];
     for c in chunks {
         for ch in c["choices"].as_array().unwrap() {
             let d = &ch["delta"];
             content.push_str(d["content"].as_str().unwrap_or_default());
-            reasoning.push_str(d["reasoning_content"].as_str().unwrap_or_default());
+            // SGLang (and OpenAI-style upstreams) stream `reasoning_content`, vLLM `reasoning`.
+            for key in ["reasoning_content", "reasoning"] {
+                if let Some(r) = d[key].as_str() {
+                    reasoning.push_str(r);
+                    reasoning_key = key;
+                }
+            }
             for tc in d["tool_calls"].as_array().into_iter().flatten() {
                 let i = tc["index"].as_u64().unwrap() as usize;
                 if i == calls.len() {
@@ -1104,7 +1112,7 @@ pub fn assemble_chat(chunks: &[Value]) -> Value {
     let mut m = serde_json::json!({"role": "assistant",
         "content": if content.is_empty() { Value::Null } else { serde_json::json!(content) }});
     if !reasoning.is_empty() {
-        m["reasoning_content"] = serde_json::json!(reasoning);
+        m[reasoning_key] = serde_json::json!(reasoning);
     }
     if !calls.is_empty() {
         m["tool_calls"] = Value::Array(calls);

@@ -300,6 +300,10 @@ pub struct CompletionRequest {
     pub logprobs: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_token_ids: Option<bool>,
+    /// Tokens (and `top_logprobs` keys) as `token_id:{id}` instead of their decoded text, so
+    /// that alternatives decoding to the same text stay apart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub return_tokens_as_token_ids: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub return_weight_versions: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -401,8 +405,16 @@ pub struct Logprobs {
     pub token_logprobs: Vec<Option<f64>>,
     #[serde(default)]
     pub tokens: Vec<String>,
+    /// Per token: the candidates, the sampled token first, then the most likely in rank
+    /// order, `logprobs + 1` at most (a candidate that is the sampled one appears once);
+    /// keyed by the token's text, or `token_id:{id}` under `return_tokens_as_token_ids`.
     #[serde(default)]
     pub top_logprobs: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
+}
+
+/// The id of a `token_id:{id}` token (`return_tokens_as_token_ids`).
+pub fn token_id_of(token: &str) -> Option<u32> {
+    token.strip_prefix("token_id:")?.parse().ok()
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -101,7 +101,7 @@ impl Wire {
                 }
                 body
             }
-            Wire::Vllm => crate::vllm::completions_body(ids, params, stream, call_id),
+            Wire::Vllm => crate::vllm::completions_body(ids, params, stream, call_id, top),
         }
     }
 
@@ -639,6 +639,7 @@ impl Sglang {
         starts_in_reasoning: bool,
         tools: &[Value],
         tool_choice: Option<&ToolChoice>,
+        parallel_tool_calls: Option<bool>,
         streamed: bool,
     ) -> OutputParser {
         let choice = match tool_choice {
@@ -649,6 +650,7 @@ impl Sglang {
         };
         let rule = ParseRule::new(self.tool_format, self.reasoning_format, tools, choice)
             .with_thinking(starts_in_reasoning)
+            .parallel_tool_calls(parallel_tool_calls)
             .streamed(streamed);
         let rule = match self.wire {
             Wire::Sglang => rule,
@@ -746,15 +748,23 @@ impl Sglang {
         if conv.prompt.is_none() {
             check_tool_choice(&conv)?;
         }
+        // Chat clients get the answer in the shape of the backend's own chat endpoint.
+        conv.shape = match self.wire {
+            Wire::Sglang => crate::dialect::AnswerShape::Sglang,
+            Wire::Vllm => crate::dialect::AnswerShape::Vllm,
+        };
         // `None`: the request names no template variables, the model's own apply.
         let kwargs = template_kwargs(&self.builder.model().extra, &conv)?;
-        // The request thinks (the template has a thinking toggle and `enable_thinking` is not
-        // `false`) and the model's reasoning is separated: SGLang's chat server then sets
+        // The request thinks and the model's reasoning is separated. SGLang: the template has
+        // a thinking toggle and `enable_thinking` is not `false`; its chat server then sets
         // `require_reasoning`, so a decode constraint waits for the reasoning's end, and the
-        // output starts in reasoning. A template without a toggle (SmolLM2, Qwen2.5, Llama)
-        // thinks only where its prompt opens the block.
+        // output starts in reasoning; a template without a toggle (SmolLM2, Qwen2.5, Llama)
+        // thinks only where its prompt opens the block. vLLM: its `qwen3` reasoning parser
+        // starts in reasoning whenever `enable_thinking` is not `false`
+        // (`Qwen3Parser.__init__`, `chat_template_kwargs.get("enable_thinking", True)`),
+        // whatever the template.
         let thinking = self.reasoning_format == ReasoningFormat::Think
-            && self.builder.model().template.has_thinking_toggle()
+            && (self.wire == Wire::Vllm || self.builder.model().template.has_thinking_toggle())
             && parse_rule::thinking_enabled(Some(
                 kwargs.as_ref().unwrap_or(&self.builder.model().extra),
             ));
@@ -870,15 +880,6 @@ impl Sglang {
             }
         }
         let top = conv.logprobs.unwrap_or(0);
-        if top > 0 && self.wire == Wire::Vllm {
-            let key = if chat { "top_logprobs" } else { "logprobs" };
-            return Err(GatewayError::field(
-                key,
-                format!(
-                    "exact mode over vLLM answers the sampled tokens' logprobs but not the most likely alternatives ('{key}' is {top}); send 0, or use an SGLang backend"
-                ),
-            ));
-        }
         let mut params = self.wire.sampling(&sent, self.max_new_tokens);
         let mut constrained = sent.format.is_some();
         if chat {
@@ -935,6 +936,7 @@ impl Sglang {
                 prompt.starts_in_reasoning || thinking,
                 tools.as_deref().unwrap_or(&[]),
                 conv.tool_choice.as_ref(),
+                conv.parallel_tool_calls,
                 conv.stream,
             )
         } else {
@@ -958,6 +960,14 @@ impl Sglang {
             dialect,
             refusal,
             want_logprobs: conv.logprobs.is_some(),
+            // vLLM's chat endpoint shows the first `top_logprobs` of a position's candidates
+            // (the sampled token first: `chat_top_logprobs_limit`); its completions endpoint
+            // all it sent (`logprobs + 1`); SGLang's the `top_logprobs_num` it sent.
+            top_shown: if self.wire == Wire::Vllm && chat {
+                top as usize
+            } else {
+                usize::MAX
+            },
             logprobs_sent: 0,
             offset: 0,
             reasoning_ids,
@@ -1128,6 +1138,8 @@ pub(crate) struct Generate {
     /// Whether the client asked for logprobs; how many tokens' were answered so far, and
     /// where the next one starts in the answer's text (characters).
     want_logprobs: bool,
+    /// How many of a position's candidates the client is shown.
+    top_shown: usize,
     logprobs_sent: usize,
     offset: usize,
     /// The think tags' ids, to count reasoning tokens as SGLang does.
@@ -1420,7 +1432,12 @@ impl Generate {
             let top = p
                 .top_logprobs
                 .get(i)
-                .map(|t| t.iter().map(|&(id, l)| (text(id), l)).collect())
+                .map(|t| {
+                    t.iter()
+                        .take(self.top_shown)
+                        .map(|&(id, l)| (text(id), l))
+                        .collect()
+                })
                 .unwrap_or_default();
             let len = token.chars().count();
             out.push(crate::dialect::TokenLogprob {

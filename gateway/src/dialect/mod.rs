@@ -405,6 +405,38 @@ pub struct Conversation {
     /// `top_logprobs`, Completions' `n`). Exact mode answers them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<u32>,
+    /// Whose chat endpoint a Chat Completions answer to this request imitates (exact mode sets
+    /// its backend's); not part of the request, so not recorded with it.
+    #[serde(skip)]
+    pub shape: AnswerShape,
+}
+
+/// The shape of a Chat Completions answer: the model servers' own chat endpoints differ from
+/// OpenAI's, and exact mode answers as its backend's endpoint would.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum AnswerShape {
+    /// OpenAI's: `content` null when the message is only tool calls; reasoning in
+    /// `reasoning_content` (as DeepSeek's API and SGLang name it).
+    #[default]
+    OpenAi,
+    /// SGLang 0.5's `serving_chat.py`: `content` always a string (`""` when empty: "content
+    /// should not be None but empty string to make sure retokenize consistency"); reasoning
+    /// in `reasoning_content`.
+    Sglang,
+    /// vLLM 0.34's (`ChatMessage`, `assemble_chat_message_fields`): `content` null when the
+    /// parser left none, `""` at least when the request forces a call (`required` or a named
+    /// function); reasoning in `reasoning`, streamed too.
+    Vllm,
+}
+
+impl AnswerShape {
+    /// The key of the message's (and a streamed delta's) reasoning.
+    pub fn reasoning_key(self) -> &'static str {
+        match self {
+            Self::OpenAi | Self::Sglang => "reasoning_content",
+            Self::Vllm => "reasoning",
+        }
+    }
 }
 
 /// The prompt of a Completions request, as the client sent it: text (a string or a one-element

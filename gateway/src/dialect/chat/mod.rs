@@ -10,13 +10,15 @@ mod stream;
 mod tests;
 
 pub use assemble::{Assembler, ChunkReader};
-pub use render::{parse_answer, render_answer};
+pub use render::{parse_answer, render_answer, render_shaped};
 pub use request::{parse_request, to_request};
 pub use stream::{ChatStream, stream};
 
 use serde_json::Value;
 
-use crate::dialect::{Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter};
+use crate::dialect::{
+    Answer, Conversation, Dialect, DialectKind, StreamAssembler, StreamEmitter, ToolChoice,
+};
 use crate::error::GatewayError;
 
 /// OpenAI Chat Completions (`/v1/chat/completions`).
@@ -40,12 +42,17 @@ impl Dialect for Chat {
         parse_request(body)
     }
 
-    fn render(&self, _conv: &Conversation, answer: &Answer, id: &str) -> Value {
-        render_answer(answer, id)
+    fn render(&self, conv: &Conversation, answer: &Answer, id: &str) -> Value {
+        let forced = !conv.tools.is_empty()
+            && matches!(
+                conv.tool_choice,
+                Some(ToolChoice::Required | ToolChoice::Function { .. })
+            );
+        render_shaped(answer, id, conv.shape, forced)
     }
 
     fn emitter(&self, conv: &Conversation, id: &str, created: i64) -> Box<dyn StreamEmitter> {
-        Box::new(stream(&conv.model, id, created, conv.include_usage))
+        Box::new(stream(&conv.model, id, created, conv.include_usage).shaped(conv.shape))
     }
 
     fn assembler(&self) -> Box<dyn StreamAssembler> {

@@ -3,7 +3,7 @@
 
 use serde_json::{Map, Value, json};
 
-use crate::dialect::{Answer, Finish, TokenUsage, ToolCall};
+use crate::dialect::{Answer, AnswerShape, Finish, TokenUsage, ToolCall};
 
 fn finish_of(s: Option<&str>) -> Finish {
     match s {
@@ -119,21 +119,26 @@ pub(super) fn usage_value(u: &TokenUsage) -> Value {
     })
 }
 
-/// A whole answer as a `chat.completion` object; reasoning goes in `reasoning_content` as
-/// SGLang and vLLM write it.
+/// A whole answer as a `chat.completion` object in OpenAI's shape; reasoning in
+/// `reasoning_content`.
 pub fn render_answer(answer: &Answer, id: &str) -> Value {
+    render_shaped(answer, id, AnswerShape::OpenAi, false)
+}
+
+/// A whole answer as the `chat.completion` object of `shape`'s endpoint; `forced`: the
+/// request forces a call (`tool_choice` required or a named function, with tools).
+pub fn render_shaped(answer: &Answer, id: &str, shape: AnswerShape, forced: bool) -> Value {
     let mut msg = Map::new();
     msg.insert("role".into(), json!("assistant"));
-    msg.insert(
-        "content".into(),
-        if answer.text.is_empty() && !answer.tool_calls.is_empty() {
-            Value::Null
-        } else {
-            json!(answer.text)
-        },
-    );
+    let empty = answer.text.is_empty();
+    let content = match shape {
+        AnswerShape::OpenAi if empty && !answer.tool_calls.is_empty() => Value::Null,
+        AnswerShape::Vllm if empty && !forced => Value::Null,
+        AnswerShape::OpenAi | AnswerShape::Sglang | AnswerShape::Vllm => json!(answer.text),
+    };
+    msg.insert("content".into(), content);
     if let Some(r) = &answer.reasoning {
-        msg.insert("reasoning_content".into(), json!(r));
+        msg.insert(shape.reasoning_key().into(), json!(r));
     }
     if !answer.tool_calls.is_empty() {
         msg.insert(

@@ -369,6 +369,7 @@ pub fn parse_request(body: &Value) -> Result<Conversation, GatewayError> {
             .unwrap_or(false),
         prompt: None,
         logprobs,
+        shape: crate::dialect::AnswerShape::OpenAi,
     })
 }
 

@@ -3,7 +3,7 @@
 use serde_json::{Value, json};
 
 use super::render::{finish_str, usage_value};
-use crate::dialect::{Answer, Delta};
+use crate::dialect::{Answer, AnswerShape, Delta};
 
 /// Chat Completions SSE, as OpenAI streams it: a first chunk with the role, content and
 /// reasoning deltas, each tool call's header then its arguments, a chunk with the finish
@@ -14,6 +14,8 @@ pub struct ChatStream {
     model: String,
     created: i64,
     include_usage: bool,
+    /// The key of reasoning deltas ([`AnswerShape::reasoning_key`]).
+    reasoning_key: &'static str,
 }
 
 pub fn stream(model: &str, id: &str, created: i64, include_usage: bool) -> ChatStream {
@@ -22,10 +24,18 @@ pub fn stream(model: &str, id: &str, created: i64, include_usage: bool) -> ChatS
         model: model.to_string(),
         created,
         include_usage,
+        reasoning_key: AnswerShape::OpenAi.reasoning_key(),
     }
 }
 
 impl ChatStream {
+    /// Streams in `shape`'s form (vLLM names reasoning deltas `reasoning`).
+    #[must_use]
+    pub fn shaped(mut self, shape: AnswerShape) -> Self {
+        self.reasoning_key = shape.reasoning_key();
+        self
+    }
+
     fn chunk(&self, delta: Value, finish: Option<&str>) -> bytes::Bytes {
         self.chunk_with(delta, Value::Null, finish)
     }
@@ -62,7 +72,7 @@ impl crate::dialect::StreamEmitter for ChatStream {
                 )];
             }
             Delta::Text(t) => json!({"content": t}),
-            Delta::Reasoning(r) => json!({"reasoning_content": r}),
+            Delta::Reasoning(r) => json!({ self.reasoning_key: r }),
             Delta::ToolCallStart { index, id, name } => json!({"tool_calls": [
                 {"index": index, "id": id, "type": "function", "function": {"name": name, "arguments": ""}}]}),
             Delta::ToolCallArgs { index, arguments } => json!({"tool_calls": [
